@@ -1,0 +1,101 @@
+"""Atomic outputs: write beside the target under a temporary name, then rename into place.
+
+An error or a kill leaves the previous output untouched; stale temporary siblings from a
+killed run are removed at the next start (`clean_stale`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+TMP_PREFIX = ".tmp-"
+OLD_PREFIX = ".old-"
+
+
+def clean_stale(target: Path) -> list[Path]:
+    """Remove temporary siblings of `target` left by a killed run whose process is gone."""
+    removed = []
+    parent = target.parent
+    if not parent.exists():
+        return removed
+    for p in parent.iterdir():
+        for prefix in (TMP_PREFIX, OLD_PREFIX):
+            if p.name.startswith(f"{prefix}{target.name}-"):
+                pid = p.name.rsplit("-", 2)[-2] if p.name.count("-") >= 2 else ""
+                if pid.isdigit() and _alive(int(pid)) and int(pid) != os.getpid():
+                    continue  # another live process is writing it
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | Path) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside `target`; on success it replaces `target`."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent))
+    try:
+        yield tmp
+        _fsync_dir(tmp)
+        if target.exists():
+            old = target.parent / f"{OLD_PREFIX}{target.name}-{os.getpid()}-x"
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_file(target: str | Path, mode: str = "w") -> Iterator[Any]:
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(target: str | Path, obj: Any) -> None:
+    with atomic_file(target) as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

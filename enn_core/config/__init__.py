@@ -1,0 +1,103 @@
+"""The run config: one frozen dataclass per component, composed into `RunConfig`.
+
+Merge order: dataclass defaults -> params.yaml -> `--set key=value` overrides.
+`load_config()` is the only entry point; `docs/config.md` is generated from these classes
+(`python -m enn_core.config.docs`), and a test fails when it is stale.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from enn_core.config.data import DataConfig, SyntheticConfig, WorkbookLayout
+from enn_core.config.fault import FaultConfig
+from enn_core.config.fields import frozen, section
+from enn_core.config.loader import build, canonical_json, deep_merge, parse_override, read_yaml, to_plain
+from enn_core.config.model import ModelConfig
+from enn_core.config.runtime import RuntimeConfig
+from enn_core.config.stages import CheckpointConfig, CollapseConfig, ExportConfig, PredictConfig
+from enn_core.config.tracking import TrackingConfig
+from enn_core.config.train import TrainConfig
+from enn_core.errors import ConfigError
+
+
+@frozen
+class RunConfig:
+    data: DataConfig = section(DataConfig, "stage-data: input and staging.")
+    model: ModelConfig = section(ModelConfig, "The ENN model.")
+    train: TrainConfig = section(TrainConfig, "distributed-train: optimisation, precision, kernels, memory.")
+    runtime: RuntimeConfig = section(RuntimeConfig, "Workers, devices, timeouts (not part of result fingerprints).")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "prepare-checkpoint and training checkpoints.")
+    predict: PredictConfig = section(PredictConfig, "predict.")
+    collapse: CollapseConfig = section(CollapseConfig, "collapse-check.")
+    export: ExportConfig = section(ExportConfig, "export.")
+    tracking: TrackingConfig = section(TrackingConfig, "MLflow tracking.")
+    fault: FaultConfig = section(FaultConfig, "Fault injection (tests only).")
+
+
+# Which sections each stage reads: the README table and dvc.yaml's `params:` follow this.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "stage-data": ("data",),
+    "prepare-checkpoint": ("data", "model", "checkpoint"),
+    "distributed-train": ("data", "model", "train", "checkpoint"),
+    "validate": ("data",),
+    "predict": ("predict",),
+    "collapse-check": ("collapse",),
+    "export": ("export",),
+}
+
+FAULTS_ALLOWED_ENV = "ENN_ALLOW_FAULTS"
+
+
+def load_config(
+    path: str | Path | None = "params.yaml",
+    overrides: Iterable[str] = (),
+    *,
+    allow_faults: bool | None = None,
+) -> RunConfig:
+    """defaults -> file -> overrides, validated. `path=None` means defaults only."""
+    data: dict = read_yaml(Path(path)) if path is not None else {}
+    where = str(path) if path is not None else "defaults"
+    for text in overrides:
+        key, value = parse_override(text)
+        deep_merge(data, key, value, RunConfig)
+        where = f"{where} + --set"
+    cfg = build(RunConfig, data, root=RunConfig, where=where)
+    if allow_faults is None:
+        allow_faults = os.environ.get(FAULTS_ALLOWED_ENV) == "1"
+    if cfg.fault.kind != "none" and not allow_faults:
+        raise ConfigError(
+            f"fault.kind={cfg.fault.kind} is for tests only; remove the fault section "
+            f"(or set {FAULTS_ALLOWED_ENV}=1 inside a test)"
+        )
+    return cfg
+
+
+def sections_of(cfg: RunConfig, stage: str) -> dict:
+    """The plain params a stage reads (its fingerprint input and its MLflow params)."""
+    return {s: to_plain(getattr(cfg, s)) for s in STAGE_SECTIONS[stage]}
+
+
+__all__ = [
+    "CheckpointConfig",
+    "CollapseConfig",
+    "ConfigError",
+    "DataConfig",
+    "ExportConfig",
+    "FaultConfig",
+    "ModelConfig",
+    "PredictConfig",
+    "RunConfig",
+    "RuntimeConfig",
+    "STAGE_SECTIONS",
+    "SyntheticConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "WorkbookLayout",
+    "canonical_json",
+    "load_config",
+    "sections_of",
+    "to_plain",
+]

@@ -1,0 +1,72 @@
+"""Data: what stage-data reads and how it stages it. (Owned by the stage-data issue.)"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from enn_core.config.fields import frozen, opt, section
+from enn_core.errors import ConfigError
+
+
+@frozen
+class SyntheticConfig:
+    n_months: int = opt(12, "Values of the month key.")
+    n_daytypes: int = opt(7, "Values of the day-type key.")
+    n_directions: int = opt(2, "Values of the direction key.")
+    n_sections: int = opt(12, "Sections (first label axis).")
+    n_hours: int = opt(24, "Hours (second label axis).")
+    noise: float = opt(2.0, "Noise std (label units).")
+    seed: int = opt(0, "Generator seed.")
+
+
+@frozen
+class WorkbookLayout:
+    sheet_pattern: str = opt(r"^(?P<month>\d{2})월 (?P<daytype>\S)요일$", "Regex over sheet names; its named groups give key values (e.g. month, day type).")
+    row_keys: tuple[str, ...] = opt(("구간", "방향"), "Columns that key the rows inside a sheet (section, direction).")
+    section_column: str = opt("구간", "Column naming the section, as 'A-B'.")
+    direction_column: str = opt("방향", "Column giving the direction.")
+    section_separator: str = opt("-", "Separator between a section's two ends.")
+    canonical_sections: bool = opt(True, "Sort a section's two ends so both directions share one section order.")
+    time_pattern: str = opt(r"^(?P<hour>\d{2})시$", "Regex matching the time-axis columns; group 'hour' orders them.")
+    group_keys: tuple[str, ...] = opt(("month", "daytype", "direction"), "Keys that make one sample (one label grid).")
+    ignore_columns: tuple[str, ...] = opt(("노선",), "Columns read and ignored (e.g. route name).")
+
+
+@frozen
+class DataConfig:
+    source: Literal["synthetic", "npy", "npz", "csv", "parquet", "workbook"] = opt("synthetic", "Input kind.")
+    path: str = opt("", "Input file (features for npy; the table or workbook otherwise). Relative paths resolve from the project root.")
+    labels_path: str = opt("", "Labels .npy when source=npy.")
+    feature_columns: tuple[str, ...] = opt((), "Feature columns (csv/parquet) or names (npy); empty = all non-label columns.")
+    categorical: tuple[str, ...] = opt(("month", "daytype", "direction"), "Features that get a vocabulary and an embedding (never z-scored).")
+    cyclic: tuple[str, ...] = opt(("month",), "Periodic keys encoded as sine/cosine (may also be categorical).")
+    label_columns: tuple[str, ...] = opt((), "Label columns (csv/parquet).")
+    label_shape: tuple[int, ...] = opt((), "Reshape labels to this shape (e.g. [39, 24]); empty = flat.")
+    label_axes: tuple[str, ...] = opt(("section", "hour"), "Names of the label axes.")
+    nonfinite: Literal["error", "drop"] = opt("error", "NaN/inf in features or labels: fail naming the first row and column, or drop the rows.")
+    features_only: bool = opt(False, "Stage new data against a training manifest (no labels), reusing its vocabularies and scaler.")
+    training_manifest: str = opt("", "Training manifest to stage against in features-only mode.")
+    chunk_rows: int = opt(65536, "Rows per read/write chunk.")
+    val_fraction: float = opt(0.15, "Validation share of the training rows (seeded).")
+    test_fraction: float = opt(0.15, "Test share of all rows when no folds are declared (seeded).")
+    split_seed: int = opt(0, "Seed of the split shuffle.")
+    fold_key: str = opt("", "Key whose values define group folds (e.g. month); empty = random splits.")
+    folds: tuple[tuple[str, ...], ...] = opt((), "Fold definitions: each a list of fold_key values held out together.")
+    test_fold: int = opt(0, "Index of the fold held out as the test split.")
+    naive_keys: tuple[str, ...] = opt(("daytype", "direction"), "Keys of the conditional naive predictor (mean of the same cell over training rows sharing them).")
+    synthetic: SyntheticConfig = section(SyntheticConfig, "Synthetic spatio-temporal generator.")
+    workbook: WorkbookLayout = section(WorkbookLayout, "Spatio-temporal workbook layout.")
+
+    def __post_init__(self) -> None:
+        if self.source != "synthetic" and not self.path:
+            raise ConfigError(f"data.path is empty but data.source={self.source}; set data.path to the input file")
+        if not 0 <= self.val_fraction < 1 or not 0 <= self.test_fraction < 1:
+            raise ConfigError("data.val_fraction and data.test_fraction must be in [0, 1)")
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ConfigError("data.val_fraction + data.test_fraction must be < 1 to leave training rows")
+        if self.chunk_rows < 1:
+            raise ConfigError("data.chunk_rows must be >= 1")
+        if self.folds and not self.fold_key:
+            raise ConfigError("data.folds is set but data.fold_key is empty; name the key the folds hold out")
+        if self.folds and not 0 <= self.test_fold < len(self.folds):
+            raise ConfigError(f"data.test_fold={self.test_fold} but only {len(self.folds)} folds are declared")

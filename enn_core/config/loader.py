@@ -1,0 +1,196 @@
+"""Loading a run config: defaults -> params.yaml -> `--set key=value` overrides.
+
+Every component is a frozen, keyword-only dataclass (see the sibling modules). This module
+knows nothing about any particular component: it walks dataclass fields, so a new field is
+picked up by loading, validation, the resolved-config dump and the generated reference
+(`docs/config.md`) without further code.
+
+Rules:
+- `yaml.safe_load` only.
+- An unknown key is an error that names the closest valid key (`train.epoch` -> `train.epochs`).
+- Values are checked against the field's annotation; `__post_init__` of each dataclass
+  validates meaning and names the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from enn_core.errors import ConfigError
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def all_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key that a dataclass tree accepts (sections and leaves)."""
+    keys: list[str] = []
+    hints = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        sub = _dataclass_of(hints[f.name])
+        if sub is not None:
+            keys.extend(all_keys(sub, key + "."))
+    return keys
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
+def _unknown_key_error(key: str, root: type, where: str) -> ConfigError:
+    valid = all_keys(root)
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"did you mean '{close[0]}'?" if close else "see docs/config.md for the valid keys"
+    return ConfigError(f"{where}: unknown config key '{key}'; {hint}")
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Check (and gently coerce) a YAML value against a type annotation."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {key}={value!r} does not fit {tp}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {key}={value!r} is not one of {list(args)}; pick one of those")
+        return value
+    if origin in (tuple, list, Sequence):
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: {key} must be a list, got {value!r}; write it as [a, b, ...]")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(f"{where}: {key} needs {len(args)} items, got {len(value)}")
+            return tuple(_coerce(v, a, f"{key}[{i}]", where) for i, (v, a) in enumerate(zip(value, args)))
+        inner = args[0] if args else Any
+        return tuple(_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value))
+    if origin in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
+        kt, vt = args if args else (Any, Any)
+        return types.MappingProxyType(
+            {_coerce(k, kt, key, where): _coerce(v, vt, f"{key}.{k}", where) for k, v in value.items()}
+        )
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+            raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def build(cls: type, data: Mapping[str, Any] | None, *, root: type, prefix: str = "", where: str):
+    """Instantiate dataclass `cls` from a (possibly partial) mapping, recursing into sections."""
+    data = dict(data or {})
+    hints = _field_types(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            raise _unknown_key_error(f"{prefix}{k}", root, where)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        key = f"{prefix}{f.name}"
+        sub = _dataclass_of(hints[f.name])
+        if sub is not None:
+            if not isinstance(data[f.name], Mapping):
+                raise ConfigError(f"{where}: section '{key}' must be a mapping")
+            kwargs[f.name] = build(sub, data[f.name], root=root, prefix=key + ".", where=where)
+        else:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], key, where)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: section '{prefix.rstrip('.') or cls.__name__}': {e}") from e
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.epochs=3` -> ("train.epochs", 3); the value is parsed as YAML (safe)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key=value, e.g. --set train.epochs=3")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML ({e})") from e
+    return key, value
+
+
+def deep_merge(base: dict, key: str, value: Any, root: type) -> None:
+    valid = set(all_keys(root))
+    if key not in valid:
+        raise _unknown_key_error(key, root, "--set")
+    parts = key.split(".")
+    node = base
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: '{p}' is not a section")
+    node[parts[-1]] = value
+
+
+def read_yaml(path: Path) -> dict:
+    if not path.exists():
+        raise ConfigError(f"{path}: config file not found; pass --config PATH or create params.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections (data:, model:, ...)")
+    return data
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclass tree -> JSON/YAML-friendly plain data."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(to_plain(obj), sort_keys=True, separators=(",", ":"))

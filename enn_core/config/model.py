@@ -1,0 +1,28 @@
+"""Model: the ENN presets. (Owned by the model issue.)"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from enn_core.config.fields import frozen, opt
+from enn_core.errors import ConfigError
+
+
+@frozen
+class ModelConfig:
+    preset: Literal["spatiotemporal", "tabular"] = opt("spatiotemporal", "Model preset: factorized section/hour attention over output-axis tokens, or a residual MLP.")
+    d_model: int = opt(64, "Width of tokens and hidden layers.")
+    heads: int = opt(4, "Attention heads (must divide d_model).")
+    layers: int = opt(2, "Blocks (attention blocks for spatiotemporal, residual blocks for tabular).")
+    embed_dim: int = opt(16, "Embedding width of each categorical feature.")
+    dropout: float = opt(0.0, "Dropout probability.")
+    init_seed: int = opt(0, "Seed of the initial weights (prepare-checkpoint).")
+
+    def __post_init__(self) -> None:
+        if self.d_model < 1 or self.layers < 1 or self.heads < 1:
+            raise ConfigError("model.d_model, model.layers and model.heads must be >= 1")
+        if self.d_model % self.heads:
+            ok = [h for h in (1, 2, 4, 8, 16) if self.d_model % h == 0]
+            raise ConfigError(f"model.heads={self.heads} does not divide model.d_model={self.d_model}; pick heads in {ok}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError("model.dropout must be in [0, 1)")

@@ -1,0 +1,37 @@
+"""Runtime: where and how workers run. Excluded from checkpoint fingerprints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from enn_core.config.fields import frozen, opt
+from enn_core.errors import ConfigError
+
+
+@frozen
+class RuntimeConfig:
+    work_dir: str = opt("work", "Work directory (relative to the project root): Prefect home, MLflow store, run dirs, DVC site cache, train checkpoints. Git- and DVC-ignored.")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "Device for training and prediction; auto picks cuda when available.")
+    world_size: int = opt(0, "Number of worker processes; 0 means the number of GPUs, or 1 on CPU.")
+    threads_per_worker: int = opt(0, "torch threads in each worker; 0 means cores // world_size (at least 1).")
+    start_method: Literal["spawn", "forkserver", "fork"] = opt("spawn", "Worker start method for the elastic launch.")
+    seed: int = opt(0, "Global seed; each rank derives its own.")
+    deterministic: bool = opt(True, "torch.use_deterministic_algorithms and fixed threads, so a seed gives a bit-identical loss curve on CPU.")
+    max_restarts: int = opt(0, "Elastic restarts of the worker group after a failure or hang.")
+    hang_timeout_s: float = opt(120.0, "A rank whose heartbeat is older than this is declared hung; stacks are dumped and the attempt ends.")
+    pg_timeout_s: float = opt(300.0, "Process-group timeout during bootstrap and the first step.")
+    pg_timeout_steady_s: float = opt(120.0, "Process-group timeout after the first step.")
+    task_timeout_s: float = opt(7200.0, "Prefect task timeout for a whole stage.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = opt("INFO", "Log level of the runtime.")
+    progress: bool = opt(True, "Progress bars on long work (staging, training, prediction).")
+
+    def __post_init__(self) -> None:
+        if self.world_size < 0:
+            raise ConfigError(f"runtime.world_size={self.world_size} is negative; use 0 (auto) or a positive count")
+        if self.threads_per_worker < 0:
+            raise ConfigError("runtime.threads_per_worker must be >= 0 (0 = auto)")
+        if self.max_restarts < 0:
+            raise ConfigError("runtime.max_restarts must be >= 0")
+        for name in ("hang_timeout_s", "pg_timeout_s", "pg_timeout_steady_s", "task_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"runtime.{name} must be > 0 seconds")

@@ -1,0 +1,69 @@
+"""Checkpoint, predict, collapse and export sections."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from enn_core.config.fields import frozen, opt
+from enn_core.errors import ConfigError
+
+
+@frozen
+class CheckpointConfig:
+    init_from: str = opt("", "Warm start: a consolidated checkpoint path or models:/name@alias; empty = fresh seeded init.")
+    every_steps: int = opt(0, "DCP save every N optimizer steps (0 = only at epoch ends).")
+    keep_last: int = opt(2, "Committed checkpoints kept (the best one is always kept).")
+    async_save: bool = opt(False, "Asynchronous DCP save on its own gloo group.")
+    resume: bool = opt(True, "Resume from the latest committed checkpoint with the same fingerprint.")
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 0 or self.keep_last < 1:
+            raise ConfigError("checkpoint.every_steps must be >= 0 and checkpoint.keep_last >= 1")
+
+
+@frozen
+class PredictConfig:
+    split: str = opt("test", "Split to predict in the training flow (train, val, test, all).")
+    model: str = opt("", "Model for the prediction flow: a consolidated checkpoint path or models:/name@alias; empty = this pipeline's model.")
+    input_dir: str = opt("", "Features-only staged dataset for the prediction flow; empty = the training staged data.")
+    world_size: int = opt(1, "Prediction workers (each loads the full model and predicts its own row range).")
+    chunk_rows: int = opt(4096, "Rows per written chunk.")
+    batch_size: int = opt(256, "Rows per forward pass.")
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.chunk_rows < 1 or self.batch_size < 1:
+            raise ConfigError("predict.world_size, predict.chunk_rows and predict.batch_size must be >= 1")
+
+
+@frozen
+class CollapseConfig:
+    median_ratio_min: float = opt(0.5, "Collapse when the median spread ratio (pred std / target std per output) is below this.")
+    p10_ratio_min: float = opt(0.3, "Collapse when the 10th percentile spread ratio is below this.")
+    flat_tolerance: float = opt(1e-6, "An output whose spread across samples is below this (relative) is flat.")
+    max_flat_fraction: float = opt(0.5, "Collapse when more than this fraction of outputs is flat.")
+    calibration_slope_max: float = opt(3.0, "Bound on the calibration slope.")
+    order: tuple[str, ...] = opt(("raw", "calibrated", "fp32", "per_sample"), "Candidate order; the first that passes is chosen.")
+
+    def __post_init__(self) -> None:
+        allowed = {"raw", "calibrated", "fp32", "per_sample"}
+        bad = [c for c in self.order if c not in allowed]
+        if bad:
+            raise ConfigError(f"collapse.order has unknown candidates {bad}; use some of {sorted(allowed)}")
+
+
+@frozen
+class ExportConfig:
+    formats: tuple[str, ...] = opt(("torch_export", "onnx"), "Formats to export.")
+    required: tuple[str, ...] = opt(("torch_export", "onnx"), "Formats whose failure fails the stage.")
+    opset: int = opt(18, "ONNX opset.")
+    parity_batch_sizes: tuple[int, ...] = opt((1, 37, 64), "Batch sizes checked for parity with eager.")
+    parity_rel_tol: float = opt(1e-4, "Parity: max |diff| <= tol x max(max |reference|, label std).")
+
+    def __post_init__(self) -> None:
+        allowed = {"torch_export", "onnx"}
+        bad = [f for f in self.formats if f not in allowed]
+        if bad:
+            raise ConfigError(f"export.formats has unknown formats {bad}; use some of {sorted(allowed)}")
+        missing = [f for f in self.required if f not in self.formats]
+        if missing:
+            raise ConfigError(f"export.required lists {missing} which export.formats does not; add them to formats")

@@ -1,0 +1,42 @@
+"""Train: optimisation, precision, kernels, memory. (Owned by the model/training issue.)"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from enn_core.config.fields import frozen, opt
+from enn_core.errors import ConfigError
+
+
+@frozen
+class TrainConfig:
+    epochs: int = opt(20, "Maximum epochs.")
+    batch_size: int = opt(32, "Global batch size (rows per optimizer step, across ranks and accumulation).")
+    micro_batch: int = opt(0, "Rows per forward/backward per rank; 0 = global batch / world size (no accumulation).")
+    lr: float = opt(3e-3, "Peak learning rate (AdamW).")
+    weight_decay: float = opt(0.01, "AdamW weight decay.")
+    warmup_steps: int = opt(20, "Linear warm-up steps before cosine decay.")
+    min_lr_ratio: float = opt(0.05, "Cosine floor as a fraction of lr.")
+    clip_norm: float = opt(1.0, "Gradient clipping norm; 0 disables.")
+    loss: Literal["mse", "huber", "student_t"] = opt("mse", "Loss in normalized units.")
+    huber_delta: float = opt(1.0, "Huber delta (normalized units).")
+    patience: int = opt(5, "Early stopping: epochs without validation improvement; 0 disables.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = opt("auto", "Autocast precision; auto = bf16 on GPUs that support it, fp32 on CPU.")
+    attention: Literal["auto", "math", "flash", "efficient", "cudnn"] = opt("auto", "Attention backend; auto probes candidates once.")
+    compile: bool = opt(False, "torch.compile the model (falls back to eager on failure).")
+    max_nonfinite_steps: int = opt(3, "Consecutive non-finite steps before training stops.")
+    max_oom_backoffs: int = opt(4, "Out-of-memory back-offs before training stops.")
+    fsdp: bool = opt(True, "Shard with FSDP2 when world size > 1 (DDP-equivalent at world size 1).")
+    hsdp_replicas: int = opt(1, "HSDP replicate dimension (1 = plain FSDP).")
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ConfigError("train.epochs must be >= 1")
+        if self.batch_size < 1 or self.micro_batch < 0:
+            raise ConfigError("train.batch_size must be >= 1 and train.micro_batch >= 0")
+        if self.lr <= 0:
+            raise ConfigError("train.lr must be > 0")
+        if self.clip_norm < 0:
+            raise ConfigError("train.clip_norm must be >= 0 (0 disables clipping)")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("train.min_lr_ratio must be in [0, 1]")

@@ -1,0 +1,68 @@
+"""The project's domain exceptions.
+
+Every message names the file, field or row at fault and what to do about it, on one line.
+`TransientError` marks failures worth retrying (worker launch, I/O); the orchestration layer
+retries those and nothing else. Everything else (bad input, bad config) fails at once.
+"""
+
+from __future__ import annotations
+
+
+class EnnError(Exception):
+    """Base class. `exit_code` is what the CLI returns for it."""
+
+    exit_code = 1
+
+
+class ConfigError(EnnError):
+    """A config value is missing, unknown or invalid. Never retried."""
+
+    exit_code = 2
+
+
+class DataError(EnnError):
+    """Input data is missing, malformed or inconsistent with its manifest. Never retried."""
+
+    exit_code = 3
+
+
+class StaleOutputError(EnnError):
+    """An artifact on disk does not match what its reader expects (re-run the producing stage)."""
+
+    exit_code = 4
+
+
+class TrainingError(EnnError):
+    """Training stopped for a reason it names (non-finite steps, OOM back-offs exhausted...)."""
+
+    exit_code = 5
+
+
+class CollapseError(EnnError):
+    """Every prediction candidate collapsed; the report says why. Never retried."""
+
+    exit_code = 6
+
+
+class ExportError(EnnError):
+    """An export format failed: names the format, the operator or constraint, and the fix."""
+
+    exit_code = 7
+
+
+class LockError(EnnError):
+    """Another pipeline run holds the work directory."""
+
+    exit_code = 8
+
+
+class TransientError(EnnError):
+    """A failure that may succeed on retry (worker launch, rendezvous, I/O)."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+
+class WorkerError(EnnError):
+    """A distributed worker failed or hung; names the rank and its last phase."""
+
+    exit_code = 9

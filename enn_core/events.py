@@ -1,0 +1,82 @@
+"""Metrics and events written to a run directory; the task layer forwards them to MLflow.
+
+enn_core never imports mlflow. A stage (or rank 0 of a distributed job) appends JSON lines to
+`<run_dir>/events.jsonl`:
+
+    {"type": "metric", "name": "train/loss", "value": 0.12, "step": 3, "time": ...}
+    {"type": "param",  "name": "precision", "value": "fp32"}
+    {"type": "event",  "name": "oom_backoff", "fields": {...}}
+    {"type": "artifact", "path": "/abs/path", "artifact_path": "plots"}
+
+Lines are flushed as written, so a reader can follow a live job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+
+
+class EventLog:
+    """Append-only events file. `enabled=False` (ranks other than 0) makes every call a no-op."""
+
+    def __init__(self, run_dir: str | Path | None, *, enabled: bool = True) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.enabled = enabled and self.run_dir is not None
+        self._lock = threading.Lock()
+        if self.enabled:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.path = self.run_dir / EVENTS_FILE
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record.setdefault("time", time.time())
+        line = json.dumps(record, default=_default, allow_nan=True)
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def metric(self, name: str, value: float, step: int | None = None) -> None:
+        self._write({"type": "metric", "name": name, "value": float(value), "step": step})
+
+    def metrics(self, values: dict[str, float], step: int | None = None) -> None:
+        for k, v in values.items():
+            self.metric(k, v, step)
+
+    def param(self, name: str, value: Any) -> None:
+        self._write({"type": "param", "name": name, "value": value})
+
+    def event(self, name: str, **fields: Any) -> None:
+        self._write({"type": "event", "name": name, "fields": fields})
+
+    def artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self._write({"type": "artifact", "path": str(Path(path).resolve()), "artifact_path": artifact_path})
+
+
+def _default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)
+
+
+def read_events(run_dir: str | Path) -> Iterator[dict[str, Any]]:
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                rec = json.loads(line)
+                if rec.get("type") == "metric" and not math.isfinite(rec.get("value", 0.0)):
+                    rec["nonfinite"] = True
+                yield rec

@@ -1,0 +1,101 @@
+"""The project layout: where each stage writes, and the work directory.
+
+    <root>/params.yaml, dvc.yaml         the pipeline as DVC sees it
+    <root>/outputs/<stage>/               each stage's outputs (DVC-tracked, replaced atomically)
+    <root>/work/                          git- and DVC-ignored:
+        prefect/                          PREFECT_HOME (local API on SQLite, results as JSON)
+        mlflow/mlflow.db, mlflow/artifacts MLflow store and artifacts
+        dvc-site-cache/                   DVC's site cache (core.site_cache_dir)
+        runs/<run-id>/<stage>/            run directories: resolved config, events, logs
+        checkpoints/<fingerprint>/        distributed-train's persistent DCP checkpoints
+        pipeline.lock                     one pipeline run at a time
+
+Stage names are the project's one name for a stage: the CLI subcommand, the Prefect task,
+the DVC stage (with '_' where YAML keys need it), the tasks/ module and the MLflow run name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGES: tuple[str, ...] = (
+    "stage-data",
+    "prepare-checkpoint",
+    "distributed-train",
+    "validate",
+    "predict",
+    "collapse-check",
+    "export",
+)
+
+# The short list of environment variables the project reads (documented in the README).
+ENV_WORK_DIR = "ENN_WORK_DIR"  # override the work directory (absolute path)
+
+
+def dvc_name(stage: str) -> str:
+    return stage.replace("-", "_")
+
+
+def find_root(start: str | Path | None = None) -> Path:
+    """The project root: the nearest directory at or above `start` holding params.yaml."""
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "params.yaml").exists():
+            return d
+    return here
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+    work: Path
+
+    @classmethod
+    def for_root(cls, root: str | Path, work_dir: str = "work") -> Layout:
+        root = Path(root).resolve()
+        env = os.environ.get(ENV_WORK_DIR)
+        work = Path(env) if env else (root / work_dir)
+        return cls(root=root, work=work.resolve())
+
+    def output(self, stage: str) -> Path:
+        if stage not in STAGES and stage != "predict-flow":
+            raise KeyError(f"unknown stage {stage!r}; stages are {STAGES}")
+        return self.root / "outputs" / stage
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.work / "prefect"
+
+    @property
+    def mlflow_dir(self) -> Path:
+        return self.work / "mlflow"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"sqlite:///{self.mlflow_dir / 'mlflow.db'}"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.mlflow_dir / "artifacts"
+
+    @property
+    def dvc_site_cache(self) -> Path:
+        return self.work / "dvc-site-cache"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.work / "checkpoints"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.work / "pipeline.lock"
+
+    def run_dir(self, run_id: str, stage: str) -> Path:
+        return self.work / "runs" / run_id / stage
+
+    def resolve(self, path: str | Path) -> Path:
+        """A user path from config, relative to the project root."""
+        p = Path(path)
+        return p if p.is_absolute() else (self.root / p)
