@@ -39,9 +39,15 @@ class PredictConfig:
 class CollapseConfig:
     median_ratio_min: float = opt(0.5, "Collapse when the median spread ratio (pred std / target std per output) is below this.")
     p10_ratio_min: float = opt(0.3, "Collapse when the 10th percentile spread ratio is below this.")
-    flat_tolerance: float = opt(1e-6, "An output whose spread across samples is below this (relative) is flat.")
+    flat_tolerance: float = opt(1e-3, "An output whose spread across samples is below this fraction of its target spread is flat.")
     max_flat_fraction: float = opt(0.5, "Collapse when more than this fraction of outputs is flat.")
-    calibration_slope_max: float = opt(3.0, "Bound on the calibration slope.")
+    broadcast_tolerance: float = opt(1e-6, "Two rows' outputs are identical when max |diff| <= this x label std.")
+    max_broadcast_fraction: float = opt(0.5, "Collapse when more than this fraction of rows with distinct inputs shares its output with another such row.")
+    min_correlation: float = opt(0.3, "Calibrated candidate: median per-output correlation with the targets on held-out rows must reach this.")
+    calibration_slope_max: float = opt(3.0, "Bound on the calibration slope (per output, in [0, max]).")
+    calibration_folds: int = opt(5, "Cross-fitting folds over the validation rows: the calibrated candidate is judged on rows its affine was not fitted on.")
+    batch_size: int = opt(64, "Rows per forward pass of the batched candidates (batch-level broadcast shows at any size > 1).")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = opt("auto", "Precision of the raw candidate; auto = the precision the training run recorded.")
     order: tuple[str, ...] = opt(("raw", "calibrated", "fp32", "per_sample"), "Candidate order; the first that passes is chosen.")
 
     def __post_init__(self) -> None:
@@ -49,15 +55,26 @@ class CollapseConfig:
         bad = [c for c in self.order if c not in allowed]
         if bad:
             raise ConfigError(f"collapse.order has unknown candidates {bad}; use some of {sorted(allowed)}")
+        if not self.order or len(set(self.order)) != len(self.order):
+            raise ConfigError(f"collapse.order={list(self.order)} must list each candidate at most once and not be empty")
+        if self.calibration_slope_max <= 0:
+            raise ConfigError("collapse.calibration_slope_max must be > 0 (e.g. 3.0)")
+        if self.calibration_folds < 2 or self.batch_size < 2:
+            raise ConfigError("collapse.calibration_folds and collapse.batch_size must be >= 2")
+        for name in ("max_flat_fraction", "max_broadcast_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"collapse.{name} must be in [0, 1]")
 
 
 @frozen
 class ExportConfig:
     formats: tuple[str, ...] = opt(("torch_export", "onnx"), "Formats to export.")
-    required: tuple[str, ...] = opt(("torch_export", "onnx"), "Formats whose failure fails the stage.")
+    required: tuple[str, ...] = opt(("torch_export", "onnx"), "Formats whose failure fails the stage; an optional format is skipped only when its dependency is missing.")
     opset: int = opt(18, "ONNX opset.")
     parity_batch_sizes: tuple[int, ...] = opt((1, 37, 64), "Batch sizes checked for parity with eager.")
     parity_rel_tol: float = opt(1e-4, "Parity: max |diff| <= tol x max(max |reference|, label std).")
+    example_batch: int = opt(8, "Rows of the example input used to trace the model (>= 2, so the batch dimension stays dynamic).")
+    units: str = opt("", "Unit of the labels, written to the sidecar (e.g. km/h); empty = 'label units'.")
 
     def __post_init__(self) -> None:
         allowed = {"torch_export", "onnx"}
@@ -67,3 +84,9 @@ class ExportConfig:
         missing = [f for f in self.required if f not in self.formats]
         if missing:
             raise ConfigError(f"export.required lists {missing} which export.formats does not; add them to formats")
+        if not self.parity_batch_sizes or min(self.parity_batch_sizes) < 1:
+            raise ConfigError("export.parity_batch_sizes must be a non-empty list of sizes >= 1")
+        if self.example_batch < 2:
+            raise ConfigError("export.example_batch must be >= 2 (a batch of 1 would be specialized)")
+        if self.parity_rel_tol <= 0:
+            raise ConfigError("export.parity_rel_tol must be > 0")
