@@ -1,0 +1,184 @@
+"""Prediction workers: N plain processes, each with the whole model, each predicting its own
+contiguous block of parts. No process group, no collectives: prediction needs none.
+
+`run_workers(jobs)` starts one spawned process per job (the `spawn` start method: safe in the
+threaded processes Prefect runs tasks in) and waits. The workers die with the caller: each
+asks the kernel for SIGKILL when its parent dies (Linux `PR_SET_PDEATHSIG`) and also watches
+its parent's pid, and the caller kills the others as soon as one fails, or when it is itself
+interrupted. With one worker, `predict_parts` runs in the caller's process (no start-up cost).
+
+The predictor is whatever `job.loader()` returns: a callable from a float32 `[B, F]` tensor of
+raw features to `[B, *out_shape]` predictions in real units (normally the collapse-check's
+chosen `PredictionPath` over the consolidated checkpoint, see `enn_core.predict.model_io`).
+`loader` must be picklable (a module-level function or a `functools.partial` of one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from enn_core.config import FaultConfig
+from enn_core.errors import EnnError, WorkerError
+from enn_core.fault import FaultInjector
+from enn_core.predict.chunks import PartsPlan, PartStore, parts_of_worker
+
+Predictor = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """Everything one worker needs; plain data, pickled to the spawned process."""
+
+    rank: int
+    world_size: int
+    parts_dir: str
+    plan: PartsPlan
+    features_path: str
+    index_path: str | None  # int64 dataset row of each predicted row; None = all rows in order
+    batch_size: int
+    loader: Callable[[], Predictor]
+    device: str = "cpu"
+    threads: int = 1
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    fault_marker_dir: str = ""
+
+
+def read_batch(features: np.ndarray, index: np.ndarray | None, b0: int, b1: int) -> torch.Tensor:
+    """Rows [b0, b1) of the predicted row list as a float32 tensor (one block read)."""
+    block = features[b0:b1] if index is None else features[np.asarray(index[b0:b1])]
+    arr = np.asarray(block, dtype=np.float32)
+    if not (arr.flags.writeable and arr.flags.c_contiguous):  # a read-only memmap slice
+        arr = np.array(arr, order="C")
+    return torch.from_numpy(arr)
+
+
+def predict_parts(job: WorkerJob, predictor: Predictor | None = None) -> dict:
+    """Compute this worker's parts that are not already complete; returns counts and timings."""
+    t0 = time.perf_counter()
+    predictor = predictor if predictor is not None else job.loader()
+    store = PartStore(job.parts_dir, job.plan)
+    faults = FaultInjector(job.fault, rank=job.rank, marker_dir=job.fault_marker_dir or None)
+    features = np.load(job.features_path, mmap_mode="r")
+    index = np.load(job.index_path, mmap_mode="r") if job.index_path else None
+    device = torch.device(job.device)
+    computed, reused, rows = [], [], 0
+    t_loop = time.perf_counter()
+    with torch.inference_mode():
+        for k in parts_of_worker(job.plan.n_parts, job.rank, job.world_size):
+            if store.is_done(k):
+                reused.append(k)
+                continue
+            start, stop = job.plan.part_range(k)
+            with store.writing(k, rank=job.rank) as buf:
+                for b0 in range(start, stop, job.batch_size):
+                    b1 = min(b0 + job.batch_size, stop)
+                    y = predictor(read_batch(features, index, b0, b1).to(device, non_blocking=True))
+                    buf[b0 - start : b1 - start] = y.detach().to("cpu").numpy()
+            computed.append(k)
+            rows += stop - start
+            faults.at("predict_chunk", step=k)
+    return {
+        "rank": job.rank,
+        "computed_parts": computed,
+        "reused_parts": reused,
+        "rows_computed": rows,
+        "seconds_total": time.perf_counter() - t0,
+        "seconds_predict": time.perf_counter() - t_loop,
+    }
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the parent dies (kernel-side on Linux, plus a pid watch)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(0.5)
+
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _worker_main(job: WorkerJob, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+    torch.set_num_threads(max(1, job.threads))
+    status = Path(job.parts_dir) / f"worker-{job.rank}.json"
+    try:
+        stats = predict_parts(job)
+    except BaseException as e:  # report any failure to the parent in one line, then exit 1
+        msg = str(e).splitlines()[0] if str(e) else ""
+        status.write_text(json.dumps({"rank": job.rank, "error": f"{type(e).__name__}: {msg}"}))
+        sys.exit(1)
+    status.write_text(json.dumps(stats))
+
+
+def _status(parts_dir: str, rank: int) -> dict:
+    path = Path(parts_dir) / f"worker-{rank}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def run_workers(jobs: list[WorkerJob], *, poll_s: float = 0.05) -> list[dict]:
+    """Run the jobs in spawned processes; all of them, or an error naming the failed rank."""
+    ctx = mp.get_context("spawn")
+    for job in jobs:
+        (Path(job.parts_dir) / f"worker-{job.rank}.json").unlink(missing_ok=True)
+    procs = [
+        ctx.Process(target=_worker_main, args=(j, os.getpid()), name=f"predict-{j.rank}")
+        for j in jobs
+    ]
+    try:
+        for p in procs:
+            p.start()
+        while any(p.exitcode is None for p in procs):
+            for job, p in zip(jobs, procs, strict=True):
+                if p.exitcode not in (None, 0):
+                    raise _failure(job, p.exitcode)
+            time.sleep(poll_s)
+        for job, p in zip(jobs, procs, strict=True):
+            if p.exitcode != 0:
+                raise _failure(job, p.exitcode)
+    finally:
+        for p in procs:
+            if p.exitcode is None and p.pid is not None:
+                p.kill()
+            p.join(timeout=10)
+    return [_status(j.parts_dir, j.rank) for j in jobs]
+
+
+def _failure(job: WorkerJob, code: int) -> EnnError:
+    why = _status(job.parts_dir, job.rank).get("error") or (
+        f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    )
+    return WorkerError(
+        f"predict worker rank {job.rank}/{job.world_size} failed ({why}); completed parts in "
+        f"{job.parts_dir} are kept: re-run predict to resume"
+    )
+
+
+def run(jobs: list[WorkerJob], predictor: Predictor | None = None) -> list[dict]:
+    """One job: in this process (reusing `predictor` if given). Several: spawned workers."""
+    if len(jobs) == 1:
+        return [predict_parts(jobs[0], predictor)]
+    return run_workers(jobs)
