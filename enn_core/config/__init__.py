@@ -40,9 +40,9 @@ class RunConfig:
 # Which sections each stage reads: the README table and dvc.yaml's `params:` follow this.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "stage-data": ("data",),
-    "prepare-checkpoint": ("data", "model", "checkpoint"),
-    "distributed-train": ("data", "model", "train", "checkpoint"),
-    "validate": ("data",),
+    "prepare-checkpoint": ("model", "checkpoint"),
+    "distributed-train": ("model", "train", "checkpoint"),
+    "validate": (),
     "predict": ("predict",),
     "collapse-check": ("collapse",),
     "export": ("export",),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from enn_core.config.fields import frozen, opt, section
@@ -15,8 +16,17 @@ class SyntheticConfig:
     n_directions: int = opt(2, "Values of the direction key.")
     n_sections: int = opt(12, "Sections (first label axis).")
     n_hours: int = opt(24, "Hours (second label axis).")
+    n_replicates: int = opt(3, "Replicate days per (month, day type, direction) group.")
     noise: float = opt(2.0, "Noise std (label units).")
+    daily: float = opt(1.5, "Std of the per-day offset (label units), shared by all cells of a row.")
     seed: int = opt(0, "Generator seed.")
+
+    def __post_init__(self) -> None:
+        sizes = (self.n_months, self.n_daytypes, self.n_directions, self.n_sections, self.n_hours, self.n_replicates)
+        if min(sizes) < 1:
+            raise ConfigError("data.synthetic sizes (n_months, n_daytypes, ...) must all be >= 1")
+        if self.noise < 0 or self.daily < 0:
+            raise ConfigError("data.synthetic.noise and data.synthetic.daily must be >= 0")
 
 
 @frozen
@@ -25,11 +35,24 @@ class WorkbookLayout:
     row_keys: tuple[str, ...] = opt(("구간", "방향"), "Columns that key the rows inside a sheet (section, direction).")
     section_column: str = opt("구간", "Column naming the section, as 'A-B'.")
     direction_column: str = opt("방향", "Column giving the direction.")
+    direction_key: str = opt("direction", "Key name under which the direction column's value is a group key.")
     section_separator: str = opt("-", "Separator between a section's two ends.")
     canonical_sections: bool = opt(True, "Sort a section's two ends so both directions share one section order.")
     time_pattern: str = opt(r"^(?P<hour>\d{2})시$", "Regex matching the time-axis columns; group 'hour' orders them.")
     group_keys: tuple[str, ...] = opt(("month", "daytype", "direction"), "Keys that make one sample (one label grid).")
     ignore_columns: tuple[str, ...] = opt(("노선",), "Columns read and ignored (e.g. route name).")
+
+    def __post_init__(self) -> None:
+        for name in (self.section_column, self.direction_column):
+            if name not in self.row_keys:
+                raise ConfigError(f"data.workbook.row_keys={list(self.row_keys)} must include the column {name!r}")
+        for pattern in (self.sheet_pattern, self.time_pattern):
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ConfigError(f"data.workbook pattern {pattern!r} is not a valid regex: {e}") from e
+        if "hour" not in re.compile(self.time_pattern).groupindex:
+            raise ConfigError(f"data.workbook.time_pattern={self.time_pattern!r} needs a named group 'hour'")
 
 
 @frozen
@@ -37,9 +60,12 @@ class DataConfig:
     source: Literal["synthetic", "npy", "npz", "csv", "parquet", "workbook"] = opt("synthetic", "Input kind.")
     path: str = opt("", "Input file (features for npy; the table or workbook otherwise). Relative paths resolve from the project root.")
     labels_path: str = opt("", "Labels .npy when source=npy.")
+    npz_features_key: str = opt("features", "Member of the .npz holding the features.")
+    npz_labels_key: str = opt("labels", "Member of the .npz holding the labels.")
     feature_columns: tuple[str, ...] = opt((), "Feature columns (csv/parquet) or names (npy); empty = all non-label columns.")
     categorical: tuple[str, ...] = opt(("month", "daytype", "direction"), "Features that get a vocabulary and an embedding (never z-scored).")
     cyclic: tuple[str, ...] = opt(("month",), "Periodic keys encoded as sine/cosine (may also be categorical).")
+    cyclic_periods: tuple[int, ...] = opt((12,), "Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7).")
     label_columns: tuple[str, ...] = opt((), "Label columns (csv/parquet).")
     label_shape: tuple[int, ...] = opt((), "Reshape labels to this shape (e.g. [39, 24]); empty = flat.")
     label_axes: tuple[str, ...] = opt(("section", "hour"), "Names of the label axes.")
@@ -53,6 +79,7 @@ class DataConfig:
     fold_key: str = opt("", "Key whose values define group folds (e.g. month); empty = random splits.")
     folds: tuple[tuple[str, ...], ...] = opt((), "Fold definitions: each a list of fold_key values held out together.")
     test_fold: int = opt(0, "Index of the fold held out as the test split.")
+    val_fold: int = opt(-1, "Index of the fold held out as the validation split; -1 = a seeded val_fraction of the non-test rows.")
     naive_keys: tuple[str, ...] = opt(("daytype", "direction"), "Keys of the conditional naive predictor (mean of the same cell over training rows sharing them).")
     synthetic: SyntheticConfig = section(SyntheticConfig, "Synthetic spatio-temporal generator.")
     workbook: WorkbookLayout = section(WorkbookLayout, "Spatio-temporal workbook layout.")
@@ -70,3 +97,11 @@ class DataConfig:
             raise ConfigError("data.folds is set but data.fold_key is empty; name the key the folds hold out")
         if self.folds and not 0 <= self.test_fold < len(self.folds):
             raise ConfigError(f"data.test_fold={self.test_fold} but only {len(self.folds)} folds are declared")
+        if self.val_fold >= 0 and (not self.folds or self.val_fold >= len(self.folds) or self.val_fold == self.test_fold):
+            raise ConfigError(f"data.val_fold={self.val_fold} must name a declared fold other than data.test_fold, or be -1")
+        if len(self.cyclic_periods) != len(self.cyclic) or any(p < 2 for p in self.cyclic_periods):
+            raise ConfigError(
+                f"data.cyclic_periods={list(self.cyclic_periods)} must give one period >= 2 per data.cyclic key {list(self.cyclic)}"
+            )
+        if self.features_only and not self.training_manifest:
+            raise ConfigError("data.features_only=true needs data.training_manifest (the staged training manifest.json)")

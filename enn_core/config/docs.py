@@ -1,0 +1,75 @@
+"""Generate the config reference (docs/config.md) from the dataclasses.
+
+    python -m enn_core.config.docs            # rewrite docs/config.md
+    python -m enn_core.config.docs --check    # exit 1 when docs/config.md is stale (a test runs this)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+
+from enn_core.config import STAGE_SECTIONS, RunConfig
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+
+
+def _type_name(tp) -> str:
+    s = str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", s) if isinstance(tp, type) else s
+
+
+def _rows(cls, prefix: str) -> list[str]:
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            rows.extend(_rows(tp, key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = json.dumps(list(default) if isinstance(default, tuple) else default, ensure_ascii=False)
+        help_ = f.metadata.get("help", "").replace("|", "\\|")
+        rows.append(f"| `{key}` | `{_type_name(tp)}` | `{shown}` | {help_} |")
+    return rows
+
+
+def render() -> str:
+    out = [
+        "# Config reference",
+        "",
+        "Generated from the dataclasses in `enn_core/config/` by `python -m enn_core.config.docs`;",
+        "a test fails when this file is stale. Merge order: defaults -> `params.yaml` -> `--set key=value`.",
+        "",
+        "## Which sections each stage reads",
+        "",
+        "| stage | sections |",
+        "| --- | --- |",
+    ]
+    out += [f"| `{s}` | {', '.join(f'`{x}`' for x in secs)} |" for s, secs in STAGE_SECTIONS.items()]
+    hints = typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        out += ["", f"## `{f.name}`", "", f.metadata.get("help", ""), "",
+                "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        out += _rows(hints[f.name], f.name + ".")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not DOC.exists() or DOC.read_text() != text:
+            print(f"{DOC} is stale; run: python -m enn_core.config.docs", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

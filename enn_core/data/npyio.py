@@ -1,0 +1,139 @@
+""".npy streaming: a writer whose row count grows as chunks arrive, and header readers.
+
+`NpyWriter` reserves a fixed-size header, appends C-ordered chunks, hashes the data bytes
+(sha256) in a helper thread while the main thread reads and writes the next chunk (hashlib
+and file writes release the GIL, so the two overlap), and rewrites the header with the final
+row count on close. Headers are plain npy 1.0, so `np.load(mmap_mode="r")` reads the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from enn_core.errors import DataError
+
+MAGIC = b"\x93NUMPY\x01\x00"
+HEADER_BYTES = 128  # magic + length + dict, padded: room for any realistic shape
+
+
+def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
+    body_len = HEADER_BYTES - len(MAGIC) - 2
+    if len(text) + 1 > body_len:
+        raise DataError(f"array shape {shape} is too long for the staged .npy header; reduce its rank")
+    body = text.ljust(body_len - 1) + "\n"
+    return MAGIC + struct.pack("<H", body_len) + body.encode("latin1")
+
+
+class NpyWriter:
+    """Append rows of `tail_shape` to `path`; `close()` fixes the header and fsyncs."""
+
+    def __init__(self, path: str | Path, dtype: np.dtype | str, tail_shape: tuple[int, ...]) -> None:
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.tail_shape = tuple(int(d) for d in tail_shape)
+        self.rows = 0
+        self._sha = hashlib.sha256()
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self._pending: Future | None = None
+        self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._f.write(_header(self.dtype, (0, *self.tail_shape)))
+
+    def write(self, chunk: np.ndarray) -> None:
+        if chunk.shape[1:] != self.tail_shape:
+            raise ValueError(f"chunk shape {chunk.shape} does not match rows of {self.tail_shape}")
+        arr = np.ascontiguousarray(chunk, dtype=self.dtype)
+        if arr.size == 0:
+            return
+        view = memoryview(arr).cast("B")
+        self._wait()
+        self._pending = self._pool.submit(self._sha.update, view)
+        self._f.write(view)
+        self.rows += arr.shape[0]
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.rows, *self.tail_shape)
+
+    def close(self) -> str:
+        """Finish the file; returns the sha256 of its data bytes."""
+        self._wait()
+        self._pool.shutdown()
+        self._f.seek(0)
+        self._f.write(_header(self.dtype, self.shape))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        return self._sha.hexdigest()
+
+    def abort(self) -> None:
+        self._wait()
+        self._pool.shutdown()
+        self._f.close()
+
+
+def write_npy(path: str | Path, arr: np.ndarray) -> str:
+    """Write a small array in one go (same header and hashing as the streaming writer)."""
+    w = NpyWriter(path, arr.dtype, arr.shape[1:])
+    w.write(arr)
+    return w.close()
+
+
+def read_header(f: BinaryIO, where: str) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """Shape, dtype and fortran flag of the .npy stream at `f` (refuses object arrays)."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except ValueError as e:
+        raise DataError(f"{where}: not a valid .npy array ({e}); save it with numpy.save") from e
+    if dtype.hasobject:
+        raise DataError(
+            f"{where}: holds an object array, which needs pickle and is refused; save a numeric array "
+            "(e.g. arr.astype('float32'))"
+        )
+    if dtype.kind not in "biuf":
+        raise DataError(f"{where}: dtype {dtype} is not numeric; save features and labels as numbers")
+    return tuple(shape), dtype, fortran
+
+
+def npz_member(path: Path, key: str) -> tuple[zipfile.ZipFile, BinaryIO, tuple[int, ...], np.dtype]:
+    """Open member `key` of an .npz for streaming reads (stored or deflated)."""
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:
+        raise DataError(f"{path}: not a valid .npz (zip) file; save it with numpy.savez") from e
+    names = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
+    if key not in names:
+        zf.close()
+        raise DataError(f"{path}: has no array {key!r} (it has {names}); set data.npz_features_key / npz_labels_key")
+    f = zf.open(f"{key}.npy")
+    shape, dtype, fortran = read_header(f, f"{path}[{key}]")
+    if fortran and len(shape) > 1:
+        zf.close()
+        raise DataError(f"{path}[{key}]: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)")
+    return zf, f, shape, dtype
+
+
+def read_rows(f: BinaryIO, dtype: np.dtype, tail: tuple[int, ...], n: int) -> np.ndarray:
+    """Read `n` rows from a stream positioned inside an npy payload."""
+    itemsize = dtype.itemsize * int(np.prod(tail, dtype=np.int64))
+    buf = f.read(n * itemsize)
+    if len(buf) != n * itemsize:
+        raise DataError(f"{getattr(f, 'name', 'array')}: truncated array data; re-save the file")
+    return np.frombuffer(buf, dtype=dtype).reshape((n, *tail))

@@ -1,0 +1,131 @@
+"""CSV (read in chunks) and Parquet (read by row group) sources with declared columns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from enn_core.config import DataConfig
+from enn_core.data.sources import Chunk, SourceInfo, csv_header, header_columns, reshape_labels
+from enn_core.errors import DataError
+
+
+def numeric_column(values: np.ndarray, name: str, where, file: Path) -> np.ndarray:
+    """float64 view of a column, or an error naming the first non-numeric cell."""
+    if values.dtype.kind in "biuf":
+        return values.astype(np.float64, copy=False)
+    num = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(np.float64)
+    bad = np.flatnonzero(np.isnan(num) & pd.notna(pd.Series(values)).to_numpy())
+    if bad.size:
+        i = int(bad[0])
+        raise DataError(
+            f"{file} {where(i)} column {name!r}: non-numeric value {values[i]!r}; fix the cell "
+            "or declare the column in data.categorical"
+        )
+    return num
+
+
+class _TableSource:
+    kind = "table"
+
+    def __init__(self, cfg: DataConfig, path: Path, names: list[str], n_rows: int | None) -> None:
+        self.cfg, self.path = cfg, path
+        self.feats, self.labels = header_columns(path, names, cfg, cfg.features_only)
+        self.cats = [c for c in self.feats if c in cfg.categorical]
+        keys = [c for c in self.feats if c in cfg.categorical or c == cfg.fold_key]
+        label_shape = None
+        if self.labels:
+            label_shape = reshape_labels(np.empty((0, len(self.labels))), cfg, f"{path} label columns")
+        self.info = SourceInfo(
+            kind=self.kind,
+            path=path,
+            feature_names=self.feats,
+            label_shape=label_shape,
+            row_keys=keys,
+            n_rows=n_rows,
+        )
+
+    def _chunk(self, get, n: int, start: int, where) -> Chunk:
+        cols = {}
+        for c in self.feats:
+            v = get(c)
+            cols[c] = v if (c in self.cats or c in self.cfg.cyclic) else numeric_column(v, c, where, self.path)
+        y = None
+        if self.labels:
+            y = np.empty((n, len(self.labels)), np.float64)
+            for j, c in enumerate(self.labels):
+                y[:, j] = numeric_column(get(c), c, where, self.path)
+            y = y.reshape((n, *self.info.label_shape))
+        keys = {k: cols[k] for k in self.info.row_keys}
+        return Chunk(start=start, cols=cols, y=y, keys=keys, where=where)
+
+    def close(self) -> None:
+        pass
+
+
+class CsvSource(_TableSource):
+    kind = "csv"
+
+    def __init__(self, cfg: DataConfig, path: Path) -> None:
+        super().__init__(cfg, path, csv_header(path), None)
+
+    def chunks(self) -> Iterator[Chunk]:
+        str_cols = {c: str for c in self.feats if c in self.cats or c in self.cfg.cyclic}
+        reader = pd.read_csv(
+            self.path,
+            chunksize=self.cfg.chunk_rows,
+            usecols=self.feats + self.labels,
+            dtype=str_cols,
+            skipinitialspace=True,
+        )
+        start = 0
+        try:
+            for df in reader:
+                n = len(df)
+
+                def where(i: int, s: int = start) -> str:
+                    return f"line {s + i + 2}"
+
+                yield self._chunk(lambda c, d=df: d[c].to_numpy(), n, start, where)
+                start += n
+        except pd.errors.ParserError as e:
+            msg = str(e).strip().splitlines()[-1].replace("C error: ", "")
+            raise DataError(f"{self.path}: ragged row ({msg}); give every row the header's fields") from e
+        finally:
+            reader.close()
+        if start == 0:
+            raise DataError(f"{self.path}: empty table (a header and no data rows); add data rows")
+
+
+class ParquetSource(_TableSource):
+    kind = "parquet"
+
+    def __init__(self, cfg: DataConfig, path: Path) -> None:
+        try:
+            self.pf = pq.ParquetFile(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataError(f"{path}: not a readable Parquet file ({e}); re-write it with pyarrow") from e
+        super().__init__(cfg, path, list(self.pf.schema_arrow.names), self.pf.metadata.num_rows)
+        if self.pf.metadata.num_rows == 0:
+            raise DataError(f"{path}: empty table (no rows); add data rows")
+
+    def chunks(self) -> Iterator[Chunk]:
+        start = 0
+        for g in range(self.pf.num_row_groups):
+            table = self.pf.read_row_group(g, columns=self.feats + self.labels)
+            n = table.num_rows
+
+            def get(c: str, t: pa.Table = table) -> np.ndarray:
+                return t.column(c).to_numpy(zero_copy_only=False)
+
+            def where(i: int, s: int = start) -> str:
+                return f"row {s + i}"
+
+            yield self._chunk(get, n, start, where)
+            start += n
+            del table

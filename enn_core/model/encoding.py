@@ -1,0 +1,122 @@
+"""Feature encoding inside the model: the raw staged feature vector in, one dense vector out.
+
+The staged `features.npy` holds raw values (docs/design.md): continuous values as they are,
+categorical features as integer codes into the manifest vocabulary, cyclic features as the
+raw periodic value. Encoding lives here so that an exported model takes the same raw vector:
+
+- continuous: z-score with the manifest's train-split mean/std (std floored), computed in
+  float64 so wide-range inputs (timestamps) keep their precision, then cast to float32;
+- categorical: an embedding per feature; a code outside the vocabulary maps to an extra
+  "unknown" row (no data-dependent branch, so torch.export and ONNX see one graph);
+- cyclic (any spec with `cyclic_period`, or kind "cyclic"): sin and cos of 2*pi*value/period.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from enn_core.errors import DataError
+
+STD_FLOOR = 1e-6  # relative floor on tiny std: a constant feature must not blow up to inf
+KINDS = ("continuous", "categorical", "cyclic")
+
+
+@dataclass(frozen=True)
+class FeatureLayout:
+    """Which raw columns get which encoding (derived once from the manifest's feature_specs)."""
+
+    continuous: tuple[int, ...]
+    cont_mean: tuple[float, ...]
+    cont_std: tuple[float, ...]
+    categorical: tuple[int, ...]
+    vocab_sizes: tuple[int, ...]
+    cyclic: tuple[int, ...]
+    periods: tuple[float, ...]
+    names: tuple[str, ...]
+
+    @property
+    def n_features(self) -> int:
+        return len(self.names)
+
+
+def floor_std(std: float, scale: float = 1.0) -> float:
+    """A std safe to divide by: at least STD_FLOOR * max(1, |scale|)."""
+    floor = STD_FLOOR * max(1.0, abs(scale))
+    return float(std) if math.isfinite(std) and std > floor else floor
+
+
+def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
+    """Validate the manifest's feature_specs and group the columns by encoding."""
+    if not specs:
+        raise DataError("manifest feature_specs is empty; the model needs at least one feature (re-run stage-data)")
+    cont, cmean, cstd, cat, vsz, cyc, per, names = [], [], [], [], [], [], [], []
+    for i, spec in enumerate(specs):
+        name = str(spec.get("name", f"#{i}"))
+        kind = spec.get("kind")
+        if kind not in KINDS:
+            raise DataError(f"manifest feature_specs[{i}] ({name}): kind={kind!r}; expected one of {KINDS} (re-run stage-data)")
+        names.append(name)
+        if kind == "continuous":
+            if "mean" not in spec or "std" not in spec:
+                raise DataError(f"manifest feature_specs[{i}] ({name}): continuous feature lacks mean/std (re-run stage-data)")
+            cont.append(i)
+            cmean.append(float(spec["mean"]))
+            cstd.append(floor_std(float(spec["std"]), float(spec["mean"])))
+        elif kind == "categorical":
+            vocab = spec.get("vocab")
+            if not vocab:
+                raise DataError(f"manifest feature_specs[{i}] ({name}): categorical feature has no vocab (re-run stage-data)")
+            cat.append(i)
+            vsz.append(len(vocab))
+        period = spec.get("cyclic_period")
+        if kind == "cyclic" and not period:
+            raise DataError(f"manifest feature_specs[{i}] ({name}): kind=cyclic needs cyclic_period > 0 (re-run stage-data)")
+        if period:
+            if float(period) <= 0:
+                raise DataError(f"manifest feature_specs[{i}] ({name}): cyclic_period={period} must be > 0")
+            cyc.append(i)
+            per.append(float(period))
+    return FeatureLayout(
+        tuple(cont), tuple(cmean), tuple(cstd), tuple(cat), tuple(vsz), tuple(cyc), tuple(per), tuple(names)
+    )
+
+
+class FeatureEncoder(nn.Module):
+    """Raw features [B, F] -> encoded vector [B, out_dim] (float32) and per-feature tokens."""
+
+    def __init__(self, layout: FeatureLayout, embed_dim: int) -> None:
+        super().__init__()
+        self.layout = layout
+        self.embed_dim = embed_dim
+        idx = lambda t: torch.tensor(t, dtype=torch.long)  # noqa: E731
+        self.register_buffer("cont_idx", idx(layout.continuous), persistent=False)
+        self.register_buffer("cat_idx", idx(layout.categorical), persistent=False)
+        self.register_buffer("cyc_idx", idx(layout.cyclic), persistent=False)
+        self.register_buffer("cont_mean", torch.tensor(layout.cont_mean, dtype=torch.float64))
+        self.register_buffer("cont_std", torch.tensor(layout.cont_std, dtype=torch.float64))
+        self.register_buffer("cyc_freq", torch.tensor([2 * math.pi / p for p in layout.periods], dtype=torch.float64))
+        self.register_buffer("vocab_sizes", idx(layout.vocab_sizes), persistent=False)
+        # One extra row per table: codes outside the vocabulary ("unknown").
+        self.embeddings = nn.ModuleList(nn.Embedding(v + 1, embed_dim) for v in layout.vocab_sizes)
+        self.out_dim = len(layout.continuous) + embed_dim * len(layout.categorical) + 2 * len(layout.cyclic)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = []
+        if self.layout.continuous:
+            raw = x.index_select(1, self.cont_idx).to(torch.float64)
+            parts.append(((raw - self.cont_mean) / self.cont_std).to(torch.float32))
+        if self.layout.categorical:
+            codes = torch.round(x.index_select(1, self.cat_idx).to(torch.float64)).to(torch.long)
+            bad = (codes < 0) | (codes >= self.vocab_sizes)
+            codes = torch.where(bad, self.vocab_sizes.expand_as(codes), codes)
+            for j, emb in enumerate(self.embeddings):
+                parts.append(emb(codes[:, j]).to(torch.float32))
+        if self.layout.cyclic:
+            angle = x.index_select(1, self.cyc_idx).to(torch.float64) * self.cyc_freq
+            parts.append(torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32))
+        return torch.cat(parts, dim=1)

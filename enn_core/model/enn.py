@@ -1,0 +1,194 @@
+"""The ENN model: raw feature vector in, a label-shaped tensor out; the presets.
+
+- `model(x)`: x float32/float64 [B, F] raw features -> [B, *label_shape] in normalized label
+  units (the training path; the loss is computed there).
+- `model.predict(x)`: real units (label mean/std are buffers of the model, std floored).
+- `model.blocks`: the nn.ModuleList FSDP2 shards block by block. Nothing here knows of ranks.
+
+Presets:
+- `tabular`: encoded features -> residual MLP blocks -> fp32 head emitting the flattened
+  label, reshaped to label_shape (any label shape).
+- `spatiotemporal` (label_shape [S, T]): every section and every hour has its own learned
+  embedding; their sum gives one token per cell [B, S, T, d], conditioned on the sample's
+  features by FiLM (every block) and/or cross-attention to context tokens; blocks attend
+  along the section axis then along the hour axis; an fp32 head gives one value per cell,
+  plus a learned per-cell bias.
+No data-dependent control flow: torch.export (dynamic batch) and ONNX see one graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from enn_core.config.model import ModelConfig
+from enn_core.errors import ConfigError, DataError
+from enn_core.model.encoding import FeatureEncoder, floor_std, parse_feature_specs
+from enn_core.model.layers import MLP, FP32Head, ResidualBlock, SpatioTemporalBlock
+
+PRESETS = ("tabular", "spatiotemporal")
+
+
+class ENN(nn.Module):
+    """Base: feature encoder, label statistics, predict(); presets implement `trunk`."""
+
+    preset = "base"
+
+    def __init__(self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.label_shape = tuple(int(s) for s in manifest["label_shape"])
+        self.feature_names = parse_feature_specs(manifest["feature_specs"]).names
+        self.encoder = FeatureEncoder(parse_feature_specs(manifest["feature_specs"]), cfg.embed_dim)
+        self.register_buffer("label_mean", torch.as_tensor(label_mean, dtype=torch.float32))
+        self.register_buffer("label_std", torch.as_tensor(label_std, dtype=torch.float32))
+
+    @property
+    def n_features(self) -> int:
+        return len(self.feature_names)
+
+    def trunk(self, enc: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw features [B, F] -> normalized label units [B, *label_shape] (float32)."""
+        return self.trunk(self.encoder(x))
+
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        return y.float() * self.label_std + self.label_mean
+
+    def normalize(self, y: torch.Tensor) -> torch.Tensor:
+        return (y.float() - self.label_mean) / self.label_std
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw features [B, F] -> real label units [B, *label_shape]."""
+        return self.denormalize(self.forward(x))
+
+    def describe(self) -> dict:
+        """A JSON-able summary for logs and run records."""
+        lay = self.encoder.layout
+        return {
+            "preset": self.preset,
+            "parameters": sum(p.numel() for p in self.parameters()),
+            "d_model": self.cfg.d_model,
+            "layers": len(self.blocks),
+            "heads": self.cfg.heads,
+            "conditioning": self.cfg.conditioning if self.preset == "spatiotemporal" else None,
+            "label_shape": list(self.label_shape),
+            "features": {
+                "total": lay.n_features,
+                "continuous": [lay.names[i] for i in lay.continuous],
+                "categorical": {lay.names[i]: v for i, v in zip(lay.categorical, lay.vocab_sizes, strict=True)},
+                "cyclic": {lay.names[i]: p for i, p in zip(lay.cyclic, lay.periods, strict=True)},
+                "encoded_dim": self.encoder.out_dim,
+            },
+        }
+
+
+class TabularENN(ENN):
+    preset = "tabular"
+
+    def __init__(self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray) -> None:
+        super().__init__(cfg, manifest, label_mean, label_std)
+        d = cfg.d_model
+        self.stem = nn.Linear(self.encoder.out_dim, d)
+        self.blocks = nn.ModuleList(ResidualBlock(d, cfg.ffn_mult, cfg.dropout) for _ in range(cfg.layers))
+        self.head = FP32Head(d, int(np.prod(self.label_shape)))
+
+    def trunk(self, enc: torch.Tensor) -> torch.Tensor:
+        h = self.stem(enc)
+        for blk in self.blocks:
+            h = blk(h)
+        return self.head(h).reshape((-1, *self.label_shape))
+
+
+class SpatioTemporalENN(ENN):
+    preset = "spatiotemporal"
+
+    def __init__(self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray) -> None:
+        super().__init__(cfg, manifest, label_mean, label_std)
+        d = cfg.d_model
+        s, t = self.label_shape
+        film, cross = "film" in cfg.conditioning, "cross" in cfg.conditioning
+        self.context = MLP(self.encoder.out_dim, d, cfg.dropout, d_out=d)
+        self.section_embed = nn.Parameter(torch.randn(s, d) * 0.02)
+        self.hour_embed = nn.Parameter(torch.randn(t, d) * 0.02)
+        self.film = nn.Linear(d, 2 * d)  # conditions the initial tokens on the sample
+        self.context_tokens = nn.Linear(d, cfg.context_tokens * d) if cross else None
+        self.blocks = nn.ModuleList(
+            SpatioTemporalBlock(d, cfg.heads, cfg.ffn_mult, cfg.dropout, cross=cross, film=film)
+            for _ in range(cfg.layers)
+        )
+        self.head = FP32Head(d, 1)
+        self.cell_bias = nn.Parameter(torch.zeros(s, t))
+
+    def trunk(self, enc: torch.Tensor) -> torch.Tensor:
+        c = self.context(enc)  # [B, d]
+        shift, scale = self.film(c).chunk(2, dim=-1)
+        grid = self.section_embed[:, None, :] + self.hour_embed[None, :, :]  # [S, T, d]
+        x = grid[None] * (1 + scale[:, None, None, :]) + shift[:, None, None, :]
+        ctx = None
+        if self.context_tokens is not None:
+            ctx = self.context_tokens(c).reshape(c.shape[0], self.cfg.context_tokens, c.shape[1])
+        for blk in self.blocks:
+            x = blk(x, c, ctx)
+        return self.head(x).squeeze(-1) + self.cell_bias
+
+
+def label_statistics(manifest: Mapping, data_dir: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Label mean/std broadcast to label_shape, std floored; per-cell files when declared."""
+    shape = tuple(int(s) for s in manifest["label_shape"])
+    stats = manifest.get("label_stats") or {}
+    if "mean" not in stats or "std" not in stats:
+        raise DataError("manifest label_stats lacks mean/std; re-run stage-data")
+    mean = np.asarray(stats["mean"], dtype=np.float64)
+    std = np.asarray(stats["std"], dtype=np.float64)
+    for key in ("cell_mean_file", "cell_std_file"):
+        name = stats.get(key)
+        if not name:
+            continue
+        if data_dir is None:
+            raise DataError(f"manifest label_stats.{key}={name} but no data_dir was given to build_model")
+        arr = np.load(Path(data_dir) / name).astype(np.float64)
+        if key == "cell_mean_file":
+            mean = arr
+        else:
+            std = arr
+    try:
+        mean = np.broadcast_to(mean, shape).copy()
+        std = np.broadcast_to(std, shape).copy()
+    except ValueError as e:
+        raise DataError(f"manifest label_stats do not broadcast to label_shape {list(shape)}; re-run stage-data") from e
+    floors = np.vectorize(floor_std)(std, mean) if std.size else std
+    return mean.astype(np.float32), np.asarray(floors, dtype=np.float32)
+
+
+def check_fit(cfg: ModelConfig, manifest: Mapping) -> None:
+    """Config x data checks that only make sense together; messages name the fix."""
+    for key in ("label_shape", "feature_specs"):
+        if key not in manifest:
+            raise DataError(f"manifest has no {key!r}; re-run stage-data")
+    shape = list(manifest["label_shape"])
+    if not shape or any(int(s) < 1 for s in shape):
+        raise DataError(f"manifest label_shape={shape} must be non-empty with sizes >= 1; re-run stage-data")
+    if cfg.preset not in PRESETS:
+        raise ConfigError(f"model.preset={cfg.preset!r} is unknown; use one of {list(PRESETS)}")
+    if cfg.preset == "spatiotemporal" and len(shape) != 2:
+        raise ConfigError(
+            f"model.preset=spatiotemporal needs a 2-D label_shape [sections, hours] but the data has {shape}; "
+            "set data.label_shape to two axes or use model.preset=tabular"
+        )
+
+
+def build_model(cfg: ModelConfig, manifest: Mapping, *, data_dir: str | Path | None = None) -> ENN:
+    """The model for `manifest`'s data, initialised from `cfg.init_seed` (global RNG untouched)."""
+    check_fit(cfg, manifest)
+    mean, std = label_statistics(manifest, data_dir)
+    cls = SpatioTemporalENN if cfg.preset == "spatiotemporal" else TabularENN
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.init_seed)
+        return cls(cfg, manifest, mean, std)

@@ -1,0 +1,211 @@
+"""Worker bootstrap, parallelism and cross-rank agreement.
+
+Run inside each worker (launched by enn_core.runtime.launch):
+
+    env = bootstrap(world_size_hint, threads=..., seed=..., device=..., pg_timeout_s=...)
+    model = apply_parallelism(model, env, param_dtype=..., compile=..., fsdp=...)
+    ...
+    tighten_timeout(env, seconds)      # after the first step
+    shutdown(env)                      # at exit (after `del model, optimizer`)
+
+Facts this module is built on (../shared/reference/FIELD_NOTES.md): elastic_launch does not
+set the thread count (two ranks oversubscribe two cores), FSDP2 needs an explicit CPU mesh,
+the default gloo timeout is 30 minutes, restarts on gloo read stale addresses from the
+agent's shared store unless the group is built on a per-attempt PrefixStore, and FSDP2 on
+gloo may abort at interpreter exit unless the model is collected before the group is
+destroyed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# Variables a previous distributed job (or a parent torchrun) may leave in the launcher's
+# environment; the launcher removes them so each worker sees only what its agent sets.
+STALE_ENV = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """What a worker knows about its place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    restart: int
+    mesh: Any  # torch.distributed.device_mesh.DeviceMesh
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def set_threads(threads: int) -> int:
+    """Thread count inside the worker (the launcher cannot: elastic_launch does not set it)."""
+    threads = max(1, threads)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def seed_everything(seed: int, rank: int) -> int:
+    """Per-rank seed (dropout etc. differ per rank; data order uses the global seed)."""
+    s = seed * 1000 + rank
+    random.seed(s)
+    np.random.seed(s % 2**32)
+    torch.manual_seed(s)
+    return s
+
+
+def set_deterministic(on: bool) -> None:
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by CUDA determinism
+    torch.use_deterministic_algorithms(on, warn_only=False)
+
+
+def resolve_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _store(rank: int, restart: int) -> dist.Store:
+    """The rendezvous store under a per-run, per-attempt prefix (the restart-race fix)."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    base = dist.TCPStore(host, port, is_master=(not agent_store and rank == 0), wait_for_workers=False,
+                         timeout=_dt.timedelta(seconds=120), use_libuv=True)  # fmt: skip
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+    return dist.PrefixStore(f"enn/{run_id}/attempt{restart}", base)
+
+
+def bootstrap(*, device: str, threads: int, seed: int, deterministic: bool, pg_timeout_s: float) -> DistEnv:
+    """Threads, seeds, determinism, process group and device mesh for this worker."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    set_threads(threads)
+    seed_everything(seed, rank)
+    set_deterministic(deterministic)
+    dev = resolve_device(device, local_rank)
+    # CPU collectives (metrics, agreement flags) always have gloo; NCCL carries CUDA tensors.
+    backend = "cuda:nccl,cpu:gloo" if dev.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, store=_store(rank, restart), rank=rank, world_size=world,
+                            timeout=_dt.timedelta(seconds=pg_timeout_s))  # fmt: skip
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # Explicit mesh on the worker's device type: without one FSDP2 picks CUDA when it exists.
+    mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("shard",))
+    return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=dev, backend=backend, restart=restart, mesh=mesh)
+
+
+def tighten_timeout(seconds: float) -> None:
+    """Shorter collective timeout once warm-up (spawn, wrap, first step) is over.
+
+    There is no public setter in torch 2.13 (FIELD_NOTES); the private one is the only way."""
+    if dist.is_initialized():
+        from torch.distributed import distributed_c10d
+
+        distributed_c10d._set_pg_timeout(_dt.timedelta(seconds=seconds), None)
+
+
+def apply_parallelism(
+    model: nn.Module,
+    env: DistEnv,
+    *,
+    param_dtype: torch.dtype | None = None,
+    compile: bool = False,
+    fsdp: bool = True,
+) -> tuple[nn.Module, dict]:
+    """Wrap a plain model for this job; returns (model, record of what was applied).
+
+    The order is fixed (torchtitan's): 1. move to the device; 2. compile each block (so the
+    sharding hooks stay outside the compiled graphs; eager fallback on failure); 3. shard
+    each block, then the root (the root owns the leftover parameters: encoder, head); or
+    DDP when `fsdp` is off. At world size 1 the model stays plain: nothing to shard.
+    """
+    record: dict[str, Any] = {"world_size": env.world_size, "compile": "off", "wrap": "none"}
+    model.to(env.device)
+    if compile:
+        record["compile"] = _compile_blocks(model)
+    if not env.distributed:
+        return model, record
+    if not fsdp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        record["wrap"] = "ddp"
+        return DistributedDataParallel(model, device_ids=ids), record
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    for block in model.blocks:
+        fully_shard(block, mesh=env.mesh, mp_policy=mp)
+    fully_shard(model, mesh=env.mesh, mp_policy=mp)
+    if hasattr(model, "predict"):  # predict() calls forward directly: give it the root hooks
+        register_fsdp_forward_method(model, "predict")
+    record["wrap"] = "fsdp2"
+    record["param_dtype"] = str(param_dtype or torch.float32).replace("torch.", "")
+    return model, record
+
+
+def _compile_blocks(model: nn.Module) -> str:
+    try:
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block)
+    except (RuntimeError, AssertionError) as e:  # noqa: B014 - Dynamo raises either
+        return f"eager (compile failed: {str(e).splitlines()[0][:120]})"
+    return "blocks"
+
+
+def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum a small float64 CPU vector across ranks (gloo lane); identity at world size 1."""
+    if env.distributed:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def agree_any(flag: bool, env: DistEnv) -> bool:
+    """True on every rank when it is true on any rank (skip, back off, stop)."""
+    if not env.distributed:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
+    """Every rank's `obj` (rare paths only: error reports)."""
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def shutdown() -> None:
+    """Collect FSDP state before destroying the group (the exit-abort fix)."""
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()

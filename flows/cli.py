@@ -1,0 +1,102 @@
+"""`enn`: one subcommand per stage, `enn run` for a whole flow.
+
+    enn stage-data [--config params.yaml] [--set data.source=workbook ...]
+    enn run [--flow training] [--set train.epochs=3]
+
+Each stage subcommand runs the same function as its Prefect task (tasks/runner.py); this is
+what `dvc repro` calls. Errors print one line and exit non-zero (the code says which kind:
+2 config, 3 data, 4 stale output, 5 training, 6 collapse, 7 export, 8 lock, 75 transient).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from enn_core.errors import EnnError
+from enn_core.paths import STAGES, Layout, find_root
+
+COMMON_EPILOG = (
+    "Config: defaults -> params.yaml -> --set overrides (docs/config.md lists every key). "
+    "Outputs: outputs/<stage>/; run directories, MLflow and Prefect state: work/."
+)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="Config file (default: params.yaml in the project root).")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="Override one config value, e.g. --set train.epochs=3 (repeatable).")
+    p.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tasks.registry import HELP
+
+    parser = argparse.ArgumentParser(prog="enn", description="ENN training-and-prediction pipeline.",
+                                     epilog=COMMON_EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for stage in STAGES:
+        p = sub.add_parser(stage, help=HELP[stage], description=HELP[stage], epilog=COMMON_EPILOG)
+        _common(p)
+    p = sub.add_parser("run", help="Run a whole flow through Prefect (DVC skips stages that are up to date).",
+                       description="Run a whole flow through Prefect on the local API (or PREFECT_API_URL). "
+                                   "--set overrides are written into the config file first, as `dvc exp run -S` does.")
+    _common(p)
+    p.add_argument("--flow", choices=["training"], default="training", help="Which flow to run.")
+    return parser
+
+
+def _config_path(args: argparse.Namespace) -> Path:
+    if args.config:
+        return Path(args.config).resolve()
+    return find_root() / "params.yaml"
+
+
+def run_stage_command(stage: str, config: Path, overrides: list[str]) -> int:
+    from enn_core.config import load_config
+    from tasks.runner import execute_stage
+    from tasks.session import dvc_group, pipeline_session
+
+    cfg = load_config(config, overrides)
+    group = dvc_group()
+    with pipeline_session(cfg, config.parent, f"dvc repro ({stage})" if group else stage, group=group) as session:
+        result = execute_stage(stage, cfg, session)
+    print(f"{stage}: done in {result.seconds:.1f} s -> {Layout.for_root(config.parent, cfg.runtime.work_dir).output(stage)}")
+    return 0
+
+
+def run_flow_command(flow: str, config: Path, overrides: list[str]) -> int:
+    from flows.training import training
+
+    results = training(config=str(config), overrides=overrides)
+    for stage, r in results.items():
+        print(f"{stage:20s} {r['status']:8s} {r['seconds']:7.1f} s  {r['reason']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = _config_path(args)
+    try:
+        from enn_core.config import load_config
+        from tasks.env import contain
+
+        cfg = load_config(config, args.overrides)
+        contain(Layout.for_root(config.parent, cfg.runtime.work_dir), override=False)
+        if args.command == "run":
+            return run_flow_command(args.flow, config, args.overrides)
+        return run_stage_command(args.command, config, args.overrides)
+    except EnnError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with its pinned constraints. Idempotent: it re-installs
+# only when pyproject.toml or constraints.txt changed. Needs only python3.11 with venv and pip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
+if ! "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+  echo "error: Python 3.11 is required (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+  exit 2
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.enn-install-stamp
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing the project and its pinned dependencies into .venv (a few minutes the first time)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
+  # torch is pinned to 2.13.0 (the CPU build on this machine); constraints.txt pins the rest.
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+  echo "$want" > "$stamp"
+fi

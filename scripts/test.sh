@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Run every test tier that can run on CPU, each within its budget:
+#   fast (unit) <= 3 min, distributed (multi-process gloo) <= 20 min, end-to-end <= 20 min.
+# GPU tests are collected in the fast tier and skip cleanly without CUDA.
+# Each test also has its own timeout (pytest-timeout), so nothing waits on a 30-minute default.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+export PYTHONUNBUFFERED=1 DO_NOT_TRACK=true TORCH_DISTRIBUTED_DEBUG=DETAIL
+PYTEST=".venv/bin/python -m pytest"
+status=0
+
+tier() {  # name, budget seconds, per-test timeout, marker expression
+  local name=$1 budget=$2 per_test=$3 expr=$4
+  echo "=== tier: $name (budget ${budget}s, per-test timeout ${per_test}s) ==="
+  local t0=$SECONDS
+  timeout --signal=TERM --kill-after=30 "$budget" $PYTEST -m "$expr" --timeout="$per_test" --durations=10 -q
+  local rc=$?
+  local took=$((SECONDS - t0))
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo "tier $name exceeded its budget of ${budget}s" >&2
+    status=1
+  elif [ $rc -eq 5 ]; then
+    echo "tier $name: no tests selected"
+  elif [ $rc -ne 0 ]; then
+    status=1
+  fi
+  echo "=== tier: $name finished in ${took}s (rc=$rc) ==="
+}
+
+tier fast 180 120 "not distributed and not e2e"
+tier distributed 1200 300 "distributed"
+tier e2e 1200 600 "e2e"
+exit $status

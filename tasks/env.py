@@ -1,0 +1,65 @@
+"""Keep every tool offline and inside the project's work directory.
+
+`contain(layout)` must run before prefect or mlflow is first imported (both read their
+settings at import time). `tasks/__init__.py` calls it for the layout found from the
+current directory, so any `import tasks...` is contained; the CLI calls it again once it
+knows the config's work directory.
+
+What it sets (the README lists them):
+- telemetry off: DO_NOT_TRACK=true, PREFECT_SERVER_ANALYTICS_ENABLED=false,
+  MLFLOW_DISABLE_TELEMETRY=true, DVC_NO_ANALYTICS=1, MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK=true;
+- PREFECT_HOME, the Prefect local result storage and an absolute MLFLOW_TRACKING_URI (SQLite)
+  under the work directory; results serialized as JSON, never pickle.
+Values a user already exported (e.g. PREFECT_API_URL of a real server, an MLflow server URI)
+are left alone: that is how the pipeline scales out to existing servers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from enn_core.paths import Layout, find_root
+
+FORCED = {
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK": "true",
+}
+
+
+def contained_env(layout: Layout) -> dict[str, str]:
+    """The environment variables that keep the tools offline and under `layout.work`."""
+    prefect = layout.prefect_home
+    return {
+        **FORCED,
+        "PREFECT_HOME": str(prefect),
+        "PREFECT_LOCAL_STORAGE_PATH": str(prefect / "storage"),
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+        "PREFECT_RESULTS_DEFAULT_SERIALIZER": "json",
+        "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.5",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "PREFECT_UI_ENABLED": "false",
+        "MLFLOW_TRACKING_URI": layout.mlflow_uri,
+        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+        "GIT_PYTHON_REFRESH": "quiet",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "enn",
+    }
+
+
+def contain(layout: Layout | None = None, *, override: bool = False) -> Layout:
+    """Apply `contained_env` to os.environ (keeping user-set values unless `override`)."""
+    layout = layout or Layout.for_root(find_root())
+    layout.work.mkdir(parents=True, exist_ok=True)
+    already = [m for m in ("prefect", "mlflow") if m in sys.modules]
+    for key, value in contained_env(layout).items():
+        if key in FORCED or override or key not in os.environ:
+            os.environ[key] = value
+    if already and override:
+        # Settings read at import time cannot change now; say so instead of silently ignoring.
+        import warnings
+
+        warnings.warn(f"contain() called after importing {already}; their settings may be stale", stacklevel=2)
+    return layout

@@ -1,0 +1,119 @@
+"""Run one stage: the same code path for the Prefect task, `enn <stage>` and `dvc repro`.
+
+    execute_stage(stage, cfg, session)
+      -> run dir (work/runs/<run-id>/<stage>/) with the resolved config
+      -> MLflow child run (params of the sections the stage reads), events forwarded live
+      -> the enn_core work function `run(cfg, ctx)`
+      -> result.json in the run dir; the stage's resolved params beside its outputs
+
+`PipelineSession` holds what one pipeline run shares: layout, run id, tracker, parent run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from enn_core.atomic import atomic_file, write_json
+from enn_core.config import RunConfig, sections_of, to_plain
+from enn_core.events import EventLog
+from enn_core.fault import FaultInjector
+from enn_core.paths import Layout
+from enn_core.stage import StageContext
+from tasks.registry import work_fn
+
+log = logging.getLogger("enn")
+
+
+@dataclass
+class PipelineSession:
+    layout: Layout
+    run_id: str
+    tracker: Any = None  # tasks.tracking.Tracker, or None when tracking is off
+    parent_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageResult:
+    stage: str
+    status: str  # "ran" or "skipped"
+    reason: str
+    summary: dict
+    run_dir: str
+    mlflow_run_id: str | None
+    seconds: float
+    work_seconds: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
+    path = run_dir / "config.yaml"
+    with atomic_file(path) as f:
+        yaml.safe_dump(to_plain(cfg), f, sort_keys=False, allow_unicode=True)
+    return path
+
+
+def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> StageResult:
+    t0 = time.perf_counter()
+    layout = session.layout
+    run_dir = layout.run_dir(session.run_id, stage)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = write_resolved(cfg, run_dir)
+    ctx = StageContext(
+        stage=stage,
+        layout=layout,
+        run_dir=run_dir,
+        events=EventLog(run_dir),
+        faults=FaultInjector(cfg.fault, marker_dir=layout.work / "faults"),
+        progress=cfg.runtime.progress,
+        logger=logging.getLogger(f"enn.{stage}"),
+    )
+    fn = work_fn(stage)
+    params = sections_of(cfg, stage)
+    tracker = session.tracker
+    child_cm = tracker.child(stage, session.parent_id, run_dir, params, session.tags) if tracker else _null()
+    with child_cm as child_id:
+        if tracker:
+            tracker.log_artifact(child_id, config_path)
+        w0 = time.perf_counter()
+        summary = fn(cfg, ctx) or {}
+        work_seconds = time.perf_counter() - w0
+        out = layout.output(stage)
+        if out.is_dir():
+            write_json(out / "params.json", params)  # the resolved params beside the outputs
+        publish_metrics(stage, out, summary, layout.root)
+        write_json(run_dir / "result.json", summary)
+        if tracker:
+            tracker.log_artifact(child_id, run_dir / "result.json")
+            tracker.set_tags(child_id, {"enn.work_seconds": f"{work_seconds:.3f}"})
+    return StageResult(stage, "ran", "executed", summary, str(run_dir), child_id,
+                       time.perf_counter() - t0, work_seconds)
+
+
+def publish_metrics(stage: str, out: Path, summary: dict, root: Path) -> None:
+    """Copy a stage's metrics and plot data where dvc.yaml declares them (outside the
+    stage's output directory, since DVC forbids overlapping outputs)."""
+    metrics = out / "metrics.json"
+    data = json.loads(metrics.read_text()) if metrics.exists() else summary.get("metrics")
+    if data is not None:
+        write_json(root / "outputs" / "metrics" / f"{stage}.json", data)
+    history = out / "history.json"
+    if history.exists():
+        write_json(root / "outputs" / "plots" / f"{stage}.json", json.loads(history.read_text()))
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,68 @@
+"""Open and close one pipeline run: layout, work-dir lock, run id, MLflow parent run, lineage.
+
+Used by the Prefect flows and by `enn <stage>`. Under `dvc repro`, the stages of one `dvc`
+process share a parent run (found by the group key of that process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+
+from enn_core.config import RunConfig
+from enn_core.paths import Layout
+from tasks.lock import pipeline_lock
+from tasks.runner import PipelineSession
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def dvc_group() -> str | None:
+    """The key of the `dvc` process running this stage command (None outside `dvc repro`)."""
+    if "DVC_STAGE" not in os.environ:
+        return None
+    proc = psutil.Process().parent()
+    while proc is not None:
+        try:
+            cmd = " ".join(proc.cmdline())
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            break
+        if "dvc" in Path(cmd.split(" ")[0]).name or " -m dvc" in cmd or "/dvc " in cmd or cmd.split(" ")[1:2] == ["dvc"] or "bin/dvc" in cmd:
+            return f"dvc-{proc.pid}-{proc.create_time():.0f}"
+        proc = proc.parent()
+    return None
+
+
+@contextlib.contextmanager
+def pipeline_session(cfg: RunConfig, root: Path, name: str, *, run_id: str | None = None,
+                     tags: dict[str, str] | None = None, group: str | None = None) -> Iterator[PipelineSession]:
+    """Lock the work directory, open the MLflow parent run, and close it with the right status."""
+    layout = Layout.for_root(root, cfg.runtime.work_dir)
+    with pipeline_lock(layout.lock_file, name):
+        tracker = None
+        if cfg.tracking.enabled:
+            from tasks.tracking import Tracker, git_commit
+
+            tracker = Tracker(cfg, layout)
+            lineage = {"enn.git_commit": git_commit(root), "enn.pipeline": name}
+            tags = {**lineage, **(tags or {})}
+        run_id = run_id or (group or new_run_id())
+        parent = tracker.start_parent(name, tags or {}, group=group) if tracker else None
+        session = PipelineSession(layout=layout, run_id=run_id, tracker=tracker, parent_id=parent,
+                                  tags={k: v for k, v in (tags or {}).items() if k.startswith("enn.") or k.startswith("prefect.")})
+        try:
+            yield session
+        except BaseException as e:
+            if tracker:
+                tracker.end(parent, "FAILED", f"{type(e).__name__}: {e}")
+            raise
+        if tracker:
+            tracker.end(parent, "FINISHED")

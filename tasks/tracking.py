@@ -1,0 +1,240 @@
+"""The one MLflow helper: parent run per pipeline run, child run per stage, events forwarded.
+
+enn_core never imports mlflow; stages write `events.jsonl` in their run directory and this
+module forwards it (live, from a thread, for long stages). Runs are created through
+`MlflowClient`, never the fluent "active run" API, because Prefect runs tasks in threads.
+
+Lifecycle rules:
+- a stage that fails marks its child run and the parent FAILED, with the error as a tag;
+- a run left RUNNING by a killed process is marked KILLED at the next start (`sweep_killed`);
+- a `dvc repro` of several stages groups them under one parent: the parent is keyed by the
+  `dvc` process that runs the stages, re-opened by each stage and closed after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import psutil
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.tracking import MlflowClient
+
+from enn_core.config import RunConfig, to_plain
+from enn_core.events import EVENTS_FILE
+from enn_core.paths import Layout
+
+TAG_PID = "enn.pid"
+TAG_PID_CREATED = "enn.pid_created"
+TAG_HOST = "enn.host"
+TAG_GROUP = "enn.group"
+TAG_KIND = "enn.kind"
+MAX_PARAM_LEN = 500
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix.rstrip(".")] = json.dumps(d) if not isinstance(d, str) else d
+    return out
+
+
+def git_commit(root: Path) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        commit = out.stdout.strip() if out.returncode == 0 else "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class Tracker:
+    """MLflow runs for one pipeline run. Disabled (every call a no-op) when tracking is off."""
+
+    def __init__(self, cfg: RunConfig, layout: Layout) -> None:
+        self.enabled = cfg.tracking.enabled
+        self.layout = layout
+        self.client: MlflowClient | None = None
+        self.experiment_id = ""
+        if not self.enabled:
+            return
+        uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or layout.mlflow_uri
+        layout.mlflow_dir.mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(uri)
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
+        if exp is None:
+            loc = layout.mlflow_artifacts.as_uri() if uri.startswith("sqlite") else None
+            self.experiment_id = self.client.create_experiment(cfg.tracking.experiment, artifact_location=loc)
+        else:
+            self.experiment_id = exp.experiment_id
+        self.sweep_killed()
+
+    # -- run lifecycle -------------------------------------------------------------------
+    def _own_tags(self) -> dict[str, str]:
+        p = psutil.Process()
+        return {TAG_PID: str(p.pid), TAG_PID_CREATED: f"{p.create_time():.3f}", TAG_HOST: socket.gethostname()}
+
+    def start_parent(self, name: str, tags: dict[str, str], group: str | None = None) -> str | None:
+        if not self.enabled:
+            return None
+        if group:
+            found = self.client.search_runs(
+                [self.experiment_id], f"tags.`{TAG_GROUP}` = '{group}'", max_results=1
+            )
+            if found:
+                run_id = found[0].info.run_id
+                self.client.update_run(run_id, status="RUNNING")
+                return run_id
+        all_tags = {**self._own_tags(), TAG_KIND: "pipeline", **tags}
+        if group:
+            all_tags[TAG_GROUP] = group
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        return run.info.run_id
+
+    def end(self, run_id: str | None, status: str = "FINISHED", error: str | None = None) -> None:
+        if not self.enabled or run_id is None:
+            return
+        if error:
+            self.client.set_tag(run_id, "enn.error", error[:5000])
+        self.client.set_terminated(run_id, status=status)
+
+    @contextlib.contextmanager
+    def child(self, stage: str, parent_id: str | None, run_dir: Path, params: dict, tags: dict[str, str]) -> Iterator[str | None]:
+        """A child run for one stage; events in `run_dir` are forwarded while it runs."""
+        if not self.enabled:
+            yield None
+            return
+        all_tags = {**self._own_tags(), TAG_KIND: "stage", "enn.stage": stage, **tags}
+        if parent_id:
+            all_tags["mlflow.parentRunId"] = parent_id
+        run_id = self.client.create_run(self.experiment_id, run_name=stage, tags=all_tags).info.run_id
+        flat = _flatten(params)
+        self.client.log_batch(run_id, params=[Param(k, v[:MAX_PARAM_LEN]) for k, v in flat.items()])
+        forwarder = EventForwarder(self.client, run_id, run_dir)
+        forwarder.start()
+        try:
+            yield run_id
+        except BaseException as e:
+            forwarder.stop()
+            msg = f"{type(e).__name__}: {e}"
+            self.end(run_id, "FAILED", msg)
+            if parent_id:
+                self.end(parent_id, "FAILED", f"stage {stage} failed: {msg}")
+            raise
+        forwarder.stop()
+        self.end(run_id, "FINISHED")
+
+    def log_artifact(self, run_id: str | None, path: Path, artifact_path: str | None = None) -> None:
+        if self.enabled and run_id and Path(path).exists():
+            self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def set_tags(self, run_id: str | None, tags: dict[str, Any]) -> None:
+        if self.enabled and run_id:
+            for k, v in tags.items():
+                self.client.set_tag(run_id, k, str(v))
+
+    def sweep_killed(self) -> list[str]:
+        """Mark runs left RUNNING by a process that is gone (on this host) as KILLED."""
+        killed = []
+        host = socket.gethostname()
+        for run in self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=500):
+            tags = run.data.tags
+            if tags.get(TAG_HOST) != host or TAG_PID not in tags:
+                continue
+            if _process_alive(int(tags[TAG_PID]), tags.get(TAG_PID_CREATED)):
+                continue
+            self.client.set_tag(run.info.run_id, "enn.error", "process ended without closing the run (killed)")
+            self.client.set_terminated(run.info.run_id, status="KILLED")
+            killed.append(run.info.run_id)
+        return killed
+
+
+def _process_alive(pid: int, created: str | None) -> bool:
+    try:
+        p = psutil.Process(pid)
+        if created is not None and abs(p.create_time() - float(created)) > 0.01:
+            return False  # the pid was reused
+        return p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
+class EventForwarder:
+    """Forwards `events.jsonl` lines to an MLflow run, every second and once more at stop."""
+
+    def __init__(self, client: MlflowClient, run_id: str, run_dir: Path, interval: float = 1.0):
+        self.client, self.run_id, self.path = client, run_id, Path(run_dir) / EVENTS_FILE
+        self.interval = interval
+        self._offset = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"events-{run_id[:8]}", daemon=True)
+        self.events: list[dict] = []
+        self._params: set[str] = set()  # MLflow params are immutable: log each key once
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.flush()
+        if self.events:
+            self.client.log_text(self.run_id, "\n".join(json.dumps(e) for e in self.events), "events.jsonl")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self._offset += len(complete.encode("utf-8"))
+        metrics, params, tags = [], [], []
+        now = int(time.time() * 1000)
+        for line in complete.splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            kind = rec.get("type")
+            if kind == "metric":
+                metrics.append(Metric(rec["name"], rec["value"], int(rec.get("time", 0) * 1000) or now, rec.get("step") or 0))
+            elif kind == "param":
+                value = rec["value"] if isinstance(rec["value"], str) else json.dumps(rec["value"])
+                params.append(Param(rec["name"], value[:MAX_PARAM_LEN]))
+            elif kind == "artifact":
+                if Path(rec["path"]).exists():
+                    self.client.log_artifact(self.run_id, rec["path"], rec.get("artifact_path"))
+            elif kind == "event":
+                self.events.append(rec)
+                tags.append(RunTag(f"event.{rec['name']}", json.dumps(rec.get("fields", {}))[:5000]))
+        for i in range(0, len(metrics), 900):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 900])
+        uniq = []
+        for p in params:
+            if p.key not in self._params:
+                self._params.add(p.key)
+                uniq.append(p)
+        if uniq or tags:
+            self.client.log_batch(self.run_id, params=uniq, tags=tags)
+
+
+__all__ = ["Tracker", "git_commit", "RunStatus", "to_plain"]
