@@ -29,6 +29,8 @@ class PredictConfig:
     world_size: int = opt(1, "Prediction workers (each loads the full model and predicts its own row range).")
     chunk_rows: int = opt(4096, "Rows per written chunk.")
     batch_size: int = opt(256, "Rows per forward pass.")
+    calibration: Literal["auto", "raw"] = opt("auto", "auto = collapse-check's chosen prediction path when its calibration.json names this model (else raw); raw = never calibrate.")
+    xlsx: bool = opt(True, "For workbook sources, also write predictions.xlsx in the input's layout.")
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.chunk_rows < 1 or self.batch_size < 1:

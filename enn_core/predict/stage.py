@@ -1,0 +1,232 @@
+"""predict stage: chunked, resumable, multi-worker inference in real units.
+
+    run(cfg, ctx) -> summary
+
+1. Input: a split (`predict.split`: train, val, test or all) of the training staged data, or
+   every row of a features-only staged dataset (`predict.input_dir`), schema-checked against
+   the model's data spec (enn_core.predict.schema).
+2. Model: the consolidated checkpoint (`predict.model`, default outputs/distributed-train/
+   model.pt) through collapse-check's chosen prediction path when its calibration names this
+   model, else raw (enn_core.predict.model_io); the choice and reason are recorded.
+3. Parts: `predict.chunk_rows` rows per part in `<work>/predict-parts/<output name>/`, computed
+   by `predict.world_size` workers (each its own contiguous block of parts, no collectives).
+   A re-run after a crash reuses complete parts of the same model and input and discards
+   others with a message (enn_core.predict.chunks).
+4. Outputs, replaced atomically as one directory (`outputs/predict/`): `predictions.npy`
+   ([N, *label_shape] float32, real units, in the input's row order), `predictions.parquet`
+   (keyed by the row keys), `predictions.xlsx` for workbook sources, `manifest.json`.
+   The parts directory is removed once the outputs are in place.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from enn_core.atomic import atomic_dir, write_json
+from enn_core.checkpoint import load_model
+from enn_core.data.dataset import StagedDataset
+from enn_core.errors import ConfigError, DataError
+from enn_core.predict import model_io, outputs, schema, workers
+from enn_core.predict.assemble import assemble
+from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore, sha256_file
+from enn_core.validate import select_device
+
+MODEL_FILE = "model.pt"
+SPLITS = ("train", "val", "test", "all")
+
+
+def select_rows(
+    ds: StagedDataset, split: str, features_only: bool
+) -> tuple[np.ndarray | None, str]:
+    """Dataset row indices to predict (None = every row in order) and what they are."""
+    if features_only:
+        return None, "all rows of the features-only dataset"
+    if split not in SPLITS:
+        raise ConfigError(f"predict.split={split!r} is not one of {list(SPLITS)}")
+    if split == "all":
+        return None, "all rows"
+    idx = np.asarray(ds.split(split), dtype=np.int64)
+    return idx, f"split {split}"
+
+
+def input_fingerprint(ds: StagedDataset, index: np.ndarray | None) -> str:
+    h = hashlib.sha256(str(ds.fingerprint).encode())
+    h.update(b"all" if index is None else np.ascontiguousarray(index).tobytes())
+    return h.hexdigest()
+
+
+def _threads(cfg, world: int) -> int:
+    return cfg.runtime.threads_per_worker or max(1, (os.cpu_count() or 1) // world)
+
+
+def run(cfg, ctx) -> dict:
+    """The predict stage (see the module docstring)."""
+    t0 = time.perf_counter()
+    p = cfg.predict
+    root = ctx.layout.root
+    features_only = bool(p.input_dir)
+    data_dir = ctx.layout.resolve(p.input_dir) if features_only else ctx.output("stage-data")
+    ds = StagedDataset(data_dir)
+    model_path = model_io.resolve_model_path(
+        p.model, ctx.output("distributed-train") / MODEL_FILE, root
+    )
+    model, ckpt = load_model(model_path)
+    schema.check_schema(ds.manifest, ds.features, ckpt["data"], where=str(data_dir))
+    index, selection = select_rows(ds, p.split, features_only)
+    n_rows = ds.features.shape[0] if index is None else len(index)
+    if n_rows == 0:
+        raise DataError(
+            f"{data_dir}: {selection} has no rows; choose another predict.split or input"
+        )
+
+    model_sha = sha256_file(model_path)
+    choice = model_io.choose_calibration(
+        ctx.output("collapse-check"), model_sha, use=p.calibration == "auto"
+    )
+    device, device_reason = select_device(cfg.runtime.device)
+    label_shape = tuple(int(s) for s in ckpt["data"]["label_shape"])
+    plan = PartsPlan(
+        n_rows=n_rows, rows_per_part=p.chunk_rows, out_shape=label_shape, dtype="float32",
+        model_fingerprint=model_io.model_fingerprint(model_sha, choice),
+        input_fingerprint=input_fingerprint(ds, index),
+    )  # fmt: skip
+    store = PartStore(ctx.layout.work / "predict-parts" / ctx.output().name, plan)
+    discarded = store.prepare()
+    if discarded:
+        ctx.logger.warning("predict: discarded earlier parts: %s", discarded)
+        ctx.events.event("predict_parts_discarded", reason=discarded)
+    index_path = None
+    if index is not None:
+        index_path = store.root / "index.npy"
+        np.save(index_path, index)
+
+    world = p.world_size
+    jobs = [
+        workers.WorkerJob(
+            rank=r, world_size=world, parts_dir=str(store.root), plan=plan,
+            features_path=str(Path(data_dir) / ds.manifest["features"]["file"]),
+            index_path=str(index_path) if index_path else None, batch_size=p.batch_size,
+            loader=functools.partial(model_io.load_predictor, str(model_path), choice, str(device)),
+            device=str(device), threads=_threads(cfg, world), fault=cfg.fault,
+            fault_marker_dir=str(ctx.faults.marker_dir or ctx.run_dir),
+        )
+        for r in range(world)
+    ]  # fmt: skip
+    ctx.logger.info(
+        "predict: %d rows (%s) in %d parts, %d worker(s) on %s; calibration: %s (%s)",
+        n_rows, selection, plan.n_parts, world, device, choice.candidate if choice.applied else "raw", choice.reason,
+    )  # fmt: skip
+    predictor = model_io.prediction_path(model, choice).to(device) if world == 1 else None
+    t_pred = time.perf_counter()
+    stats = workers.run(jobs, predictor)
+    seconds_predict = time.perf_counter() - t_pred
+
+    summary = _write_outputs(cfg, ctx, ds, data_dir, store, index, ckpt, choice)
+    computed = sorted(k for s in stats for k in s.get("computed_parts", []))
+    reused = sorted(k for s in stats for k in s.get("reused_parts", []))
+    rows_computed = sum(s.get("rows_computed", 0) for s in stats)
+    summary.update(
+        model=str(model_path), model_sha256=model_sha, input=str(data_dir), selection=selection,
+        calibration={"applied": choice.applied, "candidate": choice.candidate if choice.applied else "raw", "reason": choice.reason},
+        device=str(device), device_reason=device_reason, world_size=world, n_parts=plan.n_parts,
+        computed_parts=computed, reused_parts=reused, discarded_parts=discarded,
+        rows_per_second=rows_computed / seconds_predict if seconds_predict > 0 and rows_computed else None,
+        seconds=time.perf_counter() - t0,
+    )  # fmt: skip
+    write_json(ctx.run_dir / "predict_summary.json", summary)
+    _record(ctx, summary)
+    shutil.rmtree(store.root, ignore_errors=True)
+    return summary
+
+
+def _write_outputs(cfg, ctx, ds, data_dir, store: PartStore, index, ckpt, choice) -> dict:
+    """predictions.npy, .parquet, (.xlsx) and manifest.json, as one atomic directory."""
+    data = ckpt["data"]
+    label_shape = list(data["label_shape"])
+    axes = list(data.get("label_axes") or [])
+    axis_values = dict(data.get("label_axis_values") or {})
+    rows = np.arange(ds.features.shape[0], dtype=np.int64) if index is None else index
+    keys = _row_keys(data_dir, ds, rows)
+    source = dict(ds.manifest.get("source") or {})
+    files = {}
+    with atomic_dir(ctx.output()) as tmp:
+        preds = assemble(store, tmp / "predictions.npy")
+        files["predictions.npy"] = sha256_file(tmp / "predictions.npy")
+        outputs.write_parquet(
+            tmp / "predictions.parquet",
+            preds,
+            keys,
+            rows,
+            outputs.cell_names(label_shape, axes, axis_values),
+        )
+        files["predictions.parquet"] = sha256_file(tmp / "predictions.parquet")
+        workbook = None
+        if source.get("kind") == "workbook" and cfg.predict.xlsx and keys is not None:
+            src = ctx.layout.resolve(source["path"])
+            workbook = outputs.write_workbook(
+                tmp / "predictions.xlsx", src, cfg.data.workbook, preds, keys, axis_values, axes
+            )
+            files["predictions.xlsx"] = sha256_file(tmp / "predictions.xlsx")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "n_rows": int(preds.shape[0]),
+            "shape": list(preds.shape),
+            "dtype": "float32",
+            "units": "real (label units)",
+            "label_axes": axes,
+            "row_keys": keys.column_names if keys is not None else [],
+            "model_fingerprint": store.plan.model_fingerprint,
+            "input_fingerprint": store.plan.input_fingerprint,
+            "input_content_hash": str(ds.fingerprint),
+            "calibration": {
+                "applied": choice.applied,
+                "candidate": choice.candidate if choice.applied else "raw",
+                "reason": choice.reason,
+            },
+            "files": files,
+            "workbook": workbook,
+        }
+        write_json(tmp / "manifest.json", manifest)
+        del preds
+    return {
+        "output": str(ctx.output()),
+        "n_rows": manifest["n_rows"],
+        "shape": manifest["shape"],
+        "files": files,
+    }
+
+
+def _row_keys(data_dir: Path, ds: StagedDataset, rows: np.ndarray):
+    """The predicted rows' key columns from row_keys.parquet (None when the dataset has none)."""
+    path = Path(data_dir) / "row_keys.parquet"
+    if not path.exists():
+        return None
+    table = pq.read_table(path)
+    if table.num_rows != ds.features.shape[0]:
+        raise DataError(
+            f"{path}: {table.num_rows} rows but features have {ds.features.shape[0]}; re-run stage-data"
+        )
+    return table.take(rows)
+
+
+def _record(ctx, s: dict) -> None:
+    ev = ctx.events
+    ev.param("predict/calibration", s["calibration"]["candidate"])
+    ev.param("predict/calibration_reason", s["calibration"]["reason"])
+    ev.param("predict/device", s["device"])
+    ev.param("predict/world_size", s["world_size"])
+    ev.metric("predict/rows", s["n_rows"])
+    ev.metric("predict/parts_computed", len(s["computed_parts"]))
+    ev.metric("predict/parts_reused", len(s["reused_parts"]))
+    if s["rows_per_second"]:
+        ev.metric("predict/rows_per_second", s["rows_per_second"])
+    for name in s["files"]:
+        ev.artifact(Path(s["output"]) / name, "predict")
