@@ -36,10 +36,14 @@ def _key_rows(keys: Any, key_names: Sequence[str], n: int) -> list[tuple]:
         available = list(keys.keys()) if isinstance(keys, Mapping) else list(keys.columns)
         missing = [k for k in key_names if k not in available]
         if missing:
-            raise DataError(f"row keys lack columns {missing} (have {available}); fix data.naive_keys or re-run stage-data")
+            raise DataError(
+                f"row keys lack columns {missing} (have {available}); fix data.naive_keys or re-run stage-data"
+            )
         cols = [np.asarray(keys[k]) for k in key_names]
     if any(len(c) != n for c in cols):
-        raise DataError(f"row keys have {len(cols[0]) if cols else 0} rows but labels/predictions have {n}")
+        raise DataError(
+            f"row keys have {len(cols[0]) if cols else 0} rows but labels/predictions have {n}"
+        )
     return list(zip(*(c.tolist() for c in cols), strict=True)) if cols else [()] * n
 
 
@@ -70,7 +74,9 @@ class ConditionalNaive:
         rows = _key_rows(keys, self.key_names, len(labels))
         self.fallback = cell_mean(labels)
         groups: dict[tuple, int] = {}
-        idx = np.fromiter((groups.setdefault(r, len(groups)) for r in rows), dtype=np.int64, count=len(rows))
+        idx = np.fromiter(
+            (groups.setdefault(r, len(groups)) for r in rows), dtype=np.int64, count=len(rows)
+        )
         flat = labels.reshape(len(labels), -1)
         sums = np.zeros((len(groups), flat.shape[1]))
         np.add.at(sums, idx, flat)
@@ -96,7 +102,11 @@ class ConditionalNaive:
 
 
 def conditional_naive_predict(
-    train_labels: np.ndarray, train_keys: Any, eval_keys: Any, key_names: Sequence[str], n_eval: int | None = None
+    train_labels: np.ndarray,
+    train_keys: Any,
+    eval_keys: Any,
+    key_names: Sequence[str],
+    n_eval: int | None = None,
 ) -> np.ndarray:
     """One call: fit on the training rows, predict the evaluation rows."""
     return ConditionalNaive(key_names).fit(train_labels, train_keys).predict(eval_keys, n_eval)[0]
@@ -113,7 +123,9 @@ def spread_ratio(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
     pred = np.asarray(pred, dtype=np.float64)
     target = np.asarray(target, dtype=np.float64)
     if pred.shape != target.shape or pred.ndim < 1 or len(pred) < 2:
-        raise DataError(f"spread_ratio needs pred and target of the same shape with >= 2 rows; got {pred.shape} and {target.shape}")
+        raise DataError(
+            f"spread_ratio needs pred and target of the same shape with >= 2 rows; got {pred.shape} and {target.shape}"
+        )
     ps = pred.reshape(len(pred), -1).std(axis=0)
     ts = target.reshape(len(target), -1).std(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -130,7 +142,9 @@ def collapse_stats(
     ratio = spread_ratio(pred, target)
     valid = ratio[np.isfinite(ratio)]
     if valid.size == 0:
-        raise DataError("collapse_stats: every target output is constant across samples; the spread ratio is undefined")
+        raise DataError(
+            "collapse_stats: every target output is constant across samples; the spread ratio is undefined"
+        )
     median, p10 = float(np.median(valid)), float(np.percentile(valid, 10))
     return {
         "median_ratio": median,

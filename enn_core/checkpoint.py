@@ -30,7 +30,15 @@ from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model.enn import ENN, build_model
 
 FORMAT_VERSION = 1
-DATA_KEYS = ("feature_specs", "label_shape", "label_axes", "label_axis_values", "label_stats", "row_keys", "naive_keys")
+DATA_KEYS = (
+    "feature_specs",
+    "label_shape",
+    "label_axes",
+    "label_axis_values",
+    "label_stats",
+    "row_keys",
+    "naive_keys",
+)
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.")
 
 
@@ -56,7 +64,9 @@ def _strip(name: str) -> str:
     return name
 
 
-def consolidated_state_dict(model: nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def consolidated_state_dict(
+    model: nn.Module | Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
     """Plain CPU tensors under the bare model's names (compile/DDP wrappers stripped).
 
     For an FSDP2 model, gather first (e.g. torch.distributed.checkpoint.state_dict.
@@ -66,7 +76,9 @@ def consolidated_state_dict(model: nn.Module | Mapping[str, torch.Tensor]) -> di
     out = {}
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
-            raise StaleOutputError(f"state_dict[{k!r}] is a {type(v).__name__}, not a tensor; gather the full state dict first")
+            raise StaleOutputError(
+                f"state_dict[{k!r}] is a {type(v).__name__}, not a tensor; gather the full state dict first"
+            )
         if hasattr(v, "full_tensor"):  # a DTensor that was not gathered
             v = v.full_tensor()
         out[_strip(k)] = v.detach().to("cpu").clone().contiguous()
@@ -109,13 +121,19 @@ def read_checkpoint(path: str | Path) -> dict:
     """Load and check a consolidated checkpoint (weights_only: no code runs on load)."""
     path = Path(path)
     if not path.is_file():
-        raise StaleOutputError(f"{path}: no checkpoint there; run prepare-checkpoint or distributed-train first")
+        raise StaleOutputError(
+            f"{path}: no checkpoint there; run prepare-checkpoint or distributed-train first"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as e:
-        raise StaleOutputError(f"{path}: not a readable consolidated checkpoint ({str(e).splitlines()[0]}); re-create it") from e
+        raise StaleOutputError(
+            f"{path}: not a readable consolidated checkpoint ({str(e).splitlines()[0]}); re-create it"
+        ) from e
     if not isinstance(ckpt, dict) or "format_version" not in ckpt:
-        raise StaleOutputError(f"{path}: not a consolidated checkpoint (no format_version); re-create it with save_consolidated")
+        raise StaleOutputError(
+            f"{path}: not a consolidated checkpoint (no format_version); re-create it with save_consolidated"
+        )
     if ckpt["format_version"] != FORMAT_VERSION:
         raise StaleOutputError(
             f"{path}: checkpoint format_version={ckpt['format_version']} but this code reads {FORMAT_VERSION}; "
@@ -123,7 +141,9 @@ def read_checkpoint(path: str | Path) -> dict:
         )
     for key in ("state_dict", "model_config", "data"):
         if key not in ckpt:
-            raise StaleOutputError(f"{path}: checkpoint lacks {key!r}; re-create it with save_consolidated")
+            raise StaleOutputError(
+                f"{path}: checkpoint lacks {key!r}; re-create it with save_consolidated"
+            )
     return ckpt
 
 
@@ -132,7 +152,9 @@ def model_from_checkpoint(ckpt: Mapping, where: str = "checkpoint") -> ENN:
     try:
         cfg = build(ModelConfig, ckpt["model_config"], root=ModelConfig, where=where)
     except ConfigError as e:
-        raise StaleOutputError(f"{where}: stored model_config no longer valid ({e}); re-create the checkpoint") from e
+        raise StaleOutputError(
+            f"{where}: stored model_config no longer valid ({e}); re-create the checkpoint"
+        ) from e
     data = dict(ckpt["data"])
     # Label statistics come from the state dict's buffers; per-cell stat files need no data dir.
     data["label_stats"] = {"mean": 0.0, "std": 1.0}

@@ -34,7 +34,9 @@ def read_manifest(staged: Path) -> dict:
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise StaleOutputError(f"{path}: manifest is not valid JSON ({e}); re-run stage-data") from e
+        raise StaleOutputError(
+            f"{path}: manifest is not valid JSON ({e}); re-run stage-data"
+        ) from e
     if manifest.get("format_version") != MANIFEST_VERSION:
         raise StaleOutputError(
             f"{path}: manifest format_version={manifest.get('format_version')} but this code reads {MANIFEST_VERSION}; re-run stage-data"
@@ -53,14 +55,20 @@ def sha256_file(path: Path) -> str:
 def _warm_start(cfg, manifest: Mapping, source: str, layout) -> dict:
     """State dict of a compatible consolidated checkpoint (same model config and data layout)."""
     if source.startswith("models:/"):
-        raise ConfigError(f"checkpoint.init_from={source}: registry URIs are resolved by the task layer; pass a file path here")
+        raise ConfigError(
+            f"checkpoint.init_from={source}: registry URIs are resolved by the task layer; pass a file path here"
+        )
     model, ckpt = load_model(layout.resolve(source))
     if ckpt["model_config"] != plain(cfg.model):
-        raise ConfigError(f"checkpoint.init_from={source} was built with another model config; match model.* or start fresh (init_from: '')")
+        raise ConfigError(
+            f"checkpoint.init_from={source} was built with another model config; match model.* or start fresh (init_from: '')"
+        )
     theirs, ours = ckpt["data"], data_spec(manifest)
     for key in ("feature_specs", "label_shape"):
         if theirs.get(key) != ours.get(key):
-            raise ConfigError(f"checkpoint.init_from={source}: its data {key} differs from the staged data; start fresh (init_from: '')")
+            raise ConfigError(
+                f"checkpoint.init_from={source}: its data {key} differs from the staged data; start fresh (init_from: '')"
+            )
     return model.state_dict()
 
 
@@ -71,7 +79,11 @@ def run(cfg, ctx: StageContext) -> dict:
     source = cfg.checkpoint.init_from
     if source:
         model.load_state_dict(_warm_start(cfg, manifest, source, ctx.layout))
-    meta = {"stage": "prepare-checkpoint", "init_seed": cfg.model.init_seed, "init_from": source or "fresh"}
+    meta = {
+        "stage": "prepare-checkpoint",
+        "init_seed": cfg.model.init_seed,
+        "init_from": source or "fresh",
+    }
     with atomic_dir(ctx.output()) as tmp:
         save_consolidated(tmp / "init.pt", model, cfg.model, manifest, meta)
         summary = {
@@ -87,5 +99,14 @@ def run(cfg, ctx: StageContext) -> dict:
     ctx.events.param("model_preset", cfg.model.preset)
     ctx.events.param("model_parameters", summary["model"]["parameters"])
     ctx.events.param("init_from", summary["init_from"])
-    ctx.logger.info("prepare-checkpoint: %s, %d parameters, sha256 %s", cfg.model.preset, summary["model"]["parameters"], summary["sha256"][:12])
-    return {"path": str(ctx.output() / "init.pt"), **{k: summary[k] for k in ("sha256", "init_seed", "init_from", "data_fingerprint")}, "parameters": summary["model"]["parameters"]}
+    ctx.logger.info(
+        "prepare-checkpoint: %s, %d parameters, sha256 %s",
+        cfg.model.preset,
+        summary["model"]["parameters"],
+        summary["sha256"][:12],
+    )
+    return {
+        "path": str(ctx.output() / "init.pt"),
+        **{k: summary[k] for k in ("sha256", "init_seed", "init_from", "data_fingerprint")},
+        "parameters": summary["model"]["parameters"],
+    }

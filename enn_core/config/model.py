@@ -10,15 +10,25 @@ from enn_core.errors import ConfigError
 
 @frozen
 class ModelConfig:
-    preset: Literal["spatiotemporal", "tabular"] = opt("spatiotemporal", "Model preset: factorized section/hour attention over output-axis tokens, or a residual MLP.")
+    preset: Literal["spatiotemporal", "tabular"] = opt(
+        "spatiotemporal",
+        "Model preset: factorized section/hour attention over output-axis tokens, or a residual MLP.",
+    )
     d_model: int = opt(64, "Width of tokens and hidden layers.")
     heads: int = opt(4, "Attention heads (must divide d_model).")
-    layers: int = opt(2, "Blocks (attention blocks for spatiotemporal, residual blocks for tabular).")
+    layers: int = opt(
+        2, "Blocks (attention blocks for spatiotemporal, residual blocks for tabular)."
+    )
     embed_dim: int = opt(16, "Embedding width of each categorical feature.")
     dropout: float = opt(0.0, "Dropout probability.")
     init_seed: int = opt(0, "Seed of the initial weights (prepare-checkpoint).")
-    conditioning: Literal["film", "cross", "film+cross"] = opt("film", "spatiotemporal: how the sample's features condition the grid tokens: FiLM modulation of every block, cross-attention to context tokens, or both.")
-    context_tokens: int = opt(4, "spatiotemporal: context tokens the grid cross-attends to (conditioning with 'cross').")
+    conditioning: Literal["film", "cross", "film+cross"] = opt(
+        "film",
+        "spatiotemporal: how the sample's features condition the grid tokens: FiLM modulation of every block, cross-attention to context tokens, or both.",
+    )
+    context_tokens: int = opt(
+        4, "spatiotemporal: context tokens the grid cross-attends to (conditioning with 'cross')."
+    )
     ffn_mult: int = opt(2, "Hidden width of the per-token MLP as a multiple of d_model.")
 
     def __post_init__(self) -> None:
@@ -26,9 +36,13 @@ class ModelConfig:
             raise ConfigError("model.d_model, model.layers and model.heads must be >= 1")
         if self.d_model % self.heads:
             ok = [h for h in (1, 2, 4, 8, 16) if self.d_model % h == 0]
-            raise ConfigError(f"model.heads={self.heads} does not divide model.d_model={self.d_model}; pick heads in {ok}")
+            raise ConfigError(
+                f"model.heads={self.heads} does not divide model.d_model={self.d_model}; pick heads in {ok}"
+            )
         if not 0 <= self.dropout < 1:
-            raise ConfigError(f"model.dropout={self.dropout} is outside [0, 1); use e.g. 0.0 or 0.1")
+            raise ConfigError(
+                f"model.dropout={self.dropout} is outside [0, 1); use e.g. 0.0 or 0.1"
+            )
         if self.embed_dim < 1:
             raise ConfigError(f"model.embed_dim={self.embed_dim} must be >= 1 (e.g. 16)")
         if self.ffn_mult < 1:

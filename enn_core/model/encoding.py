@@ -22,7 +22,8 @@ from torch import nn
 
 from enn_core.errors import DataError
 
-STD_FLOOR = 1e-6  # relative floor on tiny std: a constant feature must not blow up to inf
+STD_FLOOR = 1e-6  # floor on tiny std: a constant feature must not blow up to inf
+REL_FLOOR = 1e-9  # ... and relative to |mean|, far above float64 rounding of the mean
 KINDS = ("continuous", "categorical", "cyclic")
 
 
@@ -45,44 +46,63 @@ class FeatureLayout:
 
 
 def floor_std(std: float, scale: float = 1.0) -> float:
-    """A std safe to divide by: at least STD_FLOOR * max(1, |scale|)."""
-    floor = STD_FLOOR * max(1.0, abs(scale))
+    """A std safe to divide by: at least max(STD_FLOOR, REL_FLOOR * |scale|)."""
+    floor = max(STD_FLOOR, REL_FLOOR * abs(scale))
     return float(std) if math.isfinite(std) and std > floor else floor
 
 
 def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
     """Validate the manifest's feature_specs and group the columns by encoding."""
     if not specs:
-        raise DataError("manifest feature_specs is empty; the model needs at least one feature (re-run stage-data)")
+        raise DataError(
+            "manifest feature_specs is empty; the model needs at least one feature (re-run stage-data)"
+        )
     cont, cmean, cstd, cat, vsz, cyc, per, names = [], [], [], [], [], [], [], []
     for i, spec in enumerate(specs):
         name = str(spec.get("name", f"#{i}"))
         kind = spec.get("kind")
         if kind not in KINDS:
-            raise DataError(f"manifest feature_specs[{i}] ({name}): kind={kind!r}; expected one of {KINDS} (re-run stage-data)")
+            raise DataError(
+                f"manifest feature_specs[{i}] ({name}): kind={kind!r}; expected one of {KINDS} (re-run stage-data)"
+            )
         names.append(name)
         if kind == "continuous":
             if "mean" not in spec or "std" not in spec:
-                raise DataError(f"manifest feature_specs[{i}] ({name}): continuous feature lacks mean/std (re-run stage-data)")
+                raise DataError(
+                    f"manifest feature_specs[{i}] ({name}): continuous feature lacks mean/std (re-run stage-data)"
+                )
             cont.append(i)
             cmean.append(float(spec["mean"]))
             cstd.append(floor_std(float(spec["std"]), float(spec["mean"])))
         elif kind == "categorical":
             vocab = spec.get("vocab")
             if not vocab:
-                raise DataError(f"manifest feature_specs[{i}] ({name}): categorical feature has no vocab (re-run stage-data)")
+                raise DataError(
+                    f"manifest feature_specs[{i}] ({name}): categorical feature has no vocab (re-run stage-data)"
+                )
             cat.append(i)
             vsz.append(len(vocab))
         period = spec.get("cyclic_period")
         if kind == "cyclic" and not period:
-            raise DataError(f"manifest feature_specs[{i}] ({name}): kind=cyclic needs cyclic_period > 0 (re-run stage-data)")
+            raise DataError(
+                f"manifest feature_specs[{i}] ({name}): kind=cyclic needs cyclic_period > 0 (re-run stage-data)"
+            )
         if period:
             if float(period) <= 0:
-                raise DataError(f"manifest feature_specs[{i}] ({name}): cyclic_period={period} must be > 0")
+                raise DataError(
+                    f"manifest feature_specs[{i}] ({name}): cyclic_period={period} must be > 0"
+                )
             cyc.append(i)
             per.append(float(period))
     return FeatureLayout(
-        tuple(cont), tuple(cmean), tuple(cstd), tuple(cat), tuple(vsz), tuple(cyc), tuple(per), tuple(names)
+        tuple(cont),
+        tuple(cmean),
+        tuple(cstd),
+        tuple(cat),
+        tuple(vsz),
+        tuple(cyc),
+        tuple(per),
+        tuple(names),
     )
 
 
@@ -99,11 +119,15 @@ class FeatureEncoder(nn.Module):
         self.register_buffer("cyc_idx", idx(layout.cyclic), persistent=False)
         self.register_buffer("cont_mean", torch.tensor(layout.cont_mean, dtype=torch.float64))
         self.register_buffer("cont_std", torch.tensor(layout.cont_std, dtype=torch.float64))
-        self.register_buffer("cyc_freq", torch.tensor([2 * math.pi / p for p in layout.periods], dtype=torch.float64))
+        self.register_buffer(
+            "cyc_freq", torch.tensor([2 * math.pi / p for p in layout.periods], dtype=torch.float64)
+        )
         self.register_buffer("vocab_sizes", idx(layout.vocab_sizes), persistent=False)
         # One extra row per table: codes outside the vocabulary ("unknown").
         self.embeddings = nn.ModuleList(nn.Embedding(v + 1, embed_dim) for v in layout.vocab_sizes)
-        self.out_dim = len(layout.continuous) + embed_dim * len(layout.categorical) + 2 * len(layout.cyclic)
+        self.out_dim = (
+            len(layout.continuous) + embed_dim * len(layout.categorical) + 2 * len(layout.cyclic)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = []

@@ -38,7 +38,9 @@ class ENN(nn.Module):
 
     preset = "base"
 
-    def __init__(self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray) -> None:
+    def __init__(
+        self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.label_shape = tuple(int(s) for s in manifest["label_shape"])
@@ -82,7 +84,9 @@ class ENN(nn.Module):
             "features": {
                 "total": lay.n_features,
                 "continuous": [lay.names[i] for i in lay.continuous],
-                "categorical": {lay.names[i]: v for i, v in zip(lay.categorical, lay.vocab_sizes, strict=True)},
+                "categorical": {
+                    lay.names[i]: v for i, v in zip(lay.categorical, lay.vocab_sizes, strict=True)
+                },
                 "cyclic": {lay.names[i]: p for i, p in zip(lay.cyclic, lay.periods, strict=True)},
                 "encoded_dim": self.encoder.out_dim,
             },
@@ -92,11 +96,15 @@ class ENN(nn.Module):
 class TabularENN(ENN):
     preset = "tabular"
 
-    def __init__(self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray) -> None:
+    def __init__(
+        self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray
+    ) -> None:
         super().__init__(cfg, manifest, label_mean, label_std)
         d = cfg.d_model
         self.stem = nn.Linear(self.encoder.out_dim, d)
-        self.blocks = nn.ModuleList(ResidualBlock(d, cfg.ffn_mult, cfg.dropout) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(
+            ResidualBlock(d, cfg.ffn_mult, cfg.dropout) for _ in range(cfg.layers)
+        )
         self.head = FP32Head(d, int(np.prod(self.label_shape)))
 
     def trunk(self, enc: torch.Tensor) -> torch.Tensor:
@@ -109,7 +117,9 @@ class TabularENN(ENN):
 class SpatioTemporalENN(ENN):
     preset = "spatiotemporal"
 
-    def __init__(self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray) -> None:
+    def __init__(
+        self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray
+    ) -> None:
         super().__init__(cfg, manifest, label_mean, label_std)
         d = cfg.d_model
         s, t = self.label_shape
@@ -139,7 +149,9 @@ class SpatioTemporalENN(ENN):
         return self.head(x).squeeze(-1) + self.cell_bias
 
 
-def label_statistics(manifest: Mapping, data_dir: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+def label_statistics(
+    manifest: Mapping, data_dir: str | Path | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Label mean/std broadcast to label_shape, std floored; per-cell files when declared."""
     shape = tuple(int(s) for s in manifest["label_shape"])
     stats = manifest.get("label_stats") or {}
@@ -152,7 +164,9 @@ def label_statistics(manifest: Mapping, data_dir: str | Path | None = None) -> t
         if not name:
             continue
         if data_dir is None:
-            raise DataError(f"manifest label_stats.{key}={name} but no data_dir was given to build_model")
+            raise DataError(
+                f"manifest label_stats.{key}={name} but no data_dir was given to build_model"
+            )
         arr = np.load(Path(data_dir) / name).astype(np.float64)
         if key == "cell_mean_file":
             mean = arr
@@ -162,7 +176,9 @@ def label_statistics(manifest: Mapping, data_dir: str | Path | None = None) -> t
         mean = np.broadcast_to(mean, shape).copy()
         std = np.broadcast_to(std, shape).copy()
     except ValueError as e:
-        raise DataError(f"manifest label_stats do not broadcast to label_shape {list(shape)}; re-run stage-data") from e
+        raise DataError(
+            f"manifest label_stats do not broadcast to label_shape {list(shape)}; re-run stage-data"
+        ) from e
     floors = np.vectorize(floor_std)(std, mean) if std.size else std
     return mean.astype(np.float32), np.asarray(floors, dtype=np.float32)
 
@@ -174,7 +190,9 @@ def check_fit(cfg: ModelConfig, manifest: Mapping) -> None:
             raise DataError(f"manifest has no {key!r}; re-run stage-data")
     shape = list(manifest["label_shape"])
     if not shape or any(int(s) < 1 for s in shape):
-        raise DataError(f"manifest label_shape={shape} must be non-empty with sizes >= 1; re-run stage-data")
+        raise DataError(
+            f"manifest label_shape={shape} must be non-empty with sizes >= 1; re-run stage-data"
+        )
     if cfg.preset not in PRESETS:
         raise ConfigError(f"model.preset={cfg.preset!r} is unknown; use one of {list(PRESETS)}")
     if cfg.preset == "spatiotemporal" and len(shape) != 2:

@@ -51,7 +51,9 @@ def use_attention_backend(name: str | None) -> Iterator[None]:
         set_attention_backend(before)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0
+) -> torch.Tensor:
     """SDPA over [..., heads, L, dh], inside the chosen backend when one is set."""
     if _backend is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
@@ -127,7 +129,9 @@ class SpatioTemporalBlock(nn.Module):
     features reach every block rather than only the first.
     """
 
-    def __init__(self, d: int, heads: int, ffn_mult: int, dropout: float, cross: bool, film: bool) -> None:
+    def __init__(
+        self, d: int, heads: int, ffn_mult: int, dropout: float, cross: bool, film: bool
+    ) -> None:
         super().__init__()
         self.film = film
         self.norms = nn.ModuleList(nn.LayerNorm(d, elementwise_affine=not film) for _ in range(3))
@@ -142,7 +146,9 @@ class SpatioTemporalBlock(nn.Module):
         h = self.norms[i](x)
         return h if mods is None else modulate(h, mods[2 * i], mods[2 * i + 1])
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor, ctx: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, c: torch.Tensor, ctx: torch.Tensor | None = None
+    ) -> torch.Tensor:
         mods = self.ada(F.gelu(c)).chunk(6, dim=-1) if self.ada is not None else None
         x = x + self.attn_section(self._in(0, x, mods))
         x = x + self.attn_hour(self._in(1, x, mods))

@@ -1,0 +1,97 @@
+"""Consolidated checkpoint: weights_only round trip, refusal of other formats, prepare-checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from model_fixtures import make_features, make_manifest
+
+from enn_core import init_checkpoint
+from enn_core.checkpoint import FORMAT_VERSION, load_model, save_consolidated
+from enn_core.config import load_config
+from enn_core.errors import ConfigError, StaleOutputError
+from enn_core.model import build_model
+from enn_core.paths import Layout
+from enn_core.stage import make_context
+
+
+def test_round_trip_weights_only(tmp_path, manifest, tiny_cfg):
+    model = build_model(tiny_cfg, manifest)
+    with torch.no_grad():
+        model.label_mean.add_(torch.arange(20.0).reshape(5, 4))  # per-cell stats survive
+    path = save_consolidated(
+        tmp_path / "m.pt", model, tiny_cfg, manifest, {"epoch": 3, "p": tmp_path}
+    )
+    raw = torch.load(path, weights_only=True)
+    assert raw["format_version"] == FORMAT_VERSION and raw["data_fingerprint"] == "abc123"
+    assert raw["data"]["label_shape"] == [5, 4] and raw["meta"]["epoch"] == 3
+    assert raw["model_config"]["d_model"] == 16
+    loaded, ckpt = load_model(path)
+    assert not loaded.training
+    x = torch.from_numpy(make_features(5))
+    torch.testing.assert_close(loaded.predict(x), model.eval().predict(x), rtol=0, atol=0)
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_compiled_prefix_stripped(tmp_path, manifest, tiny_cfg):
+    model = build_model(tiny_cfg, manifest)
+    sd = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
+    save_consolidated(tmp_path / "m.pt", sd, tiny_cfg, manifest)
+    loaded, _ = load_model(tmp_path / "m.pt")
+    assert set(loaded.state_dict()) == set(model.state_dict())
+
+
+def test_refuses_wrong_version_and_garbage(tmp_path, manifest, tiny_cfg):
+    path = save_consolidated(tmp_path / "m.pt", build_model(tiny_cfg, manifest), tiny_cfg, manifest)
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["format_version"] = 99
+    torch.save(ckpt, tmp_path / "v99.pt")
+    with pytest.raises(StaleOutputError, match="format_version=99"):
+        load_model(tmp_path / "v99.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(StaleOutputError, match="junk.pt"):
+        load_model(tmp_path / "junk.pt")
+    with pytest.raises(StaleOutputError, match="run prepare-checkpoint"):
+        load_model(tmp_path / "missing.pt")
+
+
+def _ctx(tmp_path, overrides=()):
+    (tmp_path / "params.yaml").write_text("{}\n")
+    staged = tmp_path / "outputs" / "stage-data"
+    staged.mkdir(parents=True, exist_ok=True)
+    (staged / "manifest.json").write_text(json.dumps(make_manifest()))
+    cfg = load_config(None, ["model.d_model=16", "model.heads=2", "model.layers=1", *overrides])
+    return cfg, make_context(cfg, Layout.for_root(tmp_path), "prepare-checkpoint", "r1")
+
+
+def test_prepare_checkpoint_seeded_bit_identical(tmp_path):
+    cfg, ctx = _ctx(tmp_path)
+    first = init_checkpoint.run(cfg, ctx)
+    bytes1 = (ctx.output() / "init.pt").read_bytes()
+    second = init_checkpoint.run(cfg, ctx)
+    assert (ctx.output() / "init.pt").read_bytes() == bytes1 and first["sha256"] == second["sha256"]
+    info = json.loads((ctx.output() / "init.json").read_text())
+    assert info["sha256"] == first["sha256"] and info["init_from"] == "fresh"
+    cfg2, ctx2 = _ctx(tmp_path, ["model.init_seed=1"])
+    assert init_checkpoint.run(cfg2, ctx2)["sha256"] != first["sha256"]
+    model, _ = load_model(ctx.output() / "init.pt")
+    assert model.describe()["layers"] == 1
+
+
+def test_prepare_checkpoint_warm_start_and_errors(tmp_path):
+    cfg, ctx = _ctx(tmp_path)
+    init_checkpoint.run(cfg, ctx)
+    src = tmp_path / "prev.pt"
+    src.write_bytes((ctx.output() / "init.pt").read_bytes())
+    cfg_w, ctx_w = _ctx(tmp_path, ["checkpoint.init_from=prev.pt", "model.init_seed=5"])
+    # model config differs (init_seed) -> refused with the fix named
+    with pytest.raises(ConfigError, match="another model config"):
+        init_checkpoint.run(cfg_w, ctx_w)
+    cfg_w, ctx_w = _ctx(tmp_path, ["checkpoint.init_from=prev.pt"])
+    assert init_checkpoint.run(cfg_w, ctx_w)["init_from"] == "prev.pt"
+    (tmp_path / "outputs" / "stage-data" / "manifest.json").unlink()
+    with pytest.raises(StaleOutputError, match="run stage-data first"):
+        init_checkpoint.run(cfg, ctx)
+    assert (ctx.output() / "init.pt").exists()  # earlier output untouched
