@@ -36,11 +36,15 @@ def select_device(requested: str) -> tuple[torch.device, str]:
     """The inference device and why it was chosen."""
     if requested == "cuda":
         if not torch.cuda.is_available():
-            raise DataError("runtime.device=cuda but no CUDA device is visible; set runtime.device=auto or cpu")
+            raise DataError(
+                "runtime.device=cuda but no CUDA device is visible; set runtime.device=auto or cpu"
+            )
         return torch.device("cuda"), "runtime.device=cuda"
     if requested == "auto" and torch.cuda.is_available():
         return torch.device("cuda"), "runtime.device=auto and a CUDA device is visible"
-    return torch.device("cpu"), f"runtime.device={requested}" + (" and no CUDA device" if requested == "auto" else "")
+    return torch.device("cpu"), f"runtime.device={requested}" + (
+        " and no CUDA device" if requested == "auto" else ""
+    )
 
 
 def predict_rows(
@@ -58,14 +62,18 @@ def predict_rows(
             x = torch.as_tensor(np.asarray(features[idx]), dtype=torch.float32, device=device)
             outs.append(fn(x).float().cpu().numpy())
     if not outs:
-        raise DataError("no rows to predict; the split is empty (re-run stage-data with a non-empty split)")
+        raise DataError(
+            "no rows to predict; the split is empty (re-run stage-data with a non-empty split)"
+        )
     return np.concatenate(outs, axis=0)
 
 
 def regression_metrics(pred: np.ndarray, target: np.ndarray) -> dict[str, float]:
     """MAE, RMSE and variance-weighted R² over every output of every row (float64 sums)."""
     if pred.shape != target.shape:
-        raise DataError(f"prediction shape {pred.shape} != target shape {target.shape}; re-run the model's stage")
+        raise DataError(
+            f"prediction shape {pred.shape} != target shape {target.shape}; re-run the model's stage"
+        )
     p = pred.reshape(len(pred), -1).astype(np.float64)
     y = target.reshape(len(target), -1).astype(np.float64)
     err = p - y
@@ -96,7 +104,9 @@ def axis_breakdown(
         mae = np.mean(np.abs(err), axis=other)
         rmse = np.sqrt(np.mean(err**2, axis=other))
         names = list((axis_values or {}).get(axis, [])) or [str(k) for k in range(shape[i])]
-        out[axis] = {str(names[k]): {"mae": float(mae[k]), "rmse": float(rmse[k])} for k in range(shape[i])}
+        out[axis] = {
+            str(names[k]): {"mae": float(mae[k]), "rmse": float(rmse[k])} for k in range(shape[i])
+        }
     return out
 
 
@@ -174,10 +184,14 @@ def run(cfg, ctx) -> dict:
     for split in SPLITS:
         rows = np.asarray(ds.split(split))
         if len(rows) == 0:
-            raise DataError(f"splits/{split}.npy is empty; re-run stage-data with a non-empty {split} split")
+            raise DataError(
+                f"splits/{split}.npy is empty; re-run stage-data with a non-empty {split} split"
+            )
         pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size, device)
         target = np.asarray(ds.labels[rows])
-        m, b, f = evaluate_split(split, pred, target, naive_predictions(ds, rows), axes, axis_values)
+        m, b, f = evaluate_split(
+            split, pred, target, naive_predictions(ds, rows), axes, axis_values
+        )
         metrics.update(m)
         breakdown["splits"][split] = b
         flags.extend(f)
@@ -193,6 +207,9 @@ def run(cfg, ctx) -> dict:
     out = ctx.output()
     ctx.events.artifact(out / "metrics.json")
     ctx.events.artifact(out / "breakdown.json")
-    return {"metrics": str(out / "metrics.json"), "breakdown": str(out / "breakdown.json"), "flags": flags, **{
-        k: metrics[k] for k in ("val/mae", "test/mae", "test/rmse", "test/r2")
-    }}
+    return {
+        "metrics": str(out / "metrics.json"),
+        "breakdown": str(out / "breakdown.json"),
+        "flags": flags,
+        **{k: metrics[k] for k in ("val/mae", "test/mae", "test/rmse", "test/r2")},
+    }
