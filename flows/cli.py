@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--set overrides are written into the config file first, as `dvc exp run -S` does.")
     _common(p)
     p.add_argument("--flow", choices=["training"], default="training", help="Which flow to run.")
+    p.add_argument("--until", default=None, metavar="STAGE", help="Stop after this stage (default: run all).")
     return parser
 
 
@@ -61,16 +62,20 @@ def run_stage_command(stage: str, config: Path, overrides: list[str]) -> int:
 
     cfg = load_config(config, overrides)
     group = dvc_group()
-    with pipeline_session(cfg, config.parent, f"dvc repro ({stage})" if group else stage, group=group) as session:
+    with pipeline_session(cfg, config.parent, f"dvc repro ({stage})" if group else f"enn {stage}", group=group) as session:
         result = execute_stage(stage, cfg, session)
     print(f"{stage}: done in {result.seconds:.1f} s -> {Layout.for_root(config.parent, cfg.runtime.work_dir).output(stage)}")
     return 0
 
 
-def run_flow_command(flow: str, config: Path, overrides: list[str]) -> int:
+def run_flow_command(flow: str, config: Path, overrides: list[str], until: str | None) -> int:
+    from enn_core.config import load_config
     from flows.training import training
+    from tasks.lock import pipeline_lock
 
-    results = training(config=str(config), overrides=overrides)
+    layout = Layout.for_root(config.parent, load_config(config, overrides).runtime.work_dir)
+    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"):  # fail fast, before Prefect starts
+        results = training(config=str(config), overrides=overrides, until=until)
     for stage, r in results.items():
         print(f"{stage:20s} {r['status']:8s} {r['seconds']:7.1f} s  {r['reason']}")
     return 0
@@ -85,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         from enn_core.config import load_config
         from tasks.env import contain
 
-        cfg = load_config(config, args.overrides)
+        cfg = load_config(config, args.overrides)  # validate early: bad config fails before any work
         contain(Layout.for_root(config.parent, cfg.runtime.work_dir), override=False)
         if args.command == "run":
-            return run_flow_command(args.flow, config, args.overrides)
+            return run_flow_command(args.flow, config, args.overrides, args.until)
         return run_stage_command(args.command, config, args.overrides)
     except EnnError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -36,6 +36,18 @@ TRAINING_TASKS = {
 assert tuple(TRAINING_TASKS) == STAGES
 
 
+def select(stages: dict, until: str | None) -> dict:
+    """The stages up to and including `until` (all when None)."""
+    if until is None:
+        return stages
+    if until not in stages:
+        from enn_core.errors import ConfigError
+
+        raise ConfigError(f"--until {until!r} is not a stage of this flow; pick one of {list(stages)}")
+    names = list(stages)
+    return {k: stages[k] for k in names[: names.index(until) + 1]}
+
+
 def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict) -> dict:
     logger = get_run_logger()
     path = Path(config).resolve()
@@ -53,9 +65,9 @@ def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict
 
 
 @flow(name="training", persist_result=False, log_prints=True)
-def training(config: str = "params.yaml", overrides: list[str] | None = None) -> dict:
-    """Run the seven training stages; returns each stage's status and summary."""
-    return run_stages("training", config, overrides, TRAINING_TASKS)
+def training(config: str = "params.yaml", overrides: list[str] | None = None, until: str | None = None) -> dict:
+    """Run the seven training stages (or those up to `until`); returns each stage's status."""
+    return run_stages("training", config, overrides, select(TRAINING_TASKS, until))
 
 
 if __name__ == "__main__":

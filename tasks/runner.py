@@ -85,6 +85,7 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
         if tracker:
             tracker.log_artifact(child_id, config_path)
         w0 = time.perf_counter()
+        ctx.faults.at(stage)  # the stage's own name is a fault phase (tests: raise, hang, kill...)
         summary = fn(cfg, ctx) or {}
         work_seconds = time.perf_counter() - w0
         out = layout.output(stage)

@@ -1,0 +1,102 @@
+"""Who owns what: DVC decides staleness, Prefect executes, both see the same state.
+
+Runs on a two-stage pipeline (stage-data -> prepare-checkpoint) in a temp git + DVC repo:
+real `enn run` flows on Prefect's local API, real `dvc repro`, real `enn <stage>` commands.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import make_project
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+TWO = ("stage-data", "prepare-checkpoint")
+
+
+def flow(project, *extra: str, check: bool = True):
+    out = project.run("enn", "run", "--until", "prepare-checkpoint", *extra, check=check)
+    return out, dict(re.findall(r"^(\S+)\s+(ran|skipped)\s", out.stdout, re.M))
+
+
+def dvc_clean(project) -> bool:
+    out = project.run("dvc", "status")
+    return "Data and pipelines are up to date" in out.stdout
+
+
+@pytest.fixture
+def two_stage(tmp_path, prefect_home_shared):
+    return make_project(tmp_path / "proj", prefect_home_shared, stages=TWO)
+
+
+def test_flow_then_dvc_is_clean_and_repro_is_noop(two_stage):
+    _, status = flow(two_stage)
+    assert status == {"stage-data": "ran", "prepare-checkpoint": "ran"}
+    assert dvc_clean(two_stage)
+    out = two_stage.run("dvc", "repro")
+    assert "Data and pipelines are up to date" in out.stdout, out.stdout
+    _, again = flow(two_stage)
+    assert again == {"stage-data": "skipped", "prepare-checkpoint": "skipped"}
+
+
+def test_dvc_repro_then_flow_skips_every_stage(two_stage):
+    out = two_stage.run("dvc", "repro")
+    assert "Running stage 'stage_data'" in out.stdout and "Running stage 'prepare_checkpoint'" in out.stdout
+    _, status = flow(two_stage)
+    assert status == {"stage-data": "skipped", "prepare-checkpoint": "skipped"}
+
+
+def test_changes_rerun_exactly_the_dependent_stages(two_stage):
+    p = two_stage
+    # npy input, so "the data behind an unchanged path" can change
+    rng = np.random.default_rng(0)
+    np.save(p.root / "x.npy", rng.normal(size=(64, 3)).astype(np.float32))
+    np.save(p.root / "y.npy", rng.normal(size=(64, 4)).astype(np.float32))
+    p.set_params(["data.source=npy", "data.path=x.npy", "data.labels_path=y.npy", "data.categorical=[]",
+                  "data.cyclic=[]", "data.label_axes=[]", "data.naive_keys=[]", "model.preset=tabular"])
+    _, first = flow(p)
+    assert first == {"stage-data": "ran", "prepare-checkpoint": "ran"}
+
+    # a param of the model section: only prepare-checkpoint
+    _, status = flow(p, "--set", "model.d_model=32")
+    assert status == {"stage-data": "skipped", "prepare-checkpoint": "ran"}
+
+    # enn_core code that only prepare-checkpoint runs
+    with open(p.root / "enn_core" / "init_checkpoint.py", "a") as f:
+        f.write("\n# a code change\n")
+    _, status = flow(p)
+    assert status == {"stage-data": "skipped", "prepare-checkpoint": "ran"}
+
+    # the data behind the unchanged path x.npy: both
+    np.save(p.root / "x.npy", rng.normal(size=(64, 3)).astype(np.float32))
+    _, status = flow(p)
+    assert status == {"stage-data": "ran", "prepare-checkpoint": "ran"}
+    assert dvc_clean(p)
+
+
+def test_two_pipeline_runs_never_interleave(two_stage):
+    p = two_stage
+    first = subprocess.Popen(
+        ["enn", "stage-data", "--set", "fault.kind=delay", "--set", "fault.phase=stage-data", "--set", "fault.seconds=30"],
+        cwd=p.root, env=p.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = p.root / "work" / "pipeline.lock"
+        deadline = time.time() + 60
+        while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
+            time.sleep(0.2)
+        second = p.run("enn", "run", "--until", "prepare-checkpoint", check=False)
+        assert second.returncode == 8, second.stderr[-2000:]
+        assert "another pipeline run holds this work directory" in second.stderr
+        assert f"pid {first.pid}" in second.stderr
+        stage = p.run("enn", "prepare-checkpoint", check=False)
+        assert stage.returncode == 8
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    assert sys.platform.startswith("linux")

@@ -1,0 +1,89 @@
+"""MLflow lifecycle: parent and child runs, failures, killed runs, dvc repro grouping, lineage."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import make_project
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+TWO = ("stage-data", "prepare-checkpoint")
+
+
+def client_for(project) -> MlflowClient:
+    return MlflowClient(tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}")
+
+
+def runs(project, filter_string: str = ""):
+    c = client_for(project)
+    exp = c.get_experiment_by_name("enn")
+    return c.search_runs([exp.experiment_id], filter_string, max_results=200) if exp else []
+
+
+@pytest.fixture
+def two_stage(tmp_path, prefect_home_shared):
+    return make_project(tmp_path / "proj", prefect_home_shared, stages=TWO)
+
+
+def test_flow_run_has_parent_and_children_with_lineage(two_stage):
+    two_stage.run("enn", "run", "--until", "prepare-checkpoint")
+    all_runs = runs(two_stage)
+    parents = [r for r in all_runs if r.data.tags.get("enn.kind") == "pipeline"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_run_id"]
+    assert parent.data.tags["enn.git_commit"] != "unknown"
+    children = {r.info.run_name: r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert set(children) == set(TWO)
+    assert all(c.info.status == "FINISHED" for c in children.values())
+    assert children["stage-data"].data.params["data.source"] == "synthetic"
+    assert "model.d_model" in children["prepare-checkpoint"].data.params
+
+
+def test_failed_stage_marks_child_and_parent_failed(two_stage):
+    out = two_stage.run("enn", "run", "--until", "prepare-checkpoint", "--set", "fault.kind=raise",
+                        "--set", "fault.phase=prepare-checkpoint", check=False)
+    assert out.returncode != 0
+    by_name = {r.info.run_name: r for r in runs(two_stage)}
+    assert by_name["prepare-checkpoint"].info.status == "FAILED"
+    assert "injected fault" in by_name["prepare-checkpoint"].data.tags["enn.error"]
+    parent = next(r for r in runs(two_stage) if r.data.tags.get("enn.kind") == "pipeline")
+    assert parent.info.status == "FAILED"
+    assert "prepare-checkpoint" in parent.data.tags["enn.error"]
+
+
+def test_killed_run_is_marked_killed_next_time(two_stage):
+    p = two_stage
+    proc = subprocess.Popen(["enn", "stage-data", "--set", "fault.kind=hang", "--set", "fault.phase=stage-data"],
+                            cwd=p.root, env=p.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if (p.root / "work" / "mlflow" / "mlflow.db").exists() and any(
+                    r.info.run_name == "stage-data" for r in runs(p, "attributes.status = 'RUNNING'")):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the stage-data run never appeared in MLflow")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    p.run("enn", "stage-data")
+    statuses = sorted(r.info.status for r in runs(p) if r.info.run_name == "stage-data" and r.data.tags.get("enn.kind") == "stage")
+    assert statuses == ["FINISHED", "KILLED"]
+
+
+def test_dvc_repro_groups_stages_under_one_parent(two_stage):
+    two_stage.run("dvc", "repro")
+    all_runs = runs(two_stage)
+    parents = [r for r in all_runs if r.data.tags.get("enn.kind") == "pipeline"]
+    assert len(parents) == 1, [r.info.run_name for r in parents]
+    assert parents[0].info.status == "FINISHED"
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert sorted(r.info.run_name for r in children) == sorted(TWO)
