@@ -18,11 +18,20 @@ class SyntheticConfig:
     n_hours: int = opt(24, "Hours (second label axis).")
     n_replicates: int = opt(3, "Replicate days per (month, day type, direction) group.")
     noise: float = opt(2.0, "Noise std (label units).")
-    daily: float = opt(1.5, "Std of the per-day offset (label units), shared by all cells of a row.")
+    daily: float = opt(
+        1.5, "Std of the per-day offset (label units), shared by all cells of a row."
+    )
     seed: int = opt(0, "Generator seed.")
 
     def __post_init__(self) -> None:
-        sizes = (self.n_months, self.n_daytypes, self.n_directions, self.n_sections, self.n_hours, self.n_replicates)
+        sizes = (
+            self.n_months,
+            self.n_daytypes,
+            self.n_directions,
+            self.n_sections,
+            self.n_hours,
+            self.n_replicates,
+        )
         if min(sizes) < 1:
             raise ConfigError("data.synthetic sizes (n_months, n_daytypes, ...) must all be >= 1")
         if self.noise < 0 or self.daily < 0:
@@ -31,77 +40,151 @@ class SyntheticConfig:
 
 @frozen
 class WorkbookLayout:
-    sheet_pattern: str = opt(r"^(?P<month>\d{2})월 (?P<daytype>\S)요일$", "Regex over sheet names; its named groups give key values (e.g. month, day type).")
-    row_keys: tuple[str, ...] = opt(("구간", "방향"), "Columns that key the rows inside a sheet (section, direction).")
+    sheet_pattern: str = opt(
+        r"^(?P<month>\d{2})월 (?P<daytype>\S)요일$",
+        "Regex over sheet names; its named groups give key values (e.g. month, day type).",
+    )
+    row_keys: tuple[str, ...] = opt(
+        ("구간", "방향"), "Columns that key the rows inside a sheet (section, direction)."
+    )
     section_column: str = opt("구간", "Column naming the section, as 'A-B'.")
     direction_column: str = opt("방향", "Column giving the direction.")
-    direction_key: str = opt("direction", "Key name under which the direction column's value is a group key.")
+    direction_key: str = opt(
+        "direction", "Key name under which the direction column's value is a group key."
+    )
     section_separator: str = opt("-", "Separator between a section's two ends.")
-    canonical_sections: bool = opt(True, "Sort a section's two ends so both directions share one section order.")
-    time_pattern: str = opt(r"^(?P<hour>\d{2})시$", "Regex matching the time-axis columns; group 'hour' orders them.")
-    group_keys: tuple[str, ...] = opt(("month", "daytype", "direction"), "Keys that make one sample (one label grid).")
+    canonical_sections: bool = opt(
+        True, "Sort a section's two ends so both directions share one section order."
+    )
+    time_pattern: str = opt(
+        r"^(?P<hour>\d{2})시$", "Regex matching the time-axis columns; group 'hour' orders them."
+    )
+    group_keys: tuple[str, ...] = opt(
+        ("month", "daytype", "direction"), "Keys that make one sample (one label grid)."
+    )
     ignore_columns: tuple[str, ...] = opt(("노선",), "Columns read and ignored (e.g. route name).")
 
     def __post_init__(self) -> None:
         for name in (self.section_column, self.direction_column):
             if name not in self.row_keys:
-                raise ConfigError(f"data.workbook.row_keys={list(self.row_keys)} must include the column {name!r}")
+                raise ConfigError(
+                    f"data.workbook.row_keys={list(self.row_keys)} must include the column {name!r}"
+                )
         for pattern in (self.sheet_pattern, self.time_pattern):
             try:
                 re.compile(pattern)
             except re.error as e:
-                raise ConfigError(f"data.workbook pattern {pattern!r} is not a valid regex: {e}") from e
+                raise ConfigError(
+                    f"data.workbook pattern {pattern!r} is not a valid regex: {e}"
+                ) from e
         if "hour" not in re.compile(self.time_pattern).groupindex:
-            raise ConfigError(f"data.workbook.time_pattern={self.time_pattern!r} needs a named group 'hour'")
+            raise ConfigError(
+                f"data.workbook.time_pattern={self.time_pattern!r} needs a named group 'hour'"
+            )
 
 
 @frozen
 class DataConfig:
-    source: Literal["synthetic", "npy", "npz", "csv", "parquet", "workbook"] = opt("synthetic", "Input kind.")
-    path: str = opt("", "Input file (features for npy; the table or workbook otherwise). Relative paths resolve from the project root.")
+    source: Literal["synthetic", "npy", "npz", "csv", "parquet", "workbook"] = opt(
+        "synthetic", "Input kind."
+    )
+    path: str = opt(
+        "",
+        "Input file (features for npy; the table or workbook otherwise). Relative paths resolve from the project root.",
+    )
     labels_path: str = opt("", "Labels .npy when source=npy.")
     npz_features_key: str = opt("features", "Member of the .npz holding the features.")
     npz_labels_key: str = opt("labels", "Member of the .npz holding the labels.")
-    feature_columns: tuple[str, ...] = opt((), "Feature columns (csv/parquet) or names (npy); empty = all non-label columns.")
-    categorical: tuple[str, ...] = opt(("month", "daytype", "direction"), "Features that get a vocabulary and an embedding (never z-scored).")
-    cyclic: tuple[str, ...] = opt(("month",), "Periodic keys encoded as sine/cosine (may also be categorical).")
-    cyclic_periods: tuple[int, ...] = opt((12,), "Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7).")
+    feature_columns: tuple[str, ...] = opt(
+        (), "Feature columns (csv/parquet) or names (npy); empty = all non-label columns."
+    )
+    categorical: tuple[str, ...] = opt(
+        ("month", "daytype", "direction"),
+        "Features that get a vocabulary and an embedding (never z-scored).",
+    )
+    cyclic: tuple[str, ...] = opt(
+        ("month",), "Periodic keys encoded as sine/cosine (may also be categorical)."
+    )
+    cyclic_periods: tuple[int, ...] = opt(
+        (12,),
+        "Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7).",
+    )
+    cyclic_starts: tuple[int, ...] = opt(
+        (1,),
+        "First value of each cyclic key's period, in the order of data.cyclic (month 1, hour 0).",
+    )
     label_columns: tuple[str, ...] = opt((), "Label columns (csv/parquet).")
-    label_shape: tuple[int, ...] = opt((), "Reshape labels to this shape (e.g. [39, 24]); empty = flat.")
+    label_shape: tuple[int, ...] = opt(
+        (), "Reshape labels to this shape (e.g. [39, 24]); empty = flat."
+    )
     label_axes: tuple[str, ...] = opt(("section", "hour"), "Names of the label axes.")
-    nonfinite: Literal["error", "drop"] = opt("error", "NaN/inf in features or labels: fail naming the first row and column, or drop the rows.")
-    features_only: bool = opt(False, "Stage new data against a training manifest (no labels), reusing its vocabularies and scaler.")
+    nonfinite: Literal["error", "drop"] = opt(
+        "error",
+        "NaN/inf in features or labels: fail naming the first row and column, or drop the rows.",
+    )
+    features_only: bool = opt(
+        False,
+        "Stage new data against a training manifest (no labels), reusing its vocabularies and scaler.",
+    )
     training_manifest: str = opt("", "Training manifest to stage against in features-only mode.")
     chunk_rows: int = opt(65536, "Rows per read/write chunk.")
     val_fraction: float = opt(0.15, "Validation share of the training rows (seeded).")
     test_fraction: float = opt(0.15, "Test share of all rows when no folds are declared (seeded).")
     split_seed: int = opt(0, "Seed of the split shuffle.")
-    fold_key: str = opt("", "Key whose values define group folds (e.g. month); empty = random splits.")
-    folds: tuple[tuple[str, ...], ...] = opt((), "Fold definitions: each a list of fold_key values held out together.")
+    fold_key: str = opt(
+        "", "Key whose values define group folds (e.g. month); empty = random splits."
+    )
+    folds: tuple[tuple[str, ...], ...] = opt(
+        (), "Fold definitions: each a list of fold_key values held out together."
+    )
     test_fold: int = opt(0, "Index of the fold held out as the test split.")
-    val_fold: int = opt(-1, "Index of the fold held out as the validation split; -1 = a seeded val_fraction of the non-test rows.")
-    naive_keys: tuple[str, ...] = opt(("daytype", "direction"), "Keys of the conditional naive predictor (mean of the same cell over training rows sharing them).")
+    val_fold: int = opt(
+        -1,
+        "Index of the fold held out as the validation split; -1 = a seeded val_fraction of the non-test rows.",
+    )
+    naive_keys: tuple[str, ...] = opt(
+        ("daytype", "direction"),
+        "Keys of the conditional naive predictor (mean of the same cell over training rows sharing them).",
+    )
     synthetic: SyntheticConfig = section(SyntheticConfig, "Synthetic spatio-temporal generator.")
     workbook: WorkbookLayout = section(WorkbookLayout, "Spatio-temporal workbook layout.")
 
     def __post_init__(self) -> None:
         if self.source != "synthetic" and not self.path:
-            raise ConfigError(f"data.path is empty but data.source={self.source}; set data.path to the input file")
+            raise ConfigError(
+                f"data.path is empty but data.source={self.source}; set data.path to the input file"
+            )
         if not 0 <= self.val_fraction < 1 or not 0 <= self.test_fraction < 1:
             raise ConfigError("data.val_fraction and data.test_fraction must be in [0, 1)")
         if self.val_fraction + self.test_fraction >= 1:
-            raise ConfigError("data.val_fraction + data.test_fraction must be < 1 to leave training rows")
+            raise ConfigError(
+                "data.val_fraction + data.test_fraction must be < 1 to leave training rows"
+            )
         if self.chunk_rows < 1:
             raise ConfigError("data.chunk_rows must be >= 1")
         if self.folds and not self.fold_key:
-            raise ConfigError("data.folds is set but data.fold_key is empty; name the key the folds hold out")
+            raise ConfigError(
+                "data.folds is set but data.fold_key is empty; name the key the folds hold out"
+            )
         if self.folds and not 0 <= self.test_fold < len(self.folds):
-            raise ConfigError(f"data.test_fold={self.test_fold} but only {len(self.folds)} folds are declared")
-        if self.val_fold >= 0 and (not self.folds or self.val_fold >= len(self.folds) or self.val_fold == self.test_fold):
-            raise ConfigError(f"data.val_fold={self.val_fold} must name a declared fold other than data.test_fold, or be -1")
+            raise ConfigError(
+                f"data.test_fold={self.test_fold} but only {len(self.folds)} folds are declared"
+            )
+        if self.val_fold >= 0 and (
+            not self.folds or self.val_fold >= len(self.folds) or self.val_fold == self.test_fold
+        ):
+            raise ConfigError(
+                f"data.val_fold={self.val_fold} must name a declared fold other than data.test_fold, or be -1"
+            )
+        if len(self.cyclic_starts) != len(self.cyclic):
+            raise ConfigError(
+                f"data.cyclic_starts={list(self.cyclic_starts)} must give one first value per data.cyclic key"
+            )
         if len(self.cyclic_periods) != len(self.cyclic) or any(p < 2 for p in self.cyclic_periods):
             raise ConfigError(
                 f"data.cyclic_periods={list(self.cyclic_periods)} must give one period >= 2 per data.cyclic key {list(self.cyclic)}"
             )
         if self.features_only and not self.training_manifest:
-            raise ConfigError("data.features_only=true needs data.training_manifest (the staged training manifest.json)")
+            raise ConfigError(
+                "data.features_only=true needs data.training_manifest (the staged training manifest.json)"
+            )

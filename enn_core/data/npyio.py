@@ -25,10 +25,14 @@ HEADER_BYTES = 128  # magic + length + dict, padded: room for any realistic shap
 
 
 def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
+    text = repr(
+        {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    )
     body_len = HEADER_BYTES - len(MAGIC) - 2
     if len(text) + 1 > body_len:
-        raise DataError(f"array shape {shape} is too long for the staged .npy header; reduce its rank")
+        raise DataError(
+            f"array shape {shape} is too long for the staged .npy header; reduce its rank"
+        )
     body = text.ljust(body_len - 1) + "\n"
     return MAGIC + struct.pack("<H", body_len) + body.encode("latin1")
 
@@ -36,7 +40,9 @@ def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 class NpyWriter:
     """Append rows of `tail_shape` to `path`; `close()` fixes the header and fsyncs."""
 
-    def __init__(self, path: str | Path, dtype: np.dtype | str, tail_shape: tuple[int, ...]) -> None:
+    def __init__(
+        self, path: str | Path, dtype: np.dtype | str, tail_shape: tuple[int, ...]
+    ) -> None:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.tail_shape = tuple(int(d) for d in tail_shape)
@@ -108,7 +114,9 @@ def read_header(f: BinaryIO, where: str) -> tuple[tuple[int, ...], np.dtype, boo
             "(e.g. arr.astype('float32'))"
         )
     if dtype.kind not in "biuf":
-        raise DataError(f"{where}: dtype {dtype} is not numeric; save features and labels as numbers")
+        raise DataError(
+            f"{where}: dtype {dtype} is not numeric; save features and labels as numbers"
+        )
     return tuple(shape), dtype, fortran
 
 
@@ -121,12 +129,16 @@ def npz_member(path: Path, key: str) -> tuple[zipfile.ZipFile, BinaryIO, tuple[i
     names = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
     if key not in names:
         zf.close()
-        raise DataError(f"{path}: has no array {key!r} (it has {names}); set data.npz_features_key / npz_labels_key")
+        raise DataError(
+            f"{path}: has no array {key!r} (it has {names}); set data.npz_features_key / npz_labels_key"
+        )
     f = zf.open(f"{key}.npy")
     shape, dtype, fortran = read_header(f, f"{path}[{key}]")
     if fortran and len(shape) > 1:
         zf.close()
-        raise DataError(f"{path}[{key}]: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)")
+        raise DataError(
+            f"{path}[{key}]: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)"
+        )
     return zf, f, shape, dtype
 
 

@@ -47,6 +47,8 @@ class SourceInfo:
     label_axis_values: dict[str, list[str]] | None = None
     row_keys: list[str] = field(default_factory=list)
     n_rows: int | None = None
+    label_name: Callable[[int], str] | None = None  # names flat label index j in messages
+    inputs: list[Path] = field(default_factory=list)  # every input file (hashed into the manifest)
 
 
 def reshape_labels(y: np.ndarray, cfg: DataConfig, where: str) -> tuple[int, ...]:
@@ -89,7 +91,9 @@ class ArraySource:
         n, nf = xshape[0], (xshape[1] if len(xshape) == 2 else 1)
         names = list(cfg.feature_columns) or [f"f{i}" for i in range(nf)]
         if len(names) != nf:
-            raise DataError(f"{xname}: {nf} feature columns but data.feature_columns names {len(names)}; fix the list")
+            raise DataError(
+                f"{xname}: {nf} feature columns but data.feature_columns names {len(names)}; fix the list"
+            )
         label_shape = None
         if self._y is not None:
             ys = self._y[1]
@@ -107,6 +111,7 @@ class ArraySource:
             label_shape=label_shape,
             row_keys=[c for c in cfg.categorical if c in names],
             n_rows=n,
+            inputs=[x_path] + ([y_path] if y_path is not None and y_path != x_path else []),
         )
 
     def _open_npy(self, path: Path):
@@ -114,8 +119,14 @@ class ArraySource:
             shape, dtype, fortran = read_header(f, str(path))
             offset = f.tell()
         if fortran and len(shape) > 1:
-            raise DataError(f"{path}: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)")
-        mm = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape) if np.prod(shape) else None
+            raise DataError(
+                f"{path}: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)"
+            )
+        mm = (
+            np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+            if np.prod(shape)
+            else None
+        )
         return (mm, shape, dtype)
 
     def _rows(self, spec, start: int, n: int) -> np.ndarray:
@@ -143,7 +154,9 @@ class ArraySource:
             c.close()
 
 
-def header_columns(path: Path, names: list[str], cfg: DataConfig, features_only: bool) -> tuple[list, list]:
+def header_columns(
+    path: Path, names: list[str], cfg: DataConfig, features_only: bool
+) -> tuple[list, list]:
     """Feature and label columns of a table, checked for duplicates and absent names."""
     where = str(path)
     dup = sorted({c for c in names if names.count(c) > 1})
@@ -151,11 +164,15 @@ def header_columns(path: Path, names: list[str], cfg: DataConfig, features_only:
         raise DataError(f"{where}: duplicate column {dup[0]!r}; rename one of them")
     labels = [] if features_only else list(cfg.label_columns)
     if not features_only and not labels:
-        raise DataError(f"{where}: data.label_columns is empty; name the label columns of the table")
+        raise DataError(
+            f"{where}: data.label_columns is empty; name the label columns of the table"
+        )
     feats = list(cfg.feature_columns) or [c for c in names if c not in cfg.label_columns]
     for c in feats + labels:
         if c not in names:
-            raise DataError(f"{where}: missing column {c!r} (columns: {names}); fix the file or data.*_columns")
+            raise DataError(
+                f"{where}: missing column {c!r} (columns: {names}); fix the file or data.*_columns"
+            )
     if not feats:
         raise DataError(f"{where}: no feature columns; set data.feature_columns")
     return feats, labels

@@ -40,7 +40,9 @@ class _TableSource:
         keys = [c for c in self.feats if c in cfg.categorical or c == cfg.fold_key]
         label_shape = None
         if self.labels:
-            label_shape = reshape_labels(np.empty((0, len(self.labels))), cfg, f"{path} label columns")
+            label_shape = reshape_labels(
+                np.empty((0, len(self.labels))), cfg, f"{path} label columns"
+            )
         self.info = SourceInfo(
             kind=self.kind,
             path=path,
@@ -48,13 +50,19 @@ class _TableSource:
             label_shape=label_shape,
             row_keys=keys,
             n_rows=n_rows,
+            label_name=lambda j: f"column {self.labels[j]!r}",
+            inputs=[path],
         )
 
     def _chunk(self, get, n: int, start: int, where) -> Chunk:
         cols = {}
         for c in self.feats:
             v = get(c)
-            cols[c] = v if (c in self.cats or c in self.cfg.cyclic) else numeric_column(v, c, where, self.path)
+            cols[c] = (
+                v
+                if (c in self.cats or c in self.cfg.cyclic)
+                else numeric_column(v, c, where, self.path)
+            )
         y = None
         if self.labels:
             y = np.empty((n, len(self.labels)), np.float64)
@@ -95,7 +103,9 @@ class CsvSource(_TableSource):
                 start += n
         except pd.errors.ParserError as e:
             msg = str(e).strip().splitlines()[-1].replace("C error: ", "")
-            raise DataError(f"{self.path}: ragged row ({msg}); give every row the header's fields") from e
+            raise DataError(
+                f"{self.path}: ragged row ({msg}); give every row the header's fields"
+            ) from e
         finally:
             reader.close()
         if start == 0:
@@ -109,7 +119,9 @@ class ParquetSource(_TableSource):
         try:
             self.pf = pq.ParquetFile(path)
         except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"{path}: not a readable Parquet file ({e}); re-write it with pyarrow") from e
+            raise DataError(
+                f"{path}: not a readable Parquet file ({e}); re-write it with pyarrow"
+            ) from e
         super().__init__(cfg, path, list(self.pf.schema_arrow.names), self.pf.metadata.num_rows)
         if self.pf.metadata.num_rows == 0:
             raise DataError(f"{path}: empty table (no rows); add data rows")

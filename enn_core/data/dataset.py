@@ -1,0 +1,109 @@
+"""StagedDataset: the read-only view every stage after stage-data uses.
+
+    ds = StagedDataset(ctx.output("stage-data"))
+    x, y = ds.features, ds.labels           # np.memmap, mode "r"
+    train = ds.split("train")               # int64 row indices
+    ds.manifest["feature_specs"], ds.fingerprint
+
+The manifest is checked on open (format version, file shapes, dtypes, split sizes); any
+mismatch raises StaleOutputError saying to re-run stage-data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from enn_core.data.manifest import content_hash, read_manifest
+from enn_core.errors import StaleOutputError
+
+
+class StagedDataset:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.manifest: dict[str, Any] = read_manifest(self.path)
+        m = self.manifest
+        self.features = self._open(m["features"])
+        self.labels = self._open(m["labels"]) if m.get("labels") else None
+        if self.features.shape[0] != m["n_rows"]:
+            self._stale(f"features have {self.features.shape[0]} rows, manifest says {m['n_rows']}")
+        self._splits: dict[str, np.ndarray] = {}
+        for name, size in m["splits"].items():
+            arr = self._open({"file": f"splits/{name}.npy", "dtype": "int64", "shape": [size]})
+            self._splits[name] = arr
+
+    def _stale(self, what: str) -> None:
+        raise StaleOutputError(f"{self.path}: {what}; re-run stage-data")
+
+    def _open(self, spec: dict[str, Any]) -> np.ndarray:
+        p = self.path / spec["file"]
+        if not p.exists():
+            self._stale(f"{spec['file']} is missing")
+        try:
+            arr = np.load(p, mmap_mode="r", allow_pickle=False)
+        except ValueError as e:
+            self._stale(f"{spec['file']} is unreadable ({e})")
+        if list(arr.shape) != list(spec["shape"]) or str(arr.dtype) != spec["dtype"]:
+            self._stale(
+                f"{spec['file']} is {arr.dtype}{list(arr.shape)} but the manifest says {spec['dtype']}{list(spec['shape'])}"
+            )
+        return arr
+
+    @property
+    def fingerprint(self) -> str:
+        """The content hash of features, labels and splits (changes when the data does)."""
+        return self.manifest["content_hash"]
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.manifest["n_rows"])
+
+    @property
+    def feature_specs(self) -> list[dict[str, Any]]:
+        return self.manifest["feature_specs"]
+
+    @property
+    def label_shape(self) -> tuple[int, ...] | None:
+        shape = self.manifest.get("label_shape")
+        return tuple(shape) if shape is not None else None
+
+    @property
+    def split_names(self) -> list[str]:
+        return list(self._splits)
+
+    def split(self, name: str) -> np.ndarray:
+        """Row indices of a split ('train', 'val', 'test'), or all rows for 'all'."""
+        if name == "all":
+            return np.arange(self.n_rows, dtype=np.int64)
+        if name not in self._splits:
+            raise KeyError(
+                f"unknown split {name!r}; staged splits are {self.split_names} (or 'all')"
+            )
+        return self._splits[name]
+
+    @cached_property
+    def row_keys(self) -> pd.DataFrame:
+        """pandas DataFrame of the row-key columns (plus source_row), one row per sample."""
+        return pd.read_parquet(self.path / "row_keys.parquet")
+
+    def verify(self) -> None:
+        """Re-hash the staged arrays and compare with the manifest (slow: reads every byte)."""
+        files = {}
+        for name, spec in self.manifest["files"].items():
+            arr = np.load(self.path / name, mmap_mode="r")
+            files[name] = {**spec, "sha256": _data_sha256(arr)}
+        if content_hash(files) != self.fingerprint:
+            self._stale("staged files do not match their content hash")
+
+
+def _data_sha256(arr: np.ndarray, rows: int = 1 << 16) -> str:
+    """sha256 of an array's C-ordered data bytes, as the staging writer hashes them."""
+    h = hashlib.sha256()
+    for s in range(0, arr.shape[0], rows):
+        h.update(np.ascontiguousarray(arr[s : s + rows]).data)
+    return h.hexdigest()

@@ -1,0 +1,59 @@
+"""manifest.json of a staged dataset: building it, the content hash, and reading it back.
+
+Version policy: readers accept exactly FORMAT_VERSION. An older manifest is refused with
+"re-run stage-data" (staging is cheap and deterministic, so no in-place migration is kept);
+a newer one is refused with "upgrade enn". Shapes, dtypes and split sizes are checked
+against the files themselves by `enn_core.data.dataset.StagedDataset`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from enn_core.errors import StaleOutputError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def content_hash(files: dict[str, dict[str, Any]]) -> str:
+    """sha256 over each staged array's name, dtype, shape and data sha256 (hashed while written)."""
+    items = [[name, f["dtype"], list(f["shape"]), f["sha256"]] for name, f in sorted(files.items())]
+    return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()
+
+
+def hash_files(paths: list[Path], block: int = 4 << 20) -> str:
+    """sha256 of the files' bytes, one after the other (the input's content hash)."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(block):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest of a staged dataset directory, with its version checked."""
+    d = Path(directory)
+    path = d / MANIFEST
+    if not path.exists():
+        raise StaleOutputError(
+            f"{d}: no staged data ({MANIFEST} missing); run `enn stage-data` first"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StaleOutputError(f"{path}: unreadable manifest ({e}); re-run stage-data") from e
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if version != FORMAT_VERSION:
+        if isinstance(version, int) and version > FORMAT_VERSION:
+            raise StaleOutputError(
+                f"{path}: format_version {version} is newer than this code reads ({FORMAT_VERSION}); upgrade enn"
+            )
+        raise StaleOutputError(
+            f"{path}: format_version {version} but this code reads {FORMAT_VERSION}; re-run stage-data"
+        )
+    return manifest

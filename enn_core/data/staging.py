@@ -1,0 +1,250 @@
+"""stage-data: turn the declared input into a staged dataset directory (design.md).
+
+    run(cfg, ctx)                                   the stage: writes ctx.output()
+    stage(data_cfg, layout, target)                 the same, for any target directory
+    stage_features(data_cfg, layout, target, training_manifest)
+                                                    features-only data for predict
+
+Everything streams: each input chunk is encoded, checked for non-finite values, written
+(hashed on the way) and forgotten. The directory is built beside its target and renamed into
+place (enn_core.atomic.atomic_dir), so a bad input or a kill leaves the old output untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from enn_core.atomic import atomic_dir, write_json
+from enn_core.config import DataConfig
+from enn_core.data import splits
+from enn_core.data.encode import Encoder
+from enn_core.data.manifest import FORMAT_VERSION, MANIFEST, content_hash, hash_files, read_manifest
+from enn_core.data.sources import ArraySource
+from enn_core.data.synthetic import SyntheticSource
+from enn_core.data.tables import CsvSource, ParquetSource
+from enn_core.data.workbook import WorkbookSource
+from enn_core.data.writer import ChunkWriter
+from enn_core.errors import DataError
+from enn_core.paths import Layout
+
+SUFFIXES = {"npy": (".npy",), "npz": (".npz",), "csv": (".csv", ".txt"), "parquet": (".parquet", ".pq"),
+            "workbook": (".xlsx", ".xlsm")}  # fmt: skip
+
+
+def run(cfg, ctx) -> dict[str, Any]:
+    """The stage-data stage: stage `cfg.data` into `ctx.output()`."""
+    result = stage(cfg.data, ctx.layout, ctx.output(), events=ctx.events, faults=ctx.faults)
+    ctx.events.param("data_content_hash", result["content_hash"])
+    ctx.events.metrics({"data/rows": result["n_rows"], "data/seconds": result["seconds"]})
+    ctx.events.artifact(Path(result["path"]) / MANIFEST, "stage-data")
+    return result
+
+
+def stage_features(
+    data: DataConfig, layout: Layout, target: str | Path, training_manifest: str | Path
+) -> dict:
+    """Stage new inputs (no labels) against a training manifest, reusing its encodings."""
+    data = dataclasses.replace(data, features_only=True, training_manifest=str(training_manifest))
+    return stage(data, layout, Path(target))
+
+
+def _input(layout: Layout, raw: str, what: str) -> Path:
+    p = layout.resolve(raw)
+    if not p.exists():
+        parent = next((a for a in p.parents if a.exists()), None)
+        gone = p.parent if parent != p.parent else None
+        hint = f" (directory {gone} is absent)" if gone else ""
+        raise DataError(
+            f"{what}={raw!r}: expected the input at {p}, which does not exist{hint}; put it there or fix {what}"
+        )
+    if not p.is_file():
+        raise DataError(f"{what}={raw!r}: {p} is not a file; point {what} at the input file")
+    return p
+
+
+def open_source(data: DataConfig, layout: Layout):
+    """The reader for data.source, with paths and formats checked."""
+    if data.source == "synthetic":
+        return SyntheticSource(data)
+    path = _input(layout, data.path, "data.path")
+    if path.suffix.lower() not in SUFFIXES[data.source]:
+        raise DataError(
+            f"{path}: unknown format {path.suffix or '(no suffix)'!r} for data.source={data.source}; expected "
+            f"{' or '.join(SUFFIXES[data.source])}, or set data.source to the file's kind"
+        )
+    if data.source in ("npy", "npz"):
+        labels = None
+        if not data.features_only:
+            if data.source == "npy" and not data.labels_path:
+                raise DataError(
+                    f"{path}: data.labels_path is empty; name the labels .npy (or set data.features_only)"
+                )
+            labels = (
+                path
+                if data.source == "npz"
+                else _input(layout, data.labels_path, "data.labels_path")
+            )
+        return ArraySource(data, path, labels, npz=data.source == "npz")
+    if data.source == "csv":
+        return CsvSource(data, path)
+    if data.source == "parquet":
+        return ParquetSource(data, path)
+    return WorkbookSource(data, path)
+
+
+def stage(
+    data: DataConfig, layout: Layout, target: str | Path, *, events=None, faults=None
+) -> dict:
+    """Stage `data` into `target` atomically; returns a summary with the manifest's headline."""
+    t0 = time.perf_counter()
+    target = Path(target)
+    training = None
+    if data.features_only:
+        training = read_manifest(
+            _input(layout, data.training_manifest, "data.training_manifest").parent
+        )
+    source = open_source(data, layout)
+    try:
+        with atomic_dir(_writable(target)) as tmp:
+            manifest = _write(data, source, tmp, training, faults)
+    except OSError as e:
+        raise _output_error(e, target) from e
+    finally:
+        source.close()
+    manifest_summary = {k: manifest[k] for k in ("n_rows", "splits", "content_hash", "mode")}
+    out = {"path": str(target), **manifest_summary, "seconds": round(time.perf_counter() - t0, 3)}
+    if events is not None:
+        events.event("staged", **out)
+    return out
+
+
+def _writable(target: Path) -> Path:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _output_error(e, target) from e
+    return target
+
+
+def _output_error(e: OSError, target: Path) -> DataError:
+    where = e.filename or target.parent
+    if e.errno == errno.ENOSPC:
+        return DataError(
+            f"{where}: no space left on the output device; free space under {target.parent} and re-run"
+        )
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return DataError(
+            f"{where}: output directory is not writable ({e.strerror}); make {target.parent} writable"
+        )
+    return DataError(f"{where}: cannot write the staged data ({e.strerror}); check {target.parent}")
+
+
+def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults) -> dict:
+    info = source.info
+    frozen = training["feature_specs"] if training else None
+    enc = Encoder(info.feature_names, data, frozen)
+    file = str(info.path or "synthetic")
+    writer = ChunkWriter(tmp, data, info, enc, file, faults)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # hash the input while staging it
+        src_hash = pool.submit(hash_files, info.inputs) if info.inputs else None
+        writer.run(source)
+        writer.source_hash = src_hash.result() if src_hash else None
+    features = np.load(tmp / "features.npy", mmap_mode="r")
+    labels = np.load(tmp / "labels.npy", mmap_mode="r") if writer.has_labels else None
+    codes = np.load(tmp / writer.codes_file, mmap_mode="r+")
+    splits.assign(data, codes)
+    cont = [j for j, s in enumerate(enc.specs) if s["kind"] == "continuous"]
+    sizes, split_hashes, fx, fy = splits.finish(tmp, codes, features, labels, cont)
+    del codes
+    (tmp / writer.codes_file).unlink()
+    specs = enc.final_specs()
+    std = fx.std()
+    for k, j in enumerate(cont):
+        constant = bool(std[k] < 1e-12)
+        specs[j].update(
+            mean=float(fx.mean[k]), std=1.0 if constant else float(std[k]), constant=constant
+        )
+    files = {**writer.files(), **{n: {"dtype": "int64", "shape": [sizes[n.split("/")[1][:-4]]], "sha256": h}
+                                  for n, h in split_hashes.items()}}  # fmt: skip
+    manifest = _manifest(data, info, writer, specs, sizes, files, fy, training)
+    write_json(tmp / MANIFEST, manifest)
+    return manifest
+
+
+def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
+    labelled = writer.has_labels
+    if training:
+        label_meta = {
+            k: training.get(k)
+            for k in ("label_shape", "label_axes", "label_axis_values", "label_stats")
+        }
+    else:
+        shape = list(info.label_shape)
+        axes = (
+            list(data.label_axes)
+            if len(data.label_axes) == len(shape)
+            else [f"axis{i}" for i in range(len(shape))]
+        )
+        values = info.label_axis_values or {
+            a: [str(i) for i in range(n)] for a, n in zip(axes, shape, strict=True)
+        }
+        values = dict(zip(axes, values.values(), strict=True))
+        label_meta = {
+            "label_shape": shape,
+            "label_axes": axes,
+            "label_axis_values": values,
+            "label_stats": {
+                "mean": float(fy.mean[0]),
+                "std": float(fy.std()[0]),
+                "cell_mean_file": None,
+            },
+        }
+    src_hash = writer.source_hash
+    split_def: dict[str, Any] = {"seed": data.split_seed, "val_fraction": data.val_fraction}
+    if data.folds:
+        split_def.update(fold_key=data.fold_key, folds=[list(f) for f in data.folds], test_fold=data.test_fold,
+                         val_fold=data.val_fold)  # fmt: skip
+    else:
+        split_def.update(test_fraction=data.test_fraction)
+    return {
+        "format_version": FORMAT_VERSION,
+        "mode": "training" if labelled else "features_only",
+        "n_rows": writer.rows,
+        "features": {
+            "file": "features.npy",
+            **{k: files["features.npy"][k] for k in ("dtype", "shape")},
+        },
+        "labels": {"file": "labels.npy", **{k: files["labels.npy"][k] for k in ("dtype", "shape")}}
+        if labelled
+        else None,
+        "dtype_reason": writer.dtype_reason,
+        "feature_names": [s["name"] for s in specs],
+        "feature_specs": specs,
+        **label_meta,
+        "row_keys": info.row_keys,
+        "naive_keys": [k for k in data.naive_keys if k in info.row_keys],
+        "splits": sizes,
+        "split_definition": split_def,
+        "dropped_rows": writer.dropped,
+        "source": {
+            "kind": info.kind,
+            "path": str(info.path) if info.path else None,
+            "sha256": src_hash,
+            "config": _plain(data.synthetic) if info.kind == "synthetic" else None,
+        },  # fmt: skip
+        "training_manifest": str(data.training_manifest) if training else None,
+        "training_content_hash": training["content_hash"] if training else None,
+        "files": files,
+        "content_hash": content_hash(files),
+    }
+
+
+def _plain(obj) -> dict:
+    return dataclasses.asdict(obj)

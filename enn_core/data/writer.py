@@ -1,0 +1,190 @@
+"""The streaming write pass of stage-data: chunk in, checked rows out.
+
+Per chunk: encode the features, find non-finite values (error naming the first bad row and
+column, or drop those rows), append features, labels, row keys and split codes. float32 is
+the staged dtype unless the data's range needs float64 (a value beyond float32's range or
+its exact-integer range 2**24); the pass then restarts in float64 and records the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from enn_core.config import DataConfig
+from enn_core.data import splits
+from enn_core.data.encode import Encoder, value_key
+from enn_core.data.npyio import NpyWriter
+from enn_core.data.sources import SourceInfo
+from enn_core.errors import DataError
+
+NARROW_KINDS = {
+    np.dtype(t) for t in ("float16", "float32", "int8", "int16", "uint8", "uint16", "bool")
+}
+F32_EXACT = float(2**24)
+
+
+class _Widen(Exception):
+    def __init__(self, what: str, reason: str) -> None:
+        self.what, self.reason = what, reason
+
+
+def _needs64(a: np.ndarray) -> str | None:
+    """Why `a` (finite) needs float64, or None."""
+    if a.dtype in NARROW_KINDS or a.size == 0:
+        return None
+    big = max(abs(float(np.max(a))), abs(float(np.min(a))))
+    if big >= F32_EXACT:
+        return f"values up to {big:.4g} exceed float32's exact range (2**24)"
+    return None
+
+
+def _first_nonfinite(a: np.ndarray) -> tuple[int, int] | None:
+    if a.dtype.kind in "biu" or a.size == 0:
+        return None
+    flat = a.reshape(a.shape[0], -1)
+    if np.isfinite(np.add.reduce(flat, axis=None)):
+        return None  # the sum of finite values can only overflow; check exactly below if not finite
+    bad = ~np.isfinite(flat)
+    if not bad.any():
+        return None
+    r = int(np.flatnonzero(bad.any(axis=1))[0])
+    return r, int(np.flatnonzero(bad[r])[0])
+
+
+def _key_strings(col: np.ndarray) -> pa.Array:
+    if col.dtype.kind in "biu" or (col.dtype.kind == "f" and np.all(np.mod(col, 1) == 0)):
+        return pa.array(col.astype(np.int64).astype(str))
+    return pa.array([value_key(v) for v in col], pa.string())
+
+
+class ChunkWriter:
+    codes_file = ".codes.npy"
+
+    def __init__(
+        self, out: Path, cfg: DataConfig, info: SourceInfo, enc: Encoder, file: str, faults
+    ) -> None:
+        self.out, self.cfg, self.info, self.enc, self.file, self.faults = (
+            out,
+            cfg,
+            info,
+            enc,
+            file,
+            faults,
+        )
+        self.has_labels = info.label_shape is not None
+        self._x = self._y = self._codes = self._keys = None
+        self.dtypes = {"features": np.float32, "labels": np.float32}
+        self.dtype_reason = "float32: the data fits float32's range"
+
+    def run(self, source) -> None:
+        while True:
+            try:
+                self._pass(source)
+                return
+            except _Widen as w:
+                self._abort()
+                self.dtypes[w.what] = np.float64
+                self.dtype_reason = f"{w.what} float64: {w.reason}"
+            except BaseException:
+                self._abort()
+                raise
+
+    def _pass(self, source) -> None:
+        self.rows = self.dropped = 0
+        self._x = NpyWriter(
+            self.out / "features.npy", self.dtypes["features"], (len(self.info.feature_names),)
+        )
+        self._y = (
+            NpyWriter(self.out / "labels.npy", self.dtypes["labels"], self.info.label_shape)
+            if self.has_labels
+            else None
+        )
+        self._codes = NpyWriter(self.out / self.codes_file, np.int8, ())
+        for i, chunk in enumerate(source.chunks()):
+            if self.faults is not None:
+                self.faults.at("stage-data", step=i)
+            self._chunk(chunk)
+        if self.rows == 0:
+            what = (
+                "all rows had non-finite values and were dropped"
+                if self.dropped
+                else "no data rows"
+            )
+            raise DataError(f"{self.file}: empty table ({what}); give it data rows")
+        self._hashes = {
+            "features.npy": self._x.close(),
+            "labels.npy": self._y.close() if self._y else None,
+        }
+        self._codes.close()
+        self._keys.close()
+
+    def _abort(self) -> None:
+        for w in (self._x, self._y, self._codes):
+            if w is not None:
+                w.abort()
+        if self._keys is not None:
+            self._keys.close()
+        self._x = self._y = self._codes = self._keys = None
+
+    def _chunk(self, chunk) -> None:
+        x = self.enc.encode(chunk, self.file)
+        y = chunk.y
+        keep = self._finite(chunk, x, y)
+        if keep is not None:
+            x, y = x[keep], (y[keep] if y is not None else None)
+        for what, a in (("features", x), ("labels", y)):
+            if a is not None and self.dtypes[what] == np.float32:
+                reason = _needs64(a)
+                if reason:
+                    raise _Widen(what, reason)
+        self._x.write(x)
+        if self._y is not None:
+            self._y.write(y)
+        rows = np.arange(chunk.start, chunk.start + chunk.rows, dtype=np.int64)
+        keys = chunk.keys if keep is None else {k: v[keep] for k, v in chunk.keys.items()}
+        rows = rows if keep is None else rows[keep]
+        self._codes.write(splits.fold_codes(self.cfg, keys, len(rows), self.file))
+        table = pa.table(
+            {**{k: _key_strings(v) for k, v in keys.items()}, "source_row": pa.array(rows)}
+        )
+        if self._keys is None:
+            self._keys = pq.ParquetWriter(self.out / "row_keys.parquet", table.schema)
+        self._keys.write_table(table)
+        self.rows += len(rows)
+
+    def _finite(self, chunk, x: np.ndarray, y: np.ndarray | None) -> np.ndarray | None:
+        """None when every value is finite; else the rows to keep (drop) or an error."""
+        bx = _first_nonfinite(x)
+        by = _first_nonfinite(y) if y is not None else None
+        if bx is None and by is None:
+            return None
+        if self.cfg.nonfinite == "error":
+            if bx is not None and (by is None or bx[0] <= by[0]):
+                r, col = bx[0], f"feature {self.info.feature_names[bx[1]]!r}"
+            else:
+                r, col = by[0], self._label_name(by[1])
+            raise DataError(
+                f"{self.file} {chunk.where(r)} {col}: NaN or infinite value; fix the input or set data.nonfinite=drop"
+            )
+        ok = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if y is not None:
+            ok &= np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+        self.dropped += int((~ok).sum())
+        return ok
+
+    def _label_name(self, j: int) -> str:
+        if self.info.label_name is not None:
+            return self.info.label_name(j)
+        return f"label {list(np.unravel_index(j, self.info.label_shape))}"
+
+    def files(self) -> dict[str, dict]:
+        out = {"features.npy": {"dtype": str(np.dtype(self._x.dtype)), "shape": list(self._x.shape),
+                                "sha256": self._hashes["features.npy"]}}  # fmt: skip
+        if self._y is not None:
+            out["labels.npy"] = {"dtype": str(np.dtype(self._y.dtype)), "shape": list(self._y.shape),
+                                 "sha256": self._hashes["labels.npy"]}  # fmt: skip
+        return out
