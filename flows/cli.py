@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "alembic", "mlflow.store.db.utils"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     config = _config_path(args)
     try:
         from enn_core.config import load_config
