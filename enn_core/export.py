@@ -1,0 +1,391 @@
+"""export stage: the chosen prediction path as deployable artifacts, with parity checked.
+
+Exports `PredictionPath(model, calibration)` (encoding, normalization and calibration
+included: raw feature vector in, real units out) chosen by collapse-check:
+
+- `torch_export` -> `model.pt2` (torch.export, dynamic batch dimension);
+- `onnx` -> `model.onnx` (dynamo exporter from the same ExportedProgram, dynamic batch),
+  run under onnxruntime for parity.
+
+Parity is part of every export: on all held-out rows (validation + test), at each of
+`export.parity_batch_sizes` (batches filled by cycling the rows, so every batch has exactly
+that size), the exported program and the ONNX model agree with the eager path within
+max |diff| <= export.parity_rel_tol x max(max |reference|, label std), or the export fails.
+
+A format in `export.required` that fails fails the stage; a format not required is skipped
+only when its dependency is missing, and says so. A failure names the format, the operator
+or dynamic-shape constraint that broke, and what to change. A per-sample candidate (the model
+is batch-dependent) is refused: it cannot be exported with a dynamic batch.
+
+Autocast is not part of an exported graph: the path is exported in fp32 and compared with the
+eager path in fp32 (the sidecar says so when the run's candidate used bf16/fp16).
+
+Outputs (`outputs/export/`, replaced atomically; untouched on failure): `model.pt2`,
+`model.onnx`, `sidecar.json`, `parity.json`, `metrics.json`. Run: `enn export`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import math
+import platform
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.export import Dim
+
+from enn_core.atomic import atomic_dir, write_json
+from enn_core.collapse import (
+    REPORT_FILE,
+    Calibration,
+    PredictionPath,
+    check_model_matches,
+    file_sha256,
+    load_calibration,
+)
+from enn_core.errors import ExportError
+from enn_core.validate import load_staged
+
+SIDECAR_VERSION = 1
+INPUT_NAME, OUTPUT_NAME = "features", "prediction"
+FILES = {"torch_export": "model.pt2", "onnx": "model.onnx"}
+# Python modules each format needs at export and parity time.
+DEPENDENCIES: dict[str, tuple[str, ...]] = {
+    "torch_export": (),
+    "onnx": ("onnx", "onnxscript", "onnxruntime"),
+}
+
+
+def missing_dependencies(fmt: str) -> list[str]:
+    return [m for m in DEPENDENCIES[fmt] if importlib.util.find_spec(m) is None]
+
+
+def refuse_batch_dependent(cal: Calibration, report: Mapping | None = None) -> None:
+    """A per-sample candidate means the batched model is wrong: no dynamic-batch artifact."""
+    if cal.candidate != "per_sample":
+        return
+    cause = (report or {}).get("cause", {})
+    bd = cause.get("batch_dependence")
+    detail = (
+        f" (batched vs batch-size-1 outputs differ by {bd:.3g} x label std)"
+        if bd is not None
+        else ""
+    )
+    raise ExportError(
+        f"export: collapse-check chose the per_sample candidate because the model is batch-dependent{detail}: "
+        "a row's output depends on the other rows of its batch, so no dynamic-batch export can be correct; "
+        "fix the batch-level broadcast in the model (no reductions or broadcasts across dim 0), retrain and re-run collapse-check"
+    )
+
+
+# ---------------------------------------------------------------- failure messages
+
+
+def explain_failure(fmt: str, exc: BaseException) -> str:
+    """One line: the format, the operator or constraint that broke, and what to change."""
+    text = str(exc)
+    chain = f"{text} {exc.__cause__ or ''}"
+    m = re.search(
+        r"No ONNX function found for <OpOverload\(op='([^']+)', overload='([^']+)'\)>", chain
+    ) or re.search(r"target=torch\.ops\.([\w.]+?)\.(\w+)\]?\(", chain)
+    if fmt == "onnx" and m:
+        op = f"{m.group(1)}.{m.group(2)}"
+        return (
+            f"export onnx: operator {op} has no ONNX translation at opset; replace it with standard torch operators "
+            f"in the model's prediction path, or register a translation (torch.onnx.export custom_translation_table)"
+        )
+    m = re.search(
+        r"Constraints violated \((\w+)\)!.*?specialized it to be a constant \((\d+)\)", text, re.S
+    )
+    if m:
+        return (
+            f"export {fmt}: dynamic-shape constraint on dimension '{m.group(1)}' broke: the prediction path fixes the batch "
+            f"size to {m.group(2)} (a reshape/view or expand with a literal batch size, or a shape check); use x.shape[0] or -1 "
+            "for the batch dimension"
+        )
+    m = re.search(r"Could not guard on data-dependent expression (.+?)\s+\(", text)
+    if m or "data-dependent" in text:
+        where = re.search(r'File "([^"]+)", line (\d+), in (\w+)\n\s+(.+)', text)
+        loc = (
+            f" at {Path(where.group(1)).name}:{where.group(2)} ({where.group(4).strip()})"
+            if where
+            else ""
+        )
+        return (
+            f"export {fmt}: data-dependent control flow{loc}: Python branches on tensor values cannot be exported; "
+            "use torch.where (or torch.cond) instead of `if` on a tensor"
+        )
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return f"export {fmt}: {type(exc).__name__}: {first[:300]}; see the run's logs for the trace and make the prediction path export-safe"
+
+
+# ---------------------------------------------------------------- export + parity
+
+
+def _batches(rows: int, size: int) -> list[np.ndarray]:
+    """Row indices cycled so that every batch has exactly `size` rows and every row is used."""
+    n_batches = max(1, math.ceil(rows / size))
+    order = np.arange(n_batches * size) % rows
+    return [order[i * size : (i + 1) * size] for i in range(n_batches)]
+
+
+def check_parity(
+    run, eager: torch.nn.Module, x: np.ndarray, batch_sizes: Sequence[int], tol: float
+) -> dict:
+    """max |exported - eager| at each batch size over all rows of `x`."""
+    per_size = {}
+    for size in batch_sizes:
+        worst = 0.0
+        for idx in _batches(len(x), size):
+            xb = np.ascontiguousarray(x[idx], dtype=np.float32)
+            with torch.inference_mode():
+                ref = eager(torch.from_numpy(xb)).numpy()
+            got = np.asarray(run(xb))
+            if got.shape != ref.shape:
+                raise ExportError(
+                    f"parity: batch of {size} gave output shape {got.shape}, eager gives {ref.shape}; the batch dimension is not dynamic"
+                )
+            worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - ref))))
+        per_size[str(size)] = worst
+    worst = max(per_size.values())
+    return {
+        "max_abs_diff": per_size,
+        "worst": worst,
+        "tolerance": tol,
+        "ok": bool(worst <= tol),
+        "rows": int(len(x)),
+    }
+
+
+def export_torch(path: PredictionPath, example: torch.Tensor):
+    try:
+        return torch.export.export(path, (example,), dynamic_shapes={"x": {0: Dim("batch", min=1)}})
+    except Exception as e:  # any tracer failure becomes one actionable line
+        raise ExportError(explain_failure("torch_export", e)) from e
+
+
+def export_onnx(ep, example: torch.Tensor, target: Path, opset: int) -> None:
+    try:
+        prog = torch.onnx.export(
+            ep,
+            (example,),
+            dynamo=True,
+            opset_version=opset,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+        )
+        prog.save(str(target))
+    except Exception as e:
+        raise ExportError(explain_failure("onnx", e)) from e
+    _name_batch_axis(target)
+
+
+def _name_batch_axis(target: Path) -> None:
+    """The exporter names the dynamic batch after an internal symbol; call it 'batch'."""
+    import onnx
+
+    model = onnx.load(str(target))
+    for vi in [*model.graph.input, *model.graph.output]:
+        dim0 = vi.type.tensor_type.shape.dim[0]
+        if dim0.dim_param:
+            dim0.dim_param = "batch"
+    onnx.save(model, str(target))
+
+
+def export_all(
+    path: PredictionPath, heldout: np.ndarray, out_dir: Path, cfg, label_std: float
+) -> dict[str, dict]:
+    """Export each configured format into `out_dir` and check its parity (`cfg`: export section)."""
+    if path.per_sample:
+        refuse_batch_dependent(Calibration("per_sample"))
+    path = path.eval()
+    x = np.asarray(heldout, dtype=np.float32)
+    if len(x) == 0:
+        raise ExportError(
+            "export: no held-out rows for the parity check; re-run stage-data with non-empty val/test splits"
+        )
+    example = torch.from_numpy(x[np.arange(cfg.example_batch) % len(x)])
+    results: dict[str, dict] = {}
+    ep = ref_max = tol = None
+    for fmt in cfg.formats:
+        missing = missing_dependencies(fmt)
+        if missing:
+            if fmt in cfg.required:
+                raise ExportError(
+                    f"export {fmt}: required format needs {missing} which are not installed; "
+                    f"install them (pip install -c constraints.txt {' '.join(missing)}) or remove {fmt} from export.required"
+                )
+            results[fmt] = {
+                "status": "skipped",
+                "reason": f"optional format; missing dependency {missing}",
+            }
+            continue
+        if ep is None:  # every format starts from the same ExportedProgram
+            ep = export_torch(path, example)
+            with torch.inference_mode():
+                ref_max = float(np.max(np.abs(path(torch.from_numpy(x)).numpy())))
+            tol = cfg.parity_rel_tol * max(ref_max, label_std)
+        target = out_dir / FILES[fmt]
+        if fmt == "torch_export":
+            torch.export.save(ep, str(target))
+            loaded = torch.export.load(str(target)).module()
+            run = lambda xb, m=loaded: m(torch.from_numpy(xb)).detach().numpy()  # noqa: E731
+        else:
+            export_onnx(ep, example, target, cfg.opset)
+            run = _ort_runner(target)
+        parity = check_parity(run, path, x, cfg.parity_batch_sizes, tol)
+        if not parity["ok"]:
+            raise ExportError(
+                f"export {fmt}: parity failed: max |diff| {parity['worst']:.3g} > {tol:.3g} "
+                f"(export.parity_rel_tol={cfg.parity_rel_tol} x max(max |reference| {ref_max:.4g}, label std {label_std:.4g})) "
+                f"at batch sizes {parity['max_abs_diff']}; an operator behaves differently exported: make the path export-safe"
+            )
+        results[fmt] = {
+            "status": "ok",
+            "file": FILES[fmt],
+            "sha256": file_sha256(target),
+            "parity": parity,
+        }
+    return results
+
+
+def _ort_runner(target: Path):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    return lambda xb: sess.run(None, {INPUT_NAME: xb})[0]
+
+
+# ---------------------------------------------------------------- sidecar and the stage
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
+    for dist in ("onnx", "onnxscript", "onnxruntime", "enn-pipeline"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def build_sidecar(
+    data: Mapping, cal: Calibration, cfg, results: Mapping, ident: Mapping, exported_precision: str
+) -> dict:
+    """What a user needs to call the artifacts: inputs, outputs, units, opset, versions, provenance."""
+    specs = list(data.get("feature_specs") or [])
+    label_shape = list(data.get("label_shape") or [])
+    axes = list(data.get("label_axes") or [])
+    return {
+        "format_version": SIDECAR_VERSION,
+        "input": {
+            "name": INPUT_NAME,
+            "dtype": "float32",
+            "shape": ["batch", len(specs)],
+            "encoding": "raw feature vector: continuous as the value, categorical as the integer code into its vocab, cyclic as the raw periodic value",
+            "features": [{"index": i, **dict(s)} for i, s in enumerate(specs)],
+            "order": [s.get("name") for s in specs],
+        },
+        "output": {
+            "name": OUTPUT_NAME,
+            "dtype": "float32",
+            "shape": ["batch", *label_shape],
+            "axes": [
+                "batch",
+                *(
+                    axes
+                    if len(axes) == len(label_shape)
+                    else [f"dim{i}" for i in range(len(label_shape))]
+                ),
+            ],
+            "axis_values": dict(data.get("label_axis_values") or {}),
+            "units": cfg.units or "label units (real, denormalized)",
+        },
+        "dynamic_axes": {"input": {"0": "batch"}, "output": {"0": "batch"}},
+        "candidate": cal.candidate,
+        "calibration": "per-output affine included" if cal.slope is not None else "none",
+        "precision": exported_precision,
+        "precision_note": ""
+        if cal.precision == exported_precision
+        else f"the chosen candidate ran under {cal.precision} autocast; autocast is not exported, the graph runs in fp32",
+        "formats": {
+            k: {kk: vv for kk, vv in v.items() if kk != "parity"} for k, v in results.items()
+        },
+        "opset": cfg.opset,
+        "versions": versions(),
+        **dict(ident),
+    }
+
+
+def run(cfg, ctx) -> dict:
+    """The export stage; raises ExportError (writing nothing into outputs/export) on failure."""
+    ds, model, ckpt = load_staged(ctx)
+    collapse_dir = Path(ctx.output("collapse-check"))
+    cal, cal_meta = load_calibration(collapse_dir)
+    report_path = collapse_dir / REPORT_FILE
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    refuse_batch_dependent(cal, report)
+    model_path = Path(ctx.output("distributed-train")) / "model.pt"
+    check_model_matches(cal_meta, model_path, str(collapse_dir / "calibration.json"))
+    exported = replace(cal, precision="fp32")  # autocast is not part of an exported graph
+    path = PredictionPath(model.float(), exported).eval()
+    heldout_rows = np.sort(
+        np.concatenate([np.asarray(ds.split("val")), np.asarray(ds.split("test"))])
+    )
+    heldout = np.asarray(ds.features[heldout_rows], dtype=np.float32)
+    train = np.asarray(ds.split("train"))
+    label_std = (
+        float(np.std(np.asarray(ds.labels[train], dtype=np.float64)))
+        if ds.labels is not None
+        else float(ckpt["data"]["label_stats"]["std"])
+    )
+    ident = {
+        "data_fingerprint": ds.fingerprint,
+        "model_sha256": file_sha256(model_path),
+        "heldout_rows": int(len(heldout)),
+    }
+    with atomic_dir(ctx.output()) as tmp:
+        try:
+            results = export_all(path, heldout, tmp, cfg.export, label_std)
+        except ExportError as e:
+            write_json(Path(ctx.run_dir) / "export-failure.json", {"error": str(e)})
+            ctx.events.event("export_failed", error=str(e))
+            raise
+        parity = {
+            k: v.get("parity", {"status": v["status"], "reason": v.get("reason")})
+            for k, v in results.items()
+        }
+        metrics = {
+            f"parity/{k}/max_abs_diff": v["worst"] for k, v in parity.items() if "worst" in v
+        }
+        metrics.update(
+            {f"parity/{k}/tolerance": v["tolerance"] for k, v in parity.items() if "tolerance" in v}
+        )
+        write_json(tmp / "parity.json", parity)
+        write_json(tmp / "metrics.json", metrics)
+        write_json(
+            tmp / "sidecar.json",
+            build_sidecar(ckpt["data"], cal, cfg.export, results, ident, "fp32"),
+        )
+    out = ctx.output()
+    ctx.events.metrics(metrics)
+    for name in (
+        "sidecar.json",
+        "parity.json",
+        *(FILES[k] for k, v in results.items() if v["status"] == "ok"),
+    ):
+        ctx.events.artifact(out / name, "export")
+    for k, v in results.items():
+        if v["status"] == "skipped":
+            ctx.logger.warning("export %s skipped: %s", k, v["reason"])
+    return {
+        "formats": {k: v["status"] for k, v in results.items()},
+        "sidecar": str(out / "sidecar.json"),
+        "parity": {k: v.get("worst") for k, v in parity.items()},
+    }

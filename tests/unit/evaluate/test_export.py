@@ -1,0 +1,206 @@
+"""export: parity of torch.export and ONNX (onnxruntime) with eager, the sidecar, and failures
+that name the format, the operator or constraint, and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from evaluate_fixtures import BatchBroadcast, Compressed, Generator, check_rows, dataset
+
+from enn_core import export as export_mod
+from enn_core.collapse import Calibration, PredictionPath, fit_affine
+from enn_core.config import ExportConfig
+from enn_core.errors import ExportError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@torch.library.custom_op("enntest::twist", mutates_args=())
+def twist(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twist.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class UnsupportedOp(Generator):
+    """An operator torch.export keeps but ONNX has no translation for."""
+
+    def predict(self, x):
+        return twist(super().predict(x))
+
+
+class FixedBatch(Generator):
+    def predict(self, x):
+        return super().predict(x).reshape(8, -1).reshape(8, *self.base.shape)
+
+
+class Branchy(Generator):
+    def predict(self, x):
+        y = super().predict(x)
+        if y.sum() > 0:
+            return y
+        return -y
+
+
+class Drifting(Generator):
+    """Eager output drifts with each call; the exported graph froze the value at trace time."""
+
+    calls = 0
+
+    def predict(self, x):
+        Drifting.calls += 1
+        return super().predict(x) + float(Drifting.calls)
+
+
+def _heldout() -> np.ndarray:
+    return dataset()[0][:30]
+
+
+@pytest.mark.slow
+def test_export_both_formats_with_parity_and_sidecar(tmp_path):
+    rows = check_rows()
+    with torch.no_grad():
+        raw = Compressed().predict(torch.from_numpy(rows.features)).numpy()
+    slope, intercept = fit_affine(raw, rows.target, 3.0)
+    cal = Calibration("calibrated", "fp32", slope, intercept)
+    path = PredictionPath(Compressed(), cal)
+    cfg = ExportConfig(units="km/h")
+    results = export_mod.export_all(path, _heldout(), tmp_path, cfg, label_std=rows.label_std)
+    for fmt in ("torch_export", "onnx"):
+        p = results[fmt]["parity"]
+        assert results[fmt]["status"] == "ok" and p["ok"] and p["worst"] <= p["tolerance"]
+        assert set(p["max_abs_diff"]) == {"1", "37", "64"} and p["rows"] == 30
+    # the ONNX file answers in calibrated real units at a batch size never traced
+    x = dataset()[0][:5]
+    got = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"features": x})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, path(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-4)
+    assert (
+        onnx.load(str(tmp_path / "model.onnx"))
+        .graph.input[0]
+        .type.tensor_type.shape.dim[0]
+        .dim_param
+        == "batch"
+    )
+    pt2 = torch.export.load(str(tmp_path / "model.pt2")).module()
+    np.testing.assert_allclose(pt2(torch.from_numpy(x)).numpy(), got, rtol=1e-5, atol=1e-4)
+
+    data = {
+        "feature_specs": [
+            {
+                "name": "month",
+                "kind": "categorical",
+                "vocab": [str(m) for m in range(6)],
+                "cyclic_period": 6,
+            },
+            {"name": "daytype", "kind": "categorical", "vocab": ["a", "b", "c", "d"]},
+            {"name": "direction", "kind": "categorical", "vocab": ["up", "down"]},
+        ],
+        "label_shape": [3, 4],
+        "label_axes": ["section", "hour"],
+        "label_axis_values": {"section": ["s0", "s1", "s2"], "hour": ["00", "01", "02", "03"]},
+    }
+    side = export_mod.build_sidecar(data, cal, cfg, results, {"data_fingerprint": "abc"}, "fp32")
+    side = json.loads(json.dumps(side))  # it is plain JSON
+    assert side["input"]["order"] == ["month", "daytype", "direction"] and side["input"][
+        "shape"
+    ] == ["batch", 3]
+    assert (
+        side["input"]["features"][2]["vocab"] == ["up", "down"]
+        and side["input"]["features"][0]["kind"] == "categorical"
+    )
+    assert side["output"]["shape"] == ["batch", 3, 4] and side["output"]["axes"] == [
+        "batch",
+        "section",
+        "hour",
+    ]
+    assert (
+        side["output"]["units"] == "km/h"
+        and side["opset"] == 18
+        and side["data_fingerprint"] == "abc"
+    )
+    assert side["candidate"] == "calibrated" and side["calibration"].startswith("per-output affine")
+    assert (
+        side["versions"]["torch"] == torch.__version__
+        and side["versions"]["onnxruntime"] == ort.__version__
+    )
+    assert (
+        side["formats"]["onnx"]["sha256"] and side["formats"]["torch_export"]["file"] == "model.pt2"
+    )
+
+
+def test_per_sample_candidate_is_refused_naming_batch_dependence(tmp_path):
+    path = PredictionPath(BatchBroadcast(), Calibration("per_sample"))
+    with pytest.raises(ExportError, match="batch-dependent"):
+        export_mod.export_all(path, _heldout(), tmp_path, ExportConfig(), label_std=5.0)
+    report = {"cause": {"batch_dependence": 0.83, "batch_dependent": True}}
+    with pytest.raises(
+        ExportError, match=r"batch-dependent \(batched vs batch-size-1 outputs differ by 0.83"
+    ):
+        export_mod.refuse_batch_dependent(Calibration("per_sample"), report)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_unsupported_operator_names_format_operator_and_fix(tmp_path):
+    path = PredictionPath(UnsupportedOp(), Calibration())
+    with pytest.raises(ExportError) as e:
+        export_mod.export_all(path, _heldout(), tmp_path, ExportConfig(), label_std=5.0)
+    msg = str(e.value)
+    assert msg.startswith("export onnx: operator enntest.twist.default has no ONNX translation")
+    assert "custom_translation_table" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        (
+            FixedBatch(),
+            r"export torch_export: dynamic-shape constraint on dimension 'batch' broke: .* fixes the batch size to 8.*x\.shape\[0\]",
+        ),
+        (
+            Branchy(),
+            r"export torch_export: data-dependent control flow at test_export\.py:\d+ \(if y\.sum\(\) > 0:\).*torch\.where",
+        ),
+    ],
+)
+def test_torch_export_failures_name_the_constraint(tmp_path, model, expected):
+    cfg = ExportConfig(formats=("torch_export",), required=("torch_export",))
+    with pytest.raises(ExportError, match=expected):
+        export_mod.export_all(
+            PredictionPath(model, Calibration()), _heldout(), tmp_path, cfg, label_std=5.0
+        )
+
+
+def test_parity_failure_fails_the_export(tmp_path):
+    cfg = ExportConfig(formats=("torch_export",), required=("torch_export",))
+    with pytest.raises(
+        ExportError, match=r"export torch_export: parity failed: max \|diff\| .* > "
+    ):
+        export_mod.export_all(
+            PredictionPath(Drifting(), Calibration()), _heldout(), tmp_path, cfg, label_std=5.0
+        )
+
+
+def test_optional_format_skipped_only_for_missing_dependency(tmp_path, monkeypatch):
+    monkeypatch.setitem(export_mod.DEPENDENCIES, "onnx", ("enn_no_such_module",))
+    path = PredictionPath(Generator(), Calibration())
+    optional = ExportConfig(formats=("torch_export", "onnx"), required=("torch_export",))
+    results = export_mod.export_all(path, _heldout(), tmp_path, optional, label_std=5.0)
+    assert results["torch_export"]["status"] == "ok"
+    assert results["onnx"] == {
+        "status": "skipped",
+        "reason": "optional format; missing dependency ['enn_no_such_module']",
+    }
+    with pytest.raises(
+        ExportError, match=r"export onnx: required format needs \['enn_no_such_module'\]"
+    ):
+        export_mod.export_all(path, _heldout(), tmp_path, ExportConfig(), label_std=5.0)
