@@ -26,6 +26,9 @@ class TrainConfig:
     compile: bool = opt(False, "torch.compile the model (falls back to eager on failure).")
     max_nonfinite_steps: int = opt(3, "Consecutive non-finite steps before training stops.")
     max_oom_backoffs: int = opt(4, "Out-of-memory back-offs before training stops.")
+    shuffle_block: int = opt(1, "Rows per contiguous block of the epoch shuffle (1 = row-level shuffle; larger reads big staged files in runs).")
+    eval_batch: int = opt(256, "Rows per validation forward on each rank.")
+    log_every: int = opt(50, "Steps between flushes of the per-step telemetry (data wait, compute, optimizer) to the events log.")
     fsdp: bool = opt(True, "Shard with FSDP2 when world size > 1 (DDP-equivalent at world size 1).")
     hsdp_replicas: int = opt(1, "HSDP replicate dimension (1 = plain FSDP).")
 
@@ -38,5 +41,7 @@ class TrainConfig:
             raise ConfigError("train.lr must be > 0")
         if self.clip_norm < 0:
             raise ConfigError("train.clip_norm must be >= 0 (0 disables clipping)")
+        if self.shuffle_block < 1 or self.eval_batch < 1 or self.log_every < 1:
+            raise ConfigError("train.shuffle_block, train.eval_batch and train.log_every must be >= 1")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("train.min_lr_ratio must be in [0, 1]")

@@ -100,7 +100,9 @@ def _store(rank: int, restart: int) -> dist.Store:
     return dist.PrefixStore(f"enn/{run_id}/attempt{restart}", base)
 
 
-def bootstrap(*, device: str, threads: int, seed: int, deterministic: bool, pg_timeout_s: float) -> DistEnv:
+def bootstrap(
+    *, device: str, threads: int, seed: int, deterministic: bool, pg_timeout_s: float
+) -> DistEnv:
     """Threads, seeds, determinism, process group and device mesh for this worker."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -117,7 +119,15 @@ def bootstrap(*, device: str, threads: int, seed: int, deterministic: bool, pg_t
 
     # Explicit mesh on the worker's device type: without one FSDP2 picks CUDA when it exists.
     mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("shard",))
-    return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=dev, backend=backend, restart=restart, mesh=mesh)
+    return DistEnv(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        device=dev,
+        backend=backend,
+        restart=restart,
+        mesh=mesh,
+    )
 
 
 def tighten_timeout(seconds: float) -> None:
@@ -157,9 +167,17 @@ def apply_parallelism(
         ids = [env.device.index] if env.device.type == "cuda" else None
         record["wrap"] = "ddp"
         return DistributedDataParallel(model, device_ids=ids), record
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
 
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        if param_dtype
+        else MixedPrecisionPolicy()
+    )
     for block in model.blocks:
         fully_shard(block, mesh=env.mesh, mp_policy=mp)
     fully_shard(model, mesh=env.mesh, mp_policy=mp)

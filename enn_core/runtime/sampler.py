@@ -65,7 +65,11 @@ class Plan:
 
     def halved(self) -> Plan:
         """The OOM back-off: half the micro-batch, twice the accumulation, same global batch."""
-        return Plan(global_batch=self.global_batch, world_size=self.world_size, micro_batch=self.micro_batch // 2)
+        return Plan(
+            global_batch=self.global_batch,
+            world_size=self.world_size,
+            micro_batch=self.micro_batch // 2,
+        )
 
 
 def make_plan(batch_size: int, micro_batch: int, world_size: int) -> Plan:
@@ -77,7 +81,9 @@ def make_plan(batch_size: int, micro_batch: int, world_size: int) -> Plan:
 class GlobalBlockSampler:
     """Epoch orders over the training rows; `step_rows(epoch, step, rank)` gives a rank's slice."""
 
-    def __init__(self, train_rows: np.ndarray, global_batch: int, *, seed: int, shuffle_block: int = 1):
+    def __init__(
+        self, train_rows: np.ndarray, global_batch: int, *, seed: int, shuffle_block: int = 1
+    ):
         if len(train_rows) == 0:
             raise ConfigError("the training split is empty; re-run stage-data with training rows")
         if shuffle_block < 1:
@@ -106,7 +112,9 @@ class GlobalBlockSampler:
         self._order_cache = (epoch, order)
         return order
 
-    def step_rows(self, epoch: int, step: int, rank: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def step_rows(
+        self, epoch: int, step: int, rank: int, world_size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(rows, weights) of one rank's slice of global batch `step`; padding weighs zero."""
         order = self.epoch_order(epoch)
         lo = step * self.global_batch
@@ -120,12 +128,18 @@ class GlobalBlockSampler:
         sl = slice(rank * per_rank, (rank + 1) * per_rank)
         return rows[sl], weights[sl]
 
+    def real_rows(self, epoch: int, step: int) -> int:
+        """Real (non-padding) rows of global batch `step`: the loss divisor on every rank."""
+        return int(min(self.global_batch, len(self.train_rows) - step * self.global_batch))
+
     def state(self, epoch: int, step: int) -> dict:
         """The resumable position: global, so valid at any world size."""
         return {"epoch": epoch, "step": step, "seed": self.seed, "global_batch": self.global_batch}
 
 
-def read_rows(features: np.ndarray, labels: np.ndarray | None, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+def read_rows(
+    features: np.ndarray, labels: np.ndarray | None, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
     """One vectorized gather from the memmaps (sorted reads, original order restored)."""
     order = np.argsort(rows, kind="stable")
     sorted_rows = rows[order]
@@ -137,7 +151,11 @@ def read_rows(features: np.ndarray, labels: np.ndarray | None, rows: np.ndarray)
 
 
 def micro_batches(
-    features: np.ndarray, labels: np.ndarray, rows: np.ndarray, weights: np.ndarray, micro_batch: int
+    features: np.ndarray,
+    labels: np.ndarray,
+    rows: np.ndarray,
+    weights: np.ndarray,
+    micro_batch: int,
 ) -> list[Batch]:
     """Cut a rank's slice into micro-batches, each read with one gather."""
     x, y = read_rows(features, labels, rows)

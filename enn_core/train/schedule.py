@@ -36,6 +36,11 @@ def build_scheduler(
     """Warm-up then cosine over `total_steps` applied optimizer steps."""
 
     def factor(step: int) -> float:
-        return lr_factor(step, total_steps=total_steps, warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio)
+        return lr_factor(
+            step,
+            total_steps=total_steps,
+            warmup_steps=cfg.warmup_steps,
+            min_lr_ratio=cfg.min_lr_ratio,
+        )
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,136 @@
+"""Per-rank heartbeat files and stack dumps: how the launcher tells a hung rank from the peer
+that waits for it.
+
+Each worker writes `<run_dir>/heartbeats/rank-<r>.json` (pid, phase, step, progress time,
+written atomically). The main thread moves the phase forward (`hb.phase("step", 12)`); a
+small thread rewrites the file every `interval` seconds with the main thread's innermost
+frame and whether it sits inside torch.distributed (a rank blocked in a collective is a
+victim, not the culprit). A rank whose progress time is older than its phase budget while
+not inside a collective is the silent one (FIELD_NOTES: nothing in torch sees a hang with
+no collective pending; seed 03 is a two-day hunt for exactly that).
+
+`SIGUSR1` makes a worker dump every thread's stack to `<run_dir>/stacks/rank-<r>.txt`
+(faulthandler, so it works while the main thread is stuck in C code or a sleep).
+A `CANCEL` file in the run directory makes every worker exit at its next beat.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HEARTBEATS = "heartbeats"
+STACKS = "stacks"
+CANCEL_FILE = "CANCEL"
+_DIST_FRAGMENT = f"torch{os.sep}distributed{os.sep}"
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / HEARTBEATS / f"rank-{rank}.json"
+
+
+def stack_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / STACKS / f"rank-{rank}.txt"
+
+
+def _write_atomic(path: Path, record: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def read_heartbeats(run_dir: Path) -> dict[int, dict]:
+    """Every rank's latest heartbeat (a file caught mid-replace is skipped this round)."""
+    out: dict[int, dict] = {}
+    d = Path(run_dir) / HEARTBEATS
+    if not d.is_dir():
+        return out
+    for p in d.glob("rank-*.json"):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        out[int(rec["rank"])] = rec
+    return out
+
+
+class Heartbeat:
+    """The worker side. `phase()` from the main thread; a daemon thread keeps the file fresh."""
+
+    def __init__(self, run_dir: str | Path, rank: int, attempt: int = 0, interval: float = 1.0):
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.interval = interval
+        self.path = heartbeat_path(self.run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._state: dict[str, Any] = {
+            "rank": rank, "pid": os.getpid(), "attempt": attempt, "phase": "bootstrap", "step": None,
+            "progress_time": time.time(),
+        }  # fmt: skip
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._main_ident = threading.main_thread().ident
+        self._stack_file = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Heartbeat:
+        """Register the stack-dump signal and start the beating thread."""
+        sp = stack_path(self.run_dir, self.rank)
+        sp.parent.mkdir(parents=True, exist_ok=True)
+        self._stack_file = open(sp, "w")  # noqa: SIM115 - kept open for faulthandler
+        faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True, chain=False)
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name="enn-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def phase(self, phase: str, step: int | None = None) -> None:
+        with self._lock:
+            self._state.update(phase=phase, step=step, progress_time=time.time())
+        self._beat()
+
+    def progress(self, step: int | None = None) -> None:
+        """Progress within the current phase (a long validation, one chunk of a loop)."""
+        with self._lock:
+            if step is not None:
+                self._state["step"] = step
+            self._state["progress_time"] = time.time()
+
+    def where(self) -> tuple[str, int | None]:
+        """(phase, step) last announced."""
+        with self._lock:
+            return self._state["phase"], self._state["step"]
+
+    def stop(self, phase: str = "done") -> None:
+        self.phase(phase)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval)
+        faulthandler.unregister(signal.SIGUSR1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if (self.run_dir / CANCEL_FILE).exists():  # the launcher was cancelled
+                os.kill(os.getpid(), signal.SIGKILL)
+            self._beat()
+
+    def _beat(self) -> None:
+        frame_info = self._main_frame()
+        with self._lock:
+            rec = dict(self._state, beat_time=time.time(), **frame_info)
+        _write_atomic(self.path, rec)
+
+    def _main_frame(self) -> dict[str, Any]:
+        frame = sys._current_frames().get(self._main_ident)
+        if frame is None:
+            return {"frame": "", "in_collective": False}
+        code = frame.f_code
+        where = f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        return {"frame": where, "in_collective": _DIST_FRAGMENT in code.co_filename}

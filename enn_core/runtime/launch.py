@@ -1,0 +1,342 @@
+"""Launch N worker processes through torch.distributed.elastic and watch them.
+
+    results = launch(worker_fn, (job_path,), nprocs=2, run_dir=..., hang_timeout_s=60)
+
+- Each job gets a free loopback port and a unique rendezvous id; stale distributed variables
+  are removed from the environment the workers inherit.
+- The agent runs in a helper thread (so this works from Prefect's worker threads and the
+  caller's thread stays free); the calling thread is the watchdog: it reads each rank's
+  heartbeat (enn_core.runtime.heartbeat) and, when a rank is silent past its phase budget,
+  dumps every rank's stack to `<run_dir>/stacks/`, kills the attempt and raises WorkerError
+  naming the silent rank and its last phase, not the peer waiting for it in a collective.
+- A worker that raises writes `<run_dir>/errors/rank-<r>.json`; its error class, message and
+  rank reach the caller (domain errors keep their class so retry rules still apply).
+- Ctrl-C, `cancel.set()` or the overall `timeout_s` kill every worker within seconds.
+- Per-rank stdout/stderr go to `<run_dir>/logs/`.
+
+Restarts (`max_restarts`) use the agent's own loop; the per-attempt PrefixStore in
+enn_core.runtime.dist is the restart-race fix from FIELD_NOTES.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from enn_core import errors
+from enn_core.errors import WorkerError
+from enn_core.runtime.dist import STALE_ENV
+from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats, stack_path
+
+log = logging.getLogger("enn.launch")
+ERRORS = "errors"
+
+# Phases with their own budget (seconds) instead of hang_timeout: slow by nature.
+DEFAULT_BUDGETS = {"spawn": 90.0, "compile": 300.0, "checkpoint": 300.0}
+
+
+@dataclass
+class Verdict:
+    """Why an attempt was ended by the watchdog."""
+
+    rank: int
+    phase: str
+    step: int | None
+    silent_s: float
+    frame: str
+    waiting: list[int] = field(default_factory=list)
+
+    def message(self, run_dir: Path) -> str:
+        step = f" step {self.step}" if self.step is not None else ""
+        peers = (
+            f"; rank(s) {self.waiting} were waiting for it in a collective" if self.waiting else ""
+        )
+        return (
+            f"rank {self.rank} hung in phase {self.phase}{step} (no progress for {self.silent_s:.0f} s, "
+            f"at {self.frame or 'unknown frame'}){peers}; stacks of every rank in {run_dir / 'stacks'}"
+        )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def clean_dist_env() -> Iterator[None]:
+    """Remove stale distributed variables while the agent spawns workers; restore after."""
+    saved = {k: os.environ.pop(k) for k in STALE_ENV if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def launch(
+    fn: Callable[..., Any],
+    args: tuple,
+    *,
+    nprocs: int,
+    run_dir: str | Path,
+    hang_timeout_s: float,
+    budgets: dict[str, float] | None = None,
+    max_restarts: int = 0,
+    start_method: str = "spawn",
+    timeout_s: float | None = None,
+    cancel: threading.Event | None = None,
+    poll_s: float = 0.25,
+) -> dict[int, Any]:
+    """Run `fn(*args)` in `nprocs` elastic workers; returns {rank: return value}."""
+    run_dir = Path(run_dir)
+    for sub in (ERRORS, "logs", "heartbeats", "stacks"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    (run_dir / CANCEL_FILE).unlink(missing_ok=True)
+    job = _Job(fn, args, nprocs, run_dir, max_restarts, start_method)
+    watchdog = Watchdog(run_dir, nprocs, hang_timeout_s, {**DEFAULT_BUDGETS, **(budgets or {})})
+    deadline = time.time() + timeout_s if timeout_s else None
+    job.start()
+    try:
+        while job.thread.is_alive():
+            job.thread.join(poll_s)
+            if cancel is not None and cancel.is_set():
+                job.stop("cancelled")
+            elif deadline is not None and time.time() > deadline:
+                job.stop(f"timed out after {timeout_s:.0f} s (runtime.task_timeout_s)")
+            elif job.stopped is None:
+                verdict = watchdog.check(job.started)
+                if verdict is not None:
+                    job.stop_hung(verdict)
+    except BaseException:  # Ctrl-C or the thread's cancellation: no worker may outlive us
+        job.stop("interrupted")
+        job.thread.join(10.0)
+        raise
+    return job.result(watchdog)
+
+
+class _Job:
+    """The agent thread and the worker processes it started."""
+
+    def __init__(self, fn, args, nprocs, run_dir: Path, max_restarts: int, start_method: str):
+        self.fn, self.args, self.nprocs, self.run_dir = fn, args, nprocs, run_dir
+        self.max_restarts, self.start_method = max_restarts, start_method
+        self.run_id = f"enn-{uuid.uuid4().hex[:12]}"
+        self.started = time.time()
+        self.stopped: str | None = None
+        self.verdicts: list[Verdict] = []
+        self.outcome: dict[int, Any] | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run, name=f"enn-agent-{self.run_id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        cfg = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=self.nprocs, run_id=self.run_id,
+            rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
+            rdzv_configs={"timeout": 120}, max_restarts=self.max_restarts, monitor_interval=0.1,
+            start_method=self.start_method,
+            logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / "logs"), redirects=Std.ALL),
+        )  # fmt: skip
+        try:
+            with clean_dist_env():
+                self.outcome = elastic_launch(cfg, self.fn)(*self.args)
+        except BaseException as e:  # reported to the caller by result()
+            self.error = e
+
+    def pids(self) -> set[int]:
+        """Worker pids: from heartbeats, plus spawned children of ours started by this job."""
+        pids = {int(h["pid"]) for h in read_heartbeats(self.run_dir).values()}
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    cmd = " ".join(child.cmdline())
+                    if child.create_time() >= self.started - 1 and (
+                        "spawn_main" in cmd or "forkserver" in cmd
+                    ):
+                        pids.add(child.pid)
+        return pids
+
+    def kill(self) -> None:
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            (self.run_dir / CANCEL_FILE).touch()  # restarted workers exit at once
+        self.kill()
+
+    def stop_hung(self, verdict: Verdict) -> None:
+        self.verdicts.append(verdict)
+        dump_stacks(self.run_dir, read_heartbeats(self.run_dir))
+        log.error("watchdog: %s", verdict.message(self.run_dir))
+        if len(self.verdicts) > self.max_restarts:
+            self.stop(verdict.message(self.run_dir))
+        else:  # let the agent restart the group
+            self.kill()
+
+    def result(self, watchdog: Watchdog) -> dict[int, Any]:
+        if self.error is None and self.stopped is None and self.outcome is not None:
+            return self.outcome
+        if self.verdicts:
+            attempts = "; ".join(
+                f"attempt {i}: {v.message(self.run_dir)}" for i, v in enumerate(self.verdicts)
+            )
+            raise WorkerError(attempts)
+        if self.stopped is not None:
+            raise WorkerError(
+                f"distributed job {self.run_id} {self.stopped}; every worker was killed"
+            )
+        raise worker_error(self.run_dir, self.error, watchdog)
+
+
+class Watchdog:
+    """Decides from heartbeats whether a rank is silent, and which one."""
+
+    def __init__(
+        self, run_dir: Path, nprocs: int, hang_timeout_s: float, budgets: dict[str, float]
+    ):
+        self.run_dir, self.nprocs = run_dir, nprocs
+        self.hang_timeout_s, self.budgets = hang_timeout_s, budgets
+
+    def budget(self, phase: str) -> float:
+        return self.budgets.get(phase, self.hang_timeout_s)
+
+    def check(self, started: float) -> Verdict | None:
+        now = time.time()
+        beats = read_heartbeats(self.run_dir)
+        if len(beats) < self.nprocs:  # still spawning
+            if now - started > self.budget("spawn") + self.hang_timeout_s:
+                missing = sorted(set(range(self.nprocs)) - set(beats))
+                return Verdict(missing[0], "spawn", None, now - started, "never wrote a heartbeat")
+            return None
+        stale = {
+            r: h
+            for r, h in beats.items()
+            if h["phase"] != "done" and now - h["progress_time"] > self.budget(h["phase"])
+        }
+        if not stale:
+            return None
+        # The culprit is a stale rank not inside a collective (or whose beating thread died);
+        # ranks blocked in torch.distributed are waiting for it.
+        dead = {
+            r
+            for r, h in beats.items()
+            if now - h.get("beat_time", now) > max(5.0, self.hang_timeout_s / 2)
+        }
+        culprits = [r for r, h in stale.items() if not h.get("in_collective") or r in dead]
+        waiting = sorted(
+            r for r, h in beats.items() if h.get("in_collective") and r not in culprits
+        )
+        if (
+            not culprits
+        ):  # everyone in a collective: name the rank that made progress least recently
+            culprits = [min(stale, key=lambda r: stale[r]["progress_time"])]
+        r = sorted(culprits)[0]
+        h = beats[r]
+        return Verdict(
+            r, h["phase"], h.get("step"), now - h["progress_time"], h.get("frame", ""), waiting
+        )
+
+
+def dump_stacks(run_dir: Path, beats: dict[int, dict], wait_s: float = 3.0) -> None:
+    """SIGUSR1 to every rank (faulthandler writes its stacks), then wait for the files."""
+    for h in beats.values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(h["pid"]), signal.SIGUSR1)
+    end = time.time() + wait_s
+    while time.time() < end:
+        if all(
+            stack_path(run_dir, r).stat().st_size > 0
+            for r in beats
+            if stack_path(run_dir, r).exists()
+        ):
+            break
+        time.sleep(0.1)
+
+
+def write_error(
+    run_dir: Path, rank: int, err: BaseException, phase: str, step: int | None, tb: str
+) -> None:
+    """Worker side: the error record the launcher turns into the caller's exception."""
+    path = Path(run_dir) / ERRORS / f"rank-{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rec = {"rank": rank, "type": type(err).__name__, "message": str(err).splitlines()[0] if str(err) else "",
+           "phase": phase, "step": step, "traceback": tb, "time": time.time()}  # fmt: skip
+    path.write_text(json.dumps(rec))
+
+
+def read_errors(run_dir: Path) -> list[dict]:
+    recs = []
+    for p in sorted((Path(run_dir) / ERRORS).glob("rank-*.json")):
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            recs.append(json.loads(p.read_text()))
+    return sorted(recs, key=lambda r: r["time"])
+
+
+_TIMEOUT_HINTS = ("timed out", "timeout", "connection closed by peer", "connection reset")
+
+
+def worker_error(run_dir: Path, cause: BaseException | None, watchdog: Watchdog) -> errors.EnnError:
+    """The caller's exception: the first root-cause rank's error, keeping domain classes.
+
+    A rank whose collective timed out or lost its peer is a victim: if another rank raised,
+    that one is named; if another rank went silent, the silent one is named."""
+    recs = read_errors(run_dir)
+    roots = [r for r in recs if not any(h in r["message"].lower() for h in _TIMEOUT_HINTS)]
+    if roots:
+        rec = roots[0]
+        cls = getattr(errors, rec["type"], None)
+        cls = cls if isinstance(cls, type) and issubclass(cls, errors.EnnError) else WorkerError
+        step = f" step {rec['step']}" if rec.get("step") is not None else ""
+        return cls(
+            f"rank {rec['rank']} failed in phase {rec['phase']}{step}: {rec['type']}: {rec['message']} (logs in {run_dir / 'logs'})"
+        )
+    silent = _silent_peer(run_dir, {r["rank"] for r in recs})
+    if silent is not None:
+        return WorkerError(silent.message(run_dir))
+    if recs:
+        rec = recs[0]
+        return WorkerError(
+            f"rank {rec['rank']} failed in phase {rec['phase']}: {rec['type']}: {rec['message']}"
+        )
+    first = (
+        str(cause).strip().splitlines()[0]
+        if cause is not None and str(cause).strip()
+        else type(cause).__name__
+    )
+    return WorkerError(f"a worker died without an error record ({first}); see {run_dir / 'logs'}")
+
+
+def _silent_peer(run_dir: Path, failed: set[int]) -> Verdict | None:
+    """After collective timeouts: the rank that raised nothing and was not in a collective."""
+    now = time.time()
+    beats = read_heartbeats(run_dir)
+    waiting = sorted(failed)
+    for r, h in sorted(beats.items()):
+        if r not in failed and h["phase"] != "done" and not h.get("in_collective"):
+            return Verdict(
+                r, h["phase"], h.get("step"), now - h["progress_time"], h.get("frame", ""), waiting
+            )
+    return None

@@ -1,0 +1,104 @@
+"""The distributed-train stage: launch the workers, publish their outputs atomically.
+
+    run(cfg, ctx) -> summary
+
+Reads the staged data (`outputs/stage-data/`) and the initial checkpoint
+(`outputs/prepare-checkpoint/init.pt`); launches `runtime.world_size` workers (0 = the number
+of GPUs, 1 on CPU) through elastic_launch, at world size 1 too, so there is one code path;
+writes `outputs/distributed-train/{model.pt, metrics.json, history.json}` in one atomic
+directory replace. Per-rank logs, heartbeats, stack dumps and error records stay in the run
+directory (`ctx.run_dir`), whose `events.jsonl` rank 0 appends its metrics to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enn_core.atomic import atomic_dir
+from enn_core.config import RunConfig, to_plain
+from enn_core.errors import StaleOutputError
+from enn_core.runtime.heartbeat import read_heartbeats
+from enn_core.runtime.launch import launch
+from enn_core.stage import StageContext
+from enn_core.train import worker
+
+OUTPUTS = ("model.pt", "metrics.json", "history.json")
+
+
+def resolve_world_size(requested: int, device: str) -> tuple[int, str]:
+    """(world size, reason): 0 means one worker per GPU, or 1 on CPU."""
+    if requested > 0:
+        return requested, f"runtime.world_size={requested}"
+    if device != "cpu" and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return n, f"runtime.world_size=0: one worker per GPU ({n})"
+    return 1, "runtime.world_size=0 on CPU: 1 worker"
+
+
+def threads_per_worker(requested: int, world_size: int) -> int:
+    if requested > 0:
+        return requested
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
+    return max(1, cores // world_size)
+
+
+def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
+    staged = ctx.output("stage-data")
+    init = ctx.output("prepare-checkpoint") / "init.pt"
+    for path, stage in ((staged / "manifest.json", "stage-data"), (init, "prepare-checkpoint")):
+        if not path.exists():
+            raise StaleOutputError(f"{path} is missing; run {stage} first")
+    world, why = resolve_world_size(cfg.runtime.world_size, cfg.runtime.device)
+    threads = threads_per_worker(cfg.runtime.threads_per_worker, world)
+    result_dir = ctx.run_dir / "result"
+    shutil.rmtree(result_dir, ignore_errors=True)
+    job = {
+        "config": to_plain(cfg), "staged": str(staged), "init": str(init), "run_dir": str(ctx.run_dir),
+        "result_dir": str(result_dir), "threads": threads,
+        "marker_dir": str(ctx.faults.marker_dir) if ctx.faults.marker_dir else str(ctx.run_dir),
+    }  # fmt: skip
+    job_path = ctx.run_dir / "job.json"
+    job_path.write_text(json.dumps(job, indent=2, default=str))
+    ctx.events.param("runtime/world_size", world)
+    ctx.events.param("runtime/world_size_reason", why)
+    ctx.logger.info("distributed-train: %d worker(s) (%s), %d thread(s) each", world, why, threads)
+    t0 = time.time()
+    try:
+        results = launch(
+            worker.main, (str(job_path),), nprocs=world, run_dir=ctx.run_dir,
+            hang_timeout_s=cfg.runtime.hang_timeout_s, max_restarts=cfg.runtime.max_restarts,
+            start_method=cfg.runtime.start_method, timeout_s=cfg.runtime.task_timeout_s,
+        )  # fmt: skip
+    finally:
+        record_workers(ctx)
+    summary = dict(results[0])
+    with atomic_dir(ctx.output()) as tmp:
+        for name in OUTPUTS:
+            shutil.copy2(result_dir / name, tmp / name)
+    summary.update(
+        outputs=[str(ctx.output() / n) for n in OUTPUTS],
+        wall_s=time.time() - t0,
+        logs=str(ctx.run_dir / "logs"),
+    )
+    ctx.events.metrics({"train/wall_s": summary["wall_s"]})
+    return summary
+
+
+def record_workers(ctx: StageContext) -> None:
+    """Each rank's last phase and attempt, and the per-rank logs, into the run record."""
+    beats = read_heartbeats(ctx.run_dir)
+    for r, h in sorted(beats.items()):
+        ctx.events.param(f"workers/rank{r}_phase", h.get("phase"))
+    if beats:
+        ctx.events.param("workers/restarts", max(int(h.get("attempt", 0)) for h in beats.values()))
+    for log in sorted(Path(ctx.run_dir, "logs").glob("rank-*.log")):
+        ctx.events.artifact(log, "logs")

@@ -1,0 +1,205 @@
+"""The worker entry point: what each elastic worker process runs (world size 1 included).
+
+    main(job_path) -> summary dict
+
+The job file (written by enn_core.train.stage) holds the resolved config and the paths. The
+worker walks named phases, each announced on its heartbeat so the launcher's watchdog can
+name where a silent rank stopped: bootstrap -> process_group -> load -> wrap ->
+first_forward -> step N -> validate -> checkpoint -> done. An exception is written to
+`<run_dir>/errors/rank-<r>.json` (the launcher turns it into the caller's error) and
+re-raised. Rank 0 writes model.pt, metrics.json and history.json to the job's result dir.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enn_core.checkpoint import load_model, save_consolidated
+from enn_core.config import RunConfig
+from enn_core.config.loader import build
+from enn_core.data.dataset import StagedDataset
+from enn_core.events import EventLog
+from enn_core.fault import FaultInjector
+from enn_core.losses import make_loss
+from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, shutdown
+from enn_core.runtime.heartbeat import Heartbeat
+from enn_core.runtime.kernels import apply_attention, choose_attention
+from enn_core.runtime.launch import write_error
+from enn_core.runtime.precision import choose_precision
+from enn_core.train.loop import Runtime, TrainData, TrainResult, train
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the launcher process dies (no orphans)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _log_to_file(run_dir: Path, rank: int, level: str) -> logging.Logger:
+    path = run_dir / "logs" / f"rank-{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    )
+    logger = logging.getLogger("enn")
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    return logging.getLogger("enn.worker")
+
+
+def main(job_path: str) -> dict[str, Any]:
+    job = json.loads(Path(job_path).read_text())
+    cfg: RunConfig = build(RunConfig, job["config"], root=RunConfig, where=job_path)
+    run_dir = Path(job["run_dir"])
+    rank = int(os.environ.get("RANK", "0"))
+    _die_with_parent()
+    hb = Heartbeat(
+        run_dir, rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    ).start()
+    log = _log_to_file(run_dir, rank, cfg.runtime.log_level)
+    try:
+        summary = _run(cfg, job, hb, rank, log)
+        hb.stop("done")
+        return summary
+    except BaseException as e:
+        write_error(run_dir, rank, e, *hb.where(), traceback.format_exc())
+        log.error("failed in phase %s: %s", hb.where()[0], e)
+        raise
+    finally:
+        shutdown()
+
+
+def _run(
+    cfg: RunConfig, job: dict, hb: Heartbeat, rank: int, log: logging.Logger
+) -> dict[str, Any]:
+    run_dir = Path(job["run_dir"])
+    faults = FaultInjector(cfg.fault, rank=rank, marker_dir=job["marker_dir"])
+    faults.at("bootstrap")
+    hb.phase("process_group")
+    env = bootstrap(device=cfg.runtime.device, threads=job["threads"], seed=cfg.runtime.seed,
+                    deterministic=cfg.runtime.deterministic, pg_timeout_s=cfg.runtime.pg_timeout_s)  # fmt: skip
+    faults.at("process_group")
+    log.info(
+        "process group up: rank %d of %d on %s (%s)",
+        env.rank,
+        env.world_size,
+        env.device,
+        env.backend,
+    )
+    hb.phase("load")
+    data = StagedDataset(job["staged"])
+    model, _ = load_model(job["init"])
+    model.train()
+    precision = choose_precision(cfg.train, env.device)
+    attention = choose_attention(cfg.train, env.device, precision.dtype, heads=cfg.model.heads,
+                                 head_dim=max(1, cfg.model.d_model // cfg.model.heads))  # fmt: skip
+    apply_attention(attention)
+    hb.phase("compile" if cfg.train.compile else "wrap")
+    faults.at("wrap")
+    param_dtype = None if precision.name == "fp32" else precision.dtype
+    wrapped, wrap = apply_parallelism(
+        model, env, param_dtype=param_dtype, compile=cfg.train.compile, fsdp=cfg.train.fsdp
+    )
+    loss = make_loss(cfg.train).to(env.device)
+    events = EventLog(run_dir, enabled=env.is_main)
+    choices = {
+        **precision.as_record(),
+        **attention.as_record(),
+        **wrap,
+        "threads": job["threads"],
+        "device": str(env.device),
+    }
+    for k, v in choices.items():
+        events.param(
+            f"runtime/{k}",
+            v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str),
+        )
+    rt = Runtime(
+        env=env, model=wrapped, core=model, loss=loss, run_dir=run_dir, events=events, faults=faults,
+        heartbeat=hb, autocast=precision.autocast, grad_scaler=precision.grad_scaler(),
+        full_state=functools.partial(full_state, wrapped, env), steady_timeout_s=cfg.runtime.pg_timeout_steady_s,
+    )  # fmt: skip
+    train_data = TrainData(data.features, data.labels, data.split("train"), _val_rows(data))
+    result = train(cfg.train, train_data, rt, seed=cfg.runtime.seed, log_every=cfg.train.log_every)
+    hb.phase("checkpoint")
+    faults.at("checkpoint")
+    state = full_state(wrapped, env)
+    summary = _summary(result, env, choices)
+    if env.is_main:
+        write_outputs(Path(job["result_dir"]), state, loss, cfg, data.manifest, result, summary)
+    del wrapped, model, rt, loss, state  # before destroy_process_group: the FSDP2 exit-abort fix
+    return summary if env.is_main else {"rank": env.rank}
+
+
+def _val_rows(data: StagedDataset):
+    return data.split("val") if "val" in data.split_names else data.split("train")[:0]
+
+
+def full_state(model: torch.nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
+    """The full, unsharded state dict on CPU (a collective under FSDP2: every rank calls it)."""
+    if hasattr(model, "module"):  # DDP
+        model = model.module
+    if env.distributed and any(hasattr(p, "full_tensor") for p in model.parameters()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
+        )
+    else:
+        sd = model.state_dict()
+    return {k.replace("_orig_mod.", ""): v.detach().to("cpu").clone() for k, v in sd.items()}
+
+
+def _summary(result: TrainResult, env: DistEnv, choices: dict) -> dict[str, Any]:
+    best = result.best_val or (result.history[-1] if result.history else {})
+    return {
+        "world_size": env.world_size,
+        "best_epoch": result.best_epoch,
+        "epochs_run": len(result.history),
+        "stopped_early": result.stopped_early,
+        "applied_steps": result.applied_steps,
+        "skipped_steps": result.skipped_steps,
+        "oom_backoffs": len(result.backoffs),
+        "micro_batch": result.micro_batch,
+        "accumulation": result.accumulation,
+        "val_loss": best.get("val_loss"),
+        "val_mae": best.get("val_mae"),
+        "val_rmse": best.get("val_rmse"),
+        "train_loss": best.get("train_loss"),
+        "samples_per_s": best.get("samples_per_s"),
+        "precision": choices.get("precision"),
+        "attention": choices.get("attention"),
+        "compile": choices.get("compile"),
+        "wrap": choices.get("wrap"),
+    }
+
+
+def write_outputs(out: Path, state: dict, loss: torch.nn.Module, cfg: RunConfig, manifest: dict,
+                  result: TrainResult, summary: dict) -> None:  # fmt: skip
+    """Rank 0: the consolidated checkpoint, metrics and history (the stage publishes them)."""
+    out.mkdir(parents=True, exist_ok=True)
+    loss_state = {k: v.detach().cpu().tolist() for k, v in loss.state_dict().items()}
+    meta = {
+        "stage": "distributed-train",
+        "loss": cfg.train.loss,
+        "loss_state": loss_state,
+        **summary,
+    }
+    save_consolidated(out / "model.pt", state, cfg.model, manifest, meta)
+    metrics = {**summary, "backoffs": result.backoffs}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str))
+    history = {"epochs": result.history, "step_losses": result.step_losses}
+    (out / "history.json").write_text(json.dumps(history, indent=2, default=str))
