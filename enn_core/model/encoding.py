@@ -8,7 +8,9 @@ raw periodic value. Encoding lives here so that an exported model takes the same
   float64 so wide-range inputs (timestamps) keep their precision, then cast to float32;
 - categorical: an embedding per feature; a code outside the vocabulary maps to an extra
   "unknown" row (no data-dependent branch, so torch.export and ONNX see one graph);
-- cyclic (any spec with `cyclic_period`, or kind "cyclic"): sin and cos of 2*pi*value/period.
+- cyclic (any spec with `cyclic_period`, or kind "cyclic"): sin and cos of
+  2*pi*(value - cyclic_offset)/cyclic_period (offset 0 when absent; a categorical cyclic
+  key stores its code, so its offset is 0).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class FeatureLayout:
     vocab_sizes: tuple[int, ...]
     cyclic: tuple[int, ...]
     periods: tuple[float, ...]
+    offsets: tuple[float, ...]
     names: tuple[str, ...]
 
     @property
@@ -57,7 +60,7 @@ def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
         raise DataError(
             "manifest feature_specs is empty; the model needs at least one feature (re-run stage-data)"
         )
-    cont, cmean, cstd, cat, vsz, cyc, per, names = [], [], [], [], [], [], [], []
+    cont, cmean, cstd, cat, vsz, cyc, per, off, names = [], [], [], [], [], [], [], [], []
     for i, spec in enumerate(specs):
         name = str(spec.get("name", f"#{i}"))
         kind = spec.get("kind")
@@ -94,6 +97,7 @@ def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
                 )
             cyc.append(i)
             per.append(float(period))
+            off.append(float(spec.get("cyclic_offset") or 0.0))
     return FeatureLayout(
         tuple(cont),
         tuple(cmean),
@@ -102,6 +106,7 @@ def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
         tuple(vsz),
         tuple(cyc),
         tuple(per),
+        tuple(off),
         tuple(names),
     )
 
@@ -119,6 +124,7 @@ class FeatureEncoder(nn.Module):
         self.register_buffer("cyc_idx", idx(layout.cyclic), persistent=False)
         self.register_buffer("cont_mean", torch.tensor(layout.cont_mean, dtype=torch.float64))
         self.register_buffer("cont_std", torch.tensor(layout.cont_std, dtype=torch.float64))
+        self.register_buffer("cyc_offset", torch.tensor(layout.offsets, dtype=torch.float64))
         self.register_buffer(
             "cyc_freq", torch.tensor([2 * math.pi / p for p in layout.periods], dtype=torch.float64)
         )
@@ -141,6 +147,8 @@ class FeatureEncoder(nn.Module):
             for j, emb in enumerate(self.embeddings):
                 parts.append(emb(codes[:, j]).to(torch.float32))
         if self.layout.cyclic:
-            angle = x.index_select(1, self.cyc_idx).to(torch.float64) * self.cyc_freq
+            angle = (
+                x.index_select(1, self.cyc_idx).to(torch.float64) - self.cyc_offset
+            ) * self.cyc_freq
             parts.append(torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32))
         return torch.cat(parts, dim=1)

@@ -127,3 +127,18 @@ def test_describe(manifest, tiny_cfg):
     assert d["preset"] == "spatiotemporal" and d["layers"] == 2 and d["parameters"] > 0
     assert d["features"]["categorical"] == {"month": 12, "daytype": 7, "direction": 2}
     assert d["features"]["cyclic"] == {"month": 12.0}
+
+
+def test_cyclic_kind_uses_offset(tiny_cfg):
+    m = make_manifest()
+    m["feature_specs"][3] = {
+        "name": "hour",
+        "kind": "cyclic",
+        "cyclic_period": 24,
+        "cyclic_offset": 1,
+    }
+    enc = build_model(tiny_cfg, m).encoder
+    e = enc(torch.tensor([[0.0, 0.0, 0.0, 7.0]]))
+    # sin/cos of month code 0 then of hour (7 - 1) / 24.
+    assert e[0, -2].item() == pytest.approx(np.sin(2 * np.pi * 6 / 24), abs=1e-6)
+    assert e[0, -1].item() == pytest.approx(np.cos(2 * np.pi * 6 / 24), abs=1e-6)
