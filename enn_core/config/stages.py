@@ -30,6 +30,7 @@ class PredictConfig:
     chunk_rows: int = opt(4096, "Rows per written chunk.")
     batch_size: int = opt(256, "Rows per forward pass.")
     calibration: Literal["auto", "raw"] = opt("auto", "auto = collapse-check's chosen prediction path when its calibration.json names this model (else raw); raw = never calibrate.")
+    calibration_dir: str = opt("", "collapse-check output holding calibration.json; empty = beside the model, then outputs/collapse-check next to the model's stage output, then this pipeline's.")
     xlsx: bool = opt(True, "For workbook sources, also write predictions.xlsx in the input's layout.")
 
     def __post_init__(self) -> None:

@@ -16,16 +16,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from enn_core.checkpoint import load_model
-from enn_core.collapse import CALIBRATION_FILE, FAILED_MARKER, Calibration, PredictionPath
+from enn_core.collapse import CALIBRATION_FILE, FAILED_MARKER, PredictionPath, load_calibration
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.predict.chunks import sha256_file
 
-# Keys under which calibration.json may name the model it was chosen for.
-MODEL_KEYS = ("model_sha256", "model_fingerprint")
+# The key under which collapse-check's calibration.json names the model file it was chosen for.
+MODEL_KEY = "model_sha256"
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,27 @@ def resolve_model_path(model: str, default: Path, root: Path) -> Path:
     return path
 
 
+def calibration_dirs(model_path: Path, explicit: str, pipeline_dir: Path, root: Path) -> list[Path]:
+    """Where collapse-check's output may be, in order: `predict.calibration_dir`, beside the model
+    (a registry download), the collapse-check output next to the model's stage output, this
+    pipeline's collapse-check output. The model's sha256 decides whether one applies."""
+    if explicit:
+        p = Path(explicit)
+        return [p if p.is_absolute() else root / p]
+    dirs = [model_path.parent, model_path.parent.parent / "collapse-check", pipeline_dir]
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def find_calibration(dirs: list[Path], model_sha: str, *, use: bool = True) -> CalibrationChoice:
+    """The first calibration made for this model; else the first verdict found says why raw."""
+    found = [d for d in dirs if (d / CALIBRATION_FILE).is_file() or (d / FAILED_MARKER).exists()]
+    choices = [choose_calibration(d, model_sha, use=use) for d in found]
+    applied = [c for c in choices if c.applied]
+    if applied:
+        return applied[0]
+    return choices[0] if choices else choose_calibration(dirs[-1], model_sha, use=use)
+
+
 def choose_calibration(
     collapse_dir: Path, model_sha: str, *, use: bool = True
 ) -> CalibrationChoice:
@@ -74,7 +94,7 @@ def choose_calibration(
         cal = json.loads(cal_file.read_text())
     except json.JSONDecodeError as e:
         raise StaleOutputError(f"{cal_file}: not valid JSON ({e}); re-run collapse-check") from e
-    named = next((cal[k] for k in MODEL_KEYS if cal.get(k)), None)
+    named = cal.get(MODEL_KEY)
     if named != model_sha:
         why = (
             "names no model"
@@ -95,25 +115,8 @@ def choose_calibration(
     )
 
 
-def read_calibration(directory: str | Path) -> Calibration:
-    """The Calibration that collapse-check wrote into `directory`."""
-    directory = Path(directory)
-    cal = json.loads((directory / CALIBRATION_FILE).read_text())
-    affine = cal.get("affine") or {}
-    slope = intercept = None
-    if affine:
-        slope = np.load(directory / affine.get("slope_file", "slope.npy"))
-        intercept = np.load(directory / affine.get("intercept_file", "intercept.npy"))
-    return Calibration(
-        candidate=str(cal.get("candidate", "raw")),
-        precision=str(cal.get("precision", "fp32")),
-        slope=slope,
-        intercept=intercept,
-    )
-
-
 def prediction_path(model: torch.nn.Module, choice: CalibrationChoice) -> PredictionPath:
-    cal = read_calibration(choice.directory) if choice.applied and choice.directory else None
+    cal = load_calibration(choice.directory)[0] if choice.applied and choice.directory else None
     return PredictionPath(model, cal).eval()
 
 

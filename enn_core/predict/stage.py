@@ -88,9 +88,10 @@ def run(cfg, ctx) -> dict:
         )
 
     model_sha = sha256_file(model_path)
-    choice = model_io.choose_calibration(
-        ctx.output("collapse-check"), model_sha, use=p.calibration == "auto"
+    cal_dirs = model_io.calibration_dirs(
+        model_path, p.calibration_dir, ctx.output("collapse-check"), root
     )
+    choice = model_io.find_calibration(cal_dirs, model_sha, use=p.calibration == "auto")
     device, device_reason = select_device(cfg.runtime.device)
     label_shape = tuple(int(s) for s in ckpt["data"]["label_shape"])
     plan = PartsPlan(
@@ -137,7 +138,7 @@ def run(cfg, ctx) -> dict:
         model=str(model_path), model_sha256=model_sha, input=str(data_dir), selection=selection,
         calibration={"applied": choice.applied, "candidate": choice.candidate if choice.applied else "raw", "reason": choice.reason},
         device=str(device), device_reason=device_reason, world_size=world, n_parts=plan.n_parts,
-        computed_parts=computed, reused_parts=reused, discarded_parts=discarded,
+        computed_parts=computed, reused_parts=reused, rows_computed=rows_computed, discarded_parts=discarded,
         rows_per_second=rows_computed / seconds_predict if seconds_predict > 0 and rows_computed else None,
         seconds=time.perf_counter() - t0,
     )  # fmt: skip

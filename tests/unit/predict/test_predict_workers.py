@@ -50,6 +50,7 @@ def _setup(tmp_path, name, world, fault=None):
     return store, jobs
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_two_workers_match_one_process_and_resume_after_a_killed_worker(tmp_path):
     ref_store, ref_jobs = _setup(tmp_path, "ref", 1)

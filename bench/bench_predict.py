@@ -1,0 +1,150 @@
+"""Benchmark: predict's chunked, resumable loop vs a plain batched `model.predict(x)` loop.
+
+Both read the same float32 feature memmap in the same batches and write [N, *label_shape]
+float32 predictions to disk: the baseline into one `.npy` memmap; predict into checksummed
+parts with completion markers (enn_core.predict.workers.predict_parts), then assembled into one
+`.npy` by row id. Steady state: the model is loaded once and both are warmed up; pairs run
+interleaved (baseline, subject) and the median of per-pair throughput ratios is printed.
+
+    python bench/bench_predict.py [--rows 16384] [--pairs 7] [--batch 256] [--chunk 4096]
+        [--model path/to/model.pt]     # default: a freshly built default-size ENN
+
+The ratio is predict / baseline throughput (target >= 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from enn_core.checkpoint import load_model  # noqa: E402
+from enn_core.collapse import PredictionPath  # noqa: E402
+from enn_core.config import load_config  # noqa: E402
+from enn_core.data import staging  # noqa: E402
+from enn_core.model import build_model  # noqa: E402
+from enn_core.paths import Layout  # noqa: E402
+from enn_core.predict.assemble import assemble  # noqa: E402
+from enn_core.predict.chunks import PartsPlan, PartStore  # noqa: E402
+from enn_core.predict.workers import WorkerJob, predict_parts, read_batch  # noqa: E402
+
+
+def make_inputs(work: Path, rows: int, model_path: str | None):
+    """A staged synthetic dataset's features tiled to `rows`, and a model in eval mode."""
+    (work / "params.yaml").write_text("{}\n")
+    cfg = load_config(None, [])
+    staged = work / "staged"
+    staging.stage(cfg.data, Layout.for_root(work), staged)
+    from enn_core.data.dataset import StagedDataset
+
+    ds = StagedDataset(staged)
+    reps = -(-rows // ds.n_rows)
+    feats = np.tile(np.asarray(ds.features, dtype=np.float32), (reps, 1))[:rows]
+    np.save(work / "features.npy", feats)
+    if model_path:
+        model, _ = load_model(model_path)
+    else:
+        model = build_model(cfg.model, ds.manifest, data_dir=staged).eval()
+    return work / "features.npy", model, tuple(ds.label_shape)
+
+
+def baseline(model, features_path: Path, out_path: Path, batch: int) -> float:
+    feats = np.load(features_path, mmap_mode="r")
+    n = feats.shape[0]
+    t0 = time.perf_counter()
+    out = None
+    with torch.inference_mode():
+        for b0 in range(0, n, batch):
+            y = model.predict(read_batch(feats, None, b0, min(b0 + batch, n))).numpy()
+            if out is None:
+                out = np.lib.format.open_memmap(
+                    out_path, mode="w+", dtype=np.float32, shape=(n, *y.shape[1:])
+                )
+            out[b0 : b0 + len(y)] = y
+    out.flush()
+    del out
+    return n / (time.perf_counter() - t0)
+
+
+def subject(
+    path, features_path: Path, work: Path, shape, batch: int, chunk: int
+) -> tuple[float, float]:
+    n = np.load(features_path, mmap_mode="r").shape[0]
+    parts = work / "parts"
+    shutil.rmtree(parts, ignore_errors=True)
+    plan = PartsPlan(
+        n_rows=n,
+        rows_per_part=chunk,
+        out_shape=shape,
+        dtype="float32",
+        model_fingerprint="m",
+        input_fingerprint="i",
+    )
+    job = WorkerJob(
+        rank=0, world_size=1, parts_dir=str(parts), plan=plan, features_path=str(features_path),
+        index_path=None, batch_size=batch, loader=lambda: path,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    store = PartStore(parts, plan)
+    store.prepare()
+    predict_parts(job, path)
+    t_loop = time.perf_counter() - t0
+    assemble(store, work / "subject.npy")
+    t_all = time.perf_counter() - t0
+    return n / t_loop, n / t_all
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=16384)
+    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--model", default="")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work = Path(tempfile.mkdtemp(prefix="bench-predict-"))
+    try:
+        features, model, shape = make_inputs(work, args.rows, args.model or None)
+        path = PredictionPath(model, None).eval()
+        print(
+            f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+            f"{torch.__version__}, {torch.get_num_threads()} threads; rows {args.rows}, batch {args.batch}, "
+            f"chunk {args.chunk}, output {list(shape)}, parameters {sum(p.numel() for p in model.parameters())}"
+        )
+        baseline(model, features, work / "base.npy", args.batch)  # warm-up
+        subject(path, features, work, shape, args.batch, args.chunk)
+        loop_ratios, all_ratios = [], []
+        for i in range(args.pairs):
+            b = baseline(model, features, work / "base.npy", args.batch)
+            s_loop, s_all = subject(path, features, work, shape, args.batch, args.chunk)
+            loop_ratios.append(s_loop / b)
+            all_ratios.append(s_all / b)
+            print(
+                f"pair {i}: baseline {b:9.0f} rows/s | predict loop {s_loop:9.0f} rows/s, with assembly {s_all:9.0f} rows/s"
+            )
+        same = np.array_equal(np.load(work / "base.npy"), np.load(work / "subject.npy"))
+        print(f"outputs bit-identical: {same}")
+        print(f"median ratio (predict loop / baseline): {statistics.median(loop_ratios):.3f}")
+        print(
+            f"median ratio (predict loop + assembly / baseline): {statistics.median(all_ratios):.3f}"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
