@@ -96,8 +96,22 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
         if tracker:
             tracker.log_artifact(child_id, run_dir / "result.json")
             tracker.set_tags(child_id, {"enn.work_seconds": f"{work_seconds:.3f}"})
+            lineage = {k: v for k, v in session.tags.items() if k.startswith(("enn.git", "prefect.flow_run"))}
+            lineage.update(lineage_of(summary))
+            registry = tracker.after_stage(stage, child_id, layout, cfg, lineage)
+            if registry:
+                summary = {**summary, "registry": registry}
     return StageResult(stage, "ran", "executed", summary, str(run_dir), child_id,
                        time.perf_counter() - t0, work_seconds)
+
+
+def lineage_of(summary: dict) -> dict[str, str]:
+    """World size and checkpoint step, when a stage reports them."""
+    out = {}
+    for key in ("world_size", "checkpoint_step", "step", "global_step"):
+        if key in summary and isinstance(summary[key], (int, float, str)):
+            out[f"enn.{'checkpoint_step' if key in ('step', 'global_step') else key}"] = str(summary[key])
+    return out
 
 
 def publish_metrics(stage: str, out: Path, summary: dict, root: Path) -> None:

@@ -26,10 +26,10 @@ from typing import Any
 
 import mlflow
 import psutil
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from enn_core.config import RunConfig, to_plain
+from enn_core.config import RunConfig
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 
@@ -148,6 +148,33 @@ class Tracker:
             for k, v in tags.items():
                 self.client.set_tag(run_id, k, str(v))
 
+    def after_stage(self, stage: str, run_id: str | None, layout: Layout, cfg: RunConfig,
+                    lineage: dict[str, str]) -> dict:
+        """Artifacts, plots, lineage and (after export) the registered model of one stage."""
+        if not self.enabled or run_id is None:
+            return {}
+        from tasks.tracking import models, plots
+
+        out = layout.output(stage)
+        tags = {**lineage, **dvc_lineage(layout.root)}
+        self.set_tags(run_id, tags)
+        for name in STAGE_ARTIFACTS.get(stage, ()):
+            self.log_artifact(run_id, out / name)
+        plot_dir = layout.run_dir("plots", stage)
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        pngs = []
+        if stage == "distributed-train":
+            pngs = [p for p in [plots.loss_curves(out / "history.json", plot_dir / "loss_curves.png")] if p]
+        elif stage == "predict":
+            pngs = plots.prediction_plots(layout, plot_dir)
+        for png in pngs:
+            self.log_artifact(run_id, png, "plots")
+        if stage == "export":
+            result = models.register_export(self.client, run_id, layout, cfg.tracking.registered_model, tags)
+            self.set_tags(run_id, {f"enn.registry.{k}": v for k, v in result.items()})
+            return result
+        return {}
+
     def sweep_killed(self) -> list[str]:
         """Mark runs left RUNNING by a process that is gone (on this host) as KILLED."""
         killed = []
@@ -162,6 +189,29 @@ class Tracker:
             self.client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
         return killed
+
+
+STAGE_ARTIFACTS = {
+    "stage-data": ("manifest.json",),
+    "prepare-checkpoint": ("init.json",),
+    "distributed-train": ("model.pt", "metrics.json", "history.json"),
+    "validate": ("metrics.json", "breakdown.json"),
+    "predict": ("manifest.json",),
+    "collapse-check": ("report.json", "calibration.json"),
+    "export": ("sidecar.json", "parity.json"),
+}
+
+
+def dvc_lineage(root: Path) -> dict[str, str]:
+    """The DVC hash of the staged data, from dvc.lock (empty before stage-data is locked)."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    if not lock.exists():
+        return {}
+    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    outs = stages.get("stage_data", {}).get("outs", [])
+    return {"enn.dvc_staged_data_md5": str(outs[0].get("md5", ""))} if outs else {}
 
 
 def _process_alive(pid: int, created: str | None) -> bool:
@@ -237,4 +287,4 @@ class EventForwarder:
             self.client.log_batch(self.run_id, params=uniq, tags=tags)
 
 
-__all__ = ["Tracker", "git_commit", "RunStatus", "to_plain"]
+

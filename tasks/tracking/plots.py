@@ -1,0 +1,93 @@
+"""PNG plots for MLflow (`dvc plots show` renders blank offline: its HTML loads a chart library
+from a CDN, so the pictures people look at live in MLflow).
+
+- after distributed-train: loss curves (train and validation loss, learning rate) per epoch;
+- after predict: predicted vs actual heatmaps for a few groups (grid labels) and a residual
+  histogram, from `outputs/predict/predictions.npy` and the staged labels of the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from enn_core.paths import Layout  # noqa: E402
+
+
+def loss_curves(history_path: Path, out_png: Path) -> Path | None:
+    if not history_path.exists():
+        return None
+    history = json.loads(history_path.read_text())
+    rows = history if isinstance(history, list) else history.get("epochs", [])
+    if not rows:
+        return None
+    epochs = [r.get("epoch", i) for i, r in enumerate(rows)]
+    fig, (ax, ax_lr) = plt.subplots(1, 2, figsize=(10, 4))
+    for key in sorted({k for r in rows for k in r if "loss" in k}):
+        ax.plot(epochs, [r.get(key, np.nan) for r in rows], marker="o", label=key)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss (normalized units)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("loss curves")
+    lr_keys = [k for k in ("lr", "learning_rate") if any(k in r for r in rows)]
+    for key in lr_keys:
+        ax_lr.plot(epochs, [r.get(key, np.nan) for r in rows], marker=".")
+    ax_lr.set_title("learning rate (end of epoch)")
+    ax_lr.set_xlabel("epoch")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=80)
+    plt.close(fig)
+    return out_png
+
+
+def prediction_plots(layout: Layout, out_dir: Path, n_groups: int = 3) -> list[Path]:
+    from enn_core.data.dataset import StagedDataset
+
+    pred_path = layout.output("predict") / "predictions.npy"
+    manifest_path = layout.output("predict") / "manifest.json"
+    if not pred_path.exists():
+        return []
+    pred = np.load(pred_path, mmap_mode="r")
+    ds = StagedDataset(layout.output("stage-data"))
+    if ds.labels is None:
+        return []
+    meta = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    split = meta.get("split") or "test"
+    rows = np.asarray(ds.split(split)) if split in ("train", "val", "test") else np.arange(len(pred))
+    if len(rows) != len(pred):
+        return []
+    target = np.asarray(ds.labels[rows])
+    pred = np.asarray(pred)
+    out: list[Path] = []
+    residual = (pred - target).ravel()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.hist(residual, bins=60)
+    ax.set_title(f"residuals on {split} (MAE {np.abs(residual).mean():.3g})")
+    ax.set_xlabel("prediction - target (real units)")
+    fig.tight_layout()
+    out.append(out_dir / "residual_histogram.png")
+    fig.savefig(out[-1], dpi=80)
+    plt.close(fig)
+    if pred.ndim == 3:
+        picks = np.linspace(0, len(pred) - 1, num=min(n_groups, len(pred))).astype(int)
+        fig, axes = plt.subplots(len(picks), 2, figsize=(8, 2.6 * len(picks)), squeeze=False)
+        lo, hi = float(np.min(target[picks])), float(np.max(target[picks]))
+        axes_names = ds.manifest.get("label_axes") or ["axis 0", "axis 1"]
+        for r, i in enumerate(picks):
+            for c, (name, grid) in enumerate((("actual", target[i]), ("predicted", pred[i]))):
+                im = axes[r][c].imshow(grid, aspect="auto", vmin=lo, vmax=hi, cmap="viridis")
+                axes[r][c].set_title(f"{split} row {int(rows[i])}: {name}")
+                axes[r][c].set_ylabel(axes_names[0])
+                axes[r][c].set_xlabel(axes_names[1])
+        fig.colorbar(im, ax=axes, shrink=0.6)
+        out.append(out_dir / "predicted_vs_actual.png")
+        fig.savefig(out[-1], dpi=80)
+        plt.close(fig)
+    return out
