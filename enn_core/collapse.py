@@ -341,7 +341,10 @@ def _judge(name: str, pred: np.ndarray, rows: CheckRows, cfg, *, skill: bool) ->
     m.update(broadcast_measures(rows.features, pred, cfg.broadcast_tolerance * rows.label_std))
     m.update(correlation_measures(pred, rows.target))
     m["mae"] = metrics["val/mae"]
-    m["naive_conditional_mae"] = metrics.get("val/naive_conditional_mae", math.inf)
+    # the skill bar: the conditional naive predictor, or the per-cell mean without naive keys
+    m["naive_conditional_mae"] = metrics.get(
+        "val/naive_conditional_mae", metrics.get("val/naive_cell_mean_mae", math.inf)
+    )
     crit = criteria(m, cfg, skill=skill)
     fails = [c for c in crit if not c["ok"]]
     return {
@@ -547,6 +550,30 @@ def check_model_matches(meta: Mapping, model_path: Path, where: str) -> None:
         )
 
 
+def flat_metrics(report: Mapping) -> dict[str, float]:
+    """Numbers for `dvc metrics show` and MLflow: pass/fail, each candidate's measures, the choice."""
+    out = {"collapse/passed": float(report["status"] == "passed")}
+    keys = (
+        "spread_median",
+        "spread_p10",
+        "flat_fraction",
+        "broadcast_fraction",
+        "correlation_median",
+        "mae",
+        "distance",
+    )
+    for name, c in report["candidates"].items():
+        vals = {**c.get("measures", {}), "distance": c.get("distance")}
+        for key in keys:
+            v = vals.get(key)
+            if v is not None and math.isfinite(v):
+                out[f"collapse/{name}/{key}"] = float(v)
+    for k, v in (report.get("chosen_metrics") or {}).items():
+        if math.isfinite(v):
+            out[f"collapse/chosen/{k}"] = float(v)
+    return out
+
+
 def run(cfg, ctx) -> dict:
     """The collapse-check stage; raises CollapseError (after writing the report) when all collapse."""
     ds, model, ckpt = load_staged(ctx)
@@ -573,8 +600,10 @@ def run(cfg, ctx) -> dict:
     model_path = Path(ctx.output("distributed-train")) / "model.pt"
     ident = {"model_sha256": file_sha256(model_path), "data_fingerprint": ds.fingerprint}
     report.update(ident, precision_reason=prec_reason, device=f"{device} ({dev_reason})")
+    metrics = flat_metrics(report)
     with atomic_dir(ctx.output()) as tmp:
         write_json(tmp / REPORT_FILE, report)
+        write_json(tmp / "metrics.json", metrics)
         if cal is None:
             (tmp / FAILED_MARKER).write_text(report["why"] + "\n")
         else:
@@ -583,26 +612,12 @@ def run(cfg, ctx) -> dict:
     out = ctx.output()
     ctx.events.artifact(out / REPORT_FILE)
     ctx.events.param("collapse/chosen", report["chosen"] or "none")
-    for name, c in report["candidates"].items():
-        for key in (
-            "spread_median",
-            "spread_p10",
-            "flat_fraction",
-            "broadcast_fraction",
-            "correlation_median",
-            "mae",
-        ):
-            v = c.get("measures", {}).get(key)
-            if v is not None and math.isfinite(v):
-                ctx.events.metric(f"collapse/{name}/{key}", v)
+    ctx.events.metrics(metrics)
     if cal is None:
         ctx.events.event("collapse", why=report["why"], diagnosis=report["cause"]["diagnosis"])
         raise CollapseError(
             f"collapse-check: {report['why']}; diagnosis: {report['cause']['diagnosis']}; report: {out / REPORT_FILE}"
         )
-    ctx.events.metrics(
-        {f"collapse/chosen/{k}": v for k, v in report["chosen_metrics"].items() if math.isfinite(v)}
-    )
     ctx.logger.info("collapse-check chose %s: %s", report["chosen"], report["why"])
     return {
         "chosen": report["chosen"],

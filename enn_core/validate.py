@@ -25,6 +25,9 @@ import numpy as np
 import torch
 
 from enn_core.atomic import atomic_dir, write_json
+from enn_core.baselines import conditional_naive_predict, per_cell_mean_predict
+from enn_core.checkpoint import load_model
+from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError, StaleOutputError
 
 SPLITS: tuple[str, ...] = ("val", "test")
@@ -145,9 +148,6 @@ def finite_or_none(metrics: Mapping[str, float]) -> dict[str, float | None]:
 
 def load_staged(ctx) -> tuple[object, object, dict]:
     """(staged dataset, model in eval mode, checkpoint) for a stage reading both; checks they agree."""
-    from enn_core.checkpoint import load_model
-    from enn_core.data.dataset import StagedDataset
-
     ds = StagedDataset(ctx.output("stage-data"))
     path = Path(ctx.output("distributed-train")) / MODEL_FILE
     if not path.exists():
@@ -162,11 +162,21 @@ def load_staged(ctx) -> tuple[object, object, dict]:
     return ds, model, ckpt
 
 
-def naive_predictions(ds, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """Both naive predictors of enn_core.baselines, fitted on the training rows, at `rows`."""
-    from enn_core.baselines import naive_predictions as baseline_predictions
+def naive_predictions(ds: StagedDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Both naive predictors of enn_core.baselines, fitted on the training rows, at `rows`.
 
-    return baseline_predictions(ds, rows)
+    The conditional one needs the manifest's `naive_keys` (absent: only the per-cell mean)."""
+    train = np.asarray(ds.split("train"))
+    y_train = np.asarray(ds.labels[train])
+    out: dict[str, np.ndarray] = {}
+    names = list(ds.manifest.get("naive_keys") or [])
+    if names:
+        keys = ds.row_keys
+        out["naive_conditional"] = conditional_naive_predict(
+            y_train, keys.iloc[train], keys.iloc[np.asarray(rows)], names, len(rows)
+        )
+    out["naive_cell_mean"] = per_cell_mean_predict(y_train, len(rows))
+    return out
 
 
 def run(cfg, ctx) -> dict:
@@ -208,7 +218,7 @@ def run(cfg, ctx) -> dict:
     ctx.events.artifact(out / "metrics.json")
     ctx.events.artifact(out / "breakdown.json")
     return {
-        "metrics": str(out / "metrics.json"),
+        "metrics_file": str(out / "metrics.json"),
         "breakdown": str(out / "breakdown.json"),
         "flags": flags,
         **{k: metrics[k] for k in ("val/mae", "test/mae", "test/rmse", "test/r2")},

@@ -1,0 +1,131 @@
+"""validate -> collapse-check -> export as stages, on staged synthetic data and a real tiny ENN
+saved as a consolidated checkpoint (what the flow, `enn <stage>` and `dvc repro` run)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from enn_core import collapse, export, validate
+from enn_core.checkpoint import save_consolidated
+from enn_core.config import RunConfig
+from enn_core.config.model import ModelConfig
+from enn_core.data.dataset import StagedDataset
+from enn_core.data.demo import stage_synthetic
+from enn_core.errors import CollapseError, StaleOutputError
+from enn_core.model import build_model
+from enn_core.paths import Layout
+from enn_core.stage import make_context
+
+pytestmark = pytest.mark.timeout(180)
+MODEL_CFG = ModelConfig(preset="tabular", d_model=32, layers=1, embed_dim=4)
+
+
+def _project(root, steps: int, seed: int = 0) -> RunConfig:
+    """Stage synthetic data under `root` and save a tabular ENN trained for `steps` full-batch steps."""
+    data_dir = stage_synthetic(root)
+    ds = StagedDataset(data_dir)
+    torch.manual_seed(seed)
+    model = build_model(MODEL_CFG, ds.manifest, data_dir=data_dir)
+    train = ds.split("train")
+    x = torch.as_tensor(np.asarray(ds.features[train]), dtype=torch.float32)
+    y = model.normalize(torch.as_tensor(np.asarray(ds.labels[train])))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    save_consolidated(
+        root / "outputs" / "distributed-train" / "model.pt",
+        model,
+        MODEL_CFG,
+        ds.manifest,
+        {"precision": "fp32"},
+    )
+    return RunConfig()
+
+
+def _ctx(cfg, root, stage):
+    return make_context(cfg, Layout.for_root(root), stage, "test")
+
+
+def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
+    cfg = _project(tmp_path, steps=0)
+    # validate reports the numbers and flags both naive predictors the model does not beat
+    summary = validate.run(cfg, _ctx(cfg, tmp_path, "validate"))
+    metrics = json.loads((tmp_path / "outputs/validate/metrics.json").read_text())
+    assert (
+        metrics["test/worse_than_naive_conditional"] == 1.0
+        and metrics["val/worse_than_naive_cell_mean"] == 1.0
+    )
+    assert metrics["test/mae"] > metrics["test/naive_conditional_mae"] and summary["flags"]
+    breakdown = json.loads((tmp_path / "outputs/validate/breakdown.json").read_text())
+    assert (
+        len(breakdown["splits"]["test"]["model"]["hour"]) == 8
+        and len(breakdown["splits"]["val"]["model"]["section"]) == 6
+    )
+    assert any("naive_conditional" in f for f in breakdown["flags"])
+
+    ctx = _ctx(cfg, tmp_path, "collapse-check")
+    with pytest.raises(CollapseError, match="every candidate collapsed.*report: .*report.json"):
+        collapse.run(cfg, ctx)
+    out = tmp_path / "outputs" / "collapse-check"
+    assert (out / "FAILED").exists() and not (out / "calibration.json").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and report["candidates"]["raw"]["distance"] > 0
+    assert json.loads((ctx.run_dir / "report.json").read_text())["status"] == "failed"
+    assert json.loads((out / "metrics.json").read_text())["collapse/passed"] == 0.0
+    with pytest.raises(
+        CollapseError, match="FAILED: collapse-check found every candidate collapsed"
+    ):
+        export.run(cfg, _ctx(cfg, tmp_path, "export"))
+    assert not (tmp_path / "outputs" / "export").exists()
+
+
+@pytest.mark.slow
+def test_trained_model_passes_and_exports_in_real_units(tmp_path):
+    cfg = _project(tmp_path, steps=150)
+    validate.run(cfg, _ctx(cfg, tmp_path, "validate"))
+    metrics = json.loads((tmp_path / "outputs/validate/metrics.json").read_text())
+    assert all(isinstance(v, float) for v in metrics.values())  # flat: dvc metrics show reads it
+    assert metrics["val/r2"] > 0.2 and metrics["test/worse_than_naive_cell_mean"] == 0.0
+
+    summary = collapse.run(cfg, _ctx(cfg, tmp_path, "collapse-check"))
+    assert summary["chosen"] == "raw"
+    cal, meta = collapse.load_calibration(tmp_path / "outputs" / "collapse-check")
+    assert cal.candidate == "raw" and meta["model_sha256"]
+
+    export.run(cfg, _ctx(cfg, tmp_path, "export"))
+    out = tmp_path / "outputs" / "export"
+    side = json.loads((out / "sidecar.json").read_text())
+    ds = StagedDataset(tmp_path / "outputs" / "stage-data")
+    assert side["input"]["order"] == ["month", "daytype", "direction"] and side["output"][
+        "shape"
+    ] == ["batch", 6, 8]
+    assert side["data_fingerprint"] == ds.fingerprint and side["input"]["features"][1]["vocab"] == [
+        "sun",
+        "mon",
+        "tue",
+    ]
+    parity = json.loads((out / "parity.json").read_text())
+    assert parity["onnx"]["ok"] and parity["torch_export"]["rows"] == 40
+    # the exported program answers in real units, like the model's predict
+    x = np.asarray(ds.features[ds.split("test")], dtype=np.float32)
+    with torch.no_grad():
+        got = torch.export.load(str(out / "model.pt2")).module()(torch.from_numpy(x)).numpy()
+    assert abs(float(got.mean()) - float(np.asarray(ds.labels[ds.split("test")]).mean())) < 5.0
+
+    # a calibration made for another model file is refused
+    _project(tmp_path / "other", steps=1, seed=1)
+    (tmp_path / "other/outputs/distributed-train/model.pt").replace(
+        tmp_path / "outputs/distributed-train/model.pt"
+    )
+    with pytest.raises(StaleOutputError, match="re-run collapse-check"):
+        export.run(cfg, _ctx(cfg, tmp_path, "export"))
+    assert (
+        json.loads((out / "sidecar.json").read_text()) == side
+    )  # the previous export is untouched
