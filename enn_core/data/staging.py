@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,10 +57,9 @@ def stage_features(
 
 
 def _input(layout: Layout, raw: str, what: str) -> Path:
-    p = layout.resolve(raw)
+    p = Path(os.path.normpath(layout.resolve(raw)))
     if not p.exists():
-        parent = next((a for a in p.parents if a.exists()), None)
-        gone = p.parent if parent != p.parent else None
+        gone = next((a for a in reversed(p.parents) if not a.exists()), None)
         hint = f" (directory {gone} is absent)" if gone else ""
         raise DataError(
             f"{what}={raw!r}: expected the input at {p}, which does not exist{hint}; put it there or fix {what}"

@@ -52,10 +52,10 @@ class Effects:
         self.peaks = np.stack([am, pm])  # [2, H]
         # busy-ness per day type (weekend light), rush weights per direction x peak
         self.daytype = rng.uniform(0.2, 1.0, cfg.n_daytypes)
-        self.rush = rng.uniform(0.2, 1.0, (cfg.n_directions, 2)) * 28.0  # [D, 2]
+        self.rush = rng.uniform(0.2, 1.0, (cfg.n_directions, 2)) * 36.0  # [D, 2]
         self.congestion = rng.uniform(0.2, 1.0, (cfg.n_directions, S))  # [D, S]
         months = np.arange(cfg.n_months)
-        self.season = 5.0 * np.sin(2 * np.pi * months / max(cfg.n_months, 1)) + rng.normal(
+        self.season = 8.0 * np.sin(2 * np.pi * months / max(cfg.n_months, 1)) + rng.normal(
             0, 1.0, cfg.n_months
         )
         self.season_section = rng.uniform(0.5, 1.5, S)

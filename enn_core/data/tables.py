@@ -87,7 +87,7 @@ class CsvSource(_TableSource):
         reader = pd.read_csv(
             self.path,
             chunksize=self.cfg.chunk_rows,
-            usecols=self.feats + self.labels,
+            # every column is parsed: `usecols` would hide rows with too many fields
             dtype=str_cols,
             skipinitialspace=True,
         )
@@ -102,7 +102,7 @@ class CsvSource(_TableSource):
                 yield self._chunk(lambda c, d=df: d[c].to_numpy(), n, start, where)
                 start += n
         except pd.errors.ParserError as e:
-            msg = str(e).strip().splitlines()[-1].replace("C error: ", "")
+            msg = str(e).strip().splitlines()[-1].split("C error: ")[-1]
             raise DataError(
                 f"{self.path}: ragged row ({msg}); give every row the header's fields"
             ) from e

@@ -131,6 +131,8 @@ class ChunkWriter:
         self._x = self._y = self._codes = self._keys = None
 
     def _chunk(self, chunk) -> None:
+        if chunk.rows == 0:
+            return
         x = self.enc.encode(chunk, self.file)
         y = chunk.y
         keep = self._finite(chunk, x, y)

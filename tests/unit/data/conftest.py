@@ -29,10 +29,14 @@ def tree(path: Path) -> dict[str, bytes]:
     """Every file under `path` with its bytes (to prove a failed run wrote nothing)."""
     if not path.exists():
         return {}
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
 
 
-def write_npy_pair(d: Path, n: int = 50, f: int = 4, label_shape=(3, 2), seed: int = 0) -> tuple[Path, Path]:
+def write_npy_pair(
+    d: Path, n: int = 50, f: int = 4, label_shape=(3, 2), seed: int = 0
+) -> tuple[Path, Path]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, f)).astype(np.float32)
     y = rng.normal(size=(n, *label_shape)).astype(np.float32)
@@ -58,12 +62,18 @@ def table_rows(n: int = 40, seed: int = 0) -> tuple[list[str], list[list]]:
     return header, rows
 
 
-TABLE_CFG = {"categorical": ("region", "month"), "label_columns": ("y0", "y1", "y2", "y3"), "label_shape": (2, 2)}
+TABLE_CFG = {
+    "categorical": ("region", "month"),
+    "label_columns": ("y0", "y1", "y2", "y3"),
+    "label_shape": (2, 2),
+}
 
 HOURS = [f"{h:02d}시" for h in range(24)]
 
 
-def write_workbook(path: Path, *, sheets=None, sections=None, header=None, rows_of=None, hours=HOURS) -> Path:
+def write_workbook(
+    path: Path, *, sheets=None, sections=None, header=None, rows_of=None, hours=HOURS
+) -> Path:
     """A small workbook in the expressway layout (2 months x 2 day types, 3 sections)."""
     sheets = sheets or ["01월 일요일", "01월 월요일", "02월 일요일", "02월 월요일"]
     sections = sections or ["A-B", "B-C", "C-D"]
@@ -87,7 +97,9 @@ def default_rows(sections, n_hours, rng) -> list[list]:
         for s in sections:
             a, b = s.split("-")
             name = f"{a}-{b}" if d == "상행" else f"{b}-{a}"  # the down row names its ends reversed
-            rows.append(["R1", name, d, *[round(float(v), 3) for v in rng.uniform(40, 100, n_hours)]])
+            rows.append(
+                ["R1", name, d, *[round(float(v), 3) for v in rng.uniform(40, 100, n_hours)]]
+            )
     return rows
 
 

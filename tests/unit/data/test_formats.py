@@ -8,7 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from enn_core.data.dataset import StagedDataset
-from tests.unit.data.conftest import TABLE_CFG, run_stage, table_rows, write_npy_pair, write_table_csv
+from tests.unit.data.conftest import (
+    TABLE_CFG,
+    run_stage,
+    table_rows,
+    write_npy_pair,
+    write_table_csv,
+)
 
 
 def test_npy_stages_values_exactly(tmp_path):
@@ -27,7 +33,9 @@ def test_npy_stages_values_exactly(tmp_path):
 def test_npy_labels_reshaped_and_relative_paths(tmp_path):
     (tmp_path / "in").mkdir()
     write_npy_pair(tmp_path / "in", n=20, f=2, label_shape=(6,))
-    _, out = run_stage(tmp_path, source="npy", path="in/x.npy", labels_path="in/y.npy", label_shape=(2, 3))
+    _, out = run_stage(
+        tmp_path, source="npy", path="in/x.npy", labels_path="in/y.npy", label_shape=(2, 3)
+    )
     ds = StagedDataset(out)
     assert ds.labels.shape == (20, 2, 3) and ds.manifest["label_shape"] == [2, 3]
     np.testing.assert_array_equal(ds.labels.reshape(20, 6), np.load(tmp_path / "in/y.npy"))
@@ -47,7 +55,13 @@ def test_large_magnitudes_stage_as_float64_with_reason(tmp_path):
     x = np.array([[1.0], [2.0**30 + 1]], dtype=np.float64).repeat(10, axis=0)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", np.ones(20, np.float32))
-    _, out = run_stage(tmp_path, source="npy", path=str(tmp_path / "x.npy"), labels_path=str(tmp_path / "y.npy"), chunk_rows=3)
+    _, out = run_stage(
+        tmp_path,
+        source="npy",
+        path=str(tmp_path / "x.npy"),
+        labels_path=str(tmp_path / "y.npy"),
+        chunk_rows=3,
+    )
     ds = StagedDataset(out)
     assert ds.features.dtype == np.float64 and "2**24" in ds.manifest["dtype_reason"]
     np.testing.assert_array_equal(ds.features, x)
@@ -55,7 +69,11 @@ def test_large_magnitudes_stage_as_float64_with_reason(tmp_path):
 
 def _check_table(ds: StagedDataset, rows) -> None:
     specs = {s["name"]: s for s in ds.feature_specs}
-    assert specs["region"]["kind"] == "categorical" and specs["region"]["vocab"] == ["north", "south", "east"]
+    assert specs["region"]["kind"] == "categorical" and specs["region"]["vocab"] == [
+        "north",
+        "south",
+        "east",
+    ]
     assert "mean" not in specs["region"]  # categorical features are never z-scored
     month = specs["month"]
     assert month["vocab"] == [f"{m:02d}" for m in range(1, 13)] and month["cyclic_period"] == 12
@@ -82,18 +100,26 @@ def test_csv_chunked(tmp_path):
 def test_parquet_by_row_group(tmp_path):
     header, rows = table_rows(40)
     df = pd.DataFrame(rows, columns=header)
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp_path / "t.parquet", row_group_size=11)
-    _, out = run_stage(tmp_path, source="parquet", path=str(tmp_path / "t.parquet"), chunk_rows=11, **TABLE_CFG)
+    pq.write_table(
+        pa.Table.from_pandas(df, preserve_index=False), tmp_path / "t.parquet", row_group_size=11
+    )
+    _, out = run_stage(
+        tmp_path, source="parquet", path=str(tmp_path / "t.parquet"), chunk_rows=11, **TABLE_CFG
+    )
     _check_table(StagedDataset(out), rows)
 
 
 def test_cyclic_non_categorical_keeps_raw_value(tmp_path):
     header, rows = table_rows(24)
     path = write_table_csv(tmp_path / "t.csv", rows, header)
-    _, out = run_stage(tmp_path, source="csv", path=str(path), **{**TABLE_CFG, "categorical": ("region",)})
+    _, out = run_stage(
+        tmp_path, source="csv", path=str(path), **{**TABLE_CFG, "categorical": ("region",)}
+    )
     ds = StagedDataset(out)
     month = ds.feature_specs[1]
-    assert month["kind"] == "cyclic" and month["cyclic_offset"] == 1 and month["cyclic_period"] == 12
+    assert (
+        month["kind"] == "cyclic" and month["cyclic_offset"] == 1 and month["cyclic_period"] == 12
+    )
     np.testing.assert_array_equal(ds.features[:, 1], [int(r[1]) for r in rows])
 
 
@@ -104,7 +130,9 @@ def test_nonfinite_drop_policy(tmp_path):
     ya[17, 0] = np.inf
     np.save(x, xa)
     np.save(y, ya)
-    _, out = run_stage(tmp_path, source="npy", path=str(x), labels_path=str(y), nonfinite="drop", chunk_rows=8)
+    _, out = run_stage(
+        tmp_path, source="npy", path=str(x), labels_path=str(y), nonfinite="drop", chunk_rows=8
+    )
     ds = StagedDataset(out)
     keep = [i for i in range(30) if i not in (4, 17)]
     np.testing.assert_array_equal(ds.features, xa[keep])

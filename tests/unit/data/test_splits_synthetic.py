@@ -18,7 +18,9 @@ def test_random_splits_seeded_exact_and_independent_of_chunk_size(tmp_path):
     c = StagedDataset(stage_synthetic(tmp_path / "c", data_overrides={"split_seed": 1}))
     sa, sb, sc = _splits(a), _splits(b), _splits(c)
     n = a.n_rows
-    assert len(sa["test"]) == round(0.15 * n) and len(sa["val"]) == round(0.15 * (n - len(sa["test"])))
+    assert len(sa["test"]) == round(0.15 * n) and len(sa["val"]) == round(
+        0.15 * (n - len(sa["test"]))
+    )
     assert np.array_equal(np.sort(np.concatenate(list(sa.values()))), np.arange(n))  # a partition
     for k in sa:
         assert np.array_equal(sa[k], sb[k])
@@ -33,7 +35,11 @@ def test_group_folds_hold_out_whole_months(tmp_path):
     ds = StagedDataset(stage_synthetic(tmp_path, data=data))
     month = ds.row_keys["month"].to_numpy()
     s = _splits(ds)
-    assert set(month[s["test"]]) == {"07", "08", "09"} and set(month[s["val"]]) == {"01", "02", "03"}
+    assert set(month[s["test"]]) == {"07", "08", "09"} and set(month[s["val"]]) == {
+        "01",
+        "02",
+        "03",
+    }
     assert not set(month[s["train"]]) & {"01", "02", "03", "07", "08", "09"}
     d = ds.manifest["split_definition"]
     assert d["fold_key"] == "month" and d["test_fold"] == 2 and d["folds"][2] == ["07", "08", "09"]

@@ -16,7 +16,9 @@ from enn_core.paths import Layout
 from enn_core.stage import make_context
 from tests.unit.data.conftest import SHARED_WORKBOOK, run_stage, write_workbook
 
-needs_shared = pytest.mark.skipif(not SHARED_WORKBOOK.exists(), reason=f"{SHARED_WORKBOOK} is absent")
+needs_shared = pytest.mark.skipif(
+    not SHARED_WORKBOOK.exists(), reason=f"{SHARED_WORKBOOK} is absent"
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,10 @@ def test_real_workbook_stages_168_x_39_x_24(real):
     _, ds = real
     m = ds.manifest
     assert ds.labels.shape == (168, 39, 24) and ds.features.shape == (168, 3)
-    assert m["row_keys"] == ["month", "daytype", "direction"] and m["naive_keys"] == ["daytype", "direction"]
+    assert m["row_keys"] == ["month", "daytype", "direction"] and m["naive_keys"] == [
+        "daytype",
+        "direction",
+    ]
     assert m["label_axes"] == ["section", "hour"]
     assert m["label_axis_values"]["hour"] == [f"{h:02d}" for h in range(24)]
     assert len(set(m["label_axis_values"]["section"])) == 39
@@ -55,7 +60,9 @@ def test_sections_canonicalised_so_both_directions_share_one_order(real):
     down = next(r for r in rows if r[1] == "성남IC-판교JC" and r[2] == "하행")
     keys = ds.row_keys
     i_up = keys.index[(keys.month == "01") & (keys.daytype == "일") & (keys.direction == "상행")][0]
-    i_down = keys.index[(keys.month == "01") & (keys.daytype == "일") & (keys.direction == "하행")][0]
+    i_down = keys.index[(keys.month == "01") & (keys.daytype == "일") & (keys.direction == "하행")][
+        0
+    ]
     np.testing.assert_allclose(ds.labels[i_up, 0], np.array(up[3:], np.float32))
     np.testing.assert_allclose(ds.labels[i_down, 0], np.array(down[3:], np.float32))
 
@@ -80,7 +87,9 @@ def test_features_only_real_workbook_without_hour_columns(real, tmp_path):
     new = StagedDataset(out)
     assert new.labels is None and new.manifest["mode"] == "features_only"
     np.testing.assert_array_equal(new.features, ds.features)
-    assert new.feature_specs == ds.feature_specs  # vocabularies and encodings reused, not recomputed
+    assert (
+        new.feature_specs == ds.feature_specs
+    )  # vocabularies and encodings reused, not recomputed
     assert new.manifest["label_axis_values"] == ds.manifest["label_axis_values"]
     assert new.manifest["training_content_hash"] == ds.fingerprint
 
@@ -99,7 +108,13 @@ def test_second_layout_stages_by_params_alone(tmp_path):
                 out.append([link, f"note {a}", d, *rng.uniform(30, 90, 24).round(2)])
         return out
 
-    path = write_workbook(tmp_path / "other.xlsx", sheets=sheets, header=["link", "note", "dir", *hours], rows_of=rows, hours=hours)
+    path = write_workbook(
+        tmp_path / "other.xlsx",
+        sheets=sheets,
+        header=["link", "note", "dir", *hours],
+        rows_of=rows,
+        hours=hours,
+    )
     params = {
         "data": {
             "source": "workbook",
@@ -131,7 +146,9 @@ def test_second_layout_stages_by_params_alone(tmp_path):
     assert ds.manifest["row_keys"] == ["month", "daytype", "dir"]
     assert ds.feature_specs[0]["vocab"][2] == "03"
     r = rows("M03_weekday")
-    np.testing.assert_allclose(ds.labels[1, 0], np.array(r[2][3:], np.float32))  # "Y~X" out row -> X~Y
+    np.testing.assert_allclose(
+        ds.labels[1, 0], np.array(r[2][3:], np.float32)
+    )  # "Y~X" out row -> X~Y
 
 
 def test_small_workbook_features_only_refuses_unknown_value(tmp_path, small_workbook):
@@ -140,6 +157,9 @@ def test_small_workbook_features_only_refuses_unknown_value(tmp_path, small_work
     data = dataclasses.replace(RunConfig().data, source="workbook", path=str(other))
     from enn_core.errors import DataError
 
-    with pytest.raises(DataError, match=r"new.xlsx sheet '03월 화요일'.*'daytype'.*'화' is not in the training vocabulary"):
+    with pytest.raises(
+        DataError,
+        match=r"new.xlsx sheet '03월 화요일'.*'daytype'.*'화' is not in the training vocabulary",
+    ):
         stage_features(data, Layout.for_root(tmp_path), tmp_path / "f", out / "manifest.json")
     assert not (tmp_path / "f").exists()

@@ -1,0 +1,184 @@
+"""Every bad input: a one-line error naming the place and the fix, a non-zero exit code, and
+nothing written (the previous staged output stays byte-for-byte as it was)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from enn_core.config import SyntheticConfig, WorkbookLayout
+from enn_core.errors import DataError, EnnError
+from tests.unit.data.conftest import (
+    TABLE_CFG,
+    run_stage,
+    table_rows,
+    tree,
+    write_npy_pair,
+    write_table_csv,
+    write_workbook,
+)
+
+
+@pytest.fixture
+def previous(tmp_path):
+    """A good staged output that every failed run must leave untouched."""
+    small = SyntheticConfig(n_months=3, n_daytypes=2, n_sections=2, n_hours=3, n_replicates=2)
+    _, out = run_stage(tmp_path, synthetic=small)
+    return out, tree(out)
+
+
+def refused(tmp_path, previous, match: str, **data) -> str:
+    out, before = previous
+    with pytest.raises(EnnError) as info:
+        run_stage(tmp_path, **data)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    assert info.value.exit_code != 0
+    assert tree(out) == before  # nothing written
+    assert sorted(p.name for p in out.parent.iterdir()) == ["stage-data"]  # no temp siblings left
+    assert re.search(match, msg), msg
+    return msg
+
+
+def _csv(tmp_path, header=None, rows=None, name="t.csv"):
+    h, r = table_rows(12)
+    return str(write_table_csv(tmp_path / name, rows if rows is not None else r, header or h))
+
+
+def test_missing_file(tmp_path, previous):
+    refused(tmp_path, previous, r"data.path='nope.csv': expected the input at .*/nope.csv.*fix data.path",
+            source="csv", path="nope.csv", **TABLE_CFG)  # fmt: skip
+
+
+def test_shared_directory_absent(tmp_path, previous):
+    refused(tmp_path, previous, r"expected the input at .*/shared/data/x.xlsx.*directory .*/shared is absent",
+            source="workbook", path="../shared/data/x.xlsx")  # fmt: skip
+
+
+def test_unknown_format(tmp_path, previous):
+    (tmp_path / "t.json").write_text("{}")
+    refused(tmp_path, previous, r"t.json: unknown format '.json' for data.source=csv; expected .csv",
+            source="csv", path=str(tmp_path / "t.json"), **TABLE_CFG)  # fmt: skip
+
+
+def test_empty_table(tmp_path, previous):
+    h, _ = table_rows(1)
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv: empty table",
+        source="csv",
+        path=_csv(tmp_path, h, []),
+        **TABLE_CFG,
+    )
+
+
+def test_missing_column(tmp_path, previous):
+    refused(tmp_path, previous, r"t.csv: missing column 'y9'",
+            source="csv", path=_csv(tmp_path), **{**TABLE_CFG, "label_columns": ("y0", "y9"), "label_shape": ()})  # fmt: skip
+
+
+def test_duplicate_column(tmp_path, previous):
+    h, rows = table_rows(12)
+    h[2] = "y0"
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv: duplicate column 'y0'; rename",
+        source="csv",
+        path=_csv(tmp_path, h, rows),
+        **TABLE_CFG,
+    )
+
+
+def test_non_numeric_cell(tmp_path, previous):
+    h, rows = table_rows(12)
+    rows[5][2] = "warm"
+    refused(tmp_path, previous, r"t.csv line 7 column 'temp': non-numeric value 'warm'",
+            source="csv", path=_csv(tmp_path, h, rows), **TABLE_CFG)  # fmt: skip
+
+
+def test_nan_in_features(tmp_path, previous):
+    x, y = write_npy_pair(tmp_path, n=30, f=3, label_shape=(2,))
+    xa = np.load(x)
+    xa[21, 2] = np.nan
+    np.save(x, xa)
+    refused(tmp_path, previous, r"x.npy row 21 feature 'f2': NaN or infinite value; .*data.nonfinite=drop",
+            source="npy", path=str(x), labels_path=str(y), chunk_rows=8)  # fmt: skip
+
+
+def test_infinity_in_labels(tmp_path, previous):
+    h, rows = table_rows(12)
+    rows[3][5] = "inf"
+    refused(tmp_path, previous, r"t.csv line 5 column 'y2': NaN or infinite value",
+            source="csv", path=_csv(tmp_path, h, rows), **TABLE_CFG)  # fmt: skip
+
+
+def test_ragged_rows(tmp_path, previous):
+    path = tmp_path / "t.csv"
+    path.write_text("a,b,y\n1,2,3\n4,5,6,7\n")
+    refused(tmp_path, previous, r"t.csv: ragged row \(Expected 3 fields in line 3, saw 4\)",
+            source="csv", path=str(path), label_columns=("y",), categorical=())  # fmt: skip
+
+
+def test_label_shape_mismatch(tmp_path, previous):
+    refused(tmp_path, previous, r"labels have 4 values per row \[4\] but data.label_shape=\[3, 3\]",
+            source="csv", path=_csv(tmp_path), **{**TABLE_CFG, "label_shape": (3, 3)})  # fmt: skip
+
+
+def test_object_array_refused(tmp_path, previous):
+    np.save(tmp_path / "x.npy", np.array([[1, "a"]], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "y.npy", np.ones(1))
+    refused(tmp_path, previous, r"x.npy: holds an object array, which needs pickle and is refused",
+            source="npy", path=str(tmp_path / "x.npy"), labels_path=str(tmp_path / "y.npy"))  # fmt: skip
+
+
+def test_feature_label_rows_differ(tmp_path, previous):
+    np.save(tmp_path / "x.npy", np.ones((5, 2), np.float32))
+    np.save(tmp_path / "y.npy", np.ones((4, 2), np.float32))
+    refused(tmp_path, previous, r"y.npy: 4 label rows but .*x.npy has 5 feature rows",
+            source="npy", path=str(tmp_path / "x.npy"), labels_path=str(tmp_path / "y.npy"))  # fmt: skip
+
+
+def test_sheet_name_not_in_layout(tmp_path, previous):
+    wb = write_workbook(tmp_path / "wb.xlsx", sheets=["01월 일요일", "Sheet2"])
+    refused(tmp_path, previous, r"wb.xlsx sheet 'Sheet2': name does not match data.workbook.sheet_pattern",
+            source="workbook", path=str(wb))  # fmt: skip
+
+
+def test_sheet_columns_not_in_layout(tmp_path, previous):
+    hours = [f"{h:02d}시" for h in range(24)]
+    wb = write_workbook(tmp_path / "wb.xlsx", header=["노선", "구간", "방향", *hours[:-1], "비고"])
+    refused(tmp_path, previous, r"wb.xlsx sheet '01월 일요일' column '비고': not in the layout; add it to data.workbook.ignore_columns",
+            source="workbook", path=str(wb))  # fmt: skip
+
+
+def test_duplicate_group_keys(tmp_path, previous):
+    wb = write_workbook(tmp_path / "wb.xlsx", sheets=["01월 일요일", "01월 일요일 (2)"])
+    refused(tmp_path, previous, r"sheets '01월 일요일' and '01월 일요일 \(2\)': duplicate group keys",
+            source="workbook", path=str(wb), workbook=WorkbookLayout(sheet_pattern=r"^(?P<month>\d{2})월 (?P<daytype>\S)요일.*$"))  # fmt: skip
+
+
+def test_section_in_only_one_direction(tmp_path, previous):
+    from tests.unit.data.conftest import default_rows
+
+    def rows(name):
+        r = default_rows(["A-B", "B-C"], 24, np.random.default_rng(0))
+        return r[:-1]  # drop the down row of B-C
+
+    wb = write_workbook(tmp_path / "wb.xlsx", rows_of=rows)
+    refused(tmp_path, previous, r"wb.xlsx sheet '01월 일요일': section 'B-C' is present only in direction '상행', not in '하행'",
+            source="workbook", path=str(wb))  # fmt: skip
+
+
+def test_missing_hour_columns(tmp_path, previous):
+    wb = write_workbook(tmp_path / "wb.xlsx", hours=[])
+    refused(tmp_path, previous, r"wb.xlsx sheet '01월 일요일': no hour columns .*data.features_only=true",
+            source="workbook", path=str(wb))  # fmt: skip
+
+
+def test_error_type_is_data_error(tmp_path):
+    with pytest.raises(DataError):
+        run_stage(tmp_path, source="csv", path="missing.csv", label_columns=("y",))
