@@ -32,7 +32,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tasks.registry import HELP
+    from tasks.registry import HELP, PREDICTION_WORK
 
     parser = argparse.ArgumentParser(prog="enn", description="ENN training-and-prediction pipeline.",
                                      epilog=COMMON_EPILOG)
@@ -40,42 +40,81 @@ def build_parser() -> argparse.ArgumentParser:
     for stage in STAGES:
         p = sub.add_parser(stage, help=HELP[stage], description=HELP[stage], epilog=COMMON_EPILOG)
         _common(p)
+        if stage in PREDICTION_WORK:
+            p.add_argument("--pipeline", choices=["training", "prediction"], default="training",
+                           help="Which pipeline's version of the stage to run (prediction/dvc.yaml passes prediction).")
     p = sub.add_parser("run", help="Run a whole flow through Prefect (DVC skips stages that are up to date).",
                        description="Run a whole flow through Prefect on the local API (or PREFECT_API_URL). "
                                    "--set overrides are written into the config file first, as `dvc exp run -S` does.")
     _common(p)
-    p.add_argument("--flow", choices=["training"], default="training", help="Which flow to run.")
+    p.add_argument("--flow", choices=["training", "prediction"], default="training",
+                   help="training: the seven stages on params.yaml; prediction: stage-data (features-only) -> "
+                        "predict -> collapse-check on prediction/params.yaml.")
     p.add_argument("--until", default=None, metavar="STAGE", help="Stop after this stage (default: run all).")
+    p.add_argument("--model", default=None, metavar="REF",
+                   help="prediction flow: a consolidated checkpoint path or models:/NAME@ALIAS (default: predict.model).")
+    p = sub.add_parser("deploy", help="Serve the training flow on its cron schedule and the prediction flow on demand.",
+                       description="Starts `prefect server start` on 127.0.0.1 (a free port, unless PREFECT_API_URL "
+                                   "is set) and serves both deployments until Ctrl-C.")
+    _common(p)
+    p = sub.add_parser("ui", help="Start the MLflow UI (mlflow server on 127.0.0.1 over the project's store).",
+                       description="mlflow server over work/mlflow with job execution off; Ctrl-C stops it.")
+    _common(p)
+    p.add_argument("--port", type=int, default=None, help="Port (default: deploy.mlflow_port).")
     return parser
 
 
 def _config_path(args: argparse.Namespace) -> Path:
     if args.config:
         return Path(args.config).resolve()
+    if getattr(args, "flow", None) == "prediction":
+        return find_root() / "prediction" / "params.yaml"
     return find_root() / "params.yaml"
 
 
-def run_stage_command(stage: str, config: Path, overrides: list[str]) -> int:
+def ui_command(cfg, config: Path, port: int | None) -> int:
+    from flows.servers import mlflow_server
+
+    layout = Layout.for_root(config.parent, cfg.runtime.work_dir)
+    uri = cfg.tracking.uri or layout.mlflow_uri
+    with mlflow_server(uri, layout.mlflow_artifacts, cfg.deploy.host, port or cfg.deploy.mlflow_port,
+                       layout.work / "logs" / "mlflow-server.log") as url:
+        print(f"MLflow UI: {url} (Ctrl-C stops)", flush=True)
+        import time
+
+        while True:
+            time.sleep(3600)
+
+
+def run_stage_command(stage: str, config: Path, overrides: list[str], pipeline: str = "training") -> int:
     from enn_core.config import load_config
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
 
     cfg = load_config(config, overrides)
     group = dvc_group()
-    with pipeline_session(cfg, config.parent, f"dvc repro ({stage})" if group else f"enn {stage}", group=group) as session:
+    name = f"dvc repro ({stage})" if group else f"enn {stage}"
+    with pipeline_session(cfg, config.parent, name, group=group, pipeline=pipeline) as session:
         result = execute_stage(stage, cfg, session)
     print(f"{stage}: done in {result.seconds:.1f} s -> {Layout.for_root(config.parent, cfg.runtime.work_dir).output(stage)}")
     return 0
 
 
-def run_flow_command(flow: str, config: Path, overrides: list[str], until: str | None) -> int:
+def run_flow_command(flow: str, config: Path, overrides: list[str], until: str | None,
+                     model: str | None = None) -> int:
     from enn_core.config import load_config
-    from flows.training import training
     from tasks.lock import pipeline_lock
 
     layout = Layout.for_root(config.parent, load_config(config, overrides).runtime.work_dir)
     with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"):  # fail fast, before Prefect starts
-        results = training(config=str(config), overrides=overrides, until=until)
+        if flow == "prediction":
+            from flows.prediction import prediction
+
+            results = prediction(config=str(config), overrides=overrides, model=model, until=until)
+        else:
+            from flows.training import training
+
+            results = training(config=str(config), overrides=overrides, until=until)
     for stage, r in results.items():
         print(f"{stage:20s} {r['status']:8s} {r['seconds']:7.1f} s  {r['reason']}")
     return 0
@@ -95,8 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(config, args.overrides)  # validate early: bad config fails before any work
         contain(Layout.for_root(config.parent, cfg.runtime.work_dir), override=False)
         if args.command == "run":
-            return run_flow_command(args.flow, config, args.overrides, args.until)
-        return run_stage_command(args.command, config, args.overrides)
+            return run_flow_command(args.flow, config, args.overrides, args.until, args.model)
+        if args.command == "deploy":
+            from flows.deploy import deploy
+
+            return deploy(cfg, config, config.parent / "prediction" / "params.yaml")
+        if args.command == "ui":
+            return ui_command(cfg, config, args.port)
+        return run_stage_command(args.command, config, args.overrides, getattr(args, "pipeline", "training"))
     except EnnError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

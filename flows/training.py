@@ -48,7 +48,8 @@ def select(stages: dict, until: str | None) -> dict:
     return {k: stages[k] for k in names[: names.index(until) + 1]}
 
 
-def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict) -> dict:
+def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict,
+               pipeline: str = "training") -> dict:
     logger = get_run_logger()
     path = Path(config).resolve()
     for change in apply_overrides(path, list(overrides or [])):
@@ -56,7 +57,8 @@ def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict
     cfg = load_config(path)
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
     results: dict[str, dict] = {}
-    with pipeline_session(cfg, path.parent, name, run_id=str(flow_run.get_id() or "") or None, tags=tags) as session:
+    run_id = str(flow_run.get_id() or "") or None
+    with pipeline_session(cfg, path.parent, name, run_id=run_id, tags=tags, pipeline=pipeline) as session:
         for stage, task_ in stages.items():
             opts = task_.with_options(timeout_seconds=cfg.runtime.task_timeout_s)
             results[stage] = opts(str(path), session)

@@ -3,25 +3,43 @@
 The Prefect flow asks `stage_status` before running a stage and skips it when DVC says it is
 up to date; after running it, `commit` records the stage in dvc.lock (and caches its outputs),
 so that `dvc status` is clean and `dvc repro` does nothing after a flow run.
+
+`root` is the pipeline's folder (the one holding its dvc.yaml and params.yaml): the
+repository root for the training pipeline, `prediction/` for the prediction pipeline.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from enn_core.paths import dvc_name
 
 
+def repo_root(root: Path) -> Path | None:
+    for d in (root, *root.parents):
+        if (d / ".dvc").is_dir():
+            return d
+    return None
+
+
 def has_dvc(root: Path) -> bool:
-    return (root / ".dvc").is_dir() and (root / "dvc.yaml").is_file()
+    return repo_root(root) is not None and (root / "dvc.yaml").is_file()
+
+
+def _target(root: Path, stage: str) -> tuple[Path, str]:
+    repo = repo_root(root)
+    rel = os.path.relpath(root / "dvc.yaml", repo)
+    return repo, f"{rel}:{dvc_name(stage)}"
 
 
 def stage_status(root: Path, stage: str) -> tuple[bool, str]:
     """(up_to_date, why). `why` names what changed, in DVC's words."""
     from dvc.repo import Repo
 
-    with Repo(str(root)) as repo:
-        status = repo.status(targets=[dvc_name(stage)])
+    repo_dir, target = _target(root, stage)
+    with Repo(str(repo_dir)) as repo:
+        status = repo.status(targets=[target])
     if not status:
         return True, "up to date (dvc status clean)"
     return False, f"changed: {status}"
@@ -30,5 +48,6 @@ def stage_status(root: Path, stage: str) -> tuple[bool, str]:
 def commit(root: Path, stage: str) -> None:
     from dvc.repo import Repo
 
-    with Repo(str(root)) as repo:
-        repo.commit(dvc_name(stage), force=True)
+    repo_dir, target = _target(root, stage)
+    with Repo(str(repo_dir)) as repo:
+        repo.commit(target, force=True)

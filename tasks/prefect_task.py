@@ -71,6 +71,7 @@ def stage_task(stage: str):
     @task(name=stage, retries=2, retry_delay_seconds=[1, 5], retry_condition_fn=only_transient,
           persist_result=False)
     def _task(config_path: str, session: PipelineSession) -> dict:
+        """Run the stage unless DVC says it is up to date (pipeline: session.pipeline)."""
         return run_stage(stage, config_path, session)
 
     return _task

@@ -18,6 +18,16 @@ WORK: dict[str, str] = {
     "export": "enn_core.export:run",
 }
 
+# The prediction pipeline (flows/prediction.py, prediction/dvc.yaml): the same stage names,
+# over new data: stage-data in features-only mode, predict with a given model, and
+# collapse-check against the training targets' spread (holding back collapsed predictions).
+PREDICTION_WORK: dict[str, str] = {
+    "stage-data": "enn_core.data.staging:run",
+    "predict": "enn_core.predict.flow_steps:run_predict",
+    "collapse-check": "enn_core.predict.flow_steps:run_check",
+}
+PIPELINES: dict[str, dict[str, str]] = {"training": WORK, "prediction": PREDICTION_WORK}
+
 HELP: dict[str, str] = {
     "stage-data": "Stage the input (npy/npz, CSV, Parquet, workbook or synthetic) to versioned memmaps with a manifest.",
     "prepare-checkpoint": "Write the initial checkpoint: a seeded fresh start or a warm start.",
@@ -31,6 +41,6 @@ HELP: dict[str, str] = {
 assert tuple(WORK) == STAGES, "registry and enn_core.paths.STAGES must list the same stages in order"
 
 
-def work_fn(stage: str) -> Callable:
-    module, name = WORK[stage].split(":")
+def work_fn(stage: str, pipeline: str = "training") -> Callable:
+    module, name = PIPELINES[pipeline][stage].split(":")
     return getattr(importlib.import_module(module), name)

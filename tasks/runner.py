@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -38,6 +39,7 @@ class PipelineSession:
     tracker: Any = None  # tasks.tracking.Tracker, or None when tracking is off
     parent_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    pipeline: str = "training"  # or "prediction": which work functions the stages run
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
         progress=cfg.runtime.progress,
         logger=logging.getLogger(f"enn.{stage}"),
     )
-    fn = work_fn(stage)
+    fn = work_fn(stage, session.pipeline)
+    cfg = resolve_inputs(stage, cfg, run_dir)
     params = sections_of(cfg, stage)
     tracker = session.tracker
     child_cm = tracker.child(stage, session.parent_id, run_dir, params, session.tags) if tracker else _null()
@@ -103,6 +106,19 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
                 summary = {**summary, "registry": registry}
     return StageResult(stage, "ran", "executed", summary, str(run_dir), child_id,
                        time.perf_counter() - t0, work_seconds)
+
+
+def resolve_inputs(stage: str, cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """A registered model reference (`models:/name@alias`, `runs:/...`) becomes a local folder
+    holding its consolidated checkpoint and calibration, before enn_core sees the config."""
+    ref = cfg.predict.model
+    if stage != "predict" or not ref.startswith(("models:/", "runs:/")):
+        return cfg
+    from tasks.tracking.models import resolve_model_uri
+
+    local = resolve_model_uri(ref, run_dir / "model")
+    log.info("predict: %s resolved to %s", ref, local)
+    return dataclasses.replace(cfg, predict=dataclasses.replace(cfg.predict, model=str(local / "model.pt")))
 
 
 def lineage_of(summary: dict) -> dict[str, str]:

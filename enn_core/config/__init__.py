@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from enn_core.config.data import DataConfig, SyntheticConfig, WorkbookLayout
+from enn_core.config.deploy import DeployConfig
 from enn_core.config.fault import FaultConfig
 from enn_core.config.fields import frozen, section
 from enn_core.config.loader import build, canonical_json, deep_merge, parse_override, read_yaml, to_plain
@@ -34,6 +35,7 @@ class RunConfig:
     collapse: CollapseConfig = section(CollapseConfig, "collapse-check.")
     export: ExportConfig = section(ExportConfig, "export.")
     tracking: TrackingConfig = section(TrackingConfig, "MLflow tracking.")
+    deploy: DeployConfig = section(DeployConfig, "Deployments, schedules and local servers.")
     fault: FaultConfig = section(FaultConfig, "Fault injection (tests only).")
 
 
@@ -85,6 +87,7 @@ __all__ = [
     "CollapseConfig",
     "ConfigError",
     "DataConfig",
+    "DeployConfig",
     "ExportConfig",
     "FaultConfig",
     "ModelConfig",

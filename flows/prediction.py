@@ -1,0 +1,39 @@
+"""The prediction flow: new data in, checked predictions in real units out.
+
+    stage-data (features-only, against the training manifest) -> predict -> collapse-check
+
+The same stage names as the training flow (one name everywhere), running the prediction
+pipeline's work functions (tasks/registry.py PREDICTION_WORK) over `prediction/params.yaml`,
+whose outputs live in `prediction/outputs/<stage>/` and whose DVC pipeline is
+`prediction/dvc.yaml`. The model is a checkpoint path or a registered version
+(`models:/enn-model@champion`), resolved to a local folder by the task layer.
+Collapsed predictions are held back with the report and the flow fails.
+
+Run: `enn run --flow prediction [--model models:/enn-model@champion]`.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.training import run_stages, select
+from tasks.collapse_check import collapse_check
+from tasks.predict import predict
+from tasks.stage_data import stage_data
+
+PREDICTION_TASKS = {"stage-data": stage_data, "predict": predict, "collapse-check": collapse_check}
+DEFAULT_CONFIG = "prediction/params.yaml"
+
+
+@flow(name="prediction", persist_result=False, log_prints=True)
+def prediction(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, model: str | None = None,
+               until: str | None = None) -> dict:
+    """Stage new data, predict with `model` (default: predict.model of the config), check collapse."""
+    overrides = list(overrides or [])
+    if model:
+        overrides.append(f"predict.model={model}")
+    return run_stages("prediction", config, overrides, select(PREDICTION_TASKS, until), pipeline="prediction")
+
+
+if __name__ == "__main__":
+    prediction()
