@@ -77,10 +77,16 @@ def seed_everything(seed: int, rank: int) -> int:
     return s
 
 
-def set_deterministic(on: bool) -> None:
+def set_deterministic(on: bool, *, compile: bool = False) -> None:
+    """Deterministic algorithms. The public setter imports torch._inductor (7 s on a loaded
+    2-core machine) only to mirror the flag into Inductor's config, which matters only when
+    compiling; without compile the C-level switch is the same setting."""
     if on:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by CUDA determinism
-    torch.use_deterministic_algorithms(on, warn_only=False)
+    if compile:
+        torch.use_deterministic_algorithms(on, warn_only=False)
+    else:
+        torch._C._set_deterministic_algorithms(on)
 
 
 def resolve_device(requested: str, local_rank: int) -> torch.device:
@@ -101,7 +107,13 @@ def _store(rank: int, restart: int) -> dist.Store:
 
 
 def bootstrap(
-    *, device: str, threads: int, seed: int, deterministic: bool, pg_timeout_s: float
+    *,
+    device: str,
+    threads: int,
+    seed: int,
+    deterministic: bool,
+    pg_timeout_s: float,
+    compile: bool = False,
 ) -> DistEnv:
     """Threads, seeds, determinism, process group and device mesh for this worker."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -109,7 +121,7 @@ def bootstrap(
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     set_threads(threads)
     seed_everything(seed, rank)
-    set_deterministic(deterministic)
+    set_deterministic(deterministic, compile=compile)
     dev = resolve_device(device, local_rank)
     # CPU collectives (metrics, agreement flags) always have gloo; NCCL carries CUDA tensors.
     backend = "cuda:nccl,cpu:gloo" if dev.type == "cuda" else "gloo"
@@ -127,6 +139,15 @@ def bootstrap(
         backend=backend,
         restart=restart,
         mesh=mesh,
+    )
+
+
+def local_env(device: str = "cpu") -> DistEnv:
+    """World size 1 in the calling process, no process group (tests, benchmarks): every
+    agreement helper is then the identity, as it is for a 1-worker job."""
+    dev = resolve_device(device, 0)
+    return DistEnv(
+        rank=0, world_size=1, local_rank=0, device=dev, backend="none", restart=0, mesh=None
     )
 
 

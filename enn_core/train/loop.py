@@ -176,7 +176,8 @@ def train_epoch(st: _State, epoch: int) -> None:
         gstep = epoch * spe + step
         if rt.heartbeat is not None:
             rt.heartbeat.phase("first_forward" if gstep == 0 else "step", gstep)
-        rt.faults.at("step", gstep)
+        if rt.faults.cfg.kind != "oom":  # OOM is injected at the step's agreement point (step.py)
+            rt.faults.at("step", gstep)
         out = run_step(st, epoch, step, gstep)
         record_step(st, gstep, out)
         if gstep == 0 and rt.steady_timeout_s:

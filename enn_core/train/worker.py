@@ -90,7 +90,7 @@ def _run(
     faults.at("bootstrap")
     hb.phase("process_group")
     env = bootstrap(device=cfg.runtime.device, threads=job["threads"], seed=cfg.runtime.seed,
-                    deterministic=cfg.runtime.deterministic, pg_timeout_s=cfg.runtime.pg_timeout_s)  # fmt: skip
+                    deterministic=cfg.runtime.deterministic, pg_timeout_s=cfg.runtime.pg_timeout_s, compile=cfg.train.compile)  # fmt: skip
     faults.at("process_group")
     log.info(
         "process group up: rank %d of %d on %s (%s)",
