@@ -103,9 +103,9 @@ def finish(
     writers = [NpyWriter(out / "splits" / f"{name}.npy", np.int64, ()) for name in NAMES]
     fx = Moments(len(cont))
     fy = Moments(1) if labels is not None else None
-    # stats sub-blocks bounded to ~8 MB of float64 whatever the width
+    # stats sub-blocks bounded to ~1 MB of float64 whatever the width (temporaries are a few x that)
     width = max(features.shape[1], 1 if labels is None else int(np.prod(labels.shape[1:])))
-    step = max(1, min(BLOCK, (8 << 20) // (8 * width)))
+    step = max(1, min(BLOCK, (1 << 20) // (8 * width)))
     for s in range(0, len(codes), step):
         blk = np.asarray(codes[s : s + step])
         for code, w in enumerate(writers):
