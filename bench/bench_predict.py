@@ -4,24 +4,23 @@ Both read the same float32 feature memmap in the same batches and write [N, *lab
 float32 predictions to disk: the baseline into one `.npy` memmap; predict into checksummed
 parts with completion markers (enn_core.predict.workers.predict_parts), then assembled into one
 `.npy` by row id. Steady state: the model is loaded once and both are warmed up; pairs run
-interleaved (baseline, subject) and the median of per-pair throughput ratios is printed.
+interleaved through bench.harness.compare, which prints the median of per-pair ratios
+baseline time / subject time (= subject / baseline throughput), once for the loop writing
+parts and once including the assembly.
 
-    python bench/bench_predict.py [--rows 16384] [--pairs 7] [--batch 256] [--chunk 4096]
+    python bench/bench_predict.py [--rows 8192] [--pairs 5] [--batch 256] [--chunk 4096]
         [--model path/to/model.pt]     # default: a freshly built default-size ENN
 
-The ratio is predict / baseline throughput (target >= 0.9).
+Target: ratio >= 0.9.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import functools
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import compare  # noqa: E402
 from enn_core.checkpoint import load_model  # noqa: E402
 from enn_core.collapse import PredictionPath  # noqa: E402
 from enn_core.config import load_config  # noqa: E402
@@ -43,7 +43,7 @@ from enn_core.predict.workers import WorkerJob, predict_parts, read_batch  # noq
 def make_inputs(work: Path, rows: int, model_path: str | None):
     """A staged synthetic dataset's features tiled to `rows`, and a model in eval mode."""
     (work / "params.yaml").write_text("{}\n")
-    cfg = load_config(None, [])
+    cfg = load_config(None, ["data.synthetic.n_sections=39"])  # the real data's 39 x 24 grid
     staged = work / "staged"
     staging.stage(cfg.data, Layout.for_root(work), staged)
     from enn_core.data.dataset import StagedDataset
@@ -59,10 +59,10 @@ def make_inputs(work: Path, rows: int, model_path: str | None):
     return work / "features.npy", model, tuple(ds.label_shape)
 
 
-def baseline(model, features_path: Path, out_path: Path, batch: int) -> float:
+def baseline(model, features_path: Path, out_path: Path, batch: int) -> None:
+    """The plain loop: read a batch, `model.predict(x)`, write it into one .npy memmap."""
     feats = np.load(features_path, mmap_mode="r")
     n = feats.shape[0]
-    t0 = time.perf_counter()
     out = None
     with torch.inference_mode():
         for b0 in range(0, n, batch):
@@ -73,13 +73,12 @@ def baseline(model, features_path: Path, out_path: Path, batch: int) -> float:
                 )
             out[b0 : b0 + len(y)] = y
     out.flush()
-    del out
-    return n / (time.perf_counter() - t0)
 
 
 def subject(
-    path, features_path: Path, work: Path, shape, batch: int, chunk: int
-) -> tuple[float, float]:
+    path, features_path: Path, work: Path, shape, batch: int, chunk: int, *, assembly: bool
+) -> None:
+    """predict's loop: checksummed parts + completion markers (+ assembly by row id)."""
     n = np.load(features_path, mmap_mode="r").shape[0]
     parts = work / "parts"
     shutil.rmtree(parts, ignore_errors=True)
@@ -95,20 +94,17 @@ def subject(
         rank=0, world_size=1, parts_dir=str(parts), plan=plan, features_path=str(features_path),
         index_path=None, batch_size=batch, loader=lambda: path,
     )  # fmt: skip
-    t0 = time.perf_counter()
     store = PartStore(parts, plan)
     store.prepare()
     predict_parts(job, path)
-    t_loop = time.perf_counter() - t0
-    assemble(store, work / "subject.npy")
-    t_all = time.perf_counter() - t0
-    return n / t_loop, n / t_all
+    if assembly:
+        assemble(store, work / "subject.npy")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=16384)
-    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--rows", type=int, default=8192)
+    ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--model", default="")
@@ -121,27 +117,24 @@ def main() -> None:
         features, model, shape = make_inputs(work, args.rows, args.model or None)
         path = PredictionPath(model, None).eval()
         print(
-            f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-            f"{torch.__version__}, {torch.get_num_threads()} threads; rows {args.rows}, batch {args.batch}, "
-            f"chunk {args.chunk}, output {list(shape)}, parameters {sum(p.numel() for p in model.parameters())}"
+            f"rows {args.rows}, batch {args.batch}, chunk {args.chunk}, output {list(shape)}, "
+            f"parameters {sum(p.numel() for p in model.parameters())}, torch threads {torch.get_num_threads()}"
         )
-        baseline(model, features, work / "base.npy", args.batch)  # warm-up
-        subject(path, features, work, shape, args.batch, args.chunk)
-        loop_ratios, all_ratios = [], []
-        for i in range(args.pairs):
-            b = baseline(model, features, work / "base.npy", args.batch)
-            s_loop, s_all = subject(path, features, work, shape, args.batch, args.chunk)
-            loop_ratios.append(s_loop / b)
-            all_ratios.append(s_all / b)
-            print(
-                f"pair {i}: baseline {b:9.0f} rows/s | predict loop {s_loop:9.0f} rows/s, with assembly {s_all:9.0f} rows/s"
+        base = functools.partial(baseline, model, features, work / "base.npy", args.batch)
+        for assembly in (False, True):
+            subj = functools.partial(
+                subject, path, features, work, shape, args.batch, args.chunk, assembly=assembly
+            )
+            what = "parts + markers + assembly" if assembly else "parts + markers"
+            compare(
+                f"predict ({what}) vs plain model.predict loop",
+                base,
+                subj,
+                pairs=args.pairs,
+                target=0.9,
             )
         same = np.array_equal(np.load(work / "base.npy"), np.load(work / "subject.npy"))
         print(f"outputs bit-identical: {same}")
-        print(f"median ratio (predict loop / baseline): {statistics.median(loop_ratios):.3f}")
-        print(
-            f"median ratio (predict loop + assembly / baseline): {statistics.median(all_ratios):.3f}"
-        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from enn_core.config.data import WorkbookLayout
+from enn_core.data.workbook import canonical_section
 from enn_core.errors import DataError
 
 
@@ -62,12 +63,6 @@ def write_parquet(
             cols += [keys.column(c).slice(r0, r1 - r0) for c in key_cols]
             cols += [pa.array(flat[:, j]) for j in range(flat.shape[1])]
             w.write_table(pa.Table.from_arrays(cols, schema=schema))
-
-
-def canonical_section(name: str, layout: WorkbookLayout) -> str:
-    if not layout.canonical_sections:
-        return name
-    return layout.section_separator.join(sorted(name.split(layout.section_separator)))
 
 
 def write_workbook(
@@ -155,7 +150,7 @@ def _sheet_rows(
         for k in group_keys:
             keys.setdefault(k, row[dir_col])  # the one group key not named by the sheet
         pos = lookup.get(tuple(str(keys[k]) for k in group_keys))
-        sec = sections.get(canonical_section(str(row[sec_col]), layout))
+        sec = sections.get(canonical_section(row[sec_col], layout, where))
         for j, t in time_cols:
             row[j] = (
                 float(preds[pos, sec, t])

@@ -1,0 +1,85 @@
+"""The prediction flow's steps: predict new data, then release or hold back by collapse check."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from enn_core import init_checkpoint
+from enn_core.config import load_config
+from enn_core.data import staging
+from enn_core.errors import CollapseError
+from enn_core.paths import Layout
+from enn_core.predict import flow_steps
+from enn_core.stage import make_context
+
+BASE = [
+    "model.d_model=16", "model.heads=2", "model.layers=1",
+    "data.synthetic.n_sections=4", "data.synthetic.n_hours=6", "predict.chunk_rows=64",
+]  # fmt: skip
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "p"
+    root.mkdir()
+    (root / "params.yaml").write_text("{}\n")
+    cfg = load_config(None, BASE)
+    layout = Layout.for_root(root)
+    staging.run(cfg, make_context(cfg, layout, "stage-data", "r0"))
+    init_checkpoint.run(cfg, make_context(cfg, layout, "prepare-checkpoint", "r0"))
+    staging.stage_features(
+        cfg.data, layout, root / "new", root / "outputs/stage-data/manifest.json"
+    )
+    return root, cfg, layout
+
+
+def _check(root, cfg, layout, preds_dir):
+    ctx = make_context(cfg, layout, "collapse-check", "r1")
+    return flow_steps.check_predictions(
+        cfg,
+        ctx,
+        predictions_dir=preds_dir,
+        input_dir=root / "new",
+        training_data_dir=root / "outputs/stage-data",
+    ), ctx.output()
+
+
+def test_predict_then_release_predictions_with_the_training_spread(project):
+    root, cfg, layout = project
+    s = flow_steps.predict(cfg, make_context(cfg, layout, "predict", "r1"), input_dir=root / "new",
+                           model_path=root / "outputs/prepare-checkpoint/init.pt")  # fmt: skip
+    assert s["input"].endswith("new") and s["n_rows"] == 504
+    # Stand-in for a skilled model's output on this input: the staged labels themselves.
+    preds_dir = root / "outputs/predict"
+    np.save(preds_dir / "predictions.npy", np.load(root / "outputs/stage-data/labels.npy"))
+    summary, out = _check(root, cfg, layout, preds_dir)
+    assert (
+        summary["released"] and (out / "predictions.npy").is_file() and not (out / "HELD").exists()
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert report["collapsed"] is False and 0.9 < report["measures"]["spread_median"] < 1.1
+
+
+def test_collapsed_predictions_are_held_back_with_the_report(project):
+    root, cfg, layout = project
+    preds_dir = root / "preds"
+    preds_dir.mkdir()
+    labels = np.load(root / "outputs/stage-data/labels.npy")
+    np.save(
+        preds_dir / "predictions.npy", np.broadcast_to(labels[:1], labels.shape).copy()
+    )  # one map for all
+    shutil.copy(root / "outputs/stage-data/manifest.json", preds_dir / "manifest.json")
+    with pytest.raises(
+        CollapseError, match=r"predictions collapsed \(spread_median 0 .*held back in"
+    ) as e:
+        _check(root, cfg, layout, preds_dir)
+    assert "\n" not in str(e.value)
+    out = layout.output("collapse-check")
+    assert (out / "HELD").is_file() and (out / "held/predictions.npy").is_file()
+    assert not (out / "predictions.npy").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["released"] is False and report["measures"]["broadcast_fraction"] == 1.0
