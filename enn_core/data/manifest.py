@@ -16,6 +16,10 @@ from typing import Any
 from enn_core.errors import StaleOutputError
 
 FORMAT_VERSION = 1
+FORMAT_POLICY = (
+    "readers accept only this format_version; an older staged dataset is refused with "
+    "'re-run stage-data' (no migration), a newer one with 'upgrade enn'"
+)
 MANIFEST = "manifest.json"
 
 

@@ -48,22 +48,52 @@ class NpyWriter:
         self.tail_shape = tuple(int(d) for d in tail_shape)
         self.rows = 0
         self._sha = hashlib.sha256()
+        self._src: hashlib._Hash | None = None  # the source's own hash, once its bytes differ
+        self._src_seen = False
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._pending: Future | None = None
         self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
         self._f.write(_header(self.dtype, (0, *self.tail_shape)))
 
-    def write(self, chunk: np.ndarray) -> None:
+    def write(self, chunk: np.ndarray, raw: np.ndarray | None = None) -> None:
+        """Append `chunk`; `raw` is the input array it came from, whose data sha256 is kept too.
+
+        While the staged bytes equal the input bytes (the common float32 pass-through) one
+        hash serves both; at the first difference the input's hash forks (sha256.copy()).
+        """
         if chunk.shape[1:] != self.tail_shape:
             raise ValueError(f"chunk shape {chunk.shape} does not match rows of {self.tail_shape}")
         arr = np.ascontiguousarray(chunk, dtype=self.dtype)
-        if arr.size == 0:
-            return
         view = memoryview(arr).cast("B")
+        src = None
+        if raw is not None:
+            self._src_seen = True
+            raw = np.ascontiguousarray(raw)
+            same = (
+                raw.nbytes == arr.nbytes
+                and raw.ctypes.data == arr.ctypes.data
+                and raw.dtype == arr.dtype
+            )
+            if not same or self._src is not None:
+                src = memoryview(raw).cast("B")
         self._wait()
-        self._pending = self._pool.submit(self._sha.update, view)
-        self._f.write(view)
+        if src is not None and self._src is None:
+            self._src = self._sha.copy()
+        self._pending = self._pool.submit(self._update, view, src)
+        if arr.size:
+            self._f.write(view)
         self.rows += arr.shape[0]
+
+    def _update(self, view: memoryview, src: memoryview | None) -> None:
+        self._sha.update(view)
+        if src is not None:
+            self._src.update(src)
+
+    def source_sha256(self) -> str | None:
+        """sha256 of the input arrays' data bytes passed as `raw` (None if none were)."""
+        if not self._src_seen:
+            return None
+        return (self._src or self._sha).hexdigest()
 
     def _wait(self) -> None:
         if self._pending is not None:

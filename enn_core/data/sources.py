@@ -48,7 +48,9 @@ class SourceInfo:
     row_keys: list[str] = field(default_factory=list)
     n_rows: int | None = None
     label_name: Callable[[int], str] | None = None  # names flat label index j in messages
-    inputs: list[Path] = field(default_factory=list)  # every input file (hashed into the manifest)
+    inputs: list[Path] = field(
+        default_factory=list
+    )  # input files hashed whole (arrays: data hashed)
 
 
 def reshape_labels(y: np.ndarray, cfg: DataConfig, where: str) -> tuple[int, ...]:
@@ -111,7 +113,6 @@ class ArraySource:
             label_shape=label_shape,
             row_keys=[c for c in cfg.categorical if c in names],
             n_rows=n,
-            inputs=[x_path] + ([y_path] if y_path is not None and y_path != x_path else []),
         )
 
     def _open_npy(self, path: Path):

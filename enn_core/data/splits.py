@@ -84,7 +84,8 @@ class Moments:
         x = x.astype(np.float64, copy=False)
         nb = x.shape[0]
         mb = x.mean(axis=0)
-        m2b = ((x - mb) ** 2).sum(axis=0)
+        d = x - mb
+        m2b = np.einsum("ij,ij->j", d, d)
         n = self.n + nb
         delta = mb - self.mean
         self.mean = self.mean + delta * (nb / n)
@@ -103,18 +104,23 @@ def finish(
     writers = [NpyWriter(out / "splits" / f"{name}.npy", np.int64, ()) for name in NAMES]
     fx = Moments(len(cont))
     fy = Moments(1) if labels is not None else None
+    all_cont = cont == list(range(features.shape[1]))
     # stats sub-blocks bounded to ~1 MB of float64 whatever the width (temporaries are a few x that)
     width = max(features.shape[1], 1 if labels is None else int(np.prod(labels.shape[1:])))
     step = max(1, min(BLOCK, (1 << 20) // (8 * width)))
-    for s in range(0, len(codes), step):
-        blk = np.asarray(codes[s : s + step])
+    for s in range(0, len(codes), BLOCK):
+        blk = np.asarray(codes[s : s + BLOCK])
         for code, w in enumerate(writers):
             w.write(np.flatnonzero(blk == code) + s)
-        train = np.flatnonzero(blk == TRAIN)
-        if cont and train.size:
-            fx.add(features[s : s + step][train][:, cont])
-        if fy is not None and train.size:
-            fy.add(labels[s : s + step][train].reshape(-1, 1))
+        for t in range(0, len(blk), step):
+            train = np.flatnonzero(blk[t : t + step] == TRAIN) + (s + t)
+            if not train.size:
+                continue
+            if cont:
+                x = features[train]
+                fx.add(x if all_cont else x[:, cont])
+            if fy is not None:
+                fy.add(labels[train].reshape(-1, 1))
     hashes = {f"splits/{name}.npy": w.close() for name, w in zip(NAMES, writers, strict=True)}
     sizes = {name: w.rows for name, w in zip(NAMES, writers, strict=True)}
     if sizes["train"] == 0:

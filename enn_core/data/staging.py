@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +28,14 @@ from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import DataConfig
 from enn_core.data import splits
 from enn_core.data.encode import Encoder
-from enn_core.data.manifest import FORMAT_VERSION, MANIFEST, content_hash, hash_files, read_manifest
+from enn_core.data.manifest import (
+    FORMAT_POLICY,
+    FORMAT_VERSION,
+    MANIFEST,
+    content_hash,
+    hash_files,
+    read_manifest,
+)
 from enn_core.data.sources import ArraySource
 from enn_core.data.synthetic import SyntheticSource
 from enn_core.data.tables import CsvSource, ParquetSource
@@ -206,7 +215,18 @@ def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
                 "cell_mean_file": None,
             },
         }
-    src_hash = writer.source_hash
+    if info.inputs:
+        src_hash, hash_of = writer.source_hash, "file bytes"
+    elif info.path is not None:  # arrays: each array's data sha256, hashed while staged
+        src_hash = hashlib.sha256(
+            json.dumps(writer.array_hashes, sort_keys=True).encode()
+        ).hexdigest()
+        hash_of = f"sha256 of the json of each input array's data sha256: {writer.array_hashes}"
+    else:
+        src_hash = hashlib.sha256(
+            json.dumps(_plain(data.synthetic), sort_keys=True).encode()
+        ).hexdigest()
+        hash_of = "the generator config"
     split_def: dict[str, Any] = {"seed": data.split_seed, "val_fraction": data.val_fraction}
     if data.folds:
         split_def.update(fold_key=data.fold_key, folds=[list(f) for f in data.folds], test_fold=data.test_fold,
@@ -215,6 +235,7 @@ def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
         split_def.update(test_fraction=data.test_fraction)
     return {
         "format_version": FORMAT_VERSION,
+        "format_policy": FORMAT_POLICY,
         "mode": "training" if labelled else "features_only",
         "n_rows": writer.rows,
         "features": {
@@ -237,6 +258,7 @@ def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
             "kind": info.kind,
             "path": str(info.path) if info.path else None,
             "sha256": src_hash,
+            "sha256_of": hash_of,
             "config": _plain(data.synthetic) if info.kind == "synthetic" else None,
         },  # fmt: skip
         "training_manifest": str(data.training_manifest) if training else None,

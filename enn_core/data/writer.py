@@ -119,6 +119,9 @@ class ChunkWriter:
             "features.npy": self._x.close(),
             "labels.npy": self._y.close() if self._y else None,
         }
+        self.array_hashes = {"features": self._x.source_sha256()}
+        if self._y is not None:
+            self.array_hashes["labels"] = self._y.source_sha256()
         self._codes.close()
         self._keys.close()
 
@@ -143,9 +146,10 @@ class ChunkWriter:
                 reason = _needs64(a)
                 if reason:
                     raise _Widen(what, reason)
-        self._x.write(x)
+        array = chunk.x is not None  # an array input: hash its data as it passes (the source hash)
+        self._x.write(x, raw=chunk.x if array else None)
         if self._y is not None:
-            self._y.write(y)
+            self._y.write(y, raw=chunk.y if array else None)
         rows = np.arange(chunk.start, chunk.start + chunk.rows, dtype=np.int64)
         keys = chunk.keys if keep is None else {k: v[keep] for k, v in chunk.keys.items()}
         rows = rows if keep is None else rows[keep]
@@ -154,7 +158,11 @@ class ChunkWriter:
             {**{k: _key_strings(v) for k, v in keys.items()}, "source_row": pa.array(rows)}
         )
         if self._keys is None:
-            self._keys = pq.ParquetWriter(self.out / "row_keys.parquet", table.schema)
+            # dictionary-encode the key columns only: source_row is unique, where it only costs
+            keys_dict = [k for k in table.column_names if k != "source_row"]
+            self._keys = pq.ParquetWriter(
+                self.out / "row_keys.parquet", table.schema, use_dictionary=keys_dict
+            )
         self._keys.write_table(table)
         self.rows += len(rows)
 
