@@ -77,7 +77,7 @@ def ui_command(cfg, config: Path, port: int | None) -> int:
 
     layout = Layout.for_root(config.parent, cfg.runtime.work_dir)
     uri = cfg.tracking.uri or layout.mlflow_uri
-    with mlflow_server(uri, layout.mlflow_artifacts, cfg.deploy.host, port or cfg.deploy.mlflow_port,
+    with mlflow_server(uri, layout.mlflow_artifacts, cfg.deploy.host, cfg.deploy.mlflow_port if port is None else port,
                        layout.work / "logs" / "mlflow-server.log") as url:
         print(f"MLflow UI: {url} (Ctrl-C stops)", flush=True)
         import time

@@ -30,6 +30,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from enn_core.config import RunConfig
+from enn_core.errors import TransientError
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 
@@ -133,7 +134,7 @@ class Tracker:
             forwarder.stop()
             msg = f"{type(e).__name__}: {e}"
             self.end(run_id, "FAILED", msg)
-            if parent_id:
+            if parent_id and not isinstance(e, TransientError):  # a transient error may be retried
                 self.end(parent_id, "FAILED", f"stage {stage} failed: {msg}")
             raise
         forwarder.stop()

@@ -59,7 +59,7 @@ def test_changes_rerun_exactly_the_dependent_stages(two_stage):
     np.save(p.root / "x.npy", rng.normal(size=(64, 3)).astype(np.float32))
     np.save(p.root / "y.npy", rng.normal(size=(64, 4)).astype(np.float32))
     p.set_params(["data.source=npy", "data.path=x.npy", "data.labels_path=y.npy", "data.categorical=[]",
-                  "data.cyclic=[]", "data.label_axes=[]", "data.naive_keys=[]", "model.preset=tabular"])
+                  "data.cyclic=[]", "data.cyclic_periods=[]", "data.cyclic_starts=[]", "data.label_axes=[]", "data.naive_keys=[]", "model.preset=tabular"])
     _, first = flow(p)
     assert first == {"stage-data": "ran", "prepare-checkpoint": "ran"}
 

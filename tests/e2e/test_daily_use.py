@@ -1,0 +1,130 @@
+"""Daily use: retries of transient errors only, deployments on a schedule against a local
+Prefect server, and the MLflow UI read through its REST API."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from tests.conftest import make_project
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+TWO = ("stage-data", "prepare-checkpoint")
+
+
+def http(url: str, body: dict | None = None) -> dict | list:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                 method="POST" if body is not None else "GET")
+    with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback
+        return json.loads(r.read() or b"null")
+
+
+@pytest.fixture
+def two_stage(tmp_path, prefect_home_shared):
+    return make_project(tmp_path / "proj", prefect_home_shared, stages=TWO)
+
+
+def test_transient_fault_is_retried_and_bad_input_is_not(two_stage):
+    ok = two_stage.run("enn", "run", "--until", "stage-data", "--set", "fault.kind=transient",
+                       "--set", "fault.phase=stage-data", "--set", "fault.times=1")
+    text = ok.stdout + ok.stderr
+    assert "injected transient fault" in text
+    assert re.search(r"Retry 1/2 will start", text), text[-3000:]
+    assert re.search(r"^stage-data\s+ran", ok.stdout, re.M)
+
+    bad = two_stage.run("enn", "run", "--until", "stage-data", "--set", "data.source=npy",
+                        "--set", "data.path=missing.npy", check=False)
+    assert bad.returncode == 3, bad.stderr[-2000:]
+    assert "missing.npy" in bad.stderr
+    assert "Retry" not in bad.stdout + bad.stderr
+
+
+def _start(project, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(["enn", *args], cwd=project.root, env=project.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _read_until(proc: subprocess.Popen, pattern: str, timeout: float) -> re.Match:
+    deadline = time.time() + timeout
+    seen = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return m
+    raise AssertionError(f"no {pattern!r} in output:\n{''.join(seen)[-4000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
+    project.set_params(["deploy.cron=*/5 * * * *"])
+    proc = _start(project, "deploy")
+    try:
+        api = _read_until(proc, r"Prefect server: (http://127\.0\.0\.1:\d+/api)", 240).group(1)
+        deadline = time.time() + 180
+        deployments = []
+        while time.time() < deadline and len(deployments) < 2:
+            deployments = http(f"{api}/deployments/filter", {})
+            time.sleep(1)
+        by_name = {d["name"]: d for d in deployments}
+        assert set(by_name) == {"scheduled", "on-demand"}
+        train_id = by_name["scheduled"]["id"]
+        scheduled = []
+        while time.time() < deadline and not scheduled:  # the server's scheduler, not a tick
+            scheduled = http(f"{api}/flow_runs/filter", {
+                "deployments": {"id": {"any_": [train_id]}}, "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+            time.sleep(1)
+        assert scheduled, "the scheduler created no scheduled run"
+        run = http(f"{api}/deployments/{train_id}/create_flow_run", {"state": {"type": "SCHEDULED"}})
+        deadline = time.time() + 900
+        state = None
+        while time.time() < deadline:
+            state = http(f"{api}/flow_runs/{run['id']}")["state"]["type"]
+            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            time.sleep(2)
+        assert state == "COMPLETED", state
+    finally:
+        _stop(proc)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("enn")
+    parents = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{run['id']}'")
+    assert parents and parents[0].info.status == "FINISHED"
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if api.split(":")[2].split("/")[0] in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers, "the Prefect server outlived enn deploy"
+
+
+def test_mlflow_ui_serves_the_runs_over_rest(two_stage):
+    two_stage.run("enn", "stage-data")
+    proc = _start(two_stage, "ui", "--port", "0")
+    try:
+        url = _read_until(proc, r"MLflow UI: (http://127\.0\.0\.1:\d+)", 240).group(1)
+        exps = http(f"{url}/api/2.0/mlflow/experiments/search", {"max_results": 10})["experiments"]
+        exp = next(e for e in exps if e["name"] == "enn")
+        found = http(f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
+        assert "stage-data" in {r["info"]["run_name"] for r in found}
+    finally:
+        _stop(proc)
