@@ -168,9 +168,12 @@ def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults) -
     features = np.load(tmp / "features.npy", mmap_mode="r")
     labels = np.load(tmp / "labels.npy", mmap_mode="r") if writer.has_labels else None
     codes = np.load(tmp / writer.codes_file, mmap_mode="r+")
-    splits.assign(data, codes)
-    cont = [j for j, s in enumerate(enc.specs) if s["kind"] == "continuous"]
-    sizes, split_hashes, fx, fy = splits.finish(tmp, codes, features, labels, cont)
+    stats = None
+    if writer.stream is None:  # splits and train statistics need the full row count first
+        splits.assign_file(data, codes)
+        stats = (writer.fx, writer.fy, writer.cont)
+    sizes, split_hashes = splits.finish(tmp, codes, features, labels, stats)
+    fx, fy, cont = writer.fx, writer.fy, writer.cont
     del codes
     (tmp / writer.codes_file).unlink()
     specs = enc.final_specs()

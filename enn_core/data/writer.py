@@ -95,6 +95,10 @@ class ChunkWriter:
 
     def _pass(self, source) -> None:
         self.rows = self.dropped = 0
+        self.stream = splits.streaming(self.cfg, self.info.n_rows)
+        self.cont = [j for j, s in enumerate(self.enc.specs) if s["kind"] == "continuous"]
+        self.fx = splits.Moments(len(self.cont))
+        self.fy = splits.Moments(1) if self.has_labels else None
         self._x = NpyWriter(
             self.out / "features.npy", self.dtypes["features"], (len(self.info.feature_names),)
         )
@@ -146,6 +150,12 @@ class ChunkWriter:
                 reason = _needs64(a)
                 if reason:
                     raise _Widen(what, reason)
+        # the staged values (statistics describe exactly what later stages read)
+        x = x.astype(self.dtypes["features"], copy=False)
+        y = y.astype(self.dtypes["labels"], copy=False) if y is not None else None
+        codes = splits.fold_codes(self.cfg, chunk.keys, chunk.rows, self.file)
+        if self.stream is not None and not self.cfg.folds:
+            codes = self.stream.take(chunk.rows)
         array = chunk.x is not None  # an array input: hash its data as it passes (the source hash)
         self._x.write(x, raw=chunk.x if array else None)
         if self._y is not None:
@@ -153,7 +163,10 @@ class ChunkWriter:
         rows = np.arange(chunk.start, chunk.start + chunk.rows, dtype=np.int64)
         keys = chunk.keys if keep is None else {k: v[keep] for k, v in chunk.keys.items()}
         rows = rows if keep is None else rows[keep]
-        self._codes.write(splits.fold_codes(self.cfg, keys, len(rows), self.file))
+        self._codes.write(codes if keep is None else codes[keep])
+        if self.stream is not None:  # splits known while staging: accumulate train rows now
+            train = np.flatnonzero((codes if keep is None else codes[keep]) == splits.TRAIN)
+            splits.accumulate(self.fx, self.fy, x, y, train, self.cont)
         table = pa.table(
             {**{k: _key_strings(v) for k, v in keys.items()}, "source_row": pa.array(rows)}
         )

@@ -187,3 +187,24 @@ def test_scaler_stats_accumulate_in_float64(tmp_path):
     spec = ds.feature_specs[0]
     assert abs(spec["mean"] - train.mean()) < 1e-9 * 1e4
     assert abs(spec["std"] - train.std()) < 1e-6
+
+
+def test_streaming_and_after_pass_splits_agree(tmp_path):
+    """Parquet (row count known: splits and stats while staging) and CSV (after the pass)."""
+    header, rows = table_rows(300)
+    csv = write_table_csv(tmp_path / "t.csv", rows, header)
+    df = pd.DataFrame(rows, columns=header)
+    pq.write_table(
+        pa.Table.from_pandas(df, preserve_index=False), tmp_path / "t.parquet", row_group_size=37
+    )
+    _, a = run_stage(tmp_path / "a", source="csv", path=str(csv), chunk_rows=50, **TABLE_CFG)
+    _, b = run_stage(
+        tmp_path / "b", source="parquet", path=str(tmp_path / "t.parquet"), **TABLE_CFG
+    )
+    da, db = StagedDataset(a), StagedDataset(b)
+    for name in ("train", "val", "test"):
+        np.testing.assert_array_equal(da.split(name), db.split(name))
+    assert da.fingerprint == db.fingerprint
+    sa, sb = da.feature_specs[2], db.feature_specs[2]
+    assert abs(sa["mean"] - sb["mean"]) < 1e-12 and abs(sa["std"] - sb["std"]) < 1e-12
+    assert da.manifest["label_stats"] == db.manifest["label_stats"]
