@@ -581,6 +581,8 @@ def run(cfg, ctx) -> dict:
     model.to(device)
     precision, prec_reason = run_precision(cfg.collapse.precision, ckpt)
     val = np.asarray(ds.split("val"))
+    if len(val) > cfg.collapse.max_rows:  # the per-sample candidate runs one row at a time
+        val = np.sort(np.random.default_rng(0).choice(val, cfg.collapse.max_rows, replace=False))
     if len(val) < 2:
         raise StaleOutputError(
             f"splits/val.npy has {len(val)} rows; collapse-check needs >= 2: re-run stage-data with a larger data.val_fraction"

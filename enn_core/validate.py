@@ -28,7 +28,7 @@ from enn_core.atomic import atomic_dir, write_json
 from enn_core.baselines import conditional_naive_predict, per_cell_mean_predict
 from enn_core.checkpoint import load_model
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import DataError, StaleOutputError
+from enn_core.errors import ConfigError, DataError, StaleOutputError
 
 SPLITS: tuple[str, ...] = ("val", "test")
 NAIVE_NAMES: tuple[str, ...] = ("naive_conditional", "naive_cell_mean")
@@ -39,7 +39,7 @@ def select_device(requested: str) -> tuple[torch.device, str]:
     """The inference device and why it was chosen."""
     if requested == "cuda":
         if not torch.cuda.is_available():
-            raise DataError(
+            raise ConfigError(
                 "runtime.device=cuda but no CUDA device is visible; set runtime.device=auto or cpu"
             )
         return torch.device("cuda"), "runtime.device=cuda"
@@ -149,6 +149,11 @@ def finite_or_none(metrics: Mapping[str, float]) -> dict[str, float | None]:
 def load_staged(ctx) -> tuple[object, object, dict]:
     """(staged dataset, model in eval mode, checkpoint) for a stage reading both; checks they agree."""
     ds = StagedDataset(ctx.output("stage-data"))
+    if ds.labels is None:
+        raise DataError(
+            f"{ds.path} is features-only (no labels); {ctx.stage} needs the training data's labels: "
+            "run it in the training flow (the prediction flow checks new data without targets)"
+        )
     path = Path(ctx.output("distributed-train")) / MODEL_FILE
     if not path.exists():
         raise StaleOutputError(f"{path} not found; run distributed-train first")

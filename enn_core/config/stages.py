@@ -50,6 +50,7 @@ class CollapseConfig:
     calibration_slope_max: float = opt(3.0, "Bound on the calibration slope (per output, in [0, max]).")
     calibration_folds: int = opt(5, "Cross-fitting folds over the validation rows: the calibrated candidate is judged on rows its affine was not fitted on.")
     batch_size: int = opt(64, "Rows per forward pass of the batched candidates (batch-level broadcast shows at any size > 1).")
+    max_rows: int = opt(2048, "Validation rows the check uses; more are sampled (seeded) down to this, since the per-sample candidate runs one row at a time.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = opt("auto", "Precision of the raw candidate; auto = the precision the training run recorded.")
     order: tuple[str, ...] = opt(("raw", "calibrated", "fp32", "per_sample"), "Candidate order; the first that passes is chosen.")
 
@@ -62,8 +63,8 @@ class CollapseConfig:
             raise ConfigError(f"collapse.order={list(self.order)} must list each candidate at most once and not be empty")
         if self.calibration_slope_max <= 0:
             raise ConfigError("collapse.calibration_slope_max must be > 0 (e.g. 3.0)")
-        if self.calibration_folds < 2 or self.batch_size < 2:
-            raise ConfigError("collapse.calibration_folds and collapse.batch_size must be >= 2")
+        if self.calibration_folds < 2 or self.batch_size < 2 or self.max_rows < 4:
+            raise ConfigError("collapse.calibration_folds and collapse.batch_size must be >= 2, collapse.max_rows >= 4")
         for name in ("max_flat_fraction", "max_broadcast_fraction"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"collapse.{name} must be in [0, 1]")

@@ -1,0 +1,62 @@
+"""validate's numbers: MAE / RMSE / R² in real units, per-axis breakdowns, naive flags."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from enn_core.validate import axis_breakdown, evaluate_split, finite_or_none, regression_metrics
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _grid() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    target = (80 + 10 * rng.standard_normal((10, 2, 3))).astype(np.float32)
+    return target, target.copy()
+
+
+def test_metrics_match_hand_computation():
+    target, pred = _grid()
+    pred[:, 0, :] += 2.0  # section 0 off by +2, section 1 exact
+    m = regression_metrics(pred, target)
+    assert m["mae"] == pytest.approx(1.0) and m["rmse"] == pytest.approx(math.sqrt(2.0))
+    sst = float(((target - target.mean(axis=0)) ** 2).sum())
+    assert m["r2"] == pytest.approx(1 - 4.0 * 30 / sst) and m["n_rows"] == 10
+    b = axis_breakdown(pred, target, ("section", "hour"), {"section": ["A-B", "B-C"]})
+    assert b["section"]["A-B"]["mae"] == pytest.approx(2.0) and b["section"]["B-C"]["mae"] == 0.0
+    assert set(b["hour"]) == {"0", "1", "2"} and b["hour"]["1"]["rmse"] == pytest.approx(
+        math.sqrt(2.0)
+    )
+    assert axis_breakdown(pred.reshape(10, -1), target.reshape(10, -1), ("section", "hour")) == {}
+
+
+def test_each_naive_predictor_is_flagged_when_not_beaten():
+    target, pred = _grid()
+    pred += 3.0  # the model is off by 3 everywhere
+    naive = {"naive_conditional": target + 1.0, "naive_cell_mean": target + 5.0}
+    metrics, breakdown, flags = evaluate_split("test", pred, target, naive, ("section", "hour"))
+    assert metrics["test/mae"] == pytest.approx(3.0)
+    assert (
+        metrics["test/naive_conditional_mae"] == pytest.approx(1.0)
+        and metrics["test/worse_than_naive_conditional"] == 1.0
+    )
+    assert (
+        metrics["test/naive_cell_mean_mae"] == pytest.approx(5.0)
+        and metrics["test/worse_than_naive_cell_mean"] == 0.0
+    )
+    assert len(flags) == 1 and "naive_conditional" in flags[0] and "does not beat" in flags[0]
+    assert breakdown["naive_cell_mean"]["hour"]["0"]["mae"] == pytest.approx(5.0)
+    # a tie is not a win
+    _, _, tie_flags = evaluate_split("val", pred, target, {"naive_cell_mean": target - 3.0})
+    assert len(tie_flags) == 1
+
+
+def test_non_finite_metrics_are_written_as_null():
+    target = np.ones((1, 2, 2), dtype=np.float32)  # one row: R² undefined
+    m = regression_metrics(target, target)
+    assert (
+        math.isnan(m["r2"]) and finite_or_none(m)["r2"] is None and finite_or_none(m)["mae"] == 0.0
+    )
