@@ -21,13 +21,13 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("enn_core", "tasks", "flows", "dvc.yaml", "params.yaml", "pyproject.toml", ".dvcignore", ".gitignore")
+COPIED = ("enn_core", "tasks", "flows", "prediction", "dvc.yaml", "params.yaml", "pyproject.toml", ".dvcignore", ".gitignore")
 
 TINY: dict = {
     "data": {"synthetic": {"n_months": 4, "n_daytypes": 2, "n_directions": 2, "n_sections": 4,
                            "n_hours": 6, "n_replicates": 3, "seed": 0}},
     "model": {"d_model": 16, "heads": 2, "layers": 1, "embed_dim": 4},
-    "train": {"epochs": 2, "batch_size": 8, "warmup_steps": 2, "patience": 0},
+    "train": {"epochs": 20, "batch_size": 8, "lr": 0.01, "warmup_steps": 5, "patience": 0},
     "runtime": {"world_size": 1, "progress": False, "hang_timeout_s": 60.0},
     "predict": {"chunk_rows": 16, "batch_size": 16},
 }
