@@ -8,6 +8,7 @@ its exact-integer range 2**24); the pass then restarts in float64 and records th
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -77,21 +78,26 @@ class ChunkWriter:
         )
         self.has_labels = info.label_shape is not None
         self._x = self._y = self._codes = self._keys = None
+        self._stats_pool = ThreadPoolExecutor(max_workers=1)
+        self._stats: Future | None = None
         self.dtypes = {"features": np.float32, "labels": np.float32}
         self.dtype_reason = "float32: the data fits float32's range"
 
     def run(self, source) -> None:
-        while True:
-            try:
-                self._pass(source)
-                return
-            except _Widen as w:
-                self._abort()
-                self.dtypes[w.what] = np.float64
-                self.dtype_reason = f"{w.what} float64: {w.reason}"
-            except BaseException:
-                self._abort()
-                raise
+        try:
+            while True:
+                try:
+                    self._pass(source)
+                    return
+                except _Widen as w:
+                    self._abort()
+                    self.dtypes[w.what] = np.float64
+                    self.dtype_reason = f"{w.what} float64: {w.reason}"
+                except BaseException:
+                    self._abort()
+                    raise
+        finally:
+            self._stats_pool.shutdown()
 
     def _pass(self, source) -> None:
         self.rows = self.dropped = 0
@@ -127,9 +133,19 @@ class ChunkWriter:
         if self._y is not None:
             self.array_hashes["labels"] = self._y.source_sha256()
         self._codes.close()
+        self._stats_wait()
         self._keys.close()
 
+    def _stats_wait(self) -> None:
+        # statistics run in a helper thread (numpy releases the GIL) while this one writes
+        if self._stats is not None:
+            self._stats.result()
+            self._stats = None
+
     def _abort(self) -> None:
+        if self._stats is not None:
+            self._stats.cancel() or self._stats.exception()
+            self._stats = None
         for w in (self._x, self._y, self._codes):
             if w is not None:
                 w.abort()
@@ -166,7 +182,10 @@ class ChunkWriter:
         self._codes.write(codes if keep is None else codes[keep])
         if self.stream is not None:  # splits known while staging: accumulate train rows now
             train = np.flatnonzero((codes if keep is None else codes[keep]) == splits.TRAIN)
-            splits.accumulate(self.fx, self.fy, x, y, train, self.cont)
+            self._stats_wait()  # at most one chunk's statistics in flight (memory: two chunks)
+            self._stats = self._stats_pool.submit(
+                splits.accumulate, self.fx, self.fy, x, y, train, self.cont
+            )
         table = pa.table(
             {**{k: _key_strings(v) for k, v in keys.items()}, "source_row": pa.array(rows)}
         )
