@@ -44,7 +44,7 @@ from torch import nn
 
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.baselines import collapse_stats
-from enn_core.errors import CollapseError, StaleOutputError
+from enn_core.errors import CollapseError, DataError, StaleOutputError
 from enn_core.validate import (
     evaluate_split,
     load_staged,
@@ -62,6 +62,7 @@ REPORT_FILE = "report.json"
 # for a row depends on the other rows of its batch (fp32 kernels differ by ~1e-6 relative).
 BATCH_DEPENDENCE_TOL = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 5e-3}
 BROADCAST_SAMPLE_ROWS = 512
+STD_CHUNK_ROWS = 65536
 
 
 @dataclass(frozen=True)
@@ -126,22 +127,47 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64).reshape(len(a), -1)
 
 
+def column_std(a: np.ndarray, chunk_rows: int = STD_CHUNK_ROWS) -> np.ndarray:
+    """Per-output std across rows of [N, ...] (e.g. a memmap of millions of predictions) in
+    float64, read in chunks so memory stays bounded; shifted by the first row for accuracy."""
+    n = len(a)
+    if n == 0:
+        raise DataError("no rows to measure; predict at least one row")
+    shift = np.asarray(a[:1], dtype=np.float64).reshape(1, -1)
+    s1 = np.zeros(shift.shape[1])
+    s2 = np.zeros(shift.shape[1])
+    for start in range(0, n, chunk_rows):
+        d = (
+            np.asarray(a[start : start + chunk_rows], dtype=np.float64).reshape(-1, shift.shape[1])
+            - shift
+        )
+        s1 += d.sum(axis=0)
+        s2 += (d**2).sum(axis=0)
+    return np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
+
+
 def target_spread(labels: np.ndarray) -> np.ndarray:
     """Per-output standard deviation across rows (the reference spread; e.g. training targets)."""
-    return _flat(labels).std(axis=0)
+    return column_std(labels)
 
 
 def spread_measures(pred: np.ndarray, reference: np.ndarray, flat_tolerance: float) -> dict:
-    """Spread ratio (median, p10) and flat fraction; `reference` = targets [N, ...] on the same
-    rows (ratio via enn_core.baselines.collapse_stats) or a per-output std (no targets)."""
-    p = _flat(pred)
-    pred_std = p.std(axis=0)
-    if reference.shape[0] == p.shape[0] and reference.ndim == pred.ndim:
+    """Spread ratio (median, p10) and flat fraction against `reference`: the targets of the same
+    rows (same shape as `pred`; the ratio is enn_core.baselines.collapse_stats), or, without
+    targets, a per-output std such as `target_spread(training labels)`."""
+    pred_std = column_std(pred)
+    if reference.shape == pred.shape:
         stats = collapse_stats(pred, reference)
-        ref_std = _flat(reference).std(axis=0)
+        ref_std = column_std(reference)
         median, p10 = float(stats["median_ratio"]), float(stats["p10_ratio"])
     else:
         ref_std = np.asarray(reference, dtype=np.float64).reshape(-1)
+        if ref_std.size != pred_std.size:
+            raise DataError(
+                f"reference spread has {ref_std.size} outputs but predictions have {pred_std.size}; "
+                "use the training targets of the same model"
+            )
+        # the same ratio as baselines.spread_ratio, with the reference spread given directly
         ratio = pred_std[ref_std > 0] / ref_std[ref_std > 0]
         median, p10 = (
             (float(np.median(ratio)), float(np.percentile(ratio, 10))) if ratio.size else (0.0, 0.0)
@@ -152,7 +178,7 @@ def spread_measures(pred: np.ndarray, reference: np.ndarray, flat_tolerance: flo
         "spread_median": median,
         "spread_p10": p10,
         "flat_fraction": float(flat.mean()) if flat.size else 1.0,
-        "n_outputs": int(p.shape[1]),
+        "n_outputs": int(pred_std.size),
     }
 
 
@@ -160,13 +186,13 @@ def broadcast_measures(
     features: np.ndarray, pred: np.ndarray, tol_abs: float, seed: int = 0
 ) -> dict:
     """Rows with distinct inputs whose outputs are identical within `tol_abs` (max |diff|)."""
-    x = np.asarray(features, dtype=np.float64).reshape(len(features), -1)
-    p = _flat(pred)
-    if len(p) > BROADCAST_SAMPLE_ROWS:  # pairwise cost: a seeded sample is enough to see it
-        keep = np.sort(
-            np.random.default_rng(seed).choice(len(p), BROADCAST_SAMPLE_ROWS, replace=False)
+    rows = np.arange(len(pred))
+    if len(rows) > BROADCAST_SAMPLE_ROWS:  # pairwise cost: a seeded sample is enough to see it
+        rows = np.sort(
+            np.random.default_rng(seed).choice(rows, BROADCAST_SAMPLE_ROWS, replace=False)
         )
-        x, p = x[keep], p[keep]
+    x = np.asarray(features[rows], dtype=np.float64).reshape(len(rows), -1)
+    p = _flat(pred[rows])
     _, input_id = np.unique(x, axis=0, return_inverse=True)
     input_id = input_id.reshape(-1)
     n_distinct = int(input_id.max()) + 1 if len(input_id) else 0
@@ -247,13 +273,8 @@ def measure_predictions(
     """
     m = spread_measures(pred, reference, cfg.flat_tolerance)
     if features is not None:
-        scale = (
-            label_std
-            if label_std
-            else float(np.mean(target_spread(reference)))
-            if reference.ndim == pred.ndim
-            else 1.0
-        )
+        targets = reference.shape == pred.shape
+        scale = label_std or float(np.mean(column_std(reference) if targets else reference))
         m.update(broadcast_measures(features, pred, cfg.broadcast_tolerance * max(scale, 1e-12)))
     if reference.shape == pred.shape:
         m.update(correlation_measures(pred, reference))

@@ -20,6 +20,7 @@ from evaluate_fixtures import (
 from enn_core.collapse import (
     PredictionPath,
     check_candidates,
+    column_std,
     measure_predictions,
     target_spread,
 )
@@ -135,3 +136,13 @@ def test_measure_without_targets_uses_training_spread():
     )
     # values are reported as they are: nothing nudges tied outputs apart
     assert np.unique(constant.reshape(len(constant), -1), axis=0).shape[0] == 1
+
+
+def test_spread_of_a_large_memmap_is_read_in_chunks(tmp_path):
+    rng = np.random.default_rng(0)
+    a = (1000 + rng.standard_normal((1000, 3, 4))).astype(np.float32)
+    np.save(tmp_path / "p.npy", a)
+    mm = np.load(tmp_path / "p.npy", mmap_mode="r")
+    np.testing.assert_allclose(
+        column_std(mm, chunk_rows=7), a.astype(np.float64).reshape(1000, -1).std(axis=0), rtol=1e-9
+    )
