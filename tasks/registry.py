@@ -23,8 +23,8 @@ WORK: dict[str, str] = {
 # collapse-check against the training targets' spread (holding back collapsed predictions).
 PREDICTION_WORK: dict[str, str] = {
     "stage-data": "enn_core.data.staging:run",
-    "predict": "enn_core.predict.flow_steps:run_predict",
-    "collapse-check": "enn_core.predict.flow_steps:run_check",
+    "predict": "enn_core.predict.pipeline:run_predict",
+    "collapse-check": "enn_core.predict.pipeline:run_check",
 }
 PIPELINES: dict[str, dict[str, str]] = {"training": WORK, "prediction": PREDICTION_WORK}
 

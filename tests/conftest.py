@@ -81,8 +81,8 @@ class Project:
     env: dict
 
     def run(self, *cmd: str, check: bool = True, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
-        out = subprocess.run(list(cmd), cwd=self.root, env=self.env, capture_output=True, text=True,
-                             timeout=timeout, **kw)
+        out = subprocess.run(list(cmd), cwd=kw.pop("cwd", self.root), env=self.env, capture_output=True,
+                             text=True, timeout=timeout, **kw)
         if check and out.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
         return out
@@ -121,6 +121,11 @@ def make_project(dest: Path, prefect_home: Path | None = None, stages: tuple[str
     extra = {"PREFECT_HOME": str(prefect_home)} if prefect_home else {}
     project = Project(dest, contained_env(dest, **extra))
     project.set_params(tiny_overrides())
+    if (dest / "prediction" / "params.yaml").exists():  # new data of the same shape, another seed
+        from flows.params_file import apply_overrides
+
+        synth = [o for o in tiny_overrides() if o.startswith("data.synthetic.") and "seed" not in o]
+        apply_overrides(dest / "prediction" / "params.yaml", synth + ["runtime.progress=false"])
     project.run("git", "init", "-q")
     project.run("git", "config", "user.email", "test@example.invalid")
     project.run("git", "config", "user.name", "test")

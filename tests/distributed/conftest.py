@@ -1,0 +1,20 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from dist_fixtures import make_project  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def dist_env(monkeypatch):
+    """Collective mismatches become immediate errors; one thread per worker on 2 cores."""
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def tiny_project(tmp_path):
+    return make_project(tmp_path / "proj")

@@ -1,0 +1,177 @@
+"""The whole pipeline, once, watched: the training flow on synthetic data with 2 CPU workers,
+`dvc repro` twice, the prediction flow on the registered champion, and `dvc repro` of the
+prediction pipeline. Every Python process it starts loads tests/e2e/netguard (no connection
+or DNS lookup to a non-loopback address; a marker per process proves it was watched).
+
+The module fixture runs everything once; each test checks one property of the result.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from tests.conftest import Project, make_project
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+GUARD = Path(__file__).parent / "netguard"
+NON_PYTHON_OK = {"sh", "bash", "dash", "git", "uname", "ldconfig", "gcc", "cc", "cc1", "as", "ld", "collect2"}
+
+
+class TreeWatcher:
+    """Polls the descendants of this process and remembers every one it saw."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[str, list[str]]] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+    def _loop(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(0.1):
+            for p in me.children(recursive=True):
+                try:
+                    self.seen.setdefault(p.pid, (p.name(), p.cmdline()))
+                except psutil.Error:
+                    continue
+
+
+@dataclass
+class Ran:
+    project: Project
+    guard_dir: Path
+    tree: dict
+    outputs: dict = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> Ran:
+    tmp = tmp_path_factory.mktemp("pipeline")
+    guard_dir = tmp / "netguard-out"
+    project = make_project(tmp / "proj", tmp / "prefect-home")
+    project.env["PYTHONPATH"] = f"{GUARD}:{project.root}"
+    project.env["ENN_NETGUARD_DIR"] = str(guard_dir)
+    project.set_params(["runtime.world_size=2"])
+    project.git_commit("two workers")
+    result = Ran(project, guard_dir, {})
+    with TreeWatcher() as tree:
+        result.outputs["flow"] = project.run("enn", "run", timeout=1200).stdout
+        result.outputs["repro1"] = project.run("dvc", "repro", timeout=600).stdout
+        result.outputs["repro2"] = project.run("dvc", "repro", timeout=600).stdout
+        result.outputs["predict_flow"] = project.run(
+            "enn", "run", "--flow", "prediction", "--model", "models:/enn-model@champion", timeout=900).stdout
+        project.set_params(["predict.model=../outputs/distributed-train/model.pt"])  # DVC hashes a path
+        result.outputs["predict_repro"] = project.run("dvc", "repro", cwd=project.root / "prediction", timeout=600).stdout
+    result.tree = tree.seen
+    return result
+
+
+def test_training_flow_ran_every_stage(ran):
+    from enn_core.paths import STAGES
+
+    status = dict(re.findall(r"^(\S+)\s+(ran|skipped)\s", ran.outputs["flow"], re.M))
+    assert status == {s: "ran" for s in STAGES}, ran.outputs["flow"]
+    root = ran.project.root
+    for path in ("outputs/stage-data/manifest.json", "outputs/prepare-checkpoint/init.pt",
+                 "outputs/distributed-train/model.pt", "outputs/validate/metrics.json",
+                 "outputs/predict/predictions.npy", "outputs/predict/predictions.parquet",
+                 "outputs/collapse-check/report.json", "outputs/collapse-check/calibration.json",
+                 "outputs/export/model.onnx", "outputs/export/model.pt2", "outputs/export/sidecar.json",
+                 "outputs/export/parity.json", "outputs/metrics/validate.json",
+                 "outputs/metrics/distributed-train.json", "outputs/plots/distributed-train.json"):
+        assert (root / path).exists(), path
+    train = json.loads((root / "outputs/distributed-train/metrics.json").read_text())
+    assert train["world_size"] == 2
+
+
+def test_dvc_repro_after_the_flow_does_nothing_twice(ran):
+    for key in ("repro1", "repro2"):
+        assert "Data and pipelines are up to date" in ran.outputs[key], ran.outputs[key]
+    out = ran.project.run("dvc", "metrics", "show").stdout
+    assert "val/mae" in out
+
+
+def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ran.project.root / 'work' / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("enn")
+    runs = client.search_runs([exp.experiment_id], max_results=500)
+    parent = next(r for r in runs if r.data.tags.get("enn.pipeline") == "training")
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_run_id"]
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert len(children) == 7 and all(c.info.status == "FINISHED" for c in children.values())
+    train = children["distributed-train"]
+    history = client.get_metric_history(train.info.run_id, "val/loss") or client.get_metric_history(train.info.run_id, "val_loss")
+    assert len(history) >= 2, sorted(train.data.metrics)
+    arts = {a.path for a in client.list_artifacts(train.info.run_id)}
+    assert "model.pt" in arts and "config.yaml" in arts
+    assert any(a.path.endswith(".png") for a in client.list_artifacts(train.info.run_id, "plots"))
+    assert train.data.tags.get("enn.world_size") == "2"
+    for stage, name in (("stage-data", "manifest.json"), ("collapse-check", "report.json"), ("export", "sidecar.json")):
+        assert name in {a.path for a in client.list_artifacts(children[stage].info.run_id)}, stage
+    version = client.get_model_version_by_alias("enn-model", "champion")
+    assert client.get_model_version_by_alias("enn-model", "candidate").version == version.version
+    for tag in ("enn.git_commit", "enn.data_fingerprint", "prefect.flow_run_id", "enn.world_size"):
+        assert version.tags.get(tag), tag
+
+
+def test_champion_loads_and_predicts_in_real_units(ran):
+    import mlflow.pyfunc
+
+    from enn_core.data.dataset import StagedDataset
+
+    root = ran.project.root
+    model = mlflow.pyfunc.load_model("models:/enn-model@champion")
+    ds = StagedDataset(root / "outputs" / "stage-data")
+    rows = np.sort(np.asarray(ds.split("test")))
+    out = model.predict(np.ascontiguousarray(ds.features[rows], dtype=np.float32))
+    pred = next(iter(out.values())) if isinstance(out, dict) else np.asarray(out)
+    target = np.asarray(ds.labels[rows])
+    assert pred.shape == target.shape
+    assert np.abs(pred - target).mean() < np.abs(target - target.mean()).mean()  # real units, skilful
+    flow_pred = np.load(root / "prediction" / "outputs" / "predict" / "predictions.npy")
+    assert flow_pred.ndim == 3 and np.isfinite(flow_pred).all()
+
+
+def test_prediction_flow_and_pipeline(ran):
+    assert "collapse-check" in ran.outputs["predict_flow"]
+    report = json.loads((ran.project.root / "prediction/outputs/collapse-check/report.json").read_text())
+    assert report
+    assert "Running stage" in ran.outputs["predict_repro"] or "up to date" in ran.outputs["predict_repro"]
+
+
+def test_every_process_was_offline_and_watched(ran):
+    violations = [json.loads(p.read_text()) for p in ran.guard_dir.glob("violation-*.json")]
+    assert not violations, "non-loopback network use:\n" + "\n".join(
+        f"{v['kind']} {v['target']} in {' '.join(v['argv'])[:120]}\n{''.join(v['stack'][-4:])}" for v in violations)
+    watched = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in ran.guard_dir.glob("watched-*.json")}
+    unwatched = []
+    for pid, (name, cmd) in ran.tree.items():
+        is_python = "python" in name or bool(cmd and "python" in Path(cmd[0]).name) or name in ("enn", "dvc", "prefect")
+        if is_python and pid not in watched:
+            unwatched.append(f"{pid} {' '.join(cmd)[:150]}")
+        elif not is_python and name not in NON_PYTHON_OK:
+            unwatched.append(f"{pid} (not python: {name}) {' '.join(cmd)[:150]}")
+    assert not unwatched, "child processes the guard did not watch:\n" + "\n".join(unwatched)
+    cmds = [" ".join(w["argv"]) for w in watched.values()]
+    assert any(c.split(" ")[0].endswith("enn") and " run" in c for c in cmds), "the flow process"
+    assert any("uvicorn" in c or "prefect" in c for c in cmds if not c.split(" ")[0].endswith("enn")), "the Prefect server"
+    assert any("multiprocessing" in c or "spawn" in c for c in cmds), "worker processes"
+    assert any(c.split(" ")[0].endswith("dvc") for c in cmds), "dvc"
