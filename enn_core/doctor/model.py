@@ -1,0 +1,67 @@
+"""Doctor, model layer: the configured model builds for the data, and a forward pass on a
+sample gives finite, correctly shaped output (normalized and real units).
+
+The sample is a few rows of the staged data, or of a small synthetic dataset when there is
+none (the detail says which).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from enn_core.doctor.context import DoctorContext
+from enn_core.doctor.report import Check, Recorder
+from enn_core.errors import EnnError
+
+
+def run(ctx: DoctorContext) -> list[Check]:
+    rec = Recorder("model")
+    manifest, rows, _, source = ctx.sample()
+    with rec.timer() as t:
+        try:
+            model = ctx.model()
+        except EnnError as e:
+            rec.add("build", "fail", f"model.preset={ctx.cfg.model.preset} on {source}: {e}",
+                    "change the model section (the message names the field) or re-stage the data", t())  # fmt: skip
+            return rec.checks
+        secs = t()
+    n_params = sum(p.numel() for p in model.parameters())
+    rec.add("build", "ok", f"{ctx.cfg.model.preset}: {n_params:,} parameters for features "
+            f"{len(manifest['feature_specs'])} -> labels {list(manifest['label_shape'])} ({source})",
+            seconds=secs, parameters=n_params, source=source)  # fmt: skip
+    forward(ctx, rec, model, rows, list(manifest["label_shape"]), source)
+    return rec.checks
+
+
+def forward(ctx: DoctorContext, rec: Recorder, model: torch.nn.Module, rows, label_shape: list[int],
+            source: str) -> None:  # fmt: skip
+    x = torch.from_numpy(rows).to(ctx.device)
+    model = model.to(ctx.device)
+    with rec.timer() as t:
+        try:
+            with torch.no_grad():
+                y = model(x)
+                real = model.predict(x)
+        except (RuntimeError, ValueError, IndexError) as e:
+            first = str(e).splitlines()[0][:200]
+            rec.add("forward", "fail", f"forward on {len(rows)} rows of {source} raised {type(e).__name__}: {first}",
+                    "the features do not fit the model's encoder: re-stage the data or rebuild the checkpoint", t())  # fmt: skip
+            return
+        secs = t()
+    want = [len(rows), *label_shape]
+    bad = [
+        name
+        for name, out in (("normalized", y), ("real units", real))
+        if not bool(torch.isfinite(out).all())
+    ]
+    if list(y.shape) != want or list(real.shape) != want:
+        rec.add("forward", "fail", f"output shape {list(y.shape)} (predict {list(real.shape)}), expected {want}",
+                "the model's head does not match label_shape: rebuild the model for this data", secs)  # fmt: skip
+    elif bad:
+        rec.add("forward", "fail", f"non-finite {' and '.join(bad)} output on {len(rows)} rows of {source}",
+                "check the label statistics in the manifest (std 0?) and the model.init_seed weights", secs)  # fmt: skip
+    else:
+        spread = float(real.float().std(dim=0).mean()) if len(rows) > 1 else 0.0
+        rec.add("forward", "ok", f"{len(rows)} rows of {source} -> {want} finite on {ctx.device.type} in "
+                f"{secs * 1e3:.0f} ms (mean per-output spread across rows {spread:.3g} real units)",
+                seconds=secs, spread=spread)  # fmt: skip
