@@ -17,6 +17,7 @@ from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.demo import stage_synthetic
 from enn_core.errors import CollapseError, StaleOutputError
+from enn_core.events import read_events
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.stage import make_context
@@ -70,6 +71,14 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
         and len(breakdown["splits"]["val"]["model"]["section"]) == 6
     )
     assert any("naive_conditional" in f for f in breakdown["flags"])
+    # the same numbers go to the MLflow child run through the events file
+    events = list(read_events(tmp_path / "work" / "runs" / "test" / "validate"))
+    logged = {e["name"]: e["value"] for e in events if e["type"] == "metric"}
+    assert (
+        logged["test/mae"] == metrics["test/mae"]
+        and logged["val/worse_than_naive_conditional"] == 1.0
+    )
+    assert any(e["type"] == "event" and e["name"] == "naive_not_beaten" for e in events)
 
     ctx = _ctx(cfg, tmp_path, "collapse-check")
     with pytest.raises(CollapseError, match="every candidate collapsed.*report: .*report.json"):
