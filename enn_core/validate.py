@@ -9,6 +9,7 @@ Both naive predictors of `enn_core.baselines` (the conditional naive predictor a
 mean) are scored on the same rows; `<split>/worse_than_<naive>` is 1 when the model does not
 beat it (MAE not strictly lower), and the flag is also logged and written as an event.
 
+The model runs its plain `predict` in fp32 (collapse-check compares precisions and paths).
 R² is variance-weighted over outputs: 1 - sum of squared errors / sum over outputs of the
 squared deviations from that output's mean over the split's rows.
 
