@@ -108,7 +108,7 @@ class Splits:
 
 def streaming(cfg: DataConfig, n_rows: int | None) -> Splits | None:
     """A Splits assigning rows while they are staged, when nothing needs a full pass first."""
-    if n_rows is None or (cfg.folds and cfg.val_fold < 0):
+    if n_rows is None or cfg.features_only or (cfg.folds and cfg.val_fold < 0):
         return None
     return Splits(cfg, n_rows)
 
@@ -180,6 +180,7 @@ def finish(
     features: np.ndarray,
     labels: np.ndarray | None,
     stats: tuple | None,
+    need_train: bool = True,
 ) -> tuple[dict[str, int], dict[str, str]]:
     """Write splits/<name>.npy (and, when `stats` = (fx, fy, cont), accumulate train rows)."""
     (out / "splits").mkdir()
@@ -193,7 +194,7 @@ def finish(
             accumulate(fx, fy, features, labels, np.flatnonzero(blk == TRAIN) + s, cont)
     hashes = {f"splits/{name}.npy": w.close() for name, w in zip(NAMES, writers, strict=True)}
     sizes = {name: w.rows for name, w in zip(NAMES, writers, strict=True)}
-    if sizes["train"] == 0:
+    if need_train and sizes["train"] == 0:
         raise DataError(
             f"{out.name}: no training rows are left after the splits; fix data.folds or the fractions"
         )

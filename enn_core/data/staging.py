@@ -169,16 +169,20 @@ def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults) -
     labels = np.load(tmp / "labels.npy", mmap_mode="r") if writer.has_labels else None
     codes = np.load(tmp / writer.codes_file, mmap_mode="r+")
     stats = None
-    if writer.stream is None:  # splits and train statistics need the full row count first
+    if training is not None:  # new data: every row is to be predicted ("test"), nothing fitted
+        codes[:] = splits.TEST
+    elif writer.stream is None:  # splits and train statistics need the full row count first
         splits.assign_file(data, codes)
         stats = (writer.fx, writer.fy, writer.cont)
-    sizes, split_hashes = splits.finish(tmp, codes, features, labels, stats)
+    sizes, split_hashes = splits.finish(
+        tmp, codes, features, labels, stats, need_train=training is None
+    )
     fx, fy, cont = writer.fx, writer.fy, writer.cont
     del codes
     (tmp / writer.codes_file).unlink()
     specs = enc.final_specs()
     std = fx.std()
-    for k, j in enumerate(cont):
+    for k, j in enumerate(cont if training is None else []):  # features-only: training's stats
         constant = bool(std[k] < 1e-12)
         specs[j].update(
             mean=float(fx.mean[k]), std=1.0 if constant else float(std[k]), constant=constant

@@ -15,10 +15,12 @@ import re
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from xml.etree.ElementTree import ParseError
 
 import numpy as np
 import openpyxl
 import openpyxl.xml
+from defusedxml import DefusedXmlException
 
 from enn_core.config import DataConfig
 from enn_core.data.sources import Chunk, SourceInfo
@@ -36,6 +38,18 @@ def canonical_section(raw: object, layout, where: str) -> str:
     if layout.canonical_sections:
         parts = sorted(parts)
     return layout.section_separator.join(parts)
+
+
+def _safe_rows(rows: Iterator[tuple], where: str) -> Iterator[tuple]:
+    """Rows of a read-only sheet, whose XML is parsed lazily: unsafe or broken XML -> DataError."""
+    try:
+        yield from rows
+    except DefusedXmlException as e:
+        raise DataError(
+            f"{where}: refused unsafe XML ({type(e).__name__}); do not stage this file, re-save it from a trusted tool"
+        ) from e
+    except ParseError as e:
+        raise DataError(f"{where}: malformed sheet XML ({e}); re-save the workbook") from e
 
 
 class WorkbookSource:
@@ -59,8 +73,19 @@ class WorkbookSource:
             )
         try:
             self.wb = openpyxl.load_workbook(path, read_only=True, data_only=True)
-        except (zipfile.BadZipFile, KeyError, OSError, ValueError) as e:
-            raise DataError(f"{path}: not a readable .xlsx workbook ({e}); save it as .xlsx") from e
+        except (zipfile.BadZipFile, KeyError, OSError, ValueError, ParseError) as e:
+            cause: BaseException | None = e
+            while cause is not None and not isinstance(cause, DefusedXmlException):
+                cause = cause.__cause__ or cause.__context__
+            if cause is not None:
+                raise DataError(
+                    f"{path}: refused unsafe XML ({type(cause).__name__}); do not stage this file, "
+                    "re-save it from a trusted tool"
+                ) from e
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DataError(
+                f"{path}: not a readable .xlsx workbook ({first}); save it as .xlsx"
+            ) from e
         self.sheets = self._parse_names()
         self.sections: list[str] = []
         self.hours: list[str] = []
@@ -134,7 +159,7 @@ class WorkbookSource:
     def _read_sheet(self, sheet: str, first: bool = False) -> dict[str, np.ndarray]:
         """{direction: [sections, hours] grid} for one sheet, checked against the first sheet."""
         where = f"{self.path} sheet {sheet!r}"
-        rows = self.wb[sheet].iter_rows(values_only=True)
+        rows = _safe_rows(self.wb[sheet].iter_rows(values_only=True), where)
         header = next(rows, None)
         if header is None:
             raise DataError(f"{where}: empty sheet; add the header and data rows")

@@ -6,7 +6,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from enn_core.config import DataConfig
 from enn_core.data.dataset import StagedDataset
 from tests.unit.data.conftest import (
     TABLE_CFG,
@@ -208,3 +210,27 @@ def test_streaming_and_after_pass_splits_agree(tmp_path):
     sa, sb = da.feature_specs[2], db.feature_specs[2]
     assert abs(sa["mean"] - sb["mean"]) < 1e-12 and abs(sa["std"] - sb["std"]) < 1e-12
     assert da.manifest["label_stats"] == db.manifest["label_stats"]
+
+
+def test_csv_features_only_reuses_training_encodings(tmp_path):
+    from enn_core.data.staging import stage_features
+    from enn_core.errors import DataError
+    from enn_core.paths import Layout
+
+    header, rows = table_rows(40)
+    train_csv = write_table_csv(tmp_path / "train.csv", rows, header)
+    _, trained = run_stage(tmp_path, source="csv", path=str(train_csv), **TABLE_CFG)
+    new_rows = [r[:3] for r in rows[5:9]]  # no label columns; a different mix of values
+    new_csv = write_table_csv(tmp_path / "new.csv", new_rows, header[:3])
+    data = DataConfig(source="csv", path=str(new_csv), **TABLE_CFG)
+    stage_features(data, Layout.for_root(tmp_path), tmp_path / "f", trained / "manifest.json")
+    ds, tr = StagedDataset(tmp_path / "f"), StagedDataset(trained)
+    assert ds.labels is None and ds.feature_specs == tr.feature_specs  # scaler and vocab reused
+    np.testing.assert_array_equal(ds.features, tr.features[5:9])
+    write_table_csv(tmp_path / "odd.csv", [["west", "01", 1.0]], header[:3])
+    odd = DataConfig(source="csv", path=str(tmp_path / "odd.csv"), **TABLE_CFG)
+    with pytest.raises(
+        DataError,
+        match=r"odd.csv line 2 column 'region': value 'west' is not in the training vocabulary",
+    ):
+        stage_features(odd, Layout.for_root(tmp_path), tmp_path / "g", trained / "manifest.json")

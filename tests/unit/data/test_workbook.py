@@ -163,3 +163,28 @@ def test_small_workbook_features_only_refuses_unknown_value(tmp_path, small_work
     ):
         stage_features(data, Layout.for_root(tmp_path), tmp_path / "f", out / "manifest.json")
     assert not (tmp_path / "f").exists()
+
+
+BOMB = (
+    '<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
+    '<!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">'
+    '<!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">]>'
+    '<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main"><sheetData>'
+    '<row r="1"><c r="A1" t="inlineStr"><is><t>&lol3;</t></is></c></row></sheetData></worksheet>'
+)
+
+
+@pytest.mark.timeout(60)
+def test_xml_bomb_workbook_is_refused(tmp_path, small_workbook):
+    import zipfile
+
+    from enn_core.errors import DataError
+
+    bad = tmp_path / "bomb.xlsx"
+    with zipfile.ZipFile(small_workbook) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = BOMB.encode() if item.filename == "xl/worksheets/sheet1.xml" else src.read(item)
+            dst.writestr(item, data)
+    with pytest.raises(DataError, match=r"bomb.xlsx.*refused unsafe XML \(EntitiesForbidden\)"):
+        run_stage(tmp_path, source="workbook", path=str(bad))
+    assert not (tmp_path / "outputs" / "stage-data").exists()
