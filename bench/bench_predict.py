@@ -9,7 +9,11 @@ baseline time / subject time (= subject / baseline throughput), once for the loo
 parts and once including the assembly.
 
     python bench/bench_predict.py [--rows 8192] [--pairs 5] [--batch 256] [--chunk 4096]
-        [--model path/to/model.pt]     # default: a freshly built default-size ENN
+        [--model path/to/model.pt | --set model.d_model=64 ...]
+
+The default model is small (d_model 16, 1 layer) on the real data's 39 x 24 grid, so that
+predict's own costs (parts, markers, checksums, assembly) are as visible as they can be; the
+default-size ENN on CPU (about 20 rows/s per thread here) hides them entirely.
 
 Target: ratio >= 0.9.
 """
@@ -39,11 +43,14 @@ from enn_core.predict.assemble import assemble  # noqa: E402
 from enn_core.predict.chunks import PartsPlan, PartStore  # noqa: E402
 from enn_core.predict.workers import WorkerJob, predict_parts, read_batch  # noqa: E402
 
+SMALL = ["model.d_model=16", "model.heads=2", "model.layers=1"]
 
-def make_inputs(work: Path, rows: int, model_path: str | None):
+
+def make_inputs(work: Path, rows: int, model_path: str | None, overrides: list[str]):
     """A staged synthetic dataset's features tiled to `rows`, and a model in eval mode."""
     (work / "params.yaml").write_text("{}\n")
-    cfg = load_config(None, ["data.synthetic.n_sections=39"])  # the real data's 39 x 24 grid
+    # the real data's 39 x 24 grid; model overrides size the model (--set model.d_model=...)
+    cfg = load_config(None, ["data.synthetic.n_sections=39", *overrides])
     staged = work / "staged"
     staging.stage(cfg.data, Layout.for_root(work), staged)
     from enn_core.data.dataset import StagedDataset
@@ -109,12 +116,18 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--model", default="")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument(
+        "--set", action="append", default=None, metavar="KEY=VALUE",
+        help="model config overrides (default: a small model, so I/O overheads show)",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     try:
-        features, model, shape = make_inputs(work, args.rows, args.model or None)
+        features, model, shape = make_inputs(
+            work, args.rows, args.model or None, args.set if args.set is not None else SMALL
+        )
         path = PredictionPath(model, None).eval()
         print(
             f"rows {args.rows}, batch {args.batch}, chunk {args.chunk}, output {list(shape)}, "
