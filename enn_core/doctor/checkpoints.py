@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from enn_core.doctor.context import DoctorContext, gib
 from enn_core.doctor.report import Check, Recorder
@@ -59,8 +60,8 @@ def dcp_round_trip(rec: Recorder, parent: Path, state: dict[str, torch.Tensor]) 
                     "step": torch.tensor(0),
                 }
                 dcp.load(back, checkpoint_id=str(where))
-            except (OSError, RuntimeError) as e:
-                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            except (OSError, RuntimeError, CheckpointException) as e:
+                first = _first_line(e)
                 rec.add("dcp round trip", "fail", f"DCP save/load in {where} failed: {first}",
                         "the training checkpoint directory (runtime.work_dir/checkpoints) must be writable with free space",
                         t(), path=str(where))  # fmt: skip
@@ -76,6 +77,14 @@ def dcp_round_trip(rec: Recorder, parent: Path, state: dict[str, torch.Tensor]) 
     rate = size / save_s / 2**20 if save_s > 0 else float("inf")
     rec.add("dcp round trip", "ok", f"{len(state)} tensors ({gib(size)}) saved at {rate:.0f} MiB/s and loaded "
             f"bit-exact in {secs:.2f} s under {parent}", seconds=secs, bytes=size)  # fmt: skip
+
+
+def _first_line(e: BaseException) -> str:
+    """The root error of a DCP failure (CheckpointException wraps each rank's exception)."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
 def consolidated(ctx: DoctorContext, rec: Recorder) -> None:

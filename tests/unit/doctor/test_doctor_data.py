@@ -20,7 +20,15 @@ def _by_name(checks) -> dict:
 def test_good_staged_data_passes(layout):
     staged(layout.root)
     checks = _by_name(data.run(context(layout)))
-    for name in ("manifest", "content hash", "non-finite", "memmaps", "fs data", "fs temp", "fs work"):
+    for name in (
+        "manifest",
+        "content hash",
+        "non-finite",
+        "memmaps",
+        "fs data",
+        "fs temp",
+        "fs work",
+    ):
         assert checks[name].status == "ok", checks[name]
     assert "features 0, labels 0" in checks["non-finite"].detail
     assert checks["fs data"].data["fstype"] not in ("", "unknown")
@@ -53,7 +61,10 @@ def test_modified_staged_values_fail_hash_and_nonfinite_with_the_row(layout):
     checks = _by_name(data.run(context(layout)))
     assert checks["content hash"].status == "fail"
     assert checks["non-finite"].status == "fail"
-    assert "features 1" in checks["non-finite"].detail and "first at row 5" in checks["non-finite"].detail
+    assert (
+        "features 1" in checks["non-finite"].detail
+        and "first at row 5" in checks["non-finite"].detail
+    )
 
 
 def test_truncated_array_fails_the_manifest_check(layout):
