@@ -118,6 +118,7 @@ def run(cfg, ctx) -> dict:
             loader=functools.partial(model_io.load_predictor, str(model_path), choice, str(device)),
             device=str(device), threads=_threads(cfg, world), fault=cfg.fault,
             fault_marker_dir=str(ctx.faults.marker_dir or ctx.run_dir),
+            hang_timeout_s=cfg.runtime.hang_timeout_s,
         )
         for r in range(world)
     ]  # fmt: skip

@@ -35,6 +35,7 @@ from enn_core.config import FaultConfig
 from enn_core.errors import EnnError, WorkerError
 from enn_core.fault import FaultInjector
 from enn_core.predict.chunks import PartsPlan, PartStore, parts_of_worker
+from enn_core.runtime.heartbeat import Heartbeat, read_heartbeats, stack_path
 
 Predictor = Callable[[torch.Tensor], torch.Tensor]
 
@@ -55,6 +56,7 @@ class WorkerJob:
     threads: int = 1
     fault: FaultConfig = field(default_factory=FaultConfig)
     fault_marker_dir: str = ""
+    hang_timeout_s: float = 0.0  # spawned workers: no progress for this long = hung (0 = off)
 
 
 def read_batch(features: np.ndarray, index: np.ndarray | None, b0: int, b1: int) -> torch.Tensor:
@@ -66,9 +68,13 @@ def read_batch(features: np.ndarray, index: np.ndarray | None, b0: int, b1: int)
     return torch.from_numpy(arr)
 
 
-def predict_parts(job: WorkerJob, predictor: Predictor | None = None) -> dict:
+def predict_parts(
+    job: WorkerJob, predictor: Predictor | None = None, beat: Heartbeat | None = None
+) -> dict:
     """Compute this worker's parts that are not already complete; returns counts and timings."""
     t0 = time.perf_counter()
+    if beat is not None:
+        beat.phase("load_model")
     predictor = predictor if predictor is not None else job.loader()
     store = PartStore(job.parts_dir, job.plan)
     faults = FaultInjector(job.fault, rank=job.rank, marker_dir=job.fault_marker_dir or None)
@@ -83,8 +89,12 @@ def predict_parts(job: WorkerJob, predictor: Predictor | None = None) -> dict:
                 reused.append(k)
                 continue
             start, stop = job.plan.part_range(k)
+            if beat is not None:
+                beat.phase("predict_part", k)
             with store.writing(k, rank=job.rank) as buf:
                 for b0 in range(start, stop, job.batch_size):
+                    if beat is not None:
+                        beat.progress()
                     b1 = min(b0 + job.batch_size, stop)
                     y = predictor(read_batch(features, index, b0, b1).to(device, non_blocking=True))
                     buf[b0 - start : b1 - start] = y.detach().to("cpu").numpy()
@@ -122,8 +132,10 @@ def _worker_main(job: WorkerJob, parent_pid: int) -> None:
     _die_with_parent(parent_pid)
     torch.set_num_threads(max(1, job.threads))
     status = Path(job.parts_dir) / f"worker-{job.rank}.json"
+    beat = Heartbeat(job.parts_dir, job.rank).start()
     try:
-        stats = predict_parts(job)
+        stats = predict_parts(job, beat=beat)
+        beat.stop()
     except BaseException as e:  # report any failure to the parent in one line, then exit 1
         msg = str(e).splitlines()[0] if str(e) else ""
         status.write_text(json.dumps({"rank": job.rank, "error": f"{type(e).__name__}: {msg}"}))
@@ -155,6 +167,7 @@ def run_workers(jobs: list[WorkerJob], *, poll_s: float = 0.05) -> list[dict]:
             for job, p in zip(jobs, procs, strict=True):
                 if p.exitcode not in (None, 0):
                     raise _failure(job, p.exitcode)
+            _check_hang(jobs, procs)
             time.sleep(poll_s)
         for job, p in zip(jobs, procs, strict=True):
             if p.exitcode != 0:
@@ -165,6 +178,28 @@ def run_workers(jobs: list[WorkerJob], *, poll_s: float = 0.05) -> list[dict]:
                 p.kill()
             p.join(timeout=10)
     return [_status(j.parts_dir, j.rank) for j in jobs]
+
+
+def _check_hang(jobs: list[WorkerJob], procs: list) -> None:
+    """A worker whose heartbeat shows no progress for hang_timeout_s is hung: dump its stack, fail."""
+    timeout = jobs[0].hang_timeout_s
+    if timeout <= 0:
+        return
+    beats = read_heartbeats(Path(jobs[0].parts_dir))
+    now = time.time()
+    for job, p in zip(jobs, procs, strict=True):
+        b = beats.get(job.rank)
+        if b is None or p.exitcode is not None or now - float(b["progress_time"]) <= timeout:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGUSR1)  # faulthandler writes every thread's stack
+        time.sleep(1.0)
+        where = f"phase {b.get('phase')} step {b.get('step')} at {b.get('frame')}"
+        raise WorkerError(
+            f"predict worker rank {job.rank}/{job.world_size} made no progress for {now - b['progress_time']:.0f} s "
+            f"(runtime.hang_timeout_s={timeout:g}; {where}); stacks in {stack_path(Path(job.parts_dir), job.rank)}; "
+            "completed parts are kept: re-run predict to resume"
+        )
 
 
 def _failure(job: WorkerJob, code: int) -> EnnError:

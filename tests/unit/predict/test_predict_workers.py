@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -16,6 +18,8 @@ from enn_core.errors import WorkerError
 from enn_core.predict.assemble import assemble
 from enn_core.predict.chunks import PartsPlan, PartStore
 from enn_core.predict.workers import WorkerJob, predict_parts, run_workers
+
+REPO = str(__import__("pathlib").Path(__file__).resolve().parents[3])
 
 
 def _setup(tmp_path, name, world, fault=None):
@@ -75,6 +79,7 @@ def test_two_workers_match_one_process_and_resume_after_a_killed_worker(tmp_path
     assert out.tobytes() == ref.tobytes()
 
 
+@pytest.mark.distributed
 def test_worker_error_is_reported_in_one_line(tmp_path):
     store, jobs = _setup(tmp_path, "bad", 2)
     jobs = [dataclasses.replace(j, features_path=str(tmp_path / "missing.npy")) for j in jobs]
@@ -84,3 +89,58 @@ def test_worker_error_is_reported_in_one_line(tmp_path):
         run_workers(jobs)
     assert "\n" not in str(e.value)
     assert os.getpid()  # the caller survived
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_hung_worker_is_found_by_its_heartbeat(tmp_path):
+    fault = FaultConfig(kind="hang", phase="predict_chunk", step=0, seconds=120)
+    store, jobs = _setup(tmp_path, "hang", 2, fault)
+    jobs = [dataclasses.replace(j, hang_timeout_s=3.0) for j in jobs]
+    t0 = time.monotonic()
+    with pytest.raises(
+        WorkerError, match=r"rank 0/2 made no progress for \d+ s .*phase predict_part step 0"
+    ):
+        run_workers(jobs)
+    assert time.monotonic() - t0 < 60
+    assert "predict_parts" in (store.root / "stacks" / "rank-0.txt").read_text()
+
+
+DIE_DRIVER = """
+import dataclasses, sys
+sys.path.insert(0, sys.argv[2])
+import test_predict_workers as t
+from pathlib import Path
+from enn_core.config import FaultConfig
+from enn_core.predict.workers import run_workers
+store, jobs = t._setup(Path(sys.argv[1]), "orphans", 2, FaultConfig(kind="hang", phase="predict_chunk", seconds=300))
+run_workers(jobs)
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_workers_die_with_a_killed_caller(tmp_path):
+    import psutil
+
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([REPO, here])}
+    caller = subprocess.Popen(
+        [sys.executable, "-c", DIE_DRIVER, str(tmp_path), here], env=env, cwd=REPO
+    )
+    try:
+        deadline = time.monotonic() + 60
+        children = []
+        while time.monotonic() < deadline and len(children) < 2:
+            children = [c for c in psutil.Process(caller.pid).children() if "python" in c.name()]
+            time.sleep(0.2)
+        assert len(children) >= 2
+        while not list((tmp_path / "orphans").glob("*.done")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the workers are running the model
+        caller.kill()
+        caller.wait(10)
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"orphaned workers: {[p.pid for p in alive]}"
+    finally:
+        if caller.poll() is None:
+            caller.kill()
