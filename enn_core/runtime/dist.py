@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from enn_core.errors import ConfigError
+
 # Variables a previous distributed job (or a parent torchrun) may leave in the launcher's
 # environment; the launcher removes them so each worker sees only what its agent sets.
 STALE_ENV = (
@@ -187,6 +189,12 @@ def apply_parallelism(
 
         ids = [env.device.index] if env.device.type == "cuda" else None
         record["wrap"] = "ddp"
+        if dist.get_debug_level() == dist.DebugLevel.DETAIL:
+            # torch 2.13 on gloo: DDP's construction logger segfaults on a DETAIL-wrapped group
+            raise ConfigError(
+                "train.fsdp=false (DDP) crashes under TORCH_DISTRIBUTED_DEBUG=DETAIL in torch 2.13; "
+                "unset TORCH_DISTRIBUTED_DEBUG or use train.fsdp=true"
+            )
         return DistributedDataParallel(model, device_ids=ids), record
     from torch.distributed.fsdp import (
         MixedPrecisionPolicy,

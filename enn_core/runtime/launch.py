@@ -313,6 +313,9 @@ def worker_error(run_dir: Path, cause: BaseException | None, watchdog: Watchdog)
         return cls(
             f"rank {rec['rank']} failed in phase {rec['phase']}{step}: {rec['type']}: {rec['message']} (logs in {run_dir / 'logs'})"
         )
+    died = _died_without_record(run_dir, cause, {r["rank"] for r in recs})
+    if died is not None:
+        return WorkerError(died)
     silent = _silent_peer(run_dir, {r["rank"] for r in recs})
     if silent is not None:
         return WorkerError(silent.message(run_dir))
@@ -339,4 +342,23 @@ def _silent_peer(run_dir: Path, failed: set[int]) -> Verdict | None:
             return Verdict(
                 r, h["phase"], h.get("step"), now - h["progress_time"], h.get("frame", ""), waiting
             )
+    return None
+
+
+def _died_without_record(
+    run_dir: Path, cause: BaseException | None, recorded: set[int]
+) -> str | None:
+    """A rank that crashed below Python (segfault, abort, kill): name it, its exit and phase."""
+    failures = getattr(cause, "failures", None) or {}
+    beats = read_heartbeats(run_dir)
+    for rank, f in sorted(failures.items()):
+        if rank in recorded or rank not in beats:
+            continue
+        how = f"signal {f.signal_name()}" if f.exitcode < 0 else f"exit code {f.exitcode}"
+        h = beats[rank]
+        step = f" step {h['step']}" if h.get("step") is not None else ""
+        return (
+            f"rank {rank} died with {how} in phase {h['phase']}{step} without a Python error "
+            f"(a crash below Python); its stderr is under {run_dir / 'logs'}"
+        )
     return None

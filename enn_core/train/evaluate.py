@@ -33,6 +33,8 @@ def validate(st, epoch: int) -> dict | None:
     with torch.no_grad():
         for lo, hi, n_real in eval_slices(n, st.cfg.eval_batch, rt.env.rank, rt.env.world_size):
             sums += _forward_sums(st, data.val_rows[lo:hi] if n_real else data.val_rows[:1], n_real)
+    if hasattr(rt.model, "reshard"):  # FSDP2 keeps the root unsharded after a no-grad forward
+        rt.model.reshard()
     all_reduce_sum(sums, rt.env)
     loss_sum, rows, abs_sum, sq_sum, cells = sums.tolist()
     return {

@@ -123,7 +123,10 @@ class _State:
         return self.rt.full_state() if self.rt.full_state is not None else None
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.rt.model.parameters(), *self.rt.model.buffers(), *self.loss_params]
+        """The optimizer's own parameters (FSDP2's sharded ones: `model.parameters()` returns
+        the unsharded ones while a module is unsharded, e.g. the root after an eval forward),
+        buffers and the loss's parameters."""
+        return [*self.all_params, *self.rt.model.buffers()]
 
 
 def train(

@@ -81,6 +81,7 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     finally:
         record_workers(ctx)
     summary = dict(results[0])
+    summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
     with atomic_dir(ctx.output()) as tmp:
         for name in OUTPUTS:
             shutil.copy2(result_dir / name, tmp / name)

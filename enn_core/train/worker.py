@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -137,11 +138,26 @@ def _run(
     hb.phase("checkpoint")
     faults.at("checkpoint")
     state = full_state(wrapped, env)
-    summary = _summary(result, env, choices)
+    summary = {**_summary(result, env, choices), **rank_summary(result, env)}
     if env.is_main:
         write_outputs(Path(job["result_dir"]), state, loss, cfg, data.manifest, result, summary)
     del wrapped, model, rt, loss, state  # before destroy_process_group: the FSDP2 exit-abort fix
-    return summary if env.is_main else {"rank": env.rank}
+    return summary if env.is_main else rank_summary(result, env)
+
+
+def rank_summary(result: TrainResult, env: DistEnv) -> dict[str, Any]:
+    """What every rank decided: the caller checks that the ranks agreed."""
+    losses = ",".join(float(v).hex() for v in result.step_losses)
+    return {
+        "rank": env.rank,
+        "step_losses_sha": hashlib.sha256(losses.encode()).hexdigest()[:16],
+        "applied_steps": result.applied_steps,
+        "skipped_steps": result.skipped_steps,
+        "oom_backoffs": len(result.backoffs),
+        "micro_batch": result.micro_batch,
+        "best_epoch": result.best_epoch,
+        "epochs_run": len(result.history),
+    }
 
 
 def _val_rows(data: StagedDataset):
