@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,14 @@ def content_hash(files: dict[str, dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()
 
 
-def hash_files(paths: list[Path], block: int = 4 << 20) -> str:
+def hash_files(paths: list[Path], stop: threading.Event | None = None, block: int = 4 << 20) -> str:
     """sha256 of the files' bytes, one after the other (the input's content hash)."""
     h = hashlib.sha256()
     for path in paths:
         with open(path, "rb") as f:
             while chunk := f.read(block):
+                if stop is not None and stop.is_set():
+                    return ""
                 h.update(chunk)
     return h.hexdigest()
 

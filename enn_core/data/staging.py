@@ -17,6 +17,7 @@ import errno
 import hashlib
 import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -161,9 +162,14 @@ def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults) -
     enc = Encoder(info.feature_names, data, frozen)
     file = str(info.path or "synthetic")
     writer = ChunkWriter(tmp, data, info, enc, file, faults)
+    stop = threading.Event()  # a failed run does not wait for the whole input to be hashed
     with ThreadPoolExecutor(max_workers=1) as pool:  # hash the input while staging it
-        src_hash = pool.submit(hash_files, info.inputs) if info.inputs else None
-        writer.run(source)
+        src_hash = pool.submit(hash_files, info.inputs, stop) if info.inputs else None
+        try:
+            writer.run(source)
+        except BaseException:
+            stop.set()
+            raise
         writer.source_hash = src_hash.result() if src_hash else None
     features = np.load(tmp / "features.npy", mmap_mode="r")
     labels = np.load(tmp / "labels.npy", mmap_mode="r") if writer.has_labels else None
