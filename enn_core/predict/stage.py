@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import torch
 
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.checkpoint import load_model
@@ -61,6 +62,13 @@ def input_fingerprint(ds: StagedDataset, index: np.ndarray | None) -> str:
     h = hashlib.sha256(str(ds.fingerprint).encode())
     h.update(b"all" if index is None else np.ascontiguousarray(index).tobytes())
     return h.hexdigest()
+
+
+def _rank_device(device: torch.device, rank: int) -> str:
+    """Workers share the visible GPUs round-robin; on CPU they all use the CPU."""
+    if device.type == "cuda":
+        return f"cuda:{rank % max(1, torch.cuda.device_count())}"
+    return str(device)
 
 
 def _threads(cfg, world: int) -> int:
@@ -116,7 +124,7 @@ def run(cfg, ctx) -> dict:
             features_path=str(Path(data_dir) / ds.manifest["features"]["file"]),
             index_path=str(index_path) if index_path else None, batch_size=p.batch_size,
             loader=functools.partial(model_io.load_predictor, str(model_path), choice, str(device)),
-            device=str(device), threads=_threads(cfg, world), fault=cfg.fault,
+            device=_rank_device(device, r), threads=_threads(cfg, world), fault=cfg.fault,
             fault_marker_dir=str(ctx.faults.marker_dir or ctx.run_dir),
             hang_timeout_s=cfg.runtime.hang_timeout_s,
         )
