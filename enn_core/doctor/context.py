@@ -140,14 +140,14 @@ class DoctorContext:
     def _load_sample(self) -> tuple[dict, np.ndarray, Path, str]:
         from enn_core.data.dataset import StagedDataset
 
-        why = f"no staged data at {self.staged_dir}"
+        why = "no staged data"
         if (self.staged_dir / "manifest.json").exists():
             try:
                 ds = StagedDataset(self.staged_dir)
                 rows = np.array(ds.features[: min(SAMPLE_ROWS, ds.n_rows)], dtype=np.float32)
                 if len(rows):
-                    return ds.manifest, rows, self.staged_dir, f"staged data {self.staged_dir}"
-                why = f"staged data at {self.staged_dir} has no rows"
+                    return ds.manifest, rows, self.staged_dir, "staged data"
+                why = "staged data has no rows"
             except (EnnError, OSError, ValueError) as e:
                 why = f"staged data unusable ({str(e).splitlines()[0][:120]})"
         return (*self._synthetic(), f"synthetic manifest ({why})")
