@@ -29,6 +29,7 @@ def real(tmp_path_factory):
 
 
 @needs_shared
+@real_workbook
 def test_real_workbook_stages_168_x_39_x_24(real):
     _, ds = real
     m = ds.manifest
@@ -49,6 +50,7 @@ def test_real_workbook_stages_168_x_39_x_24(real):
 
 
 @needs_shared
+@real_workbook
 def test_sections_canonicalised_so_both_directions_share_one_order(real):
     _, ds = real
     sections = ds.manifest["label_axis_values"]["section"]
@@ -68,6 +70,7 @@ def test_sections_canonicalised_so_both_directions_share_one_order(real):
 
 
 @needs_shared
+@real_workbook
 def test_features_only_real_workbook_without_hour_columns(real, tmp_path):
     root, ds = real
     # the workbook's sheets, sections and directions without its hour columns (rebuilt from the
