@@ -131,6 +131,11 @@ class FeatureEncoder(nn.Module):
         self.register_buffer("vocab_sizes", idx(layout.vocab_sizes), persistent=False)
         # One extra row per table: codes outside the vocabulary ("unknown").
         self.embeddings = nn.ModuleList(nn.Embedding(v + 1, embed_dim) for v in layout.vocab_sizes)
+        # Zero init: a category the training rows never had (e.g. a held-out month, whose
+        # code exists because the vocabulary spans the period) stays neutral instead of
+        # feeding a random vector; seen categories move away from zero with their gradients.
+        for emb in self.embeddings:
+            nn.init.zeros_(emb.weight)
         self.out_dim = (
             len(layout.continuous) + embed_dim * len(layout.categorical) + 2 * len(layout.cyclic)
         )

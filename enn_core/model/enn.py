@@ -28,7 +28,7 @@ from torch import nn
 from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError, DataError
 from enn_core.model.encoding import FeatureEncoder, floor_std, parse_feature_specs
-from enn_core.model.layers import MLP, FP32Head, ResidualBlock, SpatioTemporalBlock
+from enn_core.model.layers import MLP, FP32Head, ResidualBlock, SpatioTemporalBlock, autocast_off
 
 PRESETS = ("tabular", "spatiotemporal")
 
@@ -135,6 +135,9 @@ class SpatioTemporalENN(ENN):
         )
         self.head = FP32Head(d, 1)
         self.cell_bias = nn.Parameter(torch.zeros(s, t))
+        # A direct per-cell linear read-out of the sample's context: lets each cell learn how
+        # the keys (day type, direction, ...) shift it without going through attention.
+        self.cell_readout = nn.Parameter(torch.zeros(s, t, d))
 
     def trunk(self, enc: torch.Tensor) -> torch.Tensor:
         c = self.context(enc)  # [B, d]
@@ -146,7 +149,9 @@ class SpatioTemporalENN(ENN):
             ctx = self.context_tokens(c).reshape(c.shape[0], self.cfg.context_tokens, c.shape[1])
         for blk in self.blocks:
             x = blk(x, c, ctx)
-        return self.head(x).squeeze(-1) + self.cell_bias
+        out = self.head(x).squeeze(-1)
+        with autocast_off(c.device.type):  # the read-out is part of the fp32 tail
+            return out + self.cell_bias + torch.einsum("bd,std->bst", c.float(), self.cell_readout)
 
 
 def label_statistics(

@@ -183,7 +183,15 @@ class FP32Head(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled(x.device.type):
-            with torch.autocast(device_type=x.device.type, enabled=False):
-                return self.out(self.norm(x.float()))
-        return self.out(self.norm(x.float()))
+        with autocast_off(x.device.type):
+            return self.out(self.norm(x.float()))
+
+
+@contextlib.contextmanager
+def autocast_off(device_type: str) -> Iterator[None]:
+    """Autocast disabled inside (a no-op when it is off, so export graphs stay plain)."""
+    if torch.is_autocast_enabled(device_type):
+        with torch.autocast(device_type=device_type, enabled=False):
+            yield
+    else:
+        yield
