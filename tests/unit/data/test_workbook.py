@@ -19,6 +19,8 @@ from tests.unit.data.conftest import SHARED_WORKBOOK, run_stage, write_workbook
 needs_shared = pytest.mark.skipif(
     not SHARED_WORKBOOK.exists(), reason=f"{SHARED_WORKBOOK} is absent"
 )
+# parsing the real 84-sheet workbook takes 4-12 s on a shared 2-core machine
+real_workbook = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
