@@ -1,0 +1,48 @@
+"""The whole doctor: every layer on staged data through main() (quick: no compile, no export),
+and on a CUDA machine the NCCL lane, bf16 and CUDA memory telemetry."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+from doctor_fixtures import make_config, staged
+
+from enn_core.doctor import LAYERS, main, run_doctor
+from enn_core.telemetry import GpuSampler, memory_snapshot
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_quick_doctor_on_staged_data_passes(layout):
+    staged(layout.root)
+    out = io.StringIO()
+    code = main(make_config(), layout, quick=True, as_json=True, out=out)
+    doc = json.loads(out.getvalue())
+    assert code == 0, [c for c in doc["checks"] if c["status"] == "fail"]
+    assert {c["layer"] for c in doc["checks"]} == set(LAYERS)
+    skipped = {(c["layer"], c["name"]) for c in doc["checks"] if c["status"] == "skip"}
+    assert {("kernels", "compile"), ("export", "torch.export")} <= skipped
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_doctor_on_cuda(layout):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    report = run_doctor(make_config("runtime.device=cuda"), layout, quick=True,
+                        only=["precision", "workers", "distributed"])  # fmt: skip
+    assert report.exit_code == 0, report.table()
+    assert report.find("workers")[0].data["lanes"] == ["gloo", "nccl"]
+    assert "nccl" in report.find("distributed", "backend")[0].detail
+    mem = memory_snapshot("cuda:0")
+    assert {"cuda_allocated_mib", "cuda_reserved_mib", "cuda_peak_mib"} <= set(mem)
+    sampler = GpuSampler("cuda:0", interval=0.1).start()
+    torch.cuda.synchronize()
+    sampler._stop.wait(0.5)  # let it take a few samples
+    summary = sampler.stop()
+    assert (summary is None) == (not sampler.available)
+    if summary is not None:
+        assert 0 <= summary["util_pct"] <= 100 and summary["power_limit_w"] > 0
