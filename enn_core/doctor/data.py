@@ -50,12 +50,17 @@ def places(ctx: DoctorContext) -> dict[str, Path]:
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(
         Path(tempfile.gettempdir()) / f"torchinductor_{_user()}"
     )
-    return {
+    out = {
         "data": ctx.staged_dir,
         "temp": Path(tempfile.gettempdir()),
         "work": ctx.layout.work,
         "compile-cache": Path(inductor),
     }
+    # Python silently skips an unusable TMPDIR, but gcc (torch.compile) and other tools do not.
+    env = os.environ.get("TMPDIR")
+    if env and Path(env).resolve() != out["temp"].resolve():
+        out["TMPDIR"] = Path(env)
+    return out
 
 
 def _user() -> str:
@@ -256,7 +261,7 @@ def _nearest_dir(path: Path) -> Path:
 
 def _write_fix(place: str, mnt) -> str:
     why = "it is mounted read-only" if mnt.read_only else "check its free space and permissions"
-    if place == "temp":
+    if place in ("temp", "TMPDIR"):
         return f"set TMPDIR to a writable directory with free space ({why}); torch.compile, DCP and exports write there"
     if place == "work":
         return f"set runtime.work_dir (or ENN_WORK_DIR) to a writable directory ({why})"

@@ -93,6 +93,17 @@ def test_read_only_temp_dir_fails(layout, tmpfs, tmp_path, monkeypatch):
     assert "mounted read-only" in check.fix
 
 
+def test_unusable_tmpdir_is_named_although_python_falls_back(layout, tmpfs, tmp_path, monkeypatch):
+    ro = tmpfs(tmp_path / "ro-env-tmp", size="1m", ro=True)
+    monkeypatch.setenv("TMPDIR", str(ro))
+    checks = _by_name(data.run(context(layout)))
+    assert (
+        checks["fs TMPDIR"].status == "fail"
+        and "Read-only file system" in checks["fs TMPDIR"].detail
+    )
+    assert "TMPDIR" in checks["fs TMPDIR"].fix
+
+
 def test_full_temp_dir_fails(layout, tmpfs, tmp_path, monkeypatch):
     full = tmpfs(tmp_path / "full-tmp", size="64k")
     try:
