@@ -48,7 +48,12 @@ def run(ctx: DoctorContext) -> list[Check]:
     rec = Recorder("workers")
     n, why = worker_count(ctx)
     timeout = min(ctx.cfg.runtime.pg_timeout_steady_s, MAX_TIMEOUT_S)
-    run_dir = Path(tempfile.mkdtemp(prefix="enn-doctor-workers-", dir=_run_parent(ctx)))
+    try:
+        run_dir = Path(tempfile.mkdtemp(prefix="enn-doctor-workers-", dir=_run_parent(ctx)))
+    except OSError as e:
+        rec.add("all-reduce", "fail", f"no directory for the workers' run records ({e.strerror or e})",
+                "make runtime.work_dir or TMPDIR writable (see the data layer's fs lines)")  # fmt: skip
+        return rec.checks
     with rec.timer() as t:
         try:
             results = start_and_reduce(ctx.cfg, ctx.device.type, n, run_dir, timeout)
