@@ -19,6 +19,9 @@ class RuntimeConfig:
     deterministic: bool = opt(True, "torch.use_deterministic_algorithms and fixed threads, so a seed gives a bit-identical loss curve on CPU.")
     max_restarts: int = opt(0, "Elastic restarts of the worker group after a failure or hang.")
     hang_timeout_s: float = opt(120.0, "A rank whose heartbeat is older than this is declared hung; stacks are dumped and the attempt ends.")
+    spawn_budget_s: float = opt(90.0, "Phase budget: seconds a worker may take from launch to its first heartbeat (imports, spawn), on top of hang_timeout_s.")
+    compile_budget_s: float = opt(300.0, "Phase budget of the compile phase (torch.compile is 20-30 s per graph cold on CPU).")
+    checkpoint_budget_s: float = opt(300.0, "Phase budget of the checkpoint phase (gathering and writing the model).")
     pg_timeout_s: float = opt(300.0, "Process-group timeout during bootstrap and the first step.")
     pg_timeout_steady_s: float = opt(120.0, "Process-group timeout after the first step.")
     task_timeout_s: float = opt(7200.0, "Prefect task timeout for a whole stage.")
@@ -32,6 +35,7 @@ class RuntimeConfig:
             raise ConfigError("runtime.threads_per_worker must be >= 0 (0 = auto)")
         if self.max_restarts < 0:
             raise ConfigError("runtime.max_restarts must be >= 0")
-        for name in ("hang_timeout_s", "pg_timeout_s", "pg_timeout_steady_s", "task_timeout_s"):
+        for name in ("hang_timeout_s", "pg_timeout_s", "pg_timeout_steady_s", "task_timeout_s",
+                     "spawn_budget_s", "compile_budget_s", "checkpoint_budget_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"runtime.{name} must be > 0 seconds")

@@ -231,29 +231,27 @@ class Watchdog:
                 missing = sorted(set(range(self.nprocs)) - set(beats))
                 return Verdict(missing[0], "spawn", None, now - started, "never wrote a heartbeat")
             return None
-        stale = {
-            r: h
-            for r, h in beats.items()
-            if h["phase"] != "done" and now - h["progress_time"] > self.budget(h["phase"])
-        }
+        active = {r: h for r, h in beats.items() if h["phase"] != "done"}
+        age = {r: now - h["progress_time"] for r, h in active.items()}
+        stale = {r for r, h in active.items() if age[r] > self.budget(h["phase"])}
         if not stale:
             return None
-        # The culprit is a stale rank not inside a collective (or whose beating thread died);
-        # ranks blocked in torch.distributed are waiting for it.
-        dead = {
-            r
-            for r, h in beats.items()
-            if now - h.get("beat_time", now) > max(5.0, self.hang_timeout_s / 2)
-        }
-        culprits = [r for r, h in stale.items() if not h.get("in_collective") or r in dead]
-        waiting = sorted(
-            r for r, h in beats.items() if h.get("in_collective") and r not in culprits
-        )
-        if (
-            not culprits
-        ):  # everyone in a collective: name the rank that made progress least recently
-            culprits = [min(stale, key=lambda r: stale[r]["progress_time"])]
-        r = sorted(culprits)[0]
+        # The culprit is a stale rank outside any collective; a rank inside one is a victim,
+        # even when its beating thread stalls (a C++ collective can hold the GIL). A victim
+        # goes stale first (it entered the collective before the culprit stopped), so wait
+        # for the culprit to go stale too, unless every rank is stale or the wait has lasted
+        # a second budget (then: the rank outside a collective, else the oldest).
+        silent = sorted(r for r in stale if not active[r].get("in_collective"))
+        if silent:
+            r = silent[0]
+        elif len(stale) == len(active) or any(
+            age[k] > 2 * self.budget(active[k]["phase"]) for k in stale
+        ):
+            outside = [k for k in active if not active[k].get("in_collective")]
+            r = max(outside or stale, key=lambda k: age[k])
+        else:
+            return None
+        waiting = sorted(k for k, h in active.items() if h.get("in_collective") and k != r)
         h = beats[r]
         return Verdict(
             r, h["phase"], h.get("step"), now - h["progress_time"], h.get("frame", ""), waiting

@@ -76,10 +76,13 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
         results = launch(
             worker.main, (str(job_path),), nprocs=world, run_dir=ctx.run_dir,
             hang_timeout_s=cfg.runtime.hang_timeout_s, max_restarts=cfg.runtime.max_restarts,
+            budgets={"spawn": cfg.runtime.spawn_budget_s, "compile": cfg.runtime.compile_budget_s,
+                     "checkpoint": cfg.runtime.checkpoint_budget_s},
             start_method=cfg.runtime.start_method, timeout_s=cfg.runtime.task_timeout_s,
         )  # fmt: skip
     finally:
         record_workers(ctx)
+        forward_logs(ctx)
     summary = dict(results[0])
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
     with atomic_dir(ctx.output()) as tmp:
@@ -103,3 +106,11 @@ def record_workers(ctx: StageContext) -> None:
         ctx.events.param("workers/restarts", max(int(h.get("attempt", 0)) for h in beats.values()))
     for log in sorted(Path(ctx.run_dir, "logs").glob("rank-*.log")):
         ctx.events.artifact(log, "logs")
+
+
+def forward_logs(ctx: StageContext, tail: int = 20) -> None:
+    """The last lines of each rank's log into the stage's logger (the Prefect task log)."""
+    for log in sorted(Path(ctx.run_dir, "logs").glob("rank-*.log")):
+        lines = log.read_text(errors="replace").splitlines()[-tail:]
+        for line in lines:
+            ctx.logger.info("%s", line)
