@@ -32,7 +32,6 @@ from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError, WorkerError
 
 MAX_TIMEOUT_S = 60.0
-SPAWN_BUDGET_S = 120.0  # importing torch in N fresh processes on a loaded machine
 PHASE = "doctor_allreduce"
 
 
@@ -108,9 +107,10 @@ def start_and_reduce(
     spec = run_dir / "doctor-job.json"
     spec.write_text(json.dumps({"config": to_plain(cfg), "run_dir": str(run_dir), "device": device,
                                 "timeout_s": timeout_s, "marker_dir": str(run_dir)}, default=str))  # fmt: skip
+    spawn = cfg.runtime.spawn_budget_s  # importing torch in N fresh processes on a loaded machine
     results = launch(worker, (str(spec),), nprocs=n, run_dir=run_dir, hang_timeout_s=timeout_s,
-                     budgets={"bootstrap": SPAWN_BUDGET_S, "process_group": SPAWN_BUDGET_S},
-                     start_method=cfg.runtime.start_method, timeout_s=SPAWN_BUDGET_S + 3 * timeout_s)  # fmt: skip
+                     budgets={"spawn": spawn, "bootstrap": spawn, "process_group": spawn},
+                     start_method=cfg.runtime.start_method, timeout_s=2 * spawn + 3 * timeout_s)  # fmt: skip
     if sorted(results) != list(range(n)):
         raise WorkerError(f"expected results from ranks 0..{n - 1}, got {sorted(results)}")
     return results
