@@ -71,7 +71,9 @@ def compare(
         subject()
     times_b, times_s, ratios = [], [], []
     for i in range(pairs):
-        order = (("b", baseline), ("s", subject)) if i % 2 == 0 else (("s", subject), ("b", baseline))
+        order = (
+            (("b", baseline), ("s", subject)) if i % 2 == 0 else (("s", subject), ("b", baseline))
+        )
         got = {}
         for key, fn in order:
             if setup:
@@ -94,8 +96,14 @@ def compare(
         "meets_target": None if target is None else statistics.median(ratios) >= target,
         "machine": machine_facts(),
     }
-    print(f"{name}: median ratio baseline/subject = {result['ratio_median']:.3f} "
-          f"(min {result['ratio_min']:.3f}, max {result['ratio_max']:.3f}, {pairs} pairs)"
-          + (f"; target >= {target}: {'met' if result['meets_target'] else 'NOT met'}" if target else ""))
+    print(
+        f"{name}: median ratio baseline/subject = {result['ratio_median']:.3f} "
+        f"(min {result['ratio_min']:.3f}, max {result['ratio_max']:.3f}, {pairs} pairs)"
+        + (
+            f"; target >= {target}: {'met' if result['meets_target'] else 'NOT met'}"
+            if target
+            else ""
+        )
+    )
     print(json.dumps(result, indent=2), file=sys.stderr)
     return result

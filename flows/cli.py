@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Starts `prefect server start` on 127.0.0.1 (a free port, unless PREFECT_API_URL "
                                    "is set) and serves both deployments until Ctrl-C.")
     _common(p)
+    p = sub.add_parser("doctor", help="Check the execution path layer by layer (data, model, kernels, precision, "
+                                      "workers, distributed, checkpoints, export): ok / warn / fail with the fix.",
+                       description="Each line: ok, warn or fail, the measured detail and the fix. Exit 1 on any fail.")
+    _common(p)
+    p.add_argument("--quick", action="store_true", help="Skip the slow checks (torch.compile, torch.export).")
+    p.add_argument("--json", action="store_true", help="JSON for machines instead of the table.")
+    p.add_argument("--only", default=None, metavar="LAYERS", help="Comma-separated layers, e.g. data,model.")
     p = sub.add_parser("ui", help="Start the MLflow UI (mlflow server on 127.0.0.1 over the project's store).",
                        description="mlflow server over work/mlflow with job execution off; Ctrl-C stops it.")
     _common(p)
@@ -139,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             from flows.deploy import deploy
 
             return deploy(cfg, config, config.parent / "prediction" / "params.yaml")
+        if args.command == "doctor":
+            from enn_core.doctor import main as doctor_main
+
+            layout = Layout.for_root(config.parent, cfg.runtime.work_dir)
+            return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
         if args.command == "ui":
             return ui_command(cfg, config, args.port)
         return run_stage_command(args.command, config, args.overrides, getattr(args, "pipeline", "training"))

@@ -48,6 +48,14 @@ def publish(stage: str, result: StageResult) -> None:
         create_table_artifact(key=f"{stage}-{name}".replace("_", "-").lower(), table=table, description=f"{stage}: {name}")
 
 
+def publish_diagnostics(stage: str, session: PipelineSession) -> None:
+    """The stage's diagnostics record (written by the runner, also on failure) as an artifact."""
+    md = session.layout.run_dir(session.run_id, stage) / "diagnostics.md"
+    if md.exists():
+        create_markdown_artifact(key=f"{stage}-diagnostics", markdown=md.read_text(),
+                                 description=f"{stage}: where a problem is (diagnostics record)")
+
+
 def run_stage(stage: str, config_path: str, session: PipelineSession) -> dict:
     cfg = load_config(config_path)
     root = session.layout.root
@@ -58,7 +66,10 @@ def run_stage(stage: str, config_path: str, session: PipelineSession) -> dict:
             result = StageResult(stage, "skipped", why, {}, "", None, 0.0, 0.0)
             publish(stage, result)
             return result.to_dict()
-    result = execute_stage(stage, cfg, session)
+    try:
+        result = execute_stage(stage, cfg, session)
+    finally:
+        publish_diagnostics(stage, session)
     if use_dvc:
         dvc_state.commit(root, stage)
     publish(stage, result)

@@ -88,8 +88,11 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
         if tracker:
             tracker.log_artifact(child_id, config_path)
         w0 = time.perf_counter()
-        ctx.faults.at(stage)  # the stage's own name is a fault phase (tests: raise, hang, kill...)
-        summary = fn(cfg, ctx) or {}
+        try:
+            ctx.faults.at(stage)  # the stage's own name is a fault phase (tests: raise, hang, kill...)
+            summary = fn(cfg, ctx) or {}
+        finally:  # the diagnostics record names the cause, also (above all) when the stage failed
+            write_diagnostics(run_dir, tracker, child_id)
         work_seconds = time.perf_counter() - w0
         out = layout.output(stage)
         if out.is_dir():
@@ -106,6 +109,20 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
                 summary = {**summary, "registry": registry}
     return StageResult(stage, "ran", "executed", summary, str(run_dir), child_id,
                        time.perf_counter() - t0, work_seconds)
+
+
+def write_diagnostics(run_dir: Path, tracker, child_id: str | None) -> Path:
+    """diagnostics.json + diagnostics.md in the run directory (choices, bottlenecks, non-finite
+    tensors, OOM back-offs, worker phases, errors); logged to the stage's MLflow run."""
+    from enn_core.doctor import record
+
+    diag = record.diagnostics(run_dir)
+    path = record.write(run_dir, diag)
+    (run_dir / "diagnostics.md").write_text(record.markdown(diag))
+    if tracker:
+        tracker.log_artifact(child_id, path)
+        tracker.log_artifact(child_id, run_dir / "diagnostics.md")
+    return path
 
 
 def resolve_inputs(stage: str, cfg: RunConfig, run_dir: Path) -> RunConfig:
