@@ -29,6 +29,10 @@ class ModelConfig:
     context_tokens: int = opt(
         4, "spatiotemporal: context tokens the grid cross-attends to (conditioning with 'cross')."
     )
+    feature_dropout: float = opt(
+        0.0,
+        "Training only: probability of zeroing a whole feature's encoding per sample (what an unseen category looks like), so the model learns predictions that do not lean on one key.",
+    )
     ffn_mult: int = opt(2, "Hidden width of the per-token MLP as a multiple of d_model.")
 
     def __post_init__(self) -> None:
@@ -42,6 +46,10 @@ class ModelConfig:
         if not 0 <= self.dropout < 1:
             raise ConfigError(
                 f"model.dropout={self.dropout} is outside [0, 1); use e.g. 0.0 or 0.1"
+            )
+        if not 0 <= self.feature_dropout < 1:
+            raise ConfigError(
+                f"model.feature_dropout={self.feature_dropout} is outside [0, 1); use e.g. 0.0 or 0.2"
             )
         if self.embed_dim < 1:
             raise ConfigError(f"model.embed_dim={self.embed_dim} must be >= 1 (e.g. 16)")

@@ -114,9 +114,10 @@ def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
 class FeatureEncoder(nn.Module):
     """Raw features [B, F] -> encoded vector [B, out_dim] (float32) and per-feature tokens."""
 
-    def __init__(self, layout: FeatureLayout, embed_dim: int) -> None:
+    def __init__(self, layout: FeatureLayout, embed_dim: int, feature_dropout: float = 0.0) -> None:
         super().__init__()
         self.layout = layout
+        self.feature_dropout = feature_dropout
         self.embed_dim = embed_dim
         idx = lambda t: torch.tensor(t, dtype=torch.long)  # noqa: E731
         self.register_buffer("cont_idx", idx(layout.continuous), persistent=False)
@@ -141,19 +142,33 @@ class FeatureEncoder(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Feature dropout (training only): a dropped feature's encoding is zero, which is what
+        # an unseen category looks like (zero-init embedding), so the model learns a sensible
+        # prediction for it. Eval and export never take this branch.
+        keep = None
+        if self.training and self.feature_dropout > 0:
+            keep = (
+                torch.rand(x.shape[0], self.layout.n_features, device=x.device)
+                >= self.feature_dropout
+            ).float()
         parts = []
         if self.layout.continuous:
             raw = x.index_select(1, self.cont_idx).to(torch.float64)
-            parts.append(((raw - self.cont_mean) / self.cont_std).to(torch.float32))
+            z = ((raw - self.cont_mean) / self.cont_std).to(torch.float32)
+            parts.append(z if keep is None else z * keep.index_select(1, self.cont_idx))
         if self.layout.categorical:
             codes = torch.round(x.index_select(1, self.cat_idx).to(torch.float64)).to(torch.long)
             bad = (codes < 0) | (codes >= self.vocab_sizes)
             codes = torch.where(bad, self.vocab_sizes.expand_as(codes), codes)
             for j, emb in enumerate(self.embeddings):
-                parts.append(emb(codes[:, j]).to(torch.float32))
+                e = emb(codes[:, j]).to(torch.float32)
+                parts.append(e if keep is None else e * keep[:, self.layout.categorical[j], None])
         if self.layout.cyclic:
             angle = (
                 x.index_select(1, self.cyc_idx).to(torch.float64) - self.cyc_offset
             ) * self.cyc_freq
-            parts.append(torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32))
+            sc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32)
+            if keep is not None:
+                sc = sc * keep.index_select(1, self.cyc_idx).repeat(1, 2)
+            parts.append(sc)
         return torch.cat(parts, dim=1)

@@ -45,7 +45,9 @@ class ENN(nn.Module):
         self.cfg = cfg
         self.label_shape = tuple(int(s) for s in manifest["label_shape"])
         self.feature_names = parse_feature_specs(manifest["feature_specs"]).names
-        self.encoder = FeatureEncoder(parse_feature_specs(manifest["feature_specs"]), cfg.embed_dim)
+        self.encoder = FeatureEncoder(
+            parse_feature_specs(manifest["feature_specs"]), cfg.embed_dim, cfg.feature_dropout
+        )
         self.register_buffer("label_mean", torch.as_tensor(label_mean, dtype=torch.float32))
         self.register_buffer("label_std", torch.as_tensor(label_std, dtype=torch.float32))
 

@@ -142,3 +142,21 @@ def test_cyclic_kind_uses_offset(tiny_cfg):
     # sin/cos of month code 0 then of hour (7 - 1) / 24.
     assert e[0, -2].item() == pytest.approx(np.sin(2 * np.pi * 6 / 24), abs=1e-6)
     assert e[0, -1].item() == pytest.approx(np.cos(2 * np.pi * 6 / 24), abs=1e-6)
+
+
+def test_feature_dropout_training_only(manifest):
+    cfg = ModelConfig(d_model=16, heads=2, layers=1, embed_dim=4, feature_dropout=0.9)
+    model = build_model(cfg, manifest)
+    with torch.no_grad():
+        for emb in model.encoder.embeddings:
+            emb.weight.fill_(1.0)
+    x = torch.from_numpy(make_features(64))
+    model.train()
+    torch.manual_seed(0)
+    e = model.encoder(x)
+    assert (e == 0).float().mean() > 0.7  # most features dropped to their zero encoding
+    model.eval()
+    full = model.encoder(x)
+    assert (full[:, 1:13] == 1.0).all() and torch.equal(full, model.encoder(x))
+    with pytest.raises(ConfigError, match="feature_dropout"):
+        ModelConfig(feature_dropout=1.0)
