@@ -45,7 +45,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "prepare-checkpoint": ("model", "checkpoint"),
     "distributed-train": ("model", "train", "checkpoint"),
     "validate": (),
-    "predict": ("predict",),
+    "predict": ("data", "predict"),
     "collapse-check": ("collapse",),
     "export": ("export",),
 }
