@@ -14,7 +14,9 @@ Run: `enn run --flow prediction [--model models:/enn-model@champion]`.
 
 from __future__ import annotations
 
-from prefect import flow
+from pathlib import Path
+
+from prefect import flow, get_run_logger
 
 from flows.training import run_stages, select
 from tasks.collapse_check import collapse_check
@@ -30,7 +32,16 @@ def prediction(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None,
                until: str | None = None) -> dict:
     """Stage new data, predict with `model` (default: predict.model of the config), check collapse."""
     overrides = list(overrides or [])
-    if model:
+    if model and model.startswith(("models:/", "runs:/")):
+        # A registry reference cannot be hashed by DVC: download that version next to the
+        # pipeline (prediction/model/) and predict from the local copy, which DVC tracks.
+        from tasks.tracking.models import materialize
+
+        root = Path(config).resolve().parent
+        local = materialize(model, root / "model")
+        get_run_logger().info("model %s -> %s", model, local)
+        overrides.append(f"predict.model={local.relative_to(root)}")
+    elif model:
         overrides.append(f"predict.model={model}")
     return run_stages("prediction", config, overrides, select(PREDICTION_TASKS, until), pipeline="prediction")
 

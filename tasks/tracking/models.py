@@ -128,6 +128,21 @@ def register_export(client: MlflowClient, run_id: str, layout: Layout, registere
             "champion": promote, "champion_reason": why, "val_mae": val_mae}
 
 
+def materialize(uri: str, dest: Path) -> Path:
+    """Download `models:/name@alias` into `dest` (replaced atomically): a local folder that DVC
+    can hash, so a new champion re-runs predict. Returns `dest / "model.pt"`."""
+    import tempfile
+
+    from enn_core.atomic import atomic_dir
+
+    with tempfile.TemporaryDirectory() as tmp, atomic_dir(dest) as out:
+        local = resolve_model_uri(uri, Path(tmp))
+        for f in local.iterdir():
+            shutil.copy2(f, out / f.name)
+        (out / "SOURCE").write_text(f"{uri}\n")
+    return dest / "model.pt"
+
+
 def resolve_model_uri(uri: str, dest: Path) -> Path:
     """`models:/name@alias` (or `runs:/...`) -> a local folder holding model.pt, calibration,
     sidecar (the `enn/` folder of the logged model)."""
