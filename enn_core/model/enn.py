@@ -11,8 +11,8 @@ Presets:
 - `spatiotemporal` (label_shape [S, T]): every section and every hour has its own learned
   embedding; their sum gives one token per cell [B, S, T, d], conditioned on the sample's
   features by FiLM (every block) and/or cross-attention to context tokens; blocks attend
-  along the section axis then along the hour axis; an fp32 head gives one value per cell,
-  plus a learned per-cell bias.
+  along the section axis then along the hour axis; an fp32 tail gives one value per cell:
+  head(token) + a learned per-cell bias + a per-cell linear read-out of the context vector.
 No data-dependent control flow: torch.export (dynamic batch) and ONNX see one graph.
 """
 
