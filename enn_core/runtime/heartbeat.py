@@ -41,7 +41,7 @@ def stack_path(run_dir: Path, rank: int) -> Path:
 
 
 def _write_atomic(path: Path, record: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
 
@@ -75,6 +75,7 @@ class Heartbeat:
             "progress_time": time.time(),
         }  # fmt: skip
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # the main thread and the beating thread both write
         self._stop = threading.Event()
         self._main_ident = threading.main_thread().ident
         self._stack_file = None
@@ -125,7 +126,8 @@ class Heartbeat:
         frame_info = self._main_frame()
         with self._lock:
             rec = dict(self._state, beat_time=time.time(), **frame_info)
-        _write_atomic(self.path, rec)
+        with self._write_lock:
+            _write_atomic(self.path, rec)
 
     def _main_frame(self) -> dict[str, Any]:
         frame = sys._current_frames().get(self._main_ident)
