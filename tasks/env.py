@@ -49,15 +49,38 @@ def contained_env(layout: Layout) -> dict[str, str]:
     }
 
 
+_OURS: set[str] = set()  # keys this module set (a later, better-informed call may change them)
+
+
+def guess_layout() -> Layout:
+    """The layout of the nearest params.yaml, with its `runtime.work_dir` (read cheaply)."""
+    import yaml
+
+    root = find_root()
+    work_dir = "work"
+    try:
+        data = yaml.safe_load((root / "params.yaml").read_text()) or {}
+        work_dir = str((data.get("runtime") or {}).get("work_dir") or "work")
+    except (OSError, yaml.YAMLError, AttributeError):
+        pass  # no or unreadable params: the CLI reports it when it loads the config
+    return Layout.for_root(root, work_dir)
+
+
 def contain(layout: Layout | None = None, *, override: bool = False) -> Layout:
-    """Apply `contained_env` to os.environ (keeping user-set values unless `override`)."""
-    layout = layout or Layout.for_root(find_root())
+    """Apply `contained_env` to os.environ. Values the user exported are kept (unless
+    `override`); values an earlier call of this function set are replaced."""
+    layout = layout or guess_layout()
     layout.work.mkdir(parents=True, exist_ok=True)
     already = [m for m in ("prefect", "mlflow") if m in sys.modules]
+    changed = []
     for key, value in contained_env(layout).items():
-        if key in FORCED or override or key not in os.environ:
+        if key in FORCED or override or key not in os.environ or key in _OURS:
+            if key not in FORCED:
+                _OURS.add(key)
+            if os.environ.get(key) != value:
+                changed.append(key)
             os.environ[key] = value
-    if already and override:
+    if already and changed:
         # Settings read at import time cannot change now; say so instead of silently ignoring.
         import warnings
 
