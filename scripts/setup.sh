@@ -21,3 +21,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
   echo "$want" > "$stamp"
 fi
+# DVC's site cache inside work/, as an absolute path (a relative one would follow the current
+# directory, e.g. prediction/); .dvc/config.local is not committed.
+.venv/bin/dvc config --local core.site_cache_dir "$PWD/work/dvc-site-cache" >/dev/null

@@ -44,6 +44,7 @@ def contained_env(layout: Layout) -> dict[str, str]:
         "PREFECT_UI_ENABLED": "false",
         "MLFLOW_TRACKING_URI": layout.mlflow_uri,
         "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+        "DVC_SITE_CACHE_DIR": str(layout.dvc_site_cache),
         "GIT_PYTHON_REFRESH": "quiet",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "enn",
     }

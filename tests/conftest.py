@@ -112,6 +112,7 @@ def make_project(dest: Path, prefect_home: Path | None = None, stages: tuple[str
     (dest / ".dvc").mkdir()
     shutil.copy2(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
     (dest / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
+    (dest / ".dvc" / "config.local").write_text(f"[core]\n    site_cache_dir = {dest / 'work' / 'dvc-site-cache'}\n")
     if stages is not None:  # a pipeline of only these stages (and what they need)
         from enn_core.paths import dvc_name
 

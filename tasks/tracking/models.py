@@ -114,7 +114,10 @@ def register_export(client: MlflowClient, run_id: str, layout: Layout, registere
     except MlflowException:
         pass  # it exists already
     fp = fingerprints(layout)
-    tags = {**lineage, **fp, "enn.val_mae": f"{val_mae:.6g}", "enn.candidate": report.get("chosen", "")}
+    train = _json(layout.output("distributed-train") / "metrics.json")
+    trained = {"enn.world_size": str(train.get("world_size", "")),
+               "enn.checkpoint_step": str(train.get("applied_steps", train.get("global_step", "")))}
+    tags = {**lineage, **trained, **fp, "enn.val_mae": f"{val_mae:.6g}", "enn.candidate": report.get("chosen", "")}
     if naive_mae is not None:
         tags["enn.naive_conditional_val_mae"] = f"{float(naive_mae):.6g}"
     version = client.create_model_version(registered_model, f"runs:/{run_id}/model", run_id=run_id, tags=tags)
