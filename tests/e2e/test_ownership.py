@@ -48,6 +48,14 @@ def test_flow_then_dvc_is_clean_and_repro_is_noop(two_stage):
 def test_dvc_repro_then_flow_skips_every_stage(two_stage):
     out = two_stage.run("dvc", "repro")
     assert "Running stage 'stage_data'" in out.stdout and "Running stage 'prepare_checkpoint'" in out.stdout
+    # the stages of one `dvc repro` are grouped under one MLflow parent run
+    from tests.e2e.test_tracking import runs
+
+    all_runs = runs(two_stage)
+    parents = [r for r in all_runs if r.data.tags.get("enn.kind") == "pipeline"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED", [r.info.run_name for r in parents]
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert sorted(r.info.run_name for r in children) == sorted(TWO)
     _, status = flow(two_stage)
     assert status == {"stage-data": "skipped", "prepare-checkpoint": "skipped"}
 
