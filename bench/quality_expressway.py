@@ -1,0 +1,217 @@
+"""Issue 4, "Quality on the real data": the spatiotemporal preset against the naive predictors
+on the expressway workbook with month folds, THROUGH THE PIPELINE (not a scratch loop).
+
+For each fold (data.test_fold) and seed (model.init_seed = runtime.seed), in a temporary
+project directory per fold, it runs the real stage functions through tasks.runner.execute_stage:
+stage-data once per fold, then prepare-checkpoint -> distributed-train -> validate per seed.
+It reads outputs/validate/metrics.json (test/mae, test/naive_conditional_mae,
+test/naive_cell_mean_mae) and computes the collapse measure (enn_core.baselines.collapse_stats)
+on the model's test predictions. One training at a time; run it with OMP_NUM_THREADS=1.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/quality_expressway.py \
+        [--config configs/expressway.yaml] [--folds 0 1 2 3] [--seeds 0 1 2] [--order seed-major]
+
+It is a script, not a test: it prints the per-fold table, each seed's mean and verdict, and
+writes the raw results to --json (default work/quality_expressway.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from enn_core.baselines import collapse_stats  # noqa: E402
+from enn_core.checkpoint import load_model  # noqa: E402
+from enn_core.config import load_config  # noqa: E402
+from enn_core.data.dataset import StagedDataset  # noqa: E402
+from enn_core.paths import Layout  # noqa: E402
+from enn_core.validate import predict_rows  # noqa: E402
+from tasks.runner import PipelineSession, execute_stage  # noqa: E402
+
+TRAIN_STAGES = ("prepare-checkpoint", "distributed-train", "validate")
+
+
+def fold_config(config: Path, fold: int, seed: int, extra: list[str]):
+    """The run config for one fold and seed; data.path made absolute from the real project root."""
+    base = load_config(config)
+    data_path = Layout.for_root(ROOT).resolve(base.data.path)
+    overrides = [
+        f"data.path={data_path}",
+        f"data.test_fold={fold}",
+        f"model.init_seed={seed}",
+        f"runtime.seed={seed}",
+        "runtime.threads_per_worker=1",
+        "runtime.progress=false",
+        "tracking.enabled=false",
+        *extra,
+    ]
+    return load_config(config, overrides)
+
+
+def test_collapse(layout: Layout, cfg) -> dict:
+    """Collapse measure of the trained model's test predictions (real units)."""
+    ds = StagedDataset(layout.output("stage-data"))
+    model, _ = load_model(layout.output("distributed-train") / "model.pt")
+    model.eval()
+    rows = np.asarray(ds.split("test"))
+    pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size)
+    return collapse_stats(
+        pred, np.asarray(ds.labels[rows]), cfg.collapse.median_ratio_min, cfg.collapse.p10_ratio_min
+    )
+
+
+def run_one(layout: Layout, cfg, fold: int, seed: int) -> dict:
+    """prepare-checkpoint -> distributed-train -> validate for one seed; the row of the table."""
+    session = PipelineSession(layout, f"fold{fold}-seed{seed}", tracker=None)
+    t0 = time.perf_counter()
+    for stage in TRAIN_STAGES:
+        execute_stage(stage, cfg, session)
+    wall = time.perf_counter() - t0
+    metrics = json.loads((layout.output("validate") / "metrics.json").read_text())
+    params = json.loads((layout.output("distributed-train") / "params.json").read_text())
+    hist_path = layout.output("distributed-train") / "history.json"
+    history = json.loads(hist_path.read_text()) if hist_path.exists() else None
+    return {
+        "fold": fold,
+        "seed": seed,
+        "wall_s": wall,
+        "test_mae": metrics["test/mae"],
+        "val_mae": metrics.get("val/mae"),
+        "naive_conditional_mae": metrics["test/naive_conditional_mae"],
+        "naive_cell_mean_mae": metrics["test/naive_cell_mean_mae"],
+        "collapse": test_collapse(layout, cfg),
+        "epochs_run": len(history) if isinstance(history, list) else None,
+        "params_model": params.get("model"),
+        "params_train": params.get("train"),
+    }
+
+
+def report(rows: list[dict], folds: list[int], seeds: list[int], command: str) -> None:
+    by = {(r["fold"], r["seed"]): r for r in rows}
+    head = "fold | " + " | ".join(f"model s{s}" for s in seeds) + " | cond. naive | cell mean"
+    print("\n" + head + "\n" + "-" * len(head))
+    naive: dict[int, float] = {}
+    for f in folds:
+        cells = [f"{by[(f, s)]['test_mae']:8.3f}" if (f, s) in by else "       -" for s in seeds]
+        any_row = next((by[(f, s)] for s in seeds if (f, s) in by), None)
+        if any_row:
+            naive[f] = any_row["naive_conditional_mae"]
+            tail = (
+                f"{any_row['naive_conditional_mae']:11.3f} | {any_row['naive_cell_mean_mae']:9.3f}"
+            )
+        else:
+            tail = "          - |         -"
+        print(f"{f:4d} | " + " | ".join(cells) + " | " + tail)
+    print()
+    for s in seeds:
+        mine = [by[(f, s)] for f in folds if (f, s) in by]
+        if not mine:
+            continue
+        m = float(np.mean([r["test_mae"] for r in mine]))
+        n = float(np.mean([naive[r["fold"]] for r in mine]))
+        c = float(np.mean([r["naive_cell_mean_mae"] for r in mine]))
+        collapsed = [r["fold"] for r in mine if r["collapse"]["collapsed"]]
+        spread = ", ".join(
+            f"f{r['fold']}: med {r['collapse']['median_ratio']:.2f} p10 {r['collapse']['p10_ratio']:.2f}"
+            for r in mine
+        )
+        verdict = "HOLDS" if m < n and not collapsed else "FAILS"
+        print(
+            f"seed {s}: folds {[r['fold'] for r in mine]}  model mean {m:.3f}  cond. naive mean {n:.3f}"
+            f"  cell mean {c:.3f}  beats naive: {m < n}  collapsed folds: {collapsed or 'none'}"
+            f"  -> {verdict}\n   spread ratios: {spread}"
+        )
+    walls = [r["wall_s"] for r in rows]
+    if walls:
+        print(
+            f"\nwall per training (prepare+train+validate): median {np.median(walls):.0f} s, "
+            f"min {min(walls):.0f} s, max {max(walls):.0f} s over {len(walls)} runs"
+        )
+    print(
+        f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, cpu count {os.cpu_count()}"
+    )
+    print(f"reproduce: {command}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "expressway.yaml")
+    ap.add_argument("--folds", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument(
+        "--order",
+        choices=("seed-major", "fold-major"),
+        default="seed-major",
+        help="seed-major: all folds for the first seed first (what fits in a deadline)",
+    )
+    ap.add_argument(
+        "--deadline", default="", help="UTC HH:MM; start no training expected to end after it"
+    )
+    ap.add_argument(
+        "--set", dest="extra", action="append", default=[], help="more config overrides"
+    )
+    ap.add_argument("--json", type=Path, default=ROOT / "work" / "quality_expressway.json")
+    args = ap.parse_args(argv)
+    os.environ.pop("ENN_WORK_DIR", None)  # each temporary project keeps its own work dir
+    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/quality_expressway.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    jobs = (
+        [(f, s) for s in args.seeds for f in args.folds]
+        if args.order == "seed-major"
+        else [(f, s) for f in args.folds for s in args.seeds]
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="enn-quality-"))
+    layouts: dict[int, Layout] = {}
+    rows: list[dict] = []
+    try:
+        for f, s in jobs:
+            if args.deadline and rows and not _fits(args.deadline, rows):
+                print(
+                    f"stopping before fold {f} seed {s}: the next training would end after {args.deadline} UTC"
+                )
+                break
+            cfg = fold_config(args.config, f, s, args.extra)
+            if f not in layouts:  # stage-data once per fold, in the fold's own project dir
+                root = tmp / f"fold{f}"
+                root.mkdir()
+                layouts[f] = Layout.for_root(root)
+                execute_stage(
+                    "stage-data", cfg, PipelineSession(layouts[f], f"fold{f}-data", tracker=None)
+                )
+            row = run_one(layouts[f], cfg, f, s)
+            rows.append(row)
+            print(
+                f"fold {f} seed {s}: test MAE {row['test_mae']:.3f} (cond. naive {row['naive_conditional_mae']:.3f}, "
+                f"cell mean {row['naive_cell_mean_mae']:.3f}), collapsed {row['collapse']['collapsed']}, "
+                f"epochs {row['epochs_run']}, {row['wall_s']:.0f} s",
+                flush=True,
+            )
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(rows, indent=1, default=str))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(rows, args.folds, args.seeds, command)
+    return 0
+
+
+def _fits(deadline: str, rows: list[dict]) -> bool:
+    hh, mm = (int(x) for x in deadline.split(":"))
+    now = time.gmtime()
+    left = (hh * 60 + mm) * 60 - (now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec)
+    return left > max(r["wall_s"] for r in rows) * 1.1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
