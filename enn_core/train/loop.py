@@ -31,6 +31,7 @@ from enn_core.fault import FaultInjector
 from enn_core.runtime.dist import DistEnv, agree_any, tighten_timeout
 from enn_core.runtime.memory import MemoryGovernor
 from enn_core.runtime.sampler import GlobalBlockSampler, make_plan
+from enn_core.telemetry import GpuSampler, memory_snapshot, verdict_from_stats, write_epoch
 from enn_core.train.evaluate import validate
 from enn_core.train.guard import NonFiniteGuard
 from enn_core.train.schedule import build_optimizer, build_scheduler
@@ -99,6 +100,7 @@ class _State:
     bad_epochs: int = 0
     applied_steps: int = 0
     epoch_stats: dict = field(default_factory=dict)
+    gpu: GpuSampler | None = None  # NVML utilization/power/temperature on CUDA (rank 0)
 
     def __post_init__(self) -> None:
         self.named_params = list(self.rt.model.named_parameters())
@@ -106,6 +108,8 @@ class _State:
         self.loss_params = list(self.rt.loss.parameters())
         self.all_params = self.model_params + self.loss_params
         self.scaler = self.rt.grad_scaler
+        if self.rt.env.device.type == "cuda" and self.rt.env.rank == 0:
+            self.gpu = GpuSampler(self.rt.env.device)
 
     def model_train(self) -> None:
         self.rt.model.train()
@@ -165,6 +169,8 @@ def setup(cfg: TrainConfig, data: TrainData, rt: Runtime, *, seed: int, log_ever
 def train_epoch(st: _State, epoch: int) -> None:
     """The epoch's steps; timings and losses land in st.history via record_epoch."""
     rt, spe = st.rt, st.sampler.steps_per_epoch
+    if st.gpu is not None:
+        st.gpu.start()
     st.epoch_stats = {
         "loss": 0.0,
         "weight": 0.0,
@@ -229,7 +235,11 @@ def record_epoch(st: _State, epoch: int, val: dict | None) -> None:
     }
     if val is not None:
         row.update({f"val_{k}": v for k, v in val.items()})
-    st.history.append(row)
+    # Where the epoch's time went: data-, compute-, communication-bound or throttled.
+    verdict = verdict_from_stats(es, st.gpu.stop() if st.gpu is not None else None)
+    write_epoch(st.rt.events, epoch, verdict,
+                {"memory": memory_snapshot(st.rt.env.device), "samples_per_s": row["samples_per_s"]})
+    st.history.append({**row, "bottleneck": verdict.bottleneck})
     flush_telemetry(st)
     st.rt.events.metrics(
         {f"epoch/{k}": float(v) for k, v in row.items() if k != "epoch"}, step=epoch
