@@ -122,6 +122,9 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     val_loss = [k for k in train.data.metrics if "val" in k and "loss" in k]
     assert val_loss, sorted(train.data.metrics)
     assert len(client.get_metric_history(train.info.run_id, val_loss[0])) >= 2  # per epoch
+    assert any(k.startswith("bottleneck/") for k in train.data.metrics), "telemetry: per-epoch verdict"
+    assert any(k.startswith("memory/") for k in train.data.metrics), "telemetry: memory"
+    assert "diagnostics.json" in {a.path for a in client.list_artifacts(train.info.run_id)}
     arts = {a.path for a in client.list_artifacts(train.info.run_id)}
     assert "model.pt" in arts and "config.yaml" in arts
     assert any(a.path.endswith(".png") for a in client.list_artifacts(train.info.run_id, "plots"))
