@@ -80,8 +80,7 @@ def run_one(layout: Layout, cfg, fold: int, seed: int) -> dict:
     wall = time.perf_counter() - t0
     metrics = json.loads((layout.output("validate") / "metrics.json").read_text())
     params = json.loads((layout.output("distributed-train") / "params.json").read_text())
-    hist_path = layout.output("distributed-train") / "history.json"
-    history = json.loads(hist_path.read_text()) if hist_path.exists() else None
+    train_metrics = json.loads((layout.output("distributed-train") / "metrics.json").read_text())
     return {
         "fold": fold,
         "seed": seed,
@@ -91,7 +90,9 @@ def run_one(layout: Layout, cfg, fold: int, seed: int) -> dict:
         "naive_conditional_mae": metrics["test/naive_conditional_mae"],
         "naive_cell_mean_mae": metrics["test/naive_cell_mean_mae"],
         "collapse": test_collapse(layout, cfg),
-        "epochs_run": len(history) if isinstance(history, list) else None,
+        "epochs_run": train_metrics.get("epochs_run"),
+        "best_epoch": train_metrics.get("best_epoch"),
+        "stopped_early": train_metrics.get("stopped_early"),
         "params_model": params.get("model"),
         "params_train": params.get("train"),
     }
@@ -162,7 +163,18 @@ def main(argv: list[str] | None = None) -> int:
         "--set", dest="extra", action="append", default=[], help="more config overrides"
     )
     ap.add_argument("--json", type=Path, default=ROOT / "work" / "quality_expressway.json")
+    ap.add_argument(
+        "--report-only", action="store_true", help="print the table from --json; run nothing"
+    )
     args = ap.parse_args(argv)
+    if args.report_only:
+        report(
+            json.loads(args.json.read_text()),
+            args.folds,
+            args.seeds,
+            "(from " + str(args.json) + ")",
+        )
+        return 0
     os.environ.pop("ENN_WORK_DIR", None)  # each temporary project keeps its own work dir
     command = "OMP_NUM_THREADS=1 .venv/bin/python bench/quality_expressway.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
@@ -195,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"fold {f} seed {s}: test MAE {row['test_mae']:.3f} (cond. naive {row['naive_conditional_mae']:.3f}, "
                 f"cell mean {row['naive_cell_mean_mae']:.3f}), collapsed {row['collapse']['collapsed']}, "
-                f"epochs {row['epochs_run']}, {row['wall_s']:.0f} s",
+                f"epochs {row['epochs_run']} (best {row['best_epoch']}), {row['wall_s']:.0f} s",
                 flush=True,
             )
             args.json.parent.mkdir(parents=True, exist_ok=True)
