@@ -114,6 +114,7 @@ def make_project(dest: Path, prefect_home: Path | None = None, stages: tuple[str
     (dest / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
     (dest / ".dvc" / "config.local").write_text(f"[core]\n    site_cache_dir = {dest / 'work' / 'dvc-site-cache'}\n")
     if stages is not None:  # a pipeline of only these stages (and what they need)
+        shutil.rmtree(dest / "prediction")  # its deps name training stages that are not there
         from enn_core.paths import dvc_name
 
         dvc = yaml.safe_load((dest / "dvc.yaml").read_text())

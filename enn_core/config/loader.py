@@ -151,8 +151,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {text!r}: value is not valid YAML ({e})") from e
+    except yaml.YAMLError:
+        value = raw  # not YAML (e.g. a cron string '*/5 * * * *'): a plain string, type-checked later
     return key, value
 
 
