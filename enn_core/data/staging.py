@@ -51,7 +51,8 @@ SUFFIXES = {"npy": (".npy",), "npz": (".npz",), "csv": (".csv", ".txt"), "parque
 
 def run(cfg, ctx) -> dict[str, Any]:
     """The stage-data stage: stage `cfg.data` into `ctx.output()`."""
-    result = stage(cfg.data, ctx.layout, ctx.output(), events=ctx.events, faults=ctx.faults)
+    result = stage(cfg.data, ctx.layout, ctx.output(), events=ctx.events, faults=ctx.faults,
+                   progress=ctx.progress)
     ctx.events.param("data_content_hash", result["content_hash"])
     ctx.events.metrics({"data/rows": result["n_rows"], "data/seconds": result["seconds"]})
     ctx.events.artifact(Path(result["path"]) / MANIFEST, "stage-data")
@@ -110,7 +111,8 @@ def open_source(data: DataConfig, layout: Layout):
 
 
 def stage(
-    data: DataConfig, layout: Layout, target: str | Path, *, events=None, faults=None
+    data: DataConfig, layout: Layout, target: str | Path, *, events=None, faults=None,
+    progress: bool = True,
 ) -> dict:
     """Stage `data` into `target` atomically; returns a summary with the manifest's headline."""
     t0 = time.perf_counter()
@@ -123,7 +125,7 @@ def stage(
     source = open_source(data, layout)
     try:
         with atomic_dir(_writable(target)) as tmp:
-            manifest = _write(data, source, tmp, training, faults)
+            manifest = _write(data, source, tmp, training, faults, progress)
     except OSError as e:
         raise _output_error(e, target) from e
     finally:
@@ -156,12 +158,12 @@ def _output_error(e: OSError, target: Path) -> DataError:
     return DataError(f"{where}: cannot write the staged data ({e.strerror}); check {target.parent}")
 
 
-def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults) -> dict:
+def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults, progress: bool = True) -> dict:
     info = source.info
     frozen = training["feature_specs"] if training else None
     enc = Encoder(info.feature_names, data, frozen)
     file = str(info.path or "synthetic")
-    writer = ChunkWriter(tmp, data, info, enc, file, faults)
+    writer = ChunkWriter(tmp, data, info, enc, file, faults, progress)
     stop = threading.Event()  # a failed run does not wait for the whole input to be hashed
     with ThreadPoolExecutor(max_workers=1) as pool:  # hash the input while staging it
         src_hash = pool.submit(hash_files, info.inputs, stop) if info.inputs else None

@@ -21,6 +21,7 @@ from enn_core.data.encode import Encoder, value_key
 from enn_core.data.npyio import NpyWriter
 from enn_core.data.sources import SourceInfo
 from enn_core.errors import DataError
+from enn_core.progress import bar
 
 NARROW_KINDS = {
     np.dtype(t) for t in ("float16", "float32", "int8", "int16", "uint8", "uint16", "bool")
@@ -66,8 +67,10 @@ class ChunkWriter:
     codes_file = ".codes.npy"
 
     def __init__(
-        self, out: Path, cfg: DataConfig, info: SourceInfo, enc: Encoder, file: str, faults
+        self, out: Path, cfg: DataConfig, info: SourceInfo, enc: Encoder, file: str, faults,
+        progress: bool = True,
     ) -> None:
+        self.progress = progress  # a chunk bar on a terminal (enn_core.progress)
         self.out, self.cfg, self.info, self.enc, self.file, self.faults = (
             out,
             cfg,
@@ -114,10 +117,12 @@ class ChunkWriter:
             else None
         )
         self._codes = NpyWriter(self.out / self.codes_file, np.int8, ())
-        for i, chunk in enumerate(source.chunks()):
-            if self.faults is not None:
-                self.faults.at("stage-data", step=i)
-            self._chunk(chunk)
+        with bar(None, "stage-data", self.progress, unit="chunk") as pbar:
+            for i, chunk in enumerate(source.chunks()):
+                if self.faults is not None:
+                    self.faults.at("stage-data", step=i)
+                self._chunk(chunk)
+                pbar.update(1)
         if self.rows == 0:
             what = (
                 "all rows had non-finite values and were dropped"

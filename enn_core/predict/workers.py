@@ -35,6 +35,7 @@ from enn_core.config import FaultConfig
 from enn_core.errors import EnnError, WorkerError
 from enn_core.fault import FaultInjector
 from enn_core.predict.chunks import PartsPlan, PartStore, parts_of_worker
+from enn_core.progress import bar
 from enn_core.runtime.heartbeat import Heartbeat, read_heartbeats, stack_path
 
 Predictor = Callable[[torch.Tensor], torch.Tensor]
@@ -83,8 +84,10 @@ def predict_parts(
     device = torch.device(job.device)
     computed, reused, rows = [], [], 0
     t_loop = time.perf_counter()
-    with torch.inference_mode():
-        for k in parts_of_worker(job.plan.n_parts, job.rank, job.world_size):
+    mine = parts_of_worker(job.plan.n_parts, job.rank, job.world_size)
+    with torch.inference_mode(), bar(len(mine), f"predict rank {job.rank}", job.rank == 0, "part") as pbar:
+        for k in mine:
+            pbar.update(1)
             if store.is_done(k):
                 reused.append(k)
                 continue

@@ -23,7 +23,9 @@ import torch
 
 from enn_core.atomic import atomic_dir
 from enn_core.config import RunConfig, to_plain
+from enn_core.data.dataset import StagedDataset
 from enn_core.errors import StaleOutputError
+from enn_core.progress import follow_heartbeat
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.runtime.launch import launch
 from enn_core.stage import StageContext
@@ -72,14 +74,17 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     ctx.events.param("runtime/world_size_reason", why)
     ctx.logger.info("distributed-train: %d worker(s) (%s), %d thread(s) each", world, why, threads)
     t0 = time.time()
+    rows = len(StagedDataset(staged).split("train")) if cfg.runtime.progress else 0
+    total = cfg.train.epochs * max(1, -(-rows // cfg.train.batch_size)) if rows else None
     try:
-        results = launch(
-            worker.main, (str(job_path),), nprocs=world, run_dir=ctx.run_dir,
-            hang_timeout_s=cfg.runtime.hang_timeout_s, max_restarts=cfg.runtime.max_restarts,
-            budgets={"spawn": cfg.runtime.spawn_budget_s, "compile": cfg.runtime.compile_budget_s,
-                     "checkpoint": cfg.runtime.checkpoint_budget_s},
-            start_method=cfg.runtime.start_method, timeout_s=cfg.runtime.task_timeout_s,
-        )  # fmt: skip
+        with follow_heartbeat(ctx.run_dir, total, "distributed-train", ctx.progress):
+            results = launch(
+                worker.main, (str(job_path),), nprocs=world, run_dir=ctx.run_dir,
+                hang_timeout_s=cfg.runtime.hang_timeout_s, max_restarts=cfg.runtime.max_restarts,
+                budgets={"spawn": cfg.runtime.spawn_budget_s, "compile": cfg.runtime.compile_budget_s,
+                         "checkpoint": cfg.runtime.checkpoint_budget_s},
+                start_method=cfg.runtime.start_method, timeout_s=cfg.runtime.task_timeout_s,
+            )  # fmt: skip
     finally:
         record_workers(ctx)
         forward_logs(ctx)
