@@ -15,7 +15,14 @@ from enn_core.config.data import DataConfig, SyntheticConfig, WorkbookLayout
 from enn_core.config.deploy import DeployConfig
 from enn_core.config.fault import FaultConfig
 from enn_core.config.fields import frozen, section
-from enn_core.config.loader import build, canonical_json, deep_merge, parse_override, read_yaml, to_plain
+from enn_core.config.loader import (
+    build,
+    canonical_json,
+    deep_merge,
+    parse_override,
+    read_yaml,
+    to_plain,
+)
 from enn_core.config.model import ModelConfig
 from enn_core.config.runtime import RuntimeConfig
 from enn_core.config.stages import CheckpointConfig, CollapseConfig, ExportConfig, PredictConfig

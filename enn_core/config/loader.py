@@ -84,7 +84,7 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 raise ConfigError(f"{where}: {key} needs {len(args)} items, got {len(value)}")
-            return tuple(_coerce(v, a, f"{key}[{i}]", where) for i, (v, a) in enumerate(zip(value, args)))
+            return tuple(_coerce(v, a, f"{key}[{i}]", where) for i, (v, a) in enumerate(zip(value, args, strict=True)))
         inner = args[0] if args else Any
         return tuple(_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value))
     if origin in (dict, Mapping):
