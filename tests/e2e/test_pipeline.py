@@ -77,6 +77,8 @@ def ran(tmp_path_factory) -> Ran:
             "enn", "run", "--flow", "prediction", "--model", "models:/enn-model@champion", timeout=900).stdout
         project.set_params(["predict.model=../outputs/distributed-train/model.pt"])  # DVC hashes a path
         result.outputs["predict_repro"] = project.run("dvc", "repro", cwd=project.root / "prediction", timeout=600).stdout
+        # importing more code (the prediction flow) must not make the training pipeline stale
+        result.outputs["status_after"] = project.run("dvc", "status", "dvc.yaml").stdout
     result.tree = tree.seen
     return result
 
@@ -100,7 +102,7 @@ def test_training_flow_ran_every_stage(ran):
 
 
 def test_dvc_repro_after_the_flow_does_nothing_twice(ran):
-    for key in ("repro1", "repro2"):
+    for key in ("repro1", "repro2", "status_after"):
         assert "Data and pipelines are up to date" in ran.outputs[key], ran.outputs[key]
     out = ran.project.run("dvc", "metrics", "show").stdout
     assert "val/mae" in out
