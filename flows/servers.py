@@ -52,23 +52,30 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
+def local_server(cmd: list[str], env: dict[str, str], health_url: str, log: Path) -> Iterator[None]:
+    """Run `cmd` in its own process session, wait until `health_url` answers, stop the group."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_http(health_url, 180, proc, log)
+        yield
+    finally:
+        stop_group(proc)
+
+
+@contextlib.contextmanager
 def prefect_server(host: str, port: int, log: Path, scheduler_loop_s: float = 5.0) -> Iterator[str]:
     """`prefect server start` on host:port; yields its API URL."""
     port = port or free_port(host)
     env = {**os.environ, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": str(scheduler_loop_s),
            "PREFECT_UI_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
-    log.parent.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).parent / "prefect"
-    with open(log, "ab") as f:
-        proc = subprocess.Popen([str(exe), "server", "start", "--host", host, "--port", str(port)],
-                                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     api = f"http://{host}:{port}/api"
-    try:
-        wait_http(f"{api}/health", 180, proc, log)
+    with local_server([str(exe), "server", "start", "--host", host, "--port", str(port)], env,
+                      f"{api}/health", log):
         yield api
-    finally:
-        stop_group(proc)
 
 
 def mlflow_server_command(tracking_uri: str, artifacts: Path, host: str, port: int) -> list[str]:
@@ -82,13 +89,6 @@ def mlflow_server(tracking_uri: str, artifacts: Path, host: str, port: int, log:
     """`mlflow server` over the project's store, job execution off (490 MB instead of 1.6 GB)."""
     port = port or free_port(host)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as f:
-        proc = subprocess.Popen(mlflow_server_command(tracking_uri, artifacts, host, port), stdout=f,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://{host}:{port}"
-    try:
-        wait_http(f"{url}/health", 180, proc, log)
+    with local_server(mlflow_server_command(tracking_uri, artifacts, host, port), env, f"{url}/health", log):
         yield url
-    finally:
-        stop_group(proc)
