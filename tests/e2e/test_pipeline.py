@@ -101,6 +101,11 @@ def test_training_flow_ran_every_stage(ran):
         assert (root / path).exists(), path
     train = json.loads((root / "outputs/distributed-train/metrics.json").read_text())
     assert train["world_size"] == 2
+    # quality on the synthetic data: better than the conditional naive predictor, not collapsed
+    val = json.loads((root / "outputs/metrics/validate.json").read_text())
+    assert val["test/mae"] < val["test/naive_conditional_mae"], val
+    report = json.loads((root / "outputs/collapse-check/report.json").read_text())
+    assert report["status"] == "passed", report["why"]
 
 
 def test_dvc_repro_after_the_flow_does_nothing_twice(ran):
@@ -133,6 +138,10 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     assert "model.pt" in arts and "config.yaml" in arts
     assert any(a.path.endswith(".png") for a in client.list_artifacts(train.info.run_id, "plots"))
     assert train.data.tags.get("enn.world_size") == "2"
+    params = train.data.params
+    assert params.get("runtime/world_size") == "2"
+    recorded = " ".join(k for k in params if k.startswith("runtime/"))
+    assert "precision" in recorded and ("attention" in recorded or "backend" in recorded), sorted(params)
     for stage, name in (("stage-data", "manifest.json"), ("collapse-check", "report.json"), ("export", "sidecar.json")):
         assert name in {a.path for a in client.list_artifacts(children[stage].info.run_id)}, stage
     version = client.get_model_version_by_alias("enn-model", "champion")
