@@ -104,7 +104,7 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
             tracker.set_tags(child_id, {"enn.work_seconds": f"{work_seconds:.3f}"})
             lineage = {k: v for k, v in session.tags.items() if k.startswith(("enn.git", "prefect.flow_run"))}
             lineage.update(lineage_of(summary))
-            registry = tracker.after_stage(stage, child_id, layout, cfg, lineage)
+            registry = tracker.after_stage(stage, child_id, layout, cfg, lineage, run_dir)
             if registry:
                 summary = {**summary, "registry": registry}
     return StageResult(stage, "ran", "executed", summary, str(run_dir), child_id,

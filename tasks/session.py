@@ -32,10 +32,12 @@ def dvc_group() -> str | None:
     proc = psutil.Process().parent()
     while proc is not None:
         try:
-            cmd = " ".join(proc.cmdline())
+            argv = proc.cmdline()
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             break
-        if "dvc" in Path(cmd.split(" ")[0]).name or " -m dvc" in cmd or "/dvc " in cmd or cmd.split(" ")[1:2] == ["dvc"] or "bin/dvc" in cmd:
+        # `dvc ...` (console script) or `python -m dvc ...`
+        names = [Path(a).name for a in argv[:3]]
+        if "dvc" in names:
             return f"dvc-{proc.pid}-{proc.create_time():.0f}"
         proc = proc.parent()
     return None

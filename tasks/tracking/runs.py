@@ -150,7 +150,7 @@ class Tracker:
                 self.client.set_tag(run_id, k, str(v))
 
     def after_stage(self, stage: str, run_id: str | None, layout: Layout, cfg: RunConfig,
-                    lineage: dict[str, str]) -> dict:
+                    lineage: dict[str, str], run_dir: Path) -> dict:
         """Artifacts, plots, lineage and (after export) the registered model of one stage."""
         if not self.enabled or run_id is None:
             return {}
@@ -161,7 +161,7 @@ class Tracker:
         self.set_tags(run_id, tags)
         for name in STAGE_ARTIFACTS.get(stage, ()):
             self.log_artifact(run_id, out / name)
-        plot_dir = layout.run_dir("plots", stage)
+        plot_dir = run_dir / "plots"
         plot_dir.mkdir(parents=True, exist_ok=True)
         pngs = []
         if stage == "distributed-train":
