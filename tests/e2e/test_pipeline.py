@@ -75,9 +75,17 @@ def ran(tmp_path_factory) -> Ran:
         result.outputs["flow"] = project.run("enn", "run", timeout=1200).stdout
         result.outputs["repro1"] = project.run("dvc", "repro", timeout=600).stdout
         result.outputs["repro2"] = project.run("dvc", "repro", timeout=600).stdout
+        # a code change in validate.py: dvc repro runs validate, collapse-check and export
+        with open(project.root / "enn_core" / "validate.py", "a") as f:
+            f.write("\n# touched by the test\n")
+        result.outputs["repro3"] = project.run("dvc", "repro", timeout=900).stdout
         result.outputs["predict_flow"] = project.run(
             "enn", "run", "--flow", "prediction", "--model", "models:/enn-model@champion", timeout=900).stdout
         result.outputs["predict_repro"] = project.run("dvc", "repro", cwd=project.root / "prediction", timeout=600).stdout
+        from flows.params_file import apply_overrides  # a predict param: dvc re-runs predict and collapse-check
+
+        apply_overrides(project.root / "prediction" / "params.yaml", ["predict.chunk_rows=7"])
+        result.outputs["predict_repro2"] = project.run("dvc", "repro", cwd=project.root / "prediction", timeout=600).stdout
         # importing more code (the prediction flow) must not make the training pipeline stale
         result.outputs["status_after"] = project.run("dvc", "status", "dvc.yaml").stdout
     result.tree = tree.seen
@@ -114,6 +122,15 @@ def test_dvc_repro_after_the_flow_does_nothing_twice(ran):
     assert "val/mae" in out
 
 
+def test_dvc_repro_runs_the_evaluation_stages_and_the_prediction_pipeline(ran):
+    for stage in ("validate", "collapse_check", "export"):
+        assert f"Running stage '{stage}'" in ran.outputs["repro3"], ran.outputs["repro3"]
+    assert "Running stage 'stage_data'" not in ran.outputs["repro3"]
+    for stage in ("predict", "collapse_check"):
+        assert f"Running stage '{stage}'" in ran.outputs["predict_repro2"], ran.outputs["predict_repro2"]
+    assert (ran.project.root / "outputs" / "export" / "model.onnx").exists()
+
+
 def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     from mlflow.tracking import MlflowClient
 
@@ -144,7 +161,10 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     for stage, name in (("stage-data", "manifest.json"), ("collapse-check", "report.json"), ("export", "sidecar.json")):
         assert name in {a.path for a in client.list_artifacts(children[stage].info.run_id)}, stage
     version = client.get_model_version_by_alias("enn-model", "champion")
-    assert client.get_model_version_by_alias("enn-model", "candidate").version == version.version
+    # dvc repro re-ran export (same model, same MAE): a new candidate, the champion stays
+    candidate = client.get_model_version_by_alias("enn-model", "candidate")
+    assert int(candidate.version) > int(version.version)
+    assert "does not beat the champion" in candidate.tags["enn.champion_decision"]
     for tag in ("enn.git_commit", "enn.data_fingerprint", "prefect.flow_run_id", "enn.world_size"):
         assert version.tags.get(tag), tag
 
