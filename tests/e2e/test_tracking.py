@@ -49,17 +49,14 @@ def test_killed_run_is_marked_killed_next_time(two_stage):
     proc = subprocess.Popen(["enn", "stage-data", "--set", "fault.kind=hang", "--set", "fault.phase=stage-data"],
                             cwd=p.root, env=p.env, stdout=log, stderr=subprocess.STDOUT)
     try:
+        # Wait for the hang fault to fire (after the stage's MLflow run exists) before touching
+        # the store: opening it while the child creates its tables races their migration.
+        marker = p.root / "work" / "faults" / "fault-hang-stage-data-0"
         deadline = time.time() + 300
-        while time.time() < deadline:
-            try:  # the child may still be creating the store's tables
-                if (p.root / "work" / "mlflow" / "mlflow.db").exists() and any(
-                        r.info.run_name == "stage-data" for r in runs(p, "attributes.status = 'RUNNING'")):
-                    break
-            except Exception:  # noqa: BLE001 - sqlite busy during the child's migration; poll again
-                pass
-            time.sleep(1.0)
-        else:
-            pytest.fail("the stage-data run never appeared in MLflow:\n" + (p.root / "hang.log").read_text()[-3000:])
+        while time.time() < deadline and not marker.exists():
+            time.sleep(0.5)
+        assert marker.exists(), "the hang never fired:\n" + (p.root / "hang.log").read_text()[-3000:]
+        assert any(r.info.run_name == "stage-data" for r in runs(p, "attributes.status = 'RUNNING'"))
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
