@@ -171,3 +171,106 @@ def load_model(path: str | Path) -> tuple[ENN, dict]:
     """(model in eval mode on CPU, checkpoint dict) from a consolidated checkpoint file."""
     ckpt = read_checkpoint(path)
     return model_from_checkpoint(ckpt, where=str(path)).eval(), ckpt
+
+
+# --- Compatibility: what differs between a checkpoint and this run, named (warm start, resume) ---
+
+_SHOW = 4  # differences (and values) listed in a one-line message before "+N more"
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def _some(values: list, n: int = _SHOW) -> str:
+    shown = ", ".join(_fmt(v) for v in values[:n])
+    return shown + (f" (+{len(values) - n} more)" if len(values) > n else "")
+
+
+def capped(diffs: list[str], n: int = _SHOW) -> str:
+    """`a; b; c (+N more differences)`: a list of differences for a one-line message."""
+    more = f" (+{len(diffs) - n} more differences)" if len(diffs) > n else ""
+    return "; ".join(diffs[:n]) + more
+
+
+def model_config_differences(theirs: Mapping, ours: Mapping) -> list[str]:
+    """`model.d_model is 32 there, 64 here` for every differing field (theirs filled with
+    today's defaults first, so a field added since it was written does not count)."""
+    theirs = {**plain(ModelConfig()), **dict(theirs)}
+    out = []
+    for key in [*ours, *(k for k in theirs if k not in ours)]:
+        a, b = theirs.get(key, "absent"), ours.get(key, "absent")
+        if a != b:
+            out.append(f"model.{key} is {_fmt(a)} there, {_fmt(b)} here")
+    return out
+
+
+def _feature_differences(theirs: list, ours: list) -> list[str]:
+    t = {s["name"]: s for s in theirs}
+    o = {s["name"]: s for s in ours}
+    out = []
+    if removed := [n for n in t if n not in o]:
+        out.append(f"features {_some(removed)} there but not here")
+    if added := [n for n in o if n not in t]:
+        out.append(f"features {_some(added)} here but not there")
+    common_t = [n for n in t if n in o]
+    if common_t != [n for n in o if n in t]:
+        out.append(
+            f"feature order is {_some(common_t, 8)} there, {_some([n for n in o if n in t], 8)} here"
+        )
+    for name in (n for n in o if n in t):
+        a, b = t[name], o[name]
+        if a.get("kind") != b.get("kind"):
+            out.append(f"feature {name} is {a.get('kind')} there, {b.get('kind')} here")
+            continue
+        va, vb = list(a.get("vocab") or []), list(b.get("vocab") or [])
+        if va != vb:
+            missing = [v for v in va if v not in vb]
+            new = [v for v in vb if v not in va]
+            what = [f"{_some(missing)} missing here"] if missing else []
+            what += [f"{_some(new)} new here"] if new else []
+            out.append(
+                f"feature {name} vocabulary: {', '.join(what) or 'same values in another order (codes differ)'}"
+            )
+        if a.get("cyclic_period") != b.get("cyclic_period"):
+            out.append(
+                f"feature {name} cyclic_period is {_fmt(a.get('cyclic_period'))} there, {_fmt(b.get('cyclic_period'))} here"
+            )
+    return out
+
+
+def data_schema_differences(theirs: Mapping, ours: Mapping) -> list[str]:
+    """Differences in what the weights depend on: features (names, order, kinds, vocabularies,
+    periods), label shape, axes and axis values. Normalization statistics may differ (new data)."""
+    out = _feature_differences(
+        list(theirs.get("feature_specs") or []), list(ours.get("feature_specs") or [])
+    )
+    for key in ("label_shape", "label_axes"):
+        if theirs.get(key) != ours.get(key):
+            out.append(f"{key} is {_fmt(theirs.get(key))} there, {_fmt(ours.get(key))} here")
+    av_t, av_o = theirs.get("label_axis_values") or {}, ours.get("label_axis_values") or {}
+    for axis in dict.fromkeys([*av_o, *av_t]):
+        a, b = list(av_t.get(axis) or []), list(av_o.get(axis) or [])
+        if a != b:
+            missing, new = [v for v in a if v not in b], [v for v in b if v not in a]
+            what = [f"{_some(missing)} missing here"] if missing else []
+            what += [f"{_some(new)} new here"] if new else []
+            out.append(
+                f"label axis {axis} values: {', '.join(what) or 'same values in another order'}"
+            )
+    return out
+
+
+def state_dict_differences(
+    theirs: Mapping[str, torch.Tensor], ours: Mapping[str, torch.Tensor]
+) -> list[str]:
+    """Keys missing or unexpected, and shapes that differ: what a strict load would refuse."""
+    out = []
+    if missing := [k for k in ours if k not in theirs]:
+        out.append(f"weights {_some(missing)} missing there")
+    if extra := [k for k in theirs if k not in ours]:
+        out.append(f"weights {_some(extra)} not in this model")
+    for k in (k for k in ours if k in theirs):
+        if tuple(theirs[k].shape) != tuple(ours[k].shape):
+            out.append(f"{k} has shape {list(theirs[k].shape)} there, {list(ours[k].shape)} here")
+    return out

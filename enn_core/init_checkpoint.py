@@ -4,8 +4,11 @@ Reads the staged manifest (`outputs/stage-data/manifest.json`), builds the model
 `model` config with `model.init_seed` (the same seed gives a bit-identical `init.pt`), and
 writes `init.pt` (consolidated format, enn_core.checkpoint) and `init.json` (a summary)
 atomically into `outputs/prepare-checkpoint/`. With `checkpoint.init_from` set to a
-consolidated checkpoint path, its weights are the start instead (warm start), after
-checking that it was built for the same model config and data layout.
+consolidated checkpoint (a model.pt or init.pt path, or a folder holding model.pt such as a
+registered model version the task layer downloaded), its weights are the start instead (warm
+start): refused with the differences named unless it was built with the same model config
+and data schema and its weights load strictly; init.json records the source (path, sha256,
+data fingerprint, meta) and whether it was trained on the same data.
 
     enn prepare-checkpoint          # via the CLI; here: run(cfg, ctx) -> summary dict
 """
@@ -17,8 +20,20 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch
+
 from enn_core.atomic import atomic_dir, write_json
-from enn_core.checkpoint import FORMAT_VERSION, data_spec, load_model, plain, save_consolidated
+from enn_core.checkpoint import (
+    FORMAT_VERSION,
+    capped,
+    data_schema_differences,
+    data_spec,
+    model_config_differences,
+    plain,
+    read_checkpoint,
+    save_consolidated,
+    state_dict_differences,
+)
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model import build_model
 from enn_core.stage import StageContext
@@ -52,37 +67,106 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _warm_start(cfg, manifest: Mapping, source: str, layout) -> dict:
-    """State dict of a compatible consolidated checkpoint (same model config and data layout)."""
-    if source.startswith("models:/"):
+FRESH_START = "start fresh (checkpoint.init_from: '')"
+
+
+def resolve_source(source: str, layout) -> Path:
+    """`checkpoint.init_from` as an existing consolidated checkpoint file (a folder -> its model.pt)."""
+    if source.startswith(("models:/", "runs:/")):
         raise ConfigError(
-            f"checkpoint.init_from={source}: registry URIs are resolved by the task layer; pass a file path here"
+            f"checkpoint.init_from={source}: registry URIs are resolved by the task layer (enn run / the "
+            "Prefect flow) into a local folder; here give that folder or a model.pt/init.pt path"
         )
-    model, ckpt = load_model(layout.resolve(source))
-    if ckpt["model_config"] != plain(cfg.model):
-        raise ConfigError(
-            f"checkpoint.init_from={source} was built with another model config; match model.* or start fresh (init_from: '')"
-        )
-    theirs, ours = ckpt["data"], data_spec(manifest)
-    for key in ("feature_specs", "label_shape"):
-        if theirs.get(key) != ours.get(key):
+    path = layout.resolve(source)
+    if path.is_dir():
+        if not (path / "model.pt").is_file():
             raise ConfigError(
-                f"checkpoint.init_from={source}: its data {key} differs from the staged data; start fresh (init_from: '')"
+                f"checkpoint.init_from={source}: folder {path} holds no model.pt; give the checkpoint "
+                f"file itself (model.pt or init.pt) or {FRESH_START}"
             )
-    return model.state_dict()
+        path = path / "model.pt"
+    if not path.is_file():
+        raise ConfigError(
+            f"checkpoint.init_from={source}: no consolidated checkpoint at {path}; give the path of a "
+            f"model.pt or init.pt (or a folder holding model.pt), or {FRESH_START}"
+        )
+    return path
+
+
+def _refuse_mismatch(source: str, model_diffs: list[str], data_diffs: list[str]) -> None:
+    if not model_diffs and not data_diffs:
+        return
+    what = " and ".join(
+        w
+        for w, d in (("another model config", model_diffs), ("another data schema", data_diffs))
+        if d
+    )
+    raise ConfigError(
+        f"checkpoint.init_from={source} was built with {what}: {capped(model_diffs + data_diffs)}; "
+        f"set model.*/the data to match it or {FRESH_START}"
+    )
+
+
+def _scalars(meta: Mapping) -> dict:
+    """The scalar entries of a checkpoint's meta (stage, run, step, version...), not its tensors' lists."""
+    return {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) or v is None}
+
+
+def warm_start(cfg, manifest: Mapping, source: str, layout, model: torch.nn.Module) -> dict:
+    """Load a compatible consolidated checkpoint into `model` (strictly); return what was used.
+
+    Refuses (ConfigError, differences named) another model config, another data schema
+    (features, vocabularies, label shape/axes) or weights that do not load strictly. The
+    source's normalization buffers come with its weights (they are what the weights were
+    trained with); data that differs but fits (another fingerprint) is allowed and recorded.
+    """
+    path = resolve_source(source, layout)
+    try:
+        ckpt = read_checkpoint(path)
+    except StaleOutputError as e:
+        raise ConfigError(f"checkpoint.init_from={source}: {e}") from e
+    ours_data = data_spec(manifest)
+    _refuse_mismatch(
+        source,
+        model_config_differences(ckpt["model_config"], plain(cfg.model)),
+        data_schema_differences(ckpt["data"], ours_data),
+    )
+    if diffs := state_dict_differences(ckpt["state_dict"], model.state_dict()):
+        raise ConfigError(
+            f"checkpoint.init_from={source}: its weights do not load into this model: {capped(diffs)}; "
+            f"re-create it with this code or {FRESH_START}"
+        )
+    model.load_state_dict(ckpt["state_dict"], strict=True)
+    theirs_fp = str(ckpt.get("data_fingerprint") or "")
+    ours_fp = str(manifest.get("content_hash") or "")
+    registry = path.parent / "SOURCE"  # written by the task layer's registry download
+    return {
+        "init_from": source,
+        "path": str(path),
+        "sha256": sha256_file(path),
+        "registry_uri": registry.read_text().strip() if registry.is_file() else None,
+        "data_fingerprint": theirs_fp,
+        "same_data": bool(theirs_fp) and theirs_fp == ours_fp,
+        "torch_version": str(ckpt.get("torch_version") or ""),
+        "meta": _scalars(ckpt.get("meta") or {}),
+    }
 
 
 def run(cfg, ctx: StageContext) -> dict:
-    """Build (or warm-start) the model and write init.pt + init.json atomically."""
+    """Build (or warm-start) the model and write init.pt + init.json atomically.
+
+    Every check runs before anything is written: a refused warm start leaves the previous
+    outputs untouched.
+    """
     manifest = read_manifest(ctx.output("stage-data"))
     model = build_model(cfg.model, manifest, data_dir=ctx.output("stage-data"))
     source = cfg.checkpoint.init_from
-    if source:
-        model.load_state_dict(_warm_start(cfg, manifest, source, ctx.layout))
+    warm = warm_start(cfg, manifest, source, ctx.layout, model) if source else None
     meta = {
         "stage": "prepare-checkpoint",
         "init_seed": cfg.model.init_seed,
         "init_from": source or "fresh",
+        **({"init_source_sha256": warm["sha256"]} if warm else {}),
     }
     with atomic_dir(ctx.output()) as tmp:
         save_consolidated(tmp / "init.pt", model, cfg.model, manifest, meta)
@@ -92,21 +176,38 @@ def run(cfg, ctx: StageContext) -> dict:
             "sha256": sha256_file(tmp / "init.pt"),
             "init_seed": cfg.model.init_seed,
             "init_from": source or "fresh",
+            "warm_start": warm,
             "data_fingerprint": str(manifest.get("content_hash") or ""),
             "model": model.describe(),
         }
         write_json(tmp / "init.json", summary)
+    _record(ctx, cfg, summary)
+    return {
+        "path": str(ctx.output() / "init.pt"),
+        **{
+            k: summary[k]
+            for k in ("sha256", "init_seed", "init_from", "warm_start", "data_fingerprint")
+        },
+        "parameters": summary["model"]["parameters"],
+    }
+
+
+def _record(ctx: StageContext, cfg, summary: dict) -> None:
+    """Params for the tracker (through the events file) and one log line."""
     ctx.events.param("model_preset", cfg.model.preset)
     ctx.events.param("model_parameters", summary["model"]["parameters"])
     ctx.events.param("init_from", summary["init_from"])
+    warm = summary["warm_start"]
+    if warm:
+        for key in ("path", "sha256", "data_fingerprint", "same_data", "registry_uri"):
+            ctx.events.param(f"init_source_{key}", warm[key])
+        ctx.events.param("init_source_stage", warm["meta"].get("stage"))
     ctx.logger.info(
-        "prepare-checkpoint: %s, %d parameters, sha256 %s",
+        "prepare-checkpoint: %s, %d parameters, sha256 %s, %s",
         cfg.model.preset,
         summary["model"]["parameters"],
         summary["sha256"][:12],
+        f"warm start from {warm['path']} ({'same' if warm['same_data'] else 'other'} data)"
+        if warm
+        else f"fresh (init_seed {summary['init_seed']})",
     )
-    return {
-        "path": str(ctx.output() / "init.pt"),
-        **{k: summary[k] for k in ("sha256", "init_seed", "init_from", "data_fingerprint")},
-        "parameters": summary["model"]["parameters"],
-    }
