@@ -175,6 +175,9 @@ def load_model(path: str | Path) -> tuple[ENN, dict]:
 
 # --- Compatibility: what differs between a checkpoint and this run, named (warm start, resume) ---
 
+# Feature-spec keys a warm start may see change: normalization statistics of new data (the
+# source's buffers come with its weights); name, kind and vocab are compared on their own.
+_SPEC_FREE = {"name", "kind", "vocab", "mean", "std"}
 _SHOW = 4  # differences (and values) listed in a one-line message before "+N more"
 
 
@@ -232,10 +235,11 @@ def _feature_differences(theirs: list, ours: list) -> list[str]:
             out.append(
                 f"feature {name} vocabulary: {', '.join(what) or 'same values in another order (codes differ)'}"
             )
-        if a.get("cyclic_period") != b.get("cyclic_period"):
-            out.append(
-                f"feature {name} cyclic_period is {_fmt(a.get('cyclic_period'))} there, {_fmt(b.get('cyclic_period'))} here"
-            )
+        for key in sorted((set(a) | set(b)) - _SPEC_FREE):  # cyclic period, start, offset...
+            if a.get(key) != b.get(key):
+                out.append(
+                    f"feature {name} {key} is {_fmt(a.get(key, 'absent'))} there, {_fmt(b.get(key, 'absent'))} here"
+                )
     return out
 
 

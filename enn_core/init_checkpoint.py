@@ -90,7 +90,7 @@ def resolve_source(source: str, layout) -> Path:
             f"checkpoint.init_from={source}: no consolidated checkpoint at {path}; give the path of a "
             f"model.pt or init.pt (or a folder holding model.pt), or {FRESH_START}"
         )
-    return path
+    return path.resolve()
 
 
 def _refuse_mismatch(source: str, model_diffs: list[str], data_diffs: list[str]) -> None:
@@ -101,9 +101,17 @@ def _refuse_mismatch(source: str, model_diffs: list[str], data_diffs: list[str])
         for w, d in (("another model config", model_diffs), ("another data schema", data_diffs))
         if d
     )
+    fix = " and ".join(
+        f
+        for f, d in (
+            ("set model.* as it was", model_diffs),
+            ("stage data of its schema", data_diffs),
+        )
+        if d
+    )
     raise ConfigError(
         f"checkpoint.init_from={source} was built with {what}: {capped(model_diffs + data_diffs)}; "
-        f"set model.*/the data to match it or {FRESH_START}"
+        f"{fix}, or {FRESH_START}"
     )
 
 
