@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-from enn_core.paths import Layout, find_root
+from enn_core.paths import ENV_WORK_DIR, Layout, find_root
 
 FORCED = {
     "DO_NOT_TRACK": "true",
@@ -64,7 +65,24 @@ def guess_layout() -> Layout:
         work_dir = str((data.get("runtime") or {}).get("work_dir") or "work")
     except (OSError, yaml.YAMLError, AttributeError):
         pass  # no or unreadable params: the CLI reports it when it loads the config
+    follow_experiment_parent(root, work_dir)
     return Layout.for_root(root, work_dir)
+
+
+def follow_experiment_parent(root: Path, work_dir: str) -> None:
+    """Under `dvc exp run --temp` (and queued experiments) a stage runs in a throwaway copy of
+    the repository (.dvc/tmp/exps/...); DVC_ROOT names the parent repository. Keep the work
+    directory (MLflow store, run directories, checkpoints) the parent's, through ENN_WORK_DIR,
+    or the experiment's runs vanish with the copy."""
+    parent = os.environ.get("DVC_ROOT")
+    if not parent or not os.environ.get("DVC_EXP_BASELINE_REV") or ENV_WORK_DIR in os.environ:
+        return
+    if Path(work_dir).is_absolute():
+        return
+    repo = next((d for d in (root, *root.parents) if (d / ".dvc").is_dir()), None)
+    if repo is None or repo.resolve() == Path(parent).resolve():
+        return  # a workspace experiment: already in the parent
+    os.environ[ENV_WORK_DIR] = str((Path(parent) / root.relative_to(repo) / work_dir).resolve())
 
 
 def contain(layout: Layout | None = None, *, override: bool = False) -> Layout:
