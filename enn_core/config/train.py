@@ -12,7 +12,8 @@ from enn_core.errors import ConfigError
 class TrainConfig:
     epochs: int = opt(20, "Maximum epochs.")
     batch_size: int = opt(32, "Global batch size (rows per optimizer step, across ranks and accumulation).")
-    micro_batch: int = opt(0, "Rows per forward/backward per rank; 0 = global batch / world size (no accumulation).")
+    micro_batch: int | str = opt(0, "Rows per forward/backward per rank; 0 = global batch / world size (no accumulation); auto = the largest divisor of the per-rank batch that fits in memory (measured once before training, see enn_core/runtime/batch_probe.py).")
+    memory_headroom: float = opt(0.2, "Fraction of memory train.micro_batch=auto keeps free (of the free GPU memory; on CPU of MemAvailable shared by the host's ranks).")
     lr: float = opt(3e-3, "Peak learning rate (AdamW).")
     weight_decay: float = opt(0.01, "AdamW weight decay.")
     warmup_steps: int = opt(20, "Linear warm-up steps before cosine decay.")
@@ -35,8 +36,17 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ConfigError("train.epochs must be >= 1")
-        if self.batch_size < 1 or self.micro_batch < 0:
-            raise ConfigError("train.batch_size must be >= 1 and train.micro_batch >= 0")
+        if isinstance(self.micro_batch, str) and self.micro_batch != "auto":
+            raise ConfigError(
+                f"train.micro_batch={self.micro_batch!r} is not valid; use a positive integer that divides "
+                "the per-rank batch, 0 (the whole per-rank batch) or auto (the largest that fits in memory)"
+            )
+        if self.batch_size < 1 or (isinstance(self.micro_batch, int) and self.micro_batch < 0):
+            raise ConfigError("train.batch_size must be >= 1 and train.micro_batch >= 0 (or auto)")
+        if not 0 <= self.memory_headroom < 1:
+            raise ConfigError(
+                f"train.memory_headroom={self.memory_headroom} must be in [0, 1) (e.g. 0.2 keeps 20% free)"
+            )
         if self.lr <= 0:
             raise ConfigError("train.lr must be > 0")
         if self.clip_norm < 0:

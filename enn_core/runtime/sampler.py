@@ -72,8 +72,18 @@ class Plan:
         )
 
 
-def make_plan(batch_size: int, micro_batch: int, world_size: int) -> Plan:
-    """`micro_batch=0` means the whole per-rank batch in one forward (no accumulation)."""
+def make_plan(
+    batch_size: int, micro_batch: int | str, world_size: int, *, auto_micro_batch: int | None = None
+) -> Plan:
+    """`micro_batch=0` means the whole per-rank batch in one forward (no accumulation);
+    `"auto"` takes `auto_micro_batch`, chosen by enn_core.runtime.batch_probe.choose_micro_batch."""
+    if micro_batch == "auto":
+        if auto_micro_batch is None:
+            raise ConfigError(
+                "train.micro_batch=auto was not resolved before planning (the worker calls "
+                "enn_core.runtime.batch_probe.choose_micro_batch); set train.micro_batch to an integer"
+            )
+        micro_batch = auto_micro_batch
     per_rank = batch_size // max(world_size, 1)
     return Plan(global_batch=batch_size, world_size=world_size, micro_batch=micro_batch or per_rank)
 

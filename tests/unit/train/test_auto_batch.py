@@ -1,0 +1,165 @@
+"""`train.micro_batch: auto`: the probe picks a divisor of the per-rank batch that fits the
+memory budget, says why, backs away from out-of-memory sizes, and leaves the model, its
+gradients and the random stream exactly as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from train_fixtures import tiny_cfg
+
+from enn_core.config import load_config
+from enn_core.data.dataset import StagedDataset
+from enn_core.errors import ConfigError, TrainingError
+from enn_core.losses import make_loss
+from enn_core.model.enn import build_model
+from enn_core.runtime.batch_probe import (
+    MicroBatchChoice,
+    agree_choice,
+    choose_micro_batch,
+    divisors,
+    sample_from_staged,
+)
+from enn_core.runtime.dist import local_env
+from enn_core.runtime.sampler import make_plan
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _setup(staged, device="cpu", *extra):
+    torch.set_num_threads(1)
+    cfg = tiny_cfg("model.dropout=0.1", *extra)
+    ds = StagedDataset(staged)
+    model = build_model(cfg.model, ds.manifest, data_dir=staged).to(device).train()
+    loss = make_loss(cfg.train).to(device)
+    sample = sample_from_staged(ds.features, ds.labels, ds.split("train"), device, model.normalize)
+    return model, loss, sample
+
+
+class OOMAbove(nn.Module):
+    """The real loss, but a micro-batch of more than `k` rows fails as the CUDA allocator does."""
+
+    def __init__(self, loss: nn.Module, k: int) -> None:
+        super().__init__()
+        self.loss, self.k = loss, k
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if pred.shape[0] > self.k:
+            raise torch.OutOfMemoryError(f"injected out-of-memory at {pred.shape[0]} rows")
+        return self.loss(pred, target)
+
+
+def test_auto_picks_a_divisor_with_its_reason(staged):
+    model, loss, sample = _setup(staged)
+    got = choose_micro_batch(model, loss, sample, 24, "cpu", headroom=0.2)
+    assert isinstance(got, MicroBatchChoice)
+    assert got.micro_batch == 24  # a tiny model fits whole in any real machine's memory
+    assert got.reason.startswith("auto (fit): 24 of per-rank 24 fits")
+    assert "MemAvailable" in got.reason and "MiB/row" in got.reason
+    m = got.measured
+    assert (
+        m["method"] == "fit"
+        and m["bytes_per_row"] > 0
+        and m["predicted_bytes"] <= m["budget_bytes"]
+    )
+    assert set(got.as_record()) == {"micro_batch", "micro_batch_reason", "micro_batch_measured"}
+
+
+def test_a_small_budget_forces_a_smaller_micro_batch(staged):
+    model, loss, sample = _setup(staged)
+    first = choose_micro_batch(model, loss, sample, 48, "cpu", probe_rows=16)
+    f = first.measured
+    budget = int(f["unseen_bytes"] + f["fixed_bytes"] + 6 * f["bytes_per_row"])
+    got = choose_micro_batch(model, loss, sample, 48, "cpu", budget_bytes=budget, probe_rows=16)
+    m = got.measured
+    assert got.micro_batch < 48 and 48 % got.micro_batch == 0
+    assert m["predicted_bytes"] <= budget and "given budget" in got.reason
+    bigger = [d for d in divisors(48) if d > got.micro_batch]  # the next one would not fit
+    assert m["fixed_bytes"] + bigger[0] * m["bytes_per_row"] + m["unseen_bytes"] > budget
+    none_fit = choose_micro_batch(model, loss, sample, 48, "cpu", budget_bytes=0, probe_rows=16)
+    assert none_fit.micro_batch == 1 and "predicted over the budget" in none_fit.reason
+
+
+def test_probe_leaves_parameters_grads_buffers_and_rng_untouched(staged):
+    model, loss, sample = _setup(staged, "cpu", "train.loss=student_t")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss_before = [p.detach().clone() for p in loss.parameters()]
+    torch.manual_seed(7)
+    rng = torch.get_rng_state()
+    for method in ("fit", "trial"):
+        choose_micro_batch(model, loss, sample, 12, "cpu", method=method, probe_rows=8)
+    assert torch.equal(torch.get_rng_state(), rng)  # dropout in the probe drew nothing we see
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.equal(a, b) for a, b in zip(loss_before, loss.parameters(), strict=True))
+    assert all(p.grad is None for p in [*model.parameters(), *loss.parameters()])
+    assert model.training
+
+
+def test_injected_oom_makes_the_trial_search_step_down(staged):
+    model, loss, sample = _setup(staged)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    got = choose_micro_batch(model, OOMAbove(loss, 5), sample, 24, "cpu", method="trial")
+    assert got.micro_batch == 4  # the largest divisor of 24 that is <= 5
+    tried = [(t["micro_batch"], t.get("result")) for t in got.measured["trials"]]
+    assert tried == [(24, "out of memory"), (12, "out of memory"), (8, "out of memory"),
+                     (6, "out of memory"), (4, None)]  # fmt: skip
+    assert got.reason.startswith("auto (trial): 4 of per-rank 24 fits")
+    assert "24 (out of memory)" in got.reason
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_trial_search_with_no_size_that_fits_is_a_clear_error(staged):
+    model, loss, sample = _setup(staged)
+    with pytest.raises(TrainingError, match=r"even a micro-batch of 1 row runs out of memory") as e:
+        choose_micro_batch(model, OOMAbove(loss, 0), sample, 6, "cpu", method="trial")
+    assert "\n" not in str(e.value)
+
+
+def test_config_accepts_auto_and_rejects_bad_values_in_one_line():
+    cfg = load_config(None, ["train.micro_batch=auto", "train.memory_headroom=0.3"])
+    assert cfg.train.micro_batch == "auto" and cfg.train.memory_headroom == 0.3
+    assert load_config(None, ["train.micro_batch=8"]).train.micro_batch == 8
+    for bad, text in [("train.micro_batch=big", "train.micro_batch='big' is not valid"),
+                      ("train.micro_batch=-2", "train.micro_batch >= 0"),
+                      ("train.memory_headroom=1.5", "train.memory_headroom=1.5 must be in [0, 1)")]:  # fmt: skip
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [bad])
+        assert text in str(e.value) and "\n" not in str(e.value)
+
+
+def test_plan_takes_the_auto_choice_and_refuses_an_unresolved_auto():
+    plan = make_plan(32, "auto", 2, auto_micro_batch=4)
+    assert (plan.per_rank, plan.micro_batch, plan.accumulation) == (16, 4, 4)
+    assert make_plan(32, 0, 2).micro_batch == 16  # unchanged meaning of 0
+    with pytest.raises(ConfigError, match="train.micro_batch=auto was not resolved"):
+        make_plan(32, "auto", 2)
+    choice = MicroBatchChoice(4, "auto (fit): ...")
+    assert agree_choice(choice, local_env()) is choice  # world size 1: nothing to agree
+
+
+@pytest.mark.gpu
+def test_cuda_trial_backs_off_a_real_out_of_memory(staged):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    dev = torch.device("cuda", 0)
+    model, loss, sample = _setup(staged, dev)
+    whole = choose_micro_batch(model, loss, sample, 4096, dev)
+    assert whole.measured["method"] == "trial" and 4096 % whole.micro_batch == 0
+    assert "max_memory_allocated" in whole.reason
+    # cap this process's allocator just above what it holds: large sizes really run out
+    torch.cuda.synchronize(dev)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.empty_cache()
+    cap = torch.cuda.memory_allocated(dev) + 64 * 2**20
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.cuda.set_per_process_memory_fraction(cap / total, dev)
+    try:
+        got = choose_micro_batch(model, loss, sample, 4096, dev)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, dev)
+    assert got.micro_batch < 4096 and 4096 % got.micro_batch == 0
+    assert got.measured["trials"][0]["result"] == "out of memory", got.reason
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
