@@ -19,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 
 from enn_core.errors import TrainingError
@@ -134,12 +136,8 @@ def host_peak(fn: Callable[[], object]) -> PeakReading:
 
 def _sampled_anon_peak(fn: Callable[[], object]) -> PeakReading:
     """Fallback where VmHWM cannot be reset: sample RssAnon every millisecond during `fn()`."""
-    import threading
-
     base = _proc_status_kb("RssAnon")["RssAnon"]
     if base < 0:
-        import psutil
-
         rss = psutil.Process().memory_info().rss
         fn()
         grown = psutil.Process().memory_info().rss - rss
@@ -187,21 +185,22 @@ def memory_budget(
     """(bytes one rank may use, how that was derived), keeping `headroom` of memory free.
 
     CUDA: (1 - headroom) x (free + what this process's allocator already reserved) on the
-    rank's device (other processes' use excluded). CPU: (1 - headroom) x MemAvailable shared by
-    the ranks of this host; measured growth is compared with it (the process already holds the
-    rest)."""
+    rank's device (other processes' use excluded), within any per-process fraction cap.
+    CPU: (1 - headroom) x MemAvailable shared by the ranks of this host; measured growth is
+    compared with it (the process already holds the rest)."""
     device = torch.device(device)
     keep = 1.0 - headroom
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         usable = free + torch.cuda.memory_reserved(device)
+        cap = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if cap is not None:  # a set_per_process_memory_fraction cap is a hard allocator limit
+            usable = min(usable, int(cap(device) * total))
         how = (
             f"{keep:.0%} of {usable / MIB:.0f} MiB usable on {torch.cuda.get_device_name(device)} "
             f"(free {free / MIB:.0f} + reserved by this process, of {total / MIB:.0f} MiB total)"
         )
         return int(keep * usable), how
-    import psutil
-
     avail = psutil.virtual_memory().available
     ranks = max(1, local_world_size)
     per = "" if ranks == 1 else f" / {ranks} local ranks"

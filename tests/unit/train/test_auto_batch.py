@@ -4,6 +4,7 @@ gradients and the random stream exactly as they were."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -22,6 +23,7 @@ from enn_core.runtime.batch_probe import (
     sample_from_staged,
 )
 from enn_core.runtime.dist import local_env
+from enn_core.runtime.memory import _sampled_anon_peak, host_peak
 from enn_core.runtime.sampler import make_plan
 
 pytestmark = pytest.mark.timeout(120)
@@ -163,3 +165,52 @@ def test_cuda_trial_backs_off_a_real_out_of_memory(staged):
     assert got.micro_batch < 4096 and 4096 % got.micro_batch == 0
     assert got.measured["trials"][0]["result"] == "out of memory", got.reason
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_host_peak_counts_anonymous_memory_not_memmap_pages(tmp_path):
+    mib = 2**20
+    big = np.lib.format.open_memmap(
+        tmp_path / "m.npy", mode="w+", dtype=np.float32, shape=(16 * mib,)
+    )
+    big[:] = 1.0
+    big.flush()
+    del big
+    pages = np.load(tmp_path / "m.npy", mmap_mode="r")
+    read = host_peak(lambda: float(pages.sum(dtype=np.float64)))  # 64 MiB of file pages touched
+    assert read.bytes < 16 * mib
+    alloc = host_peak(lambda: torch.ones(16 * mib))  # 64 MiB of anonymous memory
+    sampled = _sampled_anon_peak(lambda: torch.ones(16 * mib))  # the fallback without clear_refs
+    for r in (alloc, sampled):
+        assert 60 * mib < r.bytes < 80 * mib, r
+
+
+def _agree_worker(rank: int, store_path: str, values: list[int], out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    from enn_core.runtime.dist import DistEnv
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    env = DistEnv(rank, 2, rank, torch.device("cpu"), "gloo", 0, None)
+    mine = MicroBatchChoice(values[rank], f"rank {rank} measured", {"rank": rank})
+    got = agree_choice(mine, env)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(
+            {"micro_batch": got.micro_batch, "reason": got.reason, "measured": got.measured}, f
+        )
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_ranks_agree_on_the_smallest_choice(tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "agreed")
+    mp.spawn(_agree_worker, args=(str(tmp_path / "store"), [8, 4], out), nprocs=2, join=True)
+    r0, r1 = (json.loads(open(f"{out}.{r}").read()) for r in (0, 1))
+    assert r0["micro_batch"] == r1["micro_batch"] == 4
+    assert r0["reason"].endswith("lowered to 4, the smallest choice of any rank")
+    assert r0["measured"]["this_rank_micro_batch"] == 8 and r1["reason"] == "rank 1 measured"
