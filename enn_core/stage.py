@@ -6,17 +6,44 @@ inputs from `ctx.output(<upstream stage>)`, writes its own outputs atomically in
 `ctx.output()` (enn_core.atomic.atomic_dir), writes metrics and events through `ctx.events`,
 and returns a small JSON-able summary (paths, hashes, headline metrics). It never imports
 prefect, mlflow or dvc.
+
+Cancellation: `ctx.cancel` is a `threading.Event` the runner sets when the run is cancelled
+(Prefect flow run set to Cancelling). A stage that launches workers passes it on
+(`launch(cancel=ctx.cancel)`), so they are killed within seconds. Whoever builds contexts
+without knowing the stage (tasks/runner.py) is covered by `cancel_scope(event)`: contexts
+created inside it share `event`; outside any scope each context gets a fresh one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.paths import Layout
+
+_SCOPE: ContextVar[threading.Event | None] = ContextVar("enn_cancel_scope", default=None)
+
+
+def current_cancel() -> threading.Event:
+    """The event of the innermost `cancel_scope`, or a fresh (never set) one."""
+    return _SCOPE.get() or threading.Event()
+
+
+@contextlib.contextmanager
+def cancel_scope(event: threading.Event) -> Iterator[threading.Event]:
+    """Stage contexts created inside this block (in this thread or context) use `event`."""
+    token = _SCOPE.set(event)
+    try:
+        yield event
+    finally:
+        _SCOPE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -28,14 +55,18 @@ class StageContext:
     faults: FaultInjector
     progress: bool = True
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("enn"))
+    cancel: threading.Event = field(default_factory=current_cancel)
 
     def output(self, stage: str | None = None) -> Path:
         """The output directory of `stage` (default: this stage)."""
         return self.layout.output(stage or self.stage)
 
 
-def make_context(cfg, layout: Layout, stage: str, run_id: str) -> StageContext:
-    """A context for running a stage directly (tests, benchmarks)."""
+def make_context(
+    cfg, layout: Layout, stage: str, run_id: str, cancel: threading.Event | None = None
+) -> StageContext:
+    """A context for running a stage directly (tests, benchmarks); `cancel` (default: the
+    enclosing `cancel_scope`'s event, or a fresh one) stops its workers when set."""
     run_dir = layout.run_dir(run_id, stage)
     run_dir.mkdir(parents=True, exist_ok=True)
     return StageContext(
@@ -46,4 +77,5 @@ def make_context(cfg, layout: Layout, stage: str, run_id: str) -> StageContext:
         faults=FaultInjector(cfg.fault, marker_dir=run_dir.parent),
         progress=cfg.runtime.progress,
         logger=logging.getLogger(f"enn.{stage}"),
+        cancel=cancel if cancel is not None else current_cancel(),
     )

@@ -5,14 +5,23 @@
 
 Each stage subcommand runs the same function as its Prefect task (tasks/runner.py); this is
 what `dvc repro` calls. Errors print one line and exit non-zero (the code says which kind:
-2 config, 3 data, 4 stale output, 5 training, 6 collapse, 7 export, 8 lock, 75 transient).
+2 config, 3 data, 4 stale output, 5 training, 6 collapse, 7 export, 8 lock, 75 transient,
+130 interrupted (Ctrl-C) or flow run cancelled, 143 terminated (SIGTERM)).
+
+SIGTERM takes Ctrl-C's path (`Terminated` is a KeyboardInterrupt): workers are killed, the
+lock released, MLflow runs closed, Prefect's temporary server stopped. Without this, Prefect's
+flow engine re-sends SIGTERM to the default handler, and the process dies mid-cleanup.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from enn_core.errors import EnnError
@@ -22,6 +31,35 @@ COMMON_EPILOG = (
     "Config: defaults -> params.yaml -> --set overrides (docs/config.md lists every key). "
     "Outputs: outputs/<stage>/; run directories, MLflow and Prefect state: work/."
 )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: everything that cleans up after Ctrl-C runs."""
+
+
+_terminating = threading.Event()
+
+
+def _on_sigterm(signum: int, frame) -> None:
+    if _terminating.is_set():  # a second SIGTERM must not cut the cleanup short (SIGKILL forces)
+        print("SIGTERM again: still stopping workers and releasing the lock", file=sys.stderr)
+        return
+    _terminating.set()
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs (main thread only), SIGTERM raises `Terminated` like Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _terminating.clear()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -109,25 +147,36 @@ def run_stage_command(stage: str, config: Path, overrides: list[str], pipeline: 
 
 def run_flow_command(flow: str, config: Path, overrides: list[str], until: str | None,
                      model: str | None = None) -> int:
+    from prefect.exceptions import CancelledRun
+
     from enn_core.config import load_config
     from tasks.lock import pipeline_lock
 
     layout = Layout.for_root(config.parent, load_config(config, overrides).runtime.work_dir)
     with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"):  # fail fast, before Prefect starts
-        if flow == "prediction":
-            from flows.prediction import prediction
+        try:
+            if flow == "prediction":
+                from flows.prediction import prediction
 
-            results = prediction(config=str(config), overrides=overrides, model=model, until=until)
-        else:
-            from flows.training import training
+                results = prediction(config=str(config), overrides=overrides, model=model, until=until)
+            else:
+                from flows.training import training
 
-            results = training(config=str(config), overrides=overrides, until=until)
+                results = training(config=str(config), overrides=overrides, until=until)
+        except CancelledRun as e:
+            print(f"cancelled: {str(e).splitlines()[0] if str(e) else 'the flow run was cancelled'}", file=sys.stderr)
+            return 130
     for stage, r in results.items():
         print(f"{stage:20s} {r['status']:8s} {r['seconds']:7.1f} s  {r['reason']}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    with sigterm_as_interrupt():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -157,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     except EnnError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except Terminated:
+        print("terminated (SIGTERM): workers stopped, lock released", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

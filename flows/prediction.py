@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.states import State
 
 from flows.training import run_stages, select
 from tasks.collapse_check import collapse_check
@@ -29,8 +30,9 @@ DEFAULT_CONFIG = "prediction/params.yaml"
 
 @flow(name="prediction", persist_result=False, log_prints=True)
 def prediction(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, model: str | None = None,
-               until: str | None = None) -> dict:
-    """Stage new data, predict with `model` (default: predict.model of the config), check collapse."""
+               until: str | None = None) -> dict | State:
+    """Stage new data, predict with `model` (default: predict.model of the config), check collapse
+    (a Cancelled state when the flow run is cancelled: flows.training.run_stages)."""
     overrides = list(overrides or [])
     if model and model.startswith(("models:/", "runs:/")):
         # A registry reference cannot be hashed by DVC: download that version next to the

@@ -3,17 +3,32 @@ function. DVC decides which stages are stale; stages that are up to date are ski
 
 Run: `enn run` (or `python -m flows.training`). Parameters are typed: the config path and
 `--set` overrides (written into the config file first, as `dvc exp run -S` does).
+
+Cancellation: `enn run` calls the flow function in its own process, where no Prefect runner
+watches for a cancel (Prefect 3's FlowRunCancellingObserver lives in the Runner that spawns
+flow-run processes; the in-process engine never re-reads its state). So `watch_cancellation`
+polls the flow run's state; once it is Cancelling (UI, `prefect flow-run cancel`, the API)
+it sets the stages' `ctx.cancel`, the launcher kills every worker, no further stage starts,
+and the flow run ends Cancelled.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from uuid import UUID
 
+import httpx
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Cancelled, State
 
 from enn_core.config import load_config
 from enn_core.paths import STAGES
+from enn_core.stage import cancel_scope
 from flows.params_file import apply_overrides
 from tasks.collapse_check import collapse_check
 from tasks.distributed_train import distributed_train
@@ -48,8 +63,50 @@ def select(stages: dict, until: str | None) -> dict:
     return {k: stages[k] for k in names[: names.index(until) + 1]}
 
 
+class FlowRunCancelled(Exception):
+    """The flow run was set to Cancelling through the Prefect API."""
+
+
+@contextlib.contextmanager
+def watch_cancellation(flow_run_id: str | None, poll_s: float = 1.0) -> Iterator[threading.Event]:
+    """An event set (within ~`poll_s`) once the flow run is Cancelling or Cancelled in the API.
+
+    A daemon thread with its own client polls the run's state until the block ends."""
+    cancel, done = threading.Event(), threading.Event()
+    if not flow_run_id:
+        yield cancel
+        return
+    # Not under "enn": Prefect's API log handler (PREFECT_LOGGING_EXTRA_LOGGERS=enn) refuses
+    # records from a thread outside the flow run's context. The flow logs the cancel itself.
+    log = logging.getLogger("flows.cancel")
+
+    def poll() -> None:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            while not done.wait(poll_s):
+                try:
+                    state = client.read_flow_run(UUID(flow_run_id)).state
+                except httpx.HTTPError as e:  # an API hiccup: the next poll tries again
+                    log.debug("cancel watcher: reading flow run %s failed: %s", flow_run_id, e)
+                    continue
+                if state is not None and (state.is_cancelling() or state.is_cancelled()):
+                    log.info("flow run %s is %s: stopping the running stage's workers", flow_run_id, state.name)
+                    cancel.set()
+                    return
+
+    watcher = threading.Thread(target=poll, name=f"enn-cancel-watch-{flow_run_id[:8]}", daemon=True)
+    watcher.start()
+    try:
+        yield cancel
+    finally:
+        done.set()
+        watcher.join(5.0)
+
+
 def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict,
-               pipeline: str = "training") -> dict:
+               pipeline: str = "training") -> dict | State:
+    """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled."""
     logger = get_run_logger()
     path = Path(config).resolve()
     for change in apply_overrides(path, list(overrides or [])):
@@ -58,16 +115,29 @@ def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
     results: dict[str, dict] = {}
     run_id = str(flow_run.get_id() or "") or None
-    with pipeline_session(cfg, path.parent, name, run_id=run_id, tags=tags, pipeline=pipeline) as session:
-        for stage, task_ in stages.items():
-            opts = task_.with_options(timeout_seconds=cfg.runtime.task_timeout_s)
-            results[stage] = opts(str(path), session)
-            logger.info("%s: %s (%s)", stage, results[stage]["status"], results[stage]["reason"])
+    try:
+        with (pipeline_session(cfg, path.parent, name, run_id=run_id, tags=tags, pipeline=pipeline) as session,
+              watch_cancellation(run_id) as cancel, cancel_scope(cancel)):
+            for stage, task_ in stages.items():
+                if cancel.is_set():
+                    raise FlowRunCancelled(f"flow run cancelled before {stage}; no further stage ran")
+                opts = task_.with_options(timeout_seconds=cfg.runtime.task_timeout_s)
+                try:
+                    results[stage] = opts(str(path), session)
+                except Exception as e:
+                    if cancel.is_set():  # the stage failed because its workers were killed
+                        raise FlowRunCancelled(f"flow run cancelled during {stage}; its workers were stopped") from e
+                    raise
+                logger.info("%s: %s (%s)", stage, results[stage]["status"], results[stage]["reason"])
+    except FlowRunCancelled as e:
+        logger.warning("%s", e)
+        return Cancelled(message=str(e))
     return results
 
 
 @flow(name="training", persist_result=False, log_prints=True)
-def training(config: str = "params.yaml", overrides: list[str] | None = None, until: str | None = None) -> dict:
+def training(config: str = "params.yaml", overrides: list[str] | None = None,
+             until: str | None = None) -> dict | State:
     """Run the seven training stages (or those up to `until`); returns each stage's status."""
     return run_stages("training", config, overrides, select(TRAINING_TASKS, until))
 

@@ -84,6 +84,7 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
                 budgets={"spawn": cfg.runtime.spawn_budget_s, "compile": cfg.runtime.compile_budget_s,
                          "checkpoint": cfg.runtime.checkpoint_budget_s},
                 start_method=cfg.runtime.start_method, timeout_s=cfg.runtime.task_timeout_s,
+                cancel=ctx.cancel,
             )  # fmt: skip
     finally:
         record_workers(ctx)
