@@ -55,10 +55,11 @@ def _trained_model_pt(root: Path, dest: Path, *model: str) -> Path:
     return save_consolidated(dest / "model.pt", trained, tiny_cfg(*model).model, manifest, meta)
 
 
-@pytest.fixture
-def source(tmp_path) -> Path:
-    """An earlier run's model.pt, trained on the same tiny data."""
-    return _trained_model_pt(_project(tmp_path / "earlier"), tmp_path / "earlier-run")
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """An earlier run's model.pt, trained on the same tiny data (read-only: tests copy it)."""
+    tmp = tmp_path_factory.mktemp("earlier")
+    return _trained_model_pt(_project(tmp / "project"), tmp / "run")
 
 
 def _outputs(root: Path) -> dict[str, bytes]:
@@ -85,13 +86,17 @@ def test_warm_start_copies_weights_and_records_source(tmp_path, source):
 
 
 def test_folder_source_other_compatible_data_recorded(tmp_path, source):
-    (source.parent / "SOURCE").write_text(
-        "models:/enn-model@champion\n"
-    )  # as the task layer writes it
+    download = tmp_path / "registry-download"  # where the task layer puts a model version
+    download.mkdir()
+    shutil.copy2(source, download / "model.pt")
+    (download / "SOURCE").write_text("models:/enn-model@champion\n")  # as materialize writes it
     root = _project(tmp_path / "now", "data.synthetic.seed=7")  # same schema, other values
-    got = _prepare(root, "checkpoint.init_from=../earlier-run")  # relative to the project root
+    got = _prepare(root, "checkpoint.init_from=../registry-download")  # relative to the root
     warm = got["warm_start"]
-    assert warm["path"] == str(source.resolve()) and warm["init_from"] == "../earlier-run"
+    assert warm["path"] == str((download / "model.pt").resolve())
+    assert (
+        warm["init_from"] == "../registry-download" and warm["meta"]["stage"] == "distributed-train"
+    )
     assert warm["registry_uri"] == "models:/enn-model@champion"
     assert warm["same_data"] is False and warm["data_fingerprint"] != got["data_fingerprint"]
     fresh = _prepare(root)
