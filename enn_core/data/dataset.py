@@ -11,7 +11,6 @@ mismatch raises StaleOutputError saying to re-run stage-data.
 
 from __future__ import annotations
 
-import hashlib
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from enn_core.data.manifest import content_hash, read_manifest
+from enn_core.data import hashing
+from enn_core.data.manifest import content_hash, file_hash, read_manifest
 from enn_core.errors import StaleOutputError
 
 
@@ -92,18 +92,24 @@ class StagedDataset:
         return pd.read_parquet(self.path / "row_keys.parquet")
 
     def verify(self) -> None:
-        """Re-hash the staged arrays and compare with the manifest (slow: reads every byte)."""
+        """Re-hash the staged arrays and compare with the manifest (slow: reads every byte).
+
+        Each file is re-hashed with the algorithm its manifest entry names (hashing.hasher_for).
+        """
         files = {}
         for name, spec in self.manifest["files"].items():
             arr = np.load(self.path / name, mmap_mode="r")
-            files[name] = {**spec, "sha256": _data_sha256(arr)}
+            try:
+                make, spell = hashing.hasher_for(file_hash(spec))
+            except ValueError as e:
+                self._stale(f"{name}: {e}")
+            files[name] = {**spec, "hash": spell(_data_hash(arr, make()))}
         if content_hash(files) != self.fingerprint:
             self._stale("staged files do not match their content hash")
 
 
-def _data_sha256(arr: np.ndarray, rows: int = 1 << 16) -> str:
-    """sha256 of an array's C-ordered data bytes, as the staging writer hashes them."""
-    h = hashlib.sha256()
+def _data_hash(arr: np.ndarray, h, rows: int = 1 << 16):
+    """`h` updated with an array's C-ordered data bytes, as the staging writer hashes them."""
     for s in range(0, arr.shape[0], rows):
         h.update(np.ascontiguousarray(arr[s : s + rows]).data)
-    return h.hexdigest()
+    return h

@@ -4,13 +4,16 @@ Version policy: readers accept exactly FORMAT_VERSION. An older manifest is refu
 "re-run stage-data" (staging is cheap and deterministic, so no in-place migration is kept);
 a newer one is refused with "upgrade enn". Shapes, dtypes and split sizes are checked
 against the files themselves by `enn_core.data.dataset.StagedDataset`.
+
+Hashes name their algorithm ("blake2b-256:<hex>", enn_core.data.hashing) under the key
+"hash". Version-1 manifests written before that carry a bare sha256 hex under "sha256";
+they are still read and still verify (the content hash of such a manifest is unchanged).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +22,25 @@ from enn_core.errors import StaleOutputError
 FORMAT_VERSION = 1
 FORMAT_POLICY = (
     "readers accept only this format_version; an older staged dataset is refused with "
-    "'re-run stage-data' (no migration), a newer one with 'upgrade enn'"
+    "'re-run stage-data' (no migration), a newer one with 'upgrade enn'; hashes name their "
+    "algorithm ('blake2b-256:<hex>'), a bare hex hash (written before the name) is sha256"
 )
 MANIFEST = "manifest.json"
 
 
+def file_hash(spec: dict[str, Any]) -> str:
+    """A staged file's data hash from its manifest entry (key "hash"; legacy "sha256")."""
+    return spec["hash"] if "hash" in spec else spec["sha256"]
+
+
 def content_hash(files: dict[str, dict[str, Any]]) -> str:
-    """sha256 over each staged array's name, dtype, shape and data sha256 (hashed while written)."""
-    items = [[name, f["dtype"], list(f["shape"]), f["sha256"]] for name, f in sorted(files.items())]
+    """sha256 over each staged array's name, dtype, shape and data hash (hashed while written).
+
+    The data hashes are the algorithm-named strings, so the algorithm is part of what is
+    hashed; this outer hash of a few hundred bytes stays sha256, a plain hex fingerprint.
+    """
+    items = [[name, f["dtype"], list(f["shape"]), file_hash(f)] for name, f in sorted(files.items())]
     return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()
-
-
-def hash_files(paths: list[Path], stop: threading.Event | None = None, block: int = 4 << 20) -> str:
-    """sha256 of the files' bytes, one after the other (the input's content hash)."""
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            while chunk := f.read(block):
-                if stop is not None and stop.is_set():
-                    return ""
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """.npy streaming: a writer whose row count grows as chunks arrive, and header readers.
 
 `NpyWriter` reserves a fixed-size header, appends C-ordered chunks, hashes the data bytes
-(sha256) in a helper thread while the main thread reads and writes the next chunk (hashlib
+in a helper thread while the main thread reads and writes the next chunk (hashlib
 and file writes release the GIL, so the two overlap), and rewrites the header with the final
 row count on close. Headers are plain npy 1.0, so `np.load(mmap_mode="r")` reads the files.
+Hashes are enn_core.data.hashing's ("blake2b-256:<hex>" of the data bytes).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import zipfile
@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from enn_core.data import hashing
 from enn_core.errors import DataError
 
 MAGIC = b"\x93NUMPY\x01\x00"
@@ -47,8 +48,8 @@ class NpyWriter:
         self.dtype = np.dtype(dtype)
         self.tail_shape = tuple(int(d) for d in tail_shape)
         self.rows = 0
-        self._sha = hashlib.sha256()
-        self._src: hashlib._Hash | None = None  # the source's own hash, once its bytes differ
+        self._hash = hashing.new()
+        self._src = None  # the source's own hash, once its bytes differ
         self._src_seen = False
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._pending: Future | None = None
@@ -56,10 +57,10 @@ class NpyWriter:
         self._f.write(_header(self.dtype, (0, *self.tail_shape)))
 
     def write(self, chunk: np.ndarray, raw: np.ndarray | None = None) -> None:
-        """Append `chunk`; `raw` is the input array it came from, whose data sha256 is kept too.
+        """Append `chunk`; `raw` is the input array it came from, whose data hash is kept too.
 
         While the staged bytes equal the input bytes (the common float32 pass-through) one
-        hash serves both; at the first difference the input's hash forks (sha256.copy()).
+        hash serves both; at the first difference the input's hash forks (a copy of the hasher).
         """
         if chunk.shape[1:] != self.tail_shape:
             raise ValueError(f"chunk shape {chunk.shape} does not match rows of {self.tail_shape}")
@@ -78,22 +79,22 @@ class NpyWriter:
                 src = memoryview(raw).cast("B")
         self._wait()
         if src is not None and self._src is None:
-            self._src = self._sha.copy()
+            self._src = self._hash.copy()
         self._pending = self._pool.submit(self._update, view, src)
         if arr.size:
             self._f.write(view)
         self.rows += arr.shape[0]
 
     def _update(self, view: memoryview, src: memoryview | None) -> None:
-        self._sha.update(view)
+        self._hash.update(view)
         if src is not None:
             self._src.update(src)
 
-    def source_sha256(self) -> str | None:
-        """sha256 of the input arrays' data bytes passed as `raw` (None if none were)."""
+    def source_hash(self) -> str | None:
+        """Hash of the input arrays' data bytes passed as `raw` (None if none were)."""
         if not self._src_seen:
             return None
-        return (self._src or self._sha).hexdigest()
+        return hashing.named(self._src or self._hash)
 
     def _wait(self) -> None:
         if self._pending is not None:
@@ -105,7 +106,7 @@ class NpyWriter:
         return (self.rows, *self.tail_shape)
 
     def close(self) -> str:
-        """Finish the file; returns the sha256 of its data bytes."""
+        """Finish the file; returns the hash of its data bytes."""
         self._wait()
         self._pool.shutdown()
         self._f.seek(0)
@@ -113,7 +114,7 @@ class NpyWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-        return self._sha.hexdigest()
+        return hashing.named(self._hash)
 
     def abort(self) -> None:
         self._wait()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
 import json
 import os
 import threading
@@ -27,14 +26,13 @@ import numpy as np
 
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import DataConfig
-from enn_core.data import splits
+from enn_core.data import hashing, splits
 from enn_core.data.encode import Encoder
 from enn_core.data.manifest import (
     FORMAT_POLICY,
     FORMAT_VERSION,
     MANIFEST,
     content_hash,
-    hash_files,
     read_manifest,
 )
 from enn_core.data.sources import ArraySource
@@ -166,7 +164,7 @@ def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults, p
     writer = ChunkWriter(tmp, data, info, enc, file, faults, progress)
     stop = threading.Event()  # a failed run does not wait for the whole input to be hashed
     with ThreadPoolExecutor(max_workers=1) as pool:  # hash the input while staging it
-        src_hash = pool.submit(hash_files, info.inputs, stop) if info.inputs else None
+        src_hash = pool.submit(hashing.hash_files, info.inputs, stop) if info.inputs else None
         try:
             writer.run(source)
         except BaseException:
@@ -195,7 +193,7 @@ def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults, p
         specs[j].update(
             mean=float(fx.mean[k]), std=1.0 if constant else float(std[k]), constant=constant
         )
-    files = {**writer.files(), **{n: {"dtype": "int64", "shape": [sizes[n.split("/")[1][:-4]]], "sha256": h}
+    files = {**writer.files(), **{n: {"dtype": "int64", "shape": [sizes[n.split("/")[1][:-4]]], "hash": h}
                                   for n, h in split_hashes.items()}}  # fmt: skip
     manifest = _manifest(data, info, writer, specs, sizes, files, fy, training)
     write_json(tmp / MANIFEST, manifest)
@@ -232,15 +230,11 @@ def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
         }
     if info.inputs:
         src_hash, hash_of = writer.source_hash, "file bytes"
-    elif info.path is not None:  # arrays: each array's data sha256, hashed while staged
-        src_hash = hashlib.sha256(
-            json.dumps(writer.array_hashes, sort_keys=True).encode()
-        ).hexdigest()
-        hash_of = f"sha256 of the json of each input array's data sha256: {writer.array_hashes}"
+    elif info.path is not None:  # arrays: each array's data hash, hashed while staged
+        src_hash = hashing.of_bytes(json.dumps(writer.array_hashes, sort_keys=True).encode())
+        hash_of = f"the json of each input array's data hash: {writer.array_hashes}"
     else:
-        src_hash = hashlib.sha256(
-            json.dumps(_plain(data.synthetic), sort_keys=True).encode()
-        ).hexdigest()
+        src_hash = hashing.of_bytes(json.dumps(_plain(data.synthetic), sort_keys=True).encode())
         hash_of = "the generator config"
     split_def: dict[str, Any] = {"seed": data.split_seed, "val_fraction": data.val_fraction}
     if data.folds:
@@ -272,8 +266,8 @@ def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
         "source": {
             "kind": info.kind,
             "path": str(info.path) if info.path else None,
-            "sha256": src_hash,
-            "sha256_of": hash_of,
+            "hash": src_hash,
+            "hash_of": hash_of,
             "config": _plain(data.synthetic) if info.kind == "synthetic" else None,
         },  # fmt: skip
         "training_manifest": str(data.training_manifest) if training else None,

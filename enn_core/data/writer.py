@@ -134,9 +134,9 @@ class ChunkWriter:
             "features.npy": self._x.close(),
             "labels.npy": self._y.close() if self._y else None,
         }
-        self.array_hashes = {"features": self._x.source_sha256()}
+        self.array_hashes = {"features": self._x.source_hash()}
         if self._y is not None:
-            self.array_hashes["labels"] = self._y.source_sha256()
+            self.array_hashes["labels"] = self._y.source_hash()
         self._codes.close()
         self._stats_wait()
         self._keys.close()
@@ -230,8 +230,8 @@ class ChunkWriter:
 
     def files(self) -> dict[str, dict]:
         out = {"features.npy": {"dtype": str(np.dtype(self._x.dtype)), "shape": list(self._x.shape),
-                                "sha256": self._hashes["features.npy"]}}  # fmt: skip
+                                "hash": self._hashes["features.npy"]}}  # fmt: skip
         if self._y is not None:
             out["labels.npy"] = {"dtype": str(np.dtype(self._y.dtype)), "shape": list(self._y.shape),
-                                 "sha256": self._hashes["labels.npy"]}  # fmt: skip
+                                 "hash": self._hashes["labels.npy"]}  # fmt: skip
         return out

@@ -128,6 +128,37 @@ def test_verify_detects_changed_content(tmp_path):
         StagedDataset(out).verify()
 
 
+def test_manifests_with_bare_sha256_hashes_still_verify(tmp_path):
+    """Version-1 manifests written before hashes named their algorithm (bare sha256 hex under
+    "sha256") are read and verified as before; an unknown hash spelling is refused clearly."""
+    import hashlib
+
+    from enn_core.data.manifest import content_hash
+
+    _, out = run_stage(tmp_path, synthetic=SMALL)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert all(f["hash"].startswith("blake2b-256:") for f in manifest["files"].values())
+    legacy = {}
+    for name, spec in manifest["files"].items():
+        data = np.ascontiguousarray(np.load(out / name)).tobytes()
+        legacy[name] = {"dtype": spec["dtype"], "shape": spec["shape"],
+                        "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+    old = {**manifest, "files": legacy, "content_hash": content_hash(legacy)}
+    (out / "manifest.json").write_text(json.dumps(old))
+    ds = StagedDataset(out)
+    ds.verify()
+    assert ds.fingerprint == old["content_hash"] != manifest["content_hash"]
+    labels = np.load(out / "labels.npy")
+    labels.flat[0] += 1
+    np.save(out / "labels.npy", labels)
+    with pytest.raises(StaleOutputError, match="do not match their content hash"):
+        StagedDataset(out).verify()
+    legacy["labels.npy"]["sha256"] = "md5:0123"
+    (out / "manifest.json").write_text(json.dumps({**old, "files": legacy}))
+    with pytest.raises(StaleOutputError, match=r"labels.npy: unknown hash 'md5:0123'.*re-run stage-data"):
+        StagedDataset(out).verify()
+
+
 def test_restaging_is_byte_identical(tmp_path):
     """Same input and params -> the same bytes in every file (a dvc repro re-run changes nothing)."""
     _, out = run_stage(tmp_path, synthetic=SMALL)
