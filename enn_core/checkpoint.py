@@ -208,6 +208,18 @@ def model_config_differences(theirs: Mapping, ours: Mapping) -> list[str]:
     return out
 
 
+def _values_differ(theirs: list | None, ours: list | None) -> str:
+    """'' when equal; else which values are missing or new here (or that only the order
+    differs: the integer codes, or the grid positions, then mean other values)."""
+    a, b = list(theirs or []), list(ours or [])
+    if a == b:
+        return ""
+    missing, new = [v for v in a if v not in b], [v for v in b if v not in a]
+    what = [f"{_some(missing)} missing here"] if missing else []
+    what += [f"{_some(new)} new here"] if new else []
+    return ", ".join(what) or "same values in another order (codes differ)"
+
+
 def _feature_differences(theirs: list, ours: list) -> list[str]:
     t = {s["name"]: s for s in theirs}
     o = {s["name"]: s for s in ours}
@@ -226,15 +238,8 @@ def _feature_differences(theirs: list, ours: list) -> list[str]:
         if a.get("kind") != b.get("kind"):
             out.append(f"feature {name} is {a.get('kind')} there, {b.get('kind')} here")
             continue
-        va, vb = list(a.get("vocab") or []), list(b.get("vocab") or [])
-        if va != vb:
-            missing = [v for v in va if v not in vb]
-            new = [v for v in vb if v not in va]
-            what = [f"{_some(missing)} missing here"] if missing else []
-            what += [f"{_some(new)} new here"] if new else []
-            out.append(
-                f"feature {name} vocabulary: {', '.join(what) or 'same values in another order (codes differ)'}"
-            )
+        if what := _values_differ(a.get("vocab"), b.get("vocab")):
+            out.append(f"feature {name} vocabulary: {what}")
         for key in sorted((set(a) | set(b)) - _SPEC_FREE):  # cyclic period, start, offset...
             if a.get(key) != b.get(key):
                 out.append(
@@ -254,14 +259,8 @@ def data_schema_differences(theirs: Mapping, ours: Mapping) -> list[str]:
             out.append(f"{key} is {_fmt(theirs.get(key))} there, {_fmt(ours.get(key))} here")
     av_t, av_o = theirs.get("label_axis_values") or {}, ours.get("label_axis_values") or {}
     for axis in dict.fromkeys([*av_o, *av_t]):
-        a, b = list(av_t.get(axis) or []), list(av_o.get(axis) or [])
-        if a != b:
-            missing, new = [v for v in a if v not in b], [v for v in b if v not in a]
-            what = [f"{_some(missing)} missing here"] if missing else []
-            what += [f"{_some(new)} new here"] if new else []
-            out.append(
-                f"label axis {axis} values: {', '.join(what) or 'same values in another order'}"
-            )
+        if what := _values_differ(av_t.get(axis), av_o.get(axis)):
+            out.append(f"label axis {axis} values: {what}")
     return out
 
 
