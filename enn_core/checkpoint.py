@@ -9,6 +9,9 @@ lists, str, numbers, None only):
 
 Written atomically (temp file + rename). predict, export, validate, collapse-check and
 resume load it with `load_model(path) -> (model in eval mode, checkpoint dict)`.
+`model_config_differences`, `data_schema_differences` and `state_dict_differences` name what
+keeps a checkpoint from fitting this run (`model.d_model is 32 there, 64 here`), for refusals
+such as prepare-checkpoint's warm start; `capped` joins them for a one-line message.
 """
 
 from __future__ import annotations
