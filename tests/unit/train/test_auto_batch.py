@@ -4,15 +4,19 @@ gradients and the random stream exactly as they were."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
-from train_fixtures import tiny_cfg
+from train_fixtures import run_local, tiny_cfg
 
 from enn_core.config import load_config
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, TrainingError
+from enn_core.events import EventLog
+from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss
 from enn_core.model.enn import build_model
 from enn_core.runtime.batch_probe import (
@@ -25,6 +29,8 @@ from enn_core.runtime.batch_probe import (
 from enn_core.runtime.dist import local_env
 from enn_core.runtime.memory import _sampled_anon_peak, host_peak
 from enn_core.runtime.sampler import make_plan
+from enn_core.train.loop import Runtime, TrainData, train
+from enn_core.train.worker import full_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,6 +103,29 @@ def test_probe_leaves_parameters_grads_buffers_and_rng_untouched(staged):
     assert all(torch.equal(a, b) for a, b in zip(loss_before, loss.parameters(), strict=True))
     assert all(p.grad is None for p in [*model.parameters(), *loss.parameters()])
     assert model.training
+
+
+def test_training_after_the_probe_is_bit_identical_to_training_without_it(staged, tmp_path):
+    """What the lead's wiring relies on: probing, then training with the chosen micro-batch,
+    gives the same loss curve as training with that micro-batch set by hand."""
+    by_hand = tiny_cfg("model.dropout=0.1", "train.epochs=1", "train.micro_batch=1")
+    reference, _ = run_local(by_hand, staged, tmp_path / "ref")
+    cfg = tiny_cfg("model.dropout=0.1", "train.epochs=1", "train.micro_batch=auto")
+    ds = StagedDataset(staged)
+    torch.manual_seed(cfg.runtime.seed)  # as run_local does; the probe runs after seeding
+    model = build_model(cfg.model, ds.manifest, data_dir=staged).train()
+    loss = make_loss(cfg.train)
+    sample = sample_from_staged(ds.features, ds.labels, ds.split("train"), "cpu", model.normalize)
+    got = choose_micro_batch(model, loss, sample, 8, "cpu", budget_bytes=0, probe_rows=8)
+    assert got.micro_batch == 1  # nothing fits a zero budget: the smallest, with the reason
+    train_cfg = dataclasses.replace(cfg.train, micro_batch=got.micro_batch)
+    env = local_env()
+    rt = Runtime(env=env, model=model, core=model, loss=loss, run_dir=tmp_path / "probed",
+                 events=EventLog(tmp_path / "probed"), faults=FaultInjector(cfg.fault),
+                 full_state=lambda: full_state(model, env))  # fmt: skip
+    data = TrainData(ds.features, ds.labels, ds.split("train"), ds.split("val"))
+    probed = train(train_cfg, data, rt, seed=cfg.runtime.seed)
+    assert probed.step_losses == reference.step_losses
 
 
 def test_injected_oom_makes_the_trial_search_step_down(staged):
