@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -58,7 +57,7 @@ import torch.distributed as dist
 from torch import nn
 
 from enn_core.errors import TrainingError
-from enn_core.runtime.memory import MIB, is_oom, measure_peak, memory_budget
+from enn_core.runtime.memory import MIB, divisors, is_oom, measure_peak, memory_budget
 
 SampleFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 
@@ -77,12 +76,6 @@ class MicroBatchChoice:
             "micro_batch_reason": self.reason,
             "micro_batch_measured": json.dumps(self.measured, sort_keys=True, default=str),
         }
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of n, ascending."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
 
 
 def sample_from_staged(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -38,6 +39,21 @@ def is_oom(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending (the micro-batches a per-rank batch of n can be cut into)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def halved(plan: Plan) -> Plan:
+    """Half the micro-batch, same global batch. An odd micro-batch (train.micro_batch=auto can
+    pick one, e.g. 3 of 24) steps to the largest divisor of the per-rank batch at most half."""
+    if plan.micro_batch % 2 == 0:
+        return plan.halved()
+    m = max(d for d in divisors(plan.per_rank) if d <= plan.micro_batch // 2)
+    return Plan(global_batch=plan.global_batch, world_size=plan.world_size, micro_batch=m)
+
+
 @dataclass
 class MemoryGovernor:
     """The current micro-batch plan and the record of every back-off."""
@@ -49,14 +65,14 @@ class MemoryGovernor:
     def back_off(self, *, epoch: int, step: int, reason: str) -> Plan:
         """Halve the micro-batch (same global batch); TrainingError when no room is left."""
         old = self.plan
-        if len(self.history) >= self.max_backoffs or old.micro_batch <= 1 or old.micro_batch % 2:
+        if len(self.history) >= self.max_backoffs or old.micro_batch <= 1:
             raise TrainingError(
                 f"out of memory at epoch {epoch} step {step} with micro_batch={old.micro_batch} after "
                 f"{len(self.history)} back-offs (limit train.max_oom_backoffs={self.max_backoffs}); "
-                f"lower train.batch_size or set train.micro_batch to a smaller power of two, "
-                f"or use train.precision=bf16"
+                f"lower train.batch_size or set train.micro_batch to a smaller divisor of the "
+                f"per-rank batch {old.per_rank}, or use train.precision=bf16"
             )
-        self.plan = old.halved()
+        self.plan = halved(old)
         self.history.append(
             {
                 "epoch": epoch,

@@ -27,7 +27,7 @@ from enn_core.runtime.batch_probe import (
     sample_from_staged,
 )
 from enn_core.runtime.dist import local_env
-from enn_core.runtime.memory import _sampled_anon_peak, host_peak
+from enn_core.runtime.memory import MemoryGovernor, _sampled_anon_peak, host_peak
 from enn_core.runtime.sampler import make_plan
 from enn_core.train.loop import Runtime, TrainData, train
 from enn_core.train.worker import full_state
@@ -241,3 +241,13 @@ def test_ranks_agree_on_the_smallest_choice(tmp_path):
     assert r0["micro_batch"] == r1["micro_batch"] == 4
     assert r0["reason"].endswith("lowered to 4, the smallest choice of any rank")
     assert r0["measured"]["this_rank_micro_batch"] == 8 and r1["reason"] == "rank 1 measured"
+
+
+def test_back_off_from_an_odd_auto_choice_steps_to_a_smaller_divisor():
+    g = MemoryGovernor(make_plan(48, "auto", 2, auto_micro_batch=3), max_backoffs=4)
+    p = g.back_off(epoch=0, step=0, reason="oom")
+    assert (p.micro_batch, p.accumulation, p.global_batch) == (1, 24, 48)
+    with pytest.raises(TrainingError, match=r"smaller divisor of the per-rank batch 24"):
+        g.back_off(epoch=0, step=1, reason="oom")
+    g6 = MemoryGovernor(make_plan(24, 6, 1), max_backoffs=4)
+    assert [g6.back_off(epoch=0, step=s, reason="oom").micro_batch for s in (0, 1)] == [3, 1]
