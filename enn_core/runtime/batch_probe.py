@@ -130,6 +130,10 @@ def choose_micro_batch(
         return MicroBatchChoice(1, "auto: the per-rank batch is 1 row", {"per_rank": 1})
     if method == "auto":
         method = "trial" if device.type == "cuda" and not distributed else "fit"
+    if method == "trial" and distributed:  # an OOM on one rank mid-collective hangs the others
+        raise TrainingError(
+            "choose_micro_batch: method='trial' is for one process; use 'fit' with ranks"
+        )
     if budget_bytes is None:
         budget, budget_how = memory_budget(device, headroom, local_world_size)
     else:
