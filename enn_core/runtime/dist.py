@@ -2,7 +2,7 @@
 
 Run inside each worker (launched by enn_core.runtime.launch):
 
-    env = bootstrap(world_size_hint, threads=..., seed=..., device=..., pg_timeout_s=...)
+    env = bootstrap(device=..., threads=..., seed=..., pg_timeout_s=..., hsdp_replicas=...)
     model = apply_parallelism(model, env, param_dtype=..., compile=..., fsdp=...)
     ...
     tighten_timeout(env, seconds)      # after the first step
@@ -14,6 +14,12 @@ the default gloo timeout is 30 minutes, restarts on gloo read stale addresses fr
 agent's shared store unless the group is built on a per-attempt PrefixStore, and FSDP2 on
 gloo may abort at interpreter exit unless the model is collected before the group is
 destroyed.
+
+HSDP: with `hsdp_replicas` R > 1 the mesh is 2-D, (R, world / R) named ("replicate",
+"shard"); fully_shard on a 2-D mesh shards each parameter within a row and all-reduces
+gradients across rows (FSDP2's HSDP). What gathers through DTensor (full state dicts, DCP)
+works unchanged on it; a sum over ranks of local shard values counts each shard
+`env.replicas` times (divide by it, as the grad norm must).
 """
 
 from __future__ import annotations
@@ -62,6 +68,11 @@ class DistEnv:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def replicas(self) -> int:
+        """HSDP replicate degree: how many ranks hold each shard (1 under plain FSDP)."""
+        return self.mesh.shape[0] if self.mesh is not None and self.mesh.ndim == 2 else 1
+
 
 def set_threads(threads: int) -> int:
     """Thread count inside the worker (the launcher cannot: elastic_launch does not set it)."""
@@ -105,7 +116,12 @@ def _store(rank: int, restart: int) -> dist.Store:
     base = dist.TCPStore(host, port, is_master=(not agent_store and rank == 0), wait_for_workers=False,
                          timeout=_dt.timedelta(seconds=120), use_libuv=True)  # fmt: skip
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
-    return dist.PrefixStore(f"enn/{run_id}/attempt{restart}", base)
+    # The agent's shared store outlives attempts: key by restart count. Without it (the
+    # multi-node launch), rank 0 hosts a fresh store per rendezvous round, and the restart
+    # count is not a shared key there: agents that restart for a membership change do not
+    # count it, so nodes may disagree on it.
+    attempt = f"attempt{restart}" if agent_store else "round"
+    return dist.PrefixStore(f"enn/{run_id}/{attempt}", base)
 
 
 def bootstrap(
@@ -116,9 +132,13 @@ def bootstrap(
     deterministic: bool,
     pg_timeout_s: float,
     compile: bool = False,
+    hsdp_replicas: int = 1,
 ) -> DistEnv:
-    """Threads, seeds, determinism, process group and device mesh for this worker."""
+    """Threads, seeds, determinism, process group and device mesh for this worker.
+
+    `hsdp_replicas` (train.hsdp_replicas) > 1 makes the mesh 2-D: replicate x shard."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    shape, names = mesh_layout(world, hsdp_replicas)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     set_threads(threads)
@@ -132,7 +152,7 @@ def bootstrap(
     from torch.distributed.device_mesh import init_device_mesh
 
     # Explicit mesh on the worker's device type: without one FSDP2 picks CUDA when it exists.
-    mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("shard",))
+    mesh = init_device_mesh(dev.type, shape, mesh_dim_names=names)
     return DistEnv(
         rank=rank,
         world_size=world,
@@ -142,6 +162,21 @@ def bootstrap(
         restart=restart,
         mesh=mesh,
     )
+
+
+def mesh_layout(world: int, hsdp_replicas: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(mesh shape, dim names): 1-D ("shard",) for FSDP, 2-D ("replicate", "shard") for HSDP."""
+    if hsdp_replicas < 1:
+        raise ConfigError(f"train.hsdp_replicas={hsdp_replicas} must be >= 1 (1 = plain FSDP)")
+    if hsdp_replicas == 1:
+        return (world,), ("shard",)
+    if world % hsdp_replicas:
+        divisors = [d for d in range(1, world + 1) if world % d == 0]
+        raise ConfigError(
+            f"train.hsdp_replicas={hsdp_replicas} does not divide runtime.world_size={world}; "
+            f"pick one of {divisors} or change runtime.world_size"
+        )
+    return (hsdp_replicas, world // hsdp_replicas), ("replicate", "shard")
 
 
 def local_env(device: str = "cpu") -> DistEnv:
@@ -184,7 +219,13 @@ def apply_parallelism(
         record["compile"] = _compile_blocks(model)
     if not env.distributed:
         return model, record
+    hsdp = env.mesh is not None and env.mesh.ndim == 2
     if not fsdp:
+        if hsdp:
+            raise ConfigError(
+                "train.hsdp_replicas > 1 needs train.fsdp=true (DDP replicates everything); "
+                "set train.hsdp_replicas=1 or train.fsdp=true"
+            )
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [env.device.index] if env.device.type == "cuda" else None
@@ -212,7 +253,8 @@ def apply_parallelism(
     fully_shard(model, mesh=env.mesh, mp_policy=mp)
     if hasattr(model, "predict"):  # predict() calls forward directly: give it the root hooks
         register_fsdp_forward_method(model, "predict")
-    record["wrap"] = "fsdp2"
+    record["wrap"] = "hsdp" if hsdp else "fsdp2"
+    record["mesh"] = "x".join(str(n) for n in env.mesh.shape)
     record["param_dtype"] = str(param_dtype or torch.float32).replace("torch.", "")
     return model, record
 
