@@ -154,8 +154,11 @@ def _status(parts_dir: str, rank: int) -> dict:
         return {}
 
 
-def run_workers(jobs: list[WorkerJob], *, poll_s: float = 0.05) -> list[dict]:
-    """Run the jobs in spawned processes; all of them, or an error naming the failed rank."""
+def run_workers(
+    jobs: list[WorkerJob], *, poll_s: float = 0.05, cancel: threading.Event | None = None
+) -> list[dict]:
+    """Run the jobs in spawned processes; all of them, or an error naming the failed rank.
+    `cancel` set (the run was cancelled) kills every worker and raises WorkerError."""
     ctx = mp.get_context("spawn")
     for job in jobs:
         (Path(job.parts_dir) / f"worker-{job.rank}.json").unlink(missing_ok=True)
@@ -171,6 +174,11 @@ def run_workers(jobs: list[WorkerJob], *, poll_s: float = 0.05) -> list[dict]:
                 if p.exitcode not in (None, 0):
                     raise _failure(job, p.exitcode)
             _check_hang(jobs, procs)
+            if cancel is not None and cancel.is_set():
+                raise WorkerError(
+                    f"predict cancelled; its {len(procs)} workers were killed, completed parts in "
+                    f"{jobs[0].parts_dir} are kept: re-run predict to resume"
+                )
             time.sleep(poll_s)
         for job, p in zip(jobs, procs, strict=True):
             if p.exitcode != 0:
@@ -215,8 +223,11 @@ def _failure(job: WorkerJob, code: int) -> EnnError:
     )
 
 
-def run(jobs: list[WorkerJob], predictor: Predictor | None = None) -> list[dict]:
-    """One job: in this process (reusing `predictor` if given). Several: spawned workers."""
+def run(
+    jobs: list[WorkerJob], predictor: Predictor | None = None, cancel: threading.Event | None = None
+) -> list[dict]:
+    """One job: in this process (reusing `predictor` if given). Several: spawned workers,
+    killed when `cancel` (the stage's `ctx.cancel`) is set."""
     if len(jobs) == 1:
         return [predict_parts(jobs[0], predictor)]
-    return run_workers(jobs)
+    return run_workers(jobs, cancel=cancel)
