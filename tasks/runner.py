@@ -88,11 +88,15 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
         if tracker:
             tracker.log_artifact(child_id, config_path)
         w0 = time.perf_counter()
+        error: BaseException | None = None
         try:
             ctx.faults.at(stage)  # the stage's own name is a fault phase (tests: raise, hang, kill...)
             summary = fn(cfg, ctx) or {}
+        except BaseException as e:
+            error = e
+            raise
         finally:  # the diagnostics record names the cause, also (above all) when the stage failed
-            write_diagnostics(run_dir, tracker, child_id)
+            write_diagnostics(run_dir, tracker, child_id, error)
         work_seconds = time.perf_counter() - w0
         out = layout.output(stage)
         if out.is_dir():
@@ -111,23 +115,64 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
                        time.perf_counter() - t0, work_seconds)
 
 
-def write_diagnostics(run_dir: Path, tracker, child_id: str | None) -> Path:
+def write_diagnostics(run_dir: Path, tracker, child_id: str | None, error: BaseException | None = None) -> Path:
     """diagnostics.json + diagnostics.md in the run directory (choices, bottlenecks, non-finite
-    tensors, OOM back-offs, worker phases, errors); logged to the stage's MLflow run."""
+    tensors, OOM back-offs, worker phases, errors; the stage's own error and collapse-check's
+    candidates); logged to the stage's MLflow run."""
     from enn_core.doctor import record
 
-    diag = record.diagnostics(run_dir)
+    diag = {**record.diagnostics(run_dir), **stage_findings(run_dir, error)}
     path = record.write(run_dir, diag)
-    (run_dir / "diagnostics.md").write_text(record.markdown(diag))
+    (run_dir / "diagnostics.md").write_text(findings_markdown(diag, record.markdown(diag)))
     if tracker:
         tracker.log_artifact(child_id, path)
         tracker.log_artifact(child_id, run_dir / "diagnostics.md")
     return path
 
 
+CANDIDATE_MEASURES = ("spread_median", "spread_p10", "flat_fraction", "broadcast_fraction", "correlation_median", "mae")
+
+
+def stage_findings(run_dir: Path, error: BaseException | None) -> dict[str, Any]:
+    """What the stage said beyond the runtime's record: the error it failed with (the hung rank
+    and phase, the export format and operator, why it collapsed) and, after collapse-check
+    (its report.json beside the run's logs, also on failure), one row per candidate."""
+    stage_error = {"type": type(error).__name__, "message": str(error)} if error is not None else None
+    report = run_dir / "report.json"
+    cands = (json.loads(report.read_text()).get("candidates") or {}) if report.exists() else {}
+    rows = []
+    for name, c in cands.items() if isinstance(cands, dict) else ():
+        m = c.get("measures") or {}
+        failed = [k["measure"] for k in c.get("criteria") or [] if not k.get("ok")]
+        rows.append({"candidate": name, "status": c.get("status"), "distance": c.get("distance"),
+                     **{k: m.get(k) for k in CANDIDATE_MEASURES},
+                     "failed": ", ".join(failed) or c.get("reason") or ""})
+    return {"stage_error": stage_error, "candidates": rows}
+
+
+def findings_markdown(diag: dict, md: str) -> str:
+    """The record's markdown with the stage's error first and the candidates table last."""
+    err = diag.get("stage_error")
+    if err:
+        line = f"- stage failed: {err['type']}: {err['message']}\n"
+        md = md.replace("- nothing to report\n", "", 1).replace("## Diagnostics\n\n", "## Diagnostics\n\n" + line, 1)
+    rows = diag.get("candidates") or []
+    if rows:
+        cols = list(rows[0])
+        md += "\n### Collapse candidates\n\n| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols) + "\n"
+        md += "".join("| " + " | ".join(_cell(r[c]) for c in cols) + " |\n" for r in rows)
+    return md
+
+
+def _cell(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v).replace("|", "/"))
+
+
 def resolve_inputs(stage: str, cfg: RunConfig, run_dir: Path) -> RunConfig:
     """A registered model reference (`models:/name@alias`, `runs:/...`) becomes a local folder
     holding its consolidated checkpoint and calibration, before enn_core sees the config."""
+    if stage == "prepare-checkpoint":
+        return _resolve_warm_start(cfg, run_dir)
     ref = cfg.predict.model
     if stage != "predict" or not ref.startswith(("models:/", "runs:/")):
         return cfg
@@ -136,6 +181,19 @@ def resolve_inputs(stage: str, cfg: RunConfig, run_dir: Path) -> RunConfig:
     local = resolve_model_uri(ref, run_dir / "model")
     log.info("predict: %s resolved to %s", ref, local)
     return dataclasses.replace(cfg, predict=dataclasses.replace(cfg.predict, model=str(local / "model.pt")))
+
+
+def _resolve_warm_start(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """`checkpoint.init_from: models:/name@alias` -> the registered version's folder (with a
+    SOURCE file naming the URI, which prepare-checkpoint records as the warm start's source)."""
+    ref = cfg.checkpoint.init_from
+    if not ref.startswith(("models:/", "runs:/")):
+        return cfg
+    from tasks.tracking.models import materialize
+
+    local = materialize(ref, run_dir / "init_source").parent
+    log.info("prepare-checkpoint: warm start %s resolved to %s", ref, local)
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, init_from=str(local)))
 
 
 def lineage_of(summary: dict) -> dict[str, str]:

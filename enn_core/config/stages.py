@@ -14,7 +14,9 @@ class CheckpointConfig:
     every_steps: int = opt(0, "DCP save every N optimizer steps (0 = only at epoch ends).")
     keep_last: int = opt(2, "Committed checkpoints kept (the best one is always kept).")
     async_save: bool = opt(False, "Asynchronous DCP save on its own gloo group.")
-    resume: bool = opt(True, "Resume from the latest committed checkpoint with the same fingerprint.")
+    resume: bool = opt(True, "Resume an interrupted run from the latest committed checkpoint with the same fingerprint (data hash, data/model/train config, torch version); false = start fresh, clearing them.")
+    resume_from: str = opt("", "Resume from this checkpoint instead (a step-* directory under <work>/checkpoints/); refused with the difference named when its fingerprint differs, unless warm_start.")
+    warm_start: bool = opt(False, "With resume_from: take only its model weights (fresh optimizer, step 0), even when its fingerprint differs.")
 
     def __post_init__(self) -> None:
         if self.every_steps < 0 or self.keep_last < 1:

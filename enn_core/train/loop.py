@@ -34,6 +34,7 @@ from enn_core.runtime.sampler import GlobalBlockSampler, make_plan
 from enn_core.telemetry import GpuSampler, memory_snapshot, verdict_from_stats, write_epoch
 from enn_core.train.evaluate import validate
 from enn_core.train.guard import NonFiniteGuard
+from enn_core.train.resume import Position, load_weights, resume, save_checkpoint
 from enn_core.train.schedule import build_optimizer, build_scheduler
 from enn_core.train.step import run_step
 
@@ -64,6 +65,10 @@ class Runtime:
     grad_scaler: Any = None  # torch.amp.GradScaler for fp16, from the precision policy
     full_state: Callable[[], dict] | None = None  # gathered state dict (collective under FSDP)
     steady_timeout_s: float | None = None
+    micro_batch: int | None = None  # train.micro_batch=auto resolved by the worker's memory probe
+    checkpointer: Any = (
+        None  # enn_core.train.ckpt.Checkpointer: DCP saves every N steps and epoch end
+    )
 
 
 @dataclass
@@ -100,6 +105,7 @@ class _State:
     bad_epochs: int = 0
     applied_steps: int = 0
     epoch_stats: dict = field(default_factory=dict)
+    start_gstep: int = 0  # this attempt's first global step (> 0 after a resume)
     gpu: GpuSampler | None = None  # NVML utilization/power/temperature on CUDA (rank 0)
 
     def __post_init__(self) -> None:
@@ -134,18 +140,37 @@ class _State:
 
 
 def train(
-    cfg: TrainConfig, data: TrainData, rt: Runtime, *, seed: int, log_every: int = 50
+    cfg: TrainConfig,
+    data: TrainData,
+    rt: Runtime,
+    *,
+    seed: int,
+    log_every: int = 50,
+    resume_from: Path | None = None,
+    weights_from: Path | None = None,
 ) -> TrainResult:
-    """Train with early stopping; the model ends holding the best epoch's weights."""
+    """Train with early stopping; the model ends holding the best epoch's weights.
+
+    With a checkpointer, the state is saved every `checkpoint.every_steps` steps and at each
+    epoch end, and `resume_from` (a committed checkpoint) continues at its exact step;
+    `weights_from` (a checkpoint) gives only the starting weights (a warm start)."""
     st = setup(cfg, data, rt, seed=seed, log_every=log_every)
-    stopped = False
-    for epoch in range(cfg.epochs):
-        train_epoch(st, epoch)
+    if weights_from is not None:
+        load_weights(st, weights_from)
+    start = resume(st, resume_from) if rt.checkpointer is not None else Position(0, 0)
+    st.start_gstep = start.epoch * st.sampler.steps_per_epoch + start.step
+    stopped = start.stopped
+    for epoch in range(start.epoch, cfg.epochs):
+        if stopped:
+            break
+        train_epoch(st, epoch, first_step=start.step if epoch == start.epoch else 0)
         val = validate(st, epoch)
         record_epoch(st, epoch, val)
-        if early_stop(st, epoch, val):
-            stopped = True
-            break
+        stopped = early_stop(st, epoch, val)
+        if rt.checkpointer is not None:
+            save_checkpoint(
+                st, (epoch + 1) * st.sampler.steps_per_epoch, epoch_end=True, stopped=stopped
+            )
     restore_best(st)
     return result(st, stopped)
 
@@ -154,7 +179,9 @@ def setup(cfg: TrainConfig, data: TrainData, rt: Runtime, *, seed: int, log_ever
     sampler = GlobalBlockSampler(
         data.train_rows, cfg.batch_size, seed=seed, shuffle_block=cfg.shuffle_block
     )
-    plan = make_plan(cfg.batch_size, cfg.micro_batch, rt.env.world_size)
+    plan = make_plan(
+        cfg.batch_size, cfg.micro_batch, rt.env.world_size, auto_micro_batch=rt.micro_batch
+    )
     optimizer = build_optimizer([*rt.model.parameters(), *rt.loss.parameters()], cfg)
     scheduler = build_scheduler(optimizer, cfg, total_steps=sampler.steps_per_epoch * cfg.epochs)
     guard = NonFiniteGuard(cfg.max_nonfinite_steps, rt.run_dir / "nonfinite", rank=rt.env.rank)
@@ -166,12 +193,8 @@ def setup(cfg: TrainConfig, data: TrainData, rt: Runtime, *, seed: int, log_ever
     return _State(cfg, data, rt, sampler, governor, guard, optimizer, scheduler, max(1, log_every))
 
 
-def train_epoch(st: _State, epoch: int) -> None:
-    """The epoch's steps; timings and losses land in st.history via record_epoch."""
-    rt, spe = st.rt, st.sampler.steps_per_epoch
-    if st.gpu is not None:
-        st.gpu.start()
-    st.epoch_stats = {
+def _fresh_stats() -> dict:
+    return {
         "loss": 0.0,
         "weight": 0.0,
         "data_s": 0.0,
@@ -179,19 +202,35 @@ def train_epoch(st: _State, epoch: int) -> None:
         "optim_s": 0.0,
         "skipped": 0,
     }
+
+
+def train_epoch(st: _State, epoch: int, first_step: int = 0) -> None:
+    """The epoch's steps from `first_step` (> 0 after a mid-epoch resume, whose partial
+    statistics the checkpoint restored); timings and losses land in st.history via record_epoch."""
+    rt, spe = st.rt, st.sampler.steps_per_epoch
+    if st.gpu is not None:
+        st.gpu.start()
+    if first_step == 0 or not st.epoch_stats:
+        st.epoch_stats = _fresh_stats()
+    prior_s = st.epoch_stats.pop("wall_s", 0.0)
+    every = rt.checkpointer.cfg.every_steps if rt.checkpointer is not None else 0
     st.model_train()
     t0 = time.perf_counter()
-    for step in range(spe):
+    for step in range(first_step, spe):
         gstep = epoch * spe + step
         if rt.heartbeat is not None:
-            rt.heartbeat.phase("first_forward" if gstep == 0 else "step", gstep)
+            rt.heartbeat.phase("first_forward" if gstep == st.start_gstep else "step", gstep)
         if rt.faults.cfg.kind != "oom":  # OOM is injected at the step's agreement point (step.py)
             rt.faults.at("step", gstep)
         out = run_step(st, epoch, step, gstep)
         record_step(st, gstep, out)
-        if gstep == 0 and rt.steady_timeout_s:
+        if gstep == st.start_gstep and rt.steady_timeout_s:
             tighten_timeout(rt.steady_timeout_s)  # warm-up is over
-    st.epoch_stats["wall_s"] = time.perf_counter() - t0
+        if every and (gstep + 1) % every == 0 and step + 1 < spe:  # the epoch end saves the last
+            st.epoch_stats["wall_s"] = prior_s + time.perf_counter() - t0
+            save_checkpoint(st, gstep + 1, epoch_end=False)
+            st.epoch_stats.pop("wall_s")
+    st.epoch_stats["wall_s"] = prior_s + time.perf_counter() - t0
 
 
 def record_step(st: _State, gstep: int, out) -> None:
@@ -237,8 +276,12 @@ def record_epoch(st: _State, epoch: int, val: dict | None) -> None:
         row.update({f"val_{k}": v for k, v in val.items()})
     # Where the epoch's time went: data-, compute-, communication-bound or throttled.
     verdict = verdict_from_stats(es, st.gpu.stop() if st.gpu is not None else None)
-    write_epoch(st.rt.events, epoch, verdict,
-                {"memory": memory_snapshot(st.rt.env.device), "samples_per_s": row["samples_per_s"]})
+    write_epoch(
+        st.rt.events,
+        epoch,
+        verdict,
+        {"memory": memory_snapshot(st.rt.env.device), "samples_per_s": row["samples_per_s"]},
+    )
     st.history.append({**row, "bottleneck": verdict.bottleneck})
     flush_telemetry(st)
     st.rt.events.metrics(

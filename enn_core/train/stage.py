@@ -21,15 +21,17 @@ from typing import Any
 
 import torch
 
-from enn_core.atomic import atomic_dir
+from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import RunConfig, to_plain
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import StaleOutputError
+from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.progress import follow_heartbeat
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.runtime.launch import launch
 from enn_core.stage import StageContext
 from enn_core.train import worker
+from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, step_name
+from enn_core.train.fingerprint import Fingerprint, diff, fingerprint
 
 OUTPUTS = ("model.pt", "metrics.json", "history.json")
 
@@ -63,9 +65,11 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     threads = threads_per_worker(cfg.runtime.threads_per_worker, world)
     result_dir = ctx.run_dir / "result"
     shutil.rmtree(result_dir, ignore_errors=True)
+    fp = fingerprint(cfg, StagedDataset(staged).fingerprint)
+    ckpt = checkpoint_spec(cfg, ctx, fp)
     job = {
         "config": to_plain(cfg), "staged": str(staged), "init": str(init), "run_dir": str(ctx.run_dir),
-        "result_dir": str(result_dir), "threads": threads,
+        "result_dir": str(result_dir), "threads": threads, "checkpoint": ckpt,
         "marker_dir": str(ctx.faults.marker_dir) if ctx.faults.marker_dir else str(ctx.run_dir),
     }  # fmt: skip
     job_path = ctx.run_dir / "job.json"
@@ -91,6 +95,9 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
         forward_logs(ctx)
     summary = dict(results[0])
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
+    record_checkpoints(ctx, summary.get("checkpoint") or {}, fp)
+    if (summary.get("checkpoint") or {}).get("saved_positions"):
+        summary["checkpoint_step"] = summary["checkpoint"]["saved_positions"][-1]
     with atomic_dir(ctx.output()) as tmp:
         for name in OUTPUTS:
             shutil.copy2(result_dir / name, tmp / name)
@@ -120,3 +127,67 @@ def forward_logs(ctx: StageContext, tail: int = 20) -> None:
         lines = log.read_text(errors="replace").splitlines()[-tail:]
         for line in lines:
             ctx.logger.info("%s", line)
+
+
+def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> dict[str, Any]:
+    """The job's checkpoint directory (keyed by the fingerprint) and what to start from.
+
+    An explicit `checkpoint.resume_from` must carry the same fingerprint (the difference is
+    named otherwise) unless `checkpoint.warm_start` asks for its weights only."""
+    root = ctx.layout.checkpoints / fp.digest
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "fingerprint.json").exists():
+        write_json(root / "fingerprint.json", {"digest": fp.digest, **fp.parts})
+    spec: dict[str, Any] = {"dir": str(root), "digest": fp.digest, "resume_from": "", "weights_only": False}
+    source = cfg.checkpoint.resume_from
+    if source:
+        path = ctx.layout.resolve(source)
+        if not (path / COMMITTED).is_file():
+            raise ConfigError(
+                f"checkpoint.resume_from={source}: {path} is not a committed checkpoint (no {COMMITTED} "
+                f"marker); pick a step-* directory under {ctx.layout.checkpoints}"
+            )
+        theirs = _read_fp(path.parent)
+        if theirs.get("digest") != fp.digest and not cfg.checkpoint.warm_start:
+            named = "; ".join(diff({k: v for k, v in theirs.items() if k != "digest"}, fp.parts))
+            raise ConfigError(
+                f"checkpoint.resume_from={source} was written by another run ({named or 'unknown fingerprint'}); "
+                "resume needs the same data, data/model/train config and torch version; set "
+                "checkpoint.warm_start=true to start from its weights only"
+            )
+        spec.update(resume_from=str(path), weights_only=theirs.get("digest") != fp.digest)
+    elif cfg.checkpoint.resume and not committed(root):
+        explain_no_resume(ctx, fp)
+    return spec
+
+
+def _read_fp(root: Path) -> dict:
+    try:
+        return json.loads((root / "fingerprint.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def explain_no_resume(ctx: StageContext, fp: Fingerprint) -> None:
+    """Log why the newest interrupted run is not resumed: its fingerprint differs."""
+    others = [d for d in ctx.layout.checkpoints.glob("*") if d.is_dir() and d.name != fp.digest
+              and committed(d) and not (d / COMPLETE).exists()]  # fmt: skip
+    if not others:
+        return
+    newest = max(others, key=lambda d: committed(d)[-1].stat().st_mtime)
+    theirs = {k: v for k, v in _read_fp(newest).items() if k != "digest"}
+    ctx.logger.info(
+        "distributed-train: not resuming the interrupted run in %s, its fingerprint differs (%s); "
+        "starting fresh", newest, "; ".join(diff(theirs, fp.parts)) or "unknown",
+    )  # fmt: skip
+
+
+def record_checkpoints(ctx: StageContext, info: dict, fp: Fingerprint) -> None:
+    """Resume source, checkpoint steps and the fingerprint into the run record (MLflow)."""
+    ctx.events.param("checkpoint/fingerprint", fp.digest)
+    ctx.events.param("checkpoint/dir", info.get("dir", ""))
+    ctx.events.param("checkpoint/resumed_from", info.get("resumed_from") or "fresh")
+    saved = info.get("saved_positions") or []
+    ctx.events.param("checkpoint/saved", ",".join(step_name(p) for p in saved)[:500] or "none")
+    if saved:
+        ctx.events.metrics({"checkpoint/last_step": float(saved[-1]), "checkpoint/count": float(len(saved))})

@@ -143,9 +143,9 @@ def finish_step(
     all_reduce_sum(stats, rt.env)
     reduce_loss_grads(st)
     loss = float(stats[0] / max(stats[1].item(), 1.0))
-    norm = (
-        math.sqrt(stats[2].item() + replicated_sq) if math.isfinite(stats[2].item()) else math.inf
-    )
+    # Under HSDP each shard lives on `replicas` ranks: the all-reduced sum counts it that often.
+    sharded_total = stats[2].item() / rt.env.replicas
+    norm = math.sqrt(sharded_total + replicated_sq) if math.isfinite(sharded_total) else math.inf
     if stats[3].item() > 0 or not math.isfinite(loss) or not math.isfinite(norm):
         if st.scaler is not None and math.isfinite(loss):  # fp16 overflow: the scaler's job
             st.scaler.update(new_scale=st.scaler.get_scale() * st.scaler.get_backoff_factor())

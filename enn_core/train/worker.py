@@ -33,11 +33,13 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss
+from enn_core.runtime.batch_probe import agree_choice, choose_micro_batch, sample_from_staged
 from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, shutdown
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
 from enn_core.runtime.launch import write_error
 from enn_core.runtime.precision import choose_precision
+from enn_core.train.ckpt import Checkpointer
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
 
 
@@ -91,7 +93,8 @@ def _run(
     faults.at("bootstrap")
     hb.phase("process_group")
     env = bootstrap(device=cfg.runtime.device, threads=job["threads"], seed=cfg.runtime.seed,
-                    deterministic=cfg.runtime.deterministic, pg_timeout_s=cfg.runtime.pg_timeout_s, compile=cfg.train.compile)  # fmt: skip
+                    deterministic=cfg.runtime.deterministic, pg_timeout_s=cfg.runtime.pg_timeout_s,
+                    compile=cfg.train.compile, hsdp_replicas=cfg.train.hsdp_replicas)  # fmt: skip
     faults.at("process_group")
     log.info(
         "process group up: rank %d of %d on %s (%s)",
@@ -123,6 +126,12 @@ def _run(
         "threads": job["threads"],
         "device": str(env.device),
     }
+    micro = None
+    if cfg.train.micro_batch == "auto":  # after wrap, before the optimizer exists
+        hb.phase("probe_batch")
+        choice = auto_micro_batch(cfg, data, env, wrapped, model, loss, precision)
+        micro = choice.micro_batch
+        choices.update(choice.as_record())
     for k, v in choices.items():
         events.param(
             f"runtime/{k}",
@@ -132,17 +141,79 @@ def _run(
         env=env, model=wrapped, core=model, loss=loss, run_dir=run_dir, events=events, faults=faults,
         heartbeat=hb, autocast=precision.autocast, grad_scaler=precision.grad_scaler(),
         full_state=functools.partial(full_state, wrapped, env), steady_timeout_s=cfg.runtime.pg_timeout_steady_s,
+        micro_batch=micro,
     )  # fmt: skip
     train_data = TrainData(data.features, data.labels, data.split("train"), _val_rows(data))
-    result = train(cfg.train, train_data, rt, seed=cfg.runtime.seed, log_every=cfg.train.log_every)
-    hb.phase("checkpoint")
-    faults.at("checkpoint")
-    state = full_state(wrapped, env)
-    summary = {**_summary(result, env, choices), **rank_summary(result, env)}
-    if env.is_main:
-        write_outputs(Path(job["result_dir"]), state, loss, cfg, data.manifest, result, summary)
+    ckpt, resume_from = _checkpointer(job, cfg, env, events, faults)
+    rt.checkpointer = ckpt
+    try:
+        result = train(cfg.train, train_data, rt, seed=cfg.runtime.seed, log_every=cfg.train.log_every,
+                       resume_from=resume_from, weights_from=_weights_from(job))  # fmt: skip
+        hb.phase("checkpoint")
+        faults.at("checkpoint")
+        state = full_state(wrapped, env)
+        summary = {**_summary(result, env, choices), **rank_summary(result, env)}
+        summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
+        if env.is_main:
+            write_outputs(Path(job["result_dir"]), state, loss, cfg, data.manifest, result, summary)
+        if ckpt is not None:
+            ckpt.complete()
+    finally:
+        if ckpt is not None:
+            ckpt.close()
     del wrapped, model, rt, loss, state  # before destroy_process_group: the FSDP2 exit-abort fix
     return summary if env.is_main else rank_summary(result, env)
+
+
+def auto_micro_batch(
+    cfg: RunConfig, data: StagedDataset, env: DistEnv, wrapped, model, loss, precision
+):
+    """`train.micro_batch: auto`: the largest micro-batch that fits memory, agreed by all ranks."""
+    sample = sample_from_staged(
+        data.features, data.labels, data.split("train"), env.device, model.normalize
+    )
+    choice = choose_micro_batch(
+        wrapped, loss, sample, cfg.train.batch_size // env.world_size, env.device,
+        headroom=cfg.train.memory_headroom, autocast=precision.autocast, distributed=env.distributed,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    )  # fmt: skip
+    return agree_choice(choice, env)
+
+
+def _checkpointer(job: dict, cfg: RunConfig, env: DistEnv, events: EventLog, faults: FaultInjector):
+    """The DCP checkpointer of this job's fingerprint directory and the checkpoint to resume."""
+    spec = job.get("checkpoint")
+    if not spec:
+        return None, None
+    ckpt = Checkpointer(
+        Path(spec["dir"]), cfg.checkpoint, rank=env.rank, distributed=env.distributed,
+        attempt=env.restart, on_event=events.event,
+        before_commit=lambda position: faults.at("checkpoint_save", position),
+    )  # fmt: skip
+    explicit = bool(spec.get("resume_from"))
+    latest = ckpt.prepare(resume=cfg.checkpoint.resume, keep=explicit or env.restart > 0)
+    chosen = (
+        Path(spec["resume_from"])
+        if spec.get("resume_from") and not spec.get("weights_only")
+        else None
+    )
+    if env.restart > 0 or chosen is None:
+        chosen = latest if latest is not None else chosen  # a restarted attempt takes the newest
+    return ckpt, chosen
+
+
+def _weights_from(job: dict) -> Path | None:
+    spec = job.get("checkpoint") or {}
+    return (
+        Path(spec["resume_from"]) if spec.get("weights_only") and spec.get("resume_from") else None
+    )
+
+
+def _ckpt_summary(ckpt: Checkpointer | None, resume_from: Path | None, env: DistEnv) -> dict:
+    if ckpt is None:
+        return {}
+    return {"dir": str(ckpt.root), "resumed_from": str(resume_from) if resume_from else "",
+            "saved_positions": ckpt.saved, "attempt": env.restart}  # fmt: skip
 
 
 def rank_summary(result: TrainResult, env: DistEnv) -> dict[str, Any]:

@@ -48,6 +48,25 @@ def test_transient_fault_is_retried_and_bad_input_is_not(two_stage):
     assert "Retry" not in bad.stdout + bad.stderr
 
 
+def test_retried_training_task_resumes_from_its_checkpoint(tmp_path, prefect_home_shared):
+    """A transient error mid-training: Prefect retries the task (a fresh rendezvous), and the
+    retry resumes from the last committed checkpoint instead of starting over."""
+    project = make_project(tmp_path / "proj", prefect_home_shared, stages=(*TWO, "distributed-train"))
+    out = project.run("enn", "run", "--until", "distributed-train", "--set", "train.epochs=2",
+                      "--set", "checkpoint.every_steps=2", "--set", "fault.kind=transient",
+                      "--set", "fault.phase=step", "--set", "fault.step=5")  # fmt: skip
+    text = out.stdout + out.stderr
+    assert re.search(r"Retry 1/2 will start", text), text[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("enn")
+    train = client.search_runs([exp.experiment_id], "tags.`mlflow.runName` = 'distributed-train'")[0]
+    assert train.data.params["checkpoint/resumed_from"].endswith("step-00000004")
+    assert train.data.params["checkpoint/fingerprint"]
+    assert train.data.metrics["checkpoint/last_step"] >= 4
+
+
 def _start(project, *args: str) -> subprocess.Popen:
     return subprocess.Popen(["enn", *args], cwd=project.root, env=project.env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

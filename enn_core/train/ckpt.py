@@ -1,0 +1,216 @@
+"""Training checkpoints on disk: DCP saves, atomic commit, retention, discovery.
+
+One directory per fingerprint (enn_core.train.fingerprint), kept across `dvc repro` under the
+work directory and never cached by DVC (only the consolidated `model.pt` is):
+
+    <work>/checkpoints/<digest>/
+        fingerprint.json                 what the digest covers (names a difference on refusal)
+        step-00000042/                   a committed checkpoint, named by its global position
+            __<rank>_0.distcp .metadata  DCP shards: model (+ loss parameters) and optimizer
+            trainer.json                 loop state: position, scheduler, early stopping, history
+            rng-rank<r>.pt               each rank's RNG state
+            COMMITTED                    written last; readers ignore a directory without it
+        .tmp-step-00000042-a<attempt>/   being written
+        COMPLETE                         the run finished: the next run of this fingerprint starts fresh
+
+Why this shape:
+- Atomic: every rank writes into the temporary directory; after DCP's collective save has
+  returned (its coordinator writes `.metadata` only once every rank's shards are written),
+  rank 0 renames it and writes COMMITTED last (fsynced). A crash anywhere before leaves the
+  previous checkpoint the latest usable one; the next start sweeps the debris.
+- Retention keeps the last `keep_last` plus the best epoch's checkpoint, which early stopping
+  restores at the end (also after a resume).
+- Asynchronous save (`checkpoint.async_save`) runs on its own gloo group: on the default
+  group its background collectives interleave with training's and crash it (FIELD_NOTES).
+  At most one is in flight; it is awaited before the next save and at the end.
+- A finished run leaves COMPLETE: resume is for interrupted runs, so re-running a finished
+  configuration (`dvc repro -f`) trains again instead of returning the old result.
+- Rank 0 decides which checkpoint to resume and broadcasts it, so ranks never disagree
+  because of a directory listing taken at different moments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from enn_core.config import CheckpointConfig
+from enn_core.errors import StaleOutputError
+
+COMMITTED = "COMMITTED"
+COMPLETE = "COMPLETE"
+TRAINER = "trainer.json"
+
+
+def step_name(position: int) -> str:
+    return f"step-{position:08d}"
+
+
+def committed(root: Path) -> list[Path]:
+    """Committed checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step-*") if (p / COMMITTED).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def read_trainer(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / TRAINER).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise StaleOutputError(
+            f"{path / TRAINER}: unreadable checkpoint state ({e}); delete {path} to fall back to the previous checkpoint"
+        ) from e
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Checkpointer:
+    """Save, commit, prune and find the checkpoints of one fingerprint directory.
+
+    Every rank holds one; file-system changes (sweep, rename, marker, prune) are rank 0's.
+    `on_event(name, **fields)` reports saves to the run record (rank 0's events log)."""
+
+    def __init__(self, root: Path, cfg: CheckpointConfig, *, rank: int, distributed: bool,
+                 attempt: int = 0, on_event: Callable[..., None] | None = None,
+                 before_commit: Callable[[int], None] | None = None) -> None:  # fmt: skip
+        self.root, self.cfg, self.rank = Path(root), cfg, rank
+        self.distributed, self.attempt = distributed, attempt
+        self.on_event = on_event or (lambda *a, **k: None)
+        self.before_commit = before_commit or (lambda position: None)
+        self.pending: tuple[Any, Path, int, dict, float] | None = None
+        self.pg = None
+        self.saved: list[int] = []
+        self.best: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # -- start ---------------------------------------------------------------------------
+    def prepare(self, *, resume: bool, keep: bool = False) -> Path | None:
+        """Sweep debris; return the checkpoint to resume (the same on every rank), or None.
+
+        Without `resume`, or after a finished run, the directory is cleared (a fresh start),
+        unless `keep` (an explicit checkpoint.resume_from may point into it)."""
+        choice = None
+        if self.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for p in [*self.root.glob(".tmp-step-*"), *self.root.glob("step-*")]:
+                if not (p / COMMITTED).is_file():
+                    shutil.rmtree(p, ignore_errors=True)
+            if not keep and ((self.root / COMPLETE).exists() or not resume):
+                self.clear()
+            (self.root / COMPLETE).unlink(missing_ok=True)
+            found = committed(self.root)
+            choice = str(found[-1]) if found else None
+        if self.cfg.async_save and self.distributed:
+            self.pg = dist.new_group(backend="gloo")  # collective: every rank, same point
+        return Path(choice) if (choice := self._broadcast(choice)) else None
+
+    def clear(self) -> None:
+        for p in self.root.glob("step-*"):
+            shutil.rmtree(p, ignore_errors=True)
+        (self.root / COMPLETE).unlink(missing_ok=True)
+
+    def _broadcast(self, value: Any) -> Any:
+        if not (self.distributed and dist.is_initialized()):
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # -- save ----------------------------------------------------------------------------
+    def save(self, state: dict, trainer: dict, position: int) -> None:
+        """Write a checkpoint at global position `position` (steps done); commit when written."""
+        self.wait()
+        tmp = self.root / f".tmp-{step_name(position)}-a{self.attempt}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, tmp / f"rng-rank{self.rank}.pt")
+        if self.is_main:
+            (tmp / TRAINER).write_text(json.dumps(trainer, default=str))
+        t0 = time.perf_counter()
+        if self.cfg.async_save:
+            resp = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.pg)
+            fut = getattr(resp, "upload_completion", resp)
+            self.pending = (fut, tmp, position, trainer, t0)
+            self.on_event(
+                "checkpoint_started", position=position, blocked_s=time.perf_counter() - t0
+            )
+        else:
+            dcp.save(state, checkpoint_id=str(tmp))
+            self._commit(tmp, position, trainer, t0)
+
+    def wait(self) -> None:
+        """Await the asynchronous save in flight (if any) and commit it."""
+        if self.pending is None:
+            return
+        fut, tmp, position, trainer, t0 = self.pending
+        self.pending = None
+        fut.result()
+        self._commit(tmp, position, trainer, t0)
+
+    def _commit(self, tmp: Path, position: int, trainer: dict, t0: float) -> None:
+        self.before_commit(position)  # fault injection: a crash between write and commit
+        self.saved.append(position)
+        if trainer.get("best_checkpoint"):
+            self.best = trainer["best_checkpoint"]
+        if not self.is_main:
+            return
+        final = self.root / step_name(position)
+        if final.exists():  # only a checkpoint this run is superseding (same position)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        with open(final / COMMITTED, "w") as f:
+            f.write(
+                json.dumps({"position": position, "time": time.time(), "attempt": self.attempt})
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.root)
+        self.prune()
+        self.on_event("checkpoint_saved", position=position, seconds=time.perf_counter() - t0,
+                      path=str(final), epoch_end=bool(trainer.get("epoch_end")))  # fmt: skip
+
+    def prune(self) -> None:
+        """Keep the last `keep_last` committed checkpoints and the best one."""
+        found = committed(self.root)
+        keep = {p.name for p in found[-self.cfg.keep_last :]}
+        if self.best:
+            keep.add(self.best)
+        for p in found:
+            if p.name not in keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def complete(self) -> None:
+        """The run finished: await the last save, then mark the directory COMPLETE."""
+        self.wait()
+        if self.is_main:
+            (self.root / COMPLETE).write_text(
+                json.dumps({"time": time.time(), "saved": self.saved})
+            )
+
+    def close(self) -> None:
+        """At exit. After an error an in-flight save is not awaited (its peers may be gone):
+        it stays uncommitted, so the next start sweeps it and resumes the previous one."""
+        if self.pg is not None and self.pending is None:
+            dist.destroy_process_group(self.pg)
+        self.pg = None
