@@ -111,5 +111,5 @@ class StagedDataset:
 def _data_hash(arr: np.ndarray, h, rows: int = 1 << 16):
     """`h` updated with an array's C-ordered data bytes, as the staging writer hashes them."""
     for s in range(0, arr.shape[0], rows):
-        h.update(np.ascontiguousarray(arr[s : s + rows]).data)
+        h.update(memoryview(np.ascontiguousarray(arr[s : s + rows])).cast("B"))
     return h

@@ -39,7 +39,9 @@ def content_hash(files: dict[str, dict[str, Any]]) -> str:
     The data hashes are the algorithm-named strings, so the algorithm is part of what is
     hashed; this outer hash of a few hundred bytes stays sha256, a plain hex fingerprint.
     """
-    items = [[name, f["dtype"], list(f["shape"]), file_hash(f)] for name, f in sorted(files.items())]
+    items = [
+        [name, f["dtype"], list(f["shape"]), file_hash(f)] for name, f in sorted(files.items())
+    ]
     return hashlib.sha256(json.dumps(items, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -49,8 +49,14 @@ SUFFIXES = {"npy": (".npy",), "npz": (".npz",), "csv": (".csv", ".txt"), "parque
 
 def run(cfg, ctx) -> dict[str, Any]:
     """The stage-data stage: stage `cfg.data` into `ctx.output()`."""
-    result = stage(cfg.data, ctx.layout, ctx.output(), events=ctx.events, faults=ctx.faults,
-                   progress=ctx.progress)
+    result = stage(
+        cfg.data,
+        ctx.layout,
+        ctx.output(),
+        events=ctx.events,
+        faults=ctx.faults,
+        progress=ctx.progress,
+    )
     ctx.events.param("data_content_hash", result["content_hash"])
     ctx.events.metrics({"data/rows": result["n_rows"], "data/seconds": result["seconds"]})
     ctx.events.artifact(Path(result["path"]) / MANIFEST, "stage-data")
@@ -109,7 +115,12 @@ def open_source(data: DataConfig, layout: Layout):
 
 
 def stage(
-    data: DataConfig, layout: Layout, target: str | Path, *, events=None, faults=None,
+    data: DataConfig,
+    layout: Layout,
+    target: str | Path,
+    *,
+    events=None,
+    faults=None,
     progress: bool = True,
 ) -> dict:
     """Stage `data` into `target` atomically; returns a summary with the manifest's headline."""
@@ -156,7 +167,9 @@ def _output_error(e: OSError, target: Path) -> DataError:
     return DataError(f"{where}: cannot write the staged data ({e.strerror}); check {target.parent}")
 
 
-def _write(data: DataConfig, source, tmp: Path, training: dict | None, faults, progress: bool = True) -> dict:
+def _write(
+    data: DataConfig, source, tmp: Path, training: dict | None, faults, progress: bool = True
+) -> dict:
     info = source.info
     frozen = training["feature_specs"] if training else None
     enc = Encoder(info.feature_names, data, frozen)

@@ -67,7 +67,13 @@ class ChunkWriter:
     codes_file = ".codes.npy"
 
     def __init__(
-        self, out: Path, cfg: DataConfig, info: SourceInfo, enc: Encoder, file: str, faults,
+        self,
+        out: Path,
+        cfg: DataConfig,
+        info: SourceInfo,
+        enc: Encoder,
+        file: str,
+        faults,
         progress: bool = True,
     ) -> None:
         self.progress = progress  # a chunk bar on a terminal (enn_core.progress)
@@ -195,10 +201,15 @@ class ChunkWriter:
             {**{k: _key_strings(v) for k, v in keys.items()}, "source_row": pa.array(rows)}
         )
         if self._keys is None:
-            # dictionary-encode the key columns only: source_row is unique, where it only costs
+            # dictionary-encode the key columns only: source_row is unique, where it only costs;
+            # it mostly counts up by one, which delta encoding stores in almost nothing (and
+            # writes about twice as fast as plain + snappy: millions of rows per GB staged)
             keys_dict = [k for k in table.column_names if k != "source_row"]
             self._keys = pq.ParquetWriter(
-                self.out / "row_keys.parquet", table.schema, use_dictionary=keys_dict
+                self.out / "row_keys.parquet",
+                table.schema,
+                use_dictionary=keys_dict,
+                column_encoding={"source_row": "DELTA_BINARY_PACKED"},
             )
         self._keys.write_table(table)
         self.rows += len(rows)

@@ -137,7 +137,7 @@ def test_manifests_with_bare_sha256_hashes_still_verify(tmp_path):
 
     _, out = run_stage(tmp_path, synthetic=SMALL)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert all(f["hash"].startswith("blake2b-256:") for f in manifest["files"].values())
+    assert all(f["hash"].startswith("blake2b-256-tree1m:") for f in manifest["files"].values())
     legacy = {}
     for name, spec in manifest["files"].items():
         data = np.ascontiguousarray(np.load(out / name)).tobytes()
@@ -155,7 +155,9 @@ def test_manifests_with_bare_sha256_hashes_still_verify(tmp_path):
         StagedDataset(out).verify()
     legacy["labels.npy"]["sha256"] = "md5:0123"
     (out / "manifest.json").write_text(json.dumps({**old, "files": legacy}))
-    with pytest.raises(StaleOutputError, match=r"labels.npy: unknown hash 'md5:0123'.*re-run stage-data"):
+    with pytest.raises(
+        StaleOutputError, match=r"labels.npy: unknown hash 'md5:0123'.*re-run stage-data"
+    ):
         StagedDataset(out).verify()
 
 
