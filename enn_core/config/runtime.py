@@ -8,6 +8,22 @@ from enn_core.config.fields import frozen, opt
 from enn_core.errors import ConfigError
 
 
+def check_rendezvous(nnodes: int, endpoint: str, rdzv_id: str) -> None:
+    """A node count of at least 1; several nodes need a shared endpoint (host:port) and id."""
+    if nnodes < 1:
+        raise ConfigError(f"runtime.nnodes={nnodes} must be >= 1")
+    if nnodes > 1 and not (endpoint and rdzv_id):
+        raise ConfigError(
+            f"runtime.nnodes={nnodes} needs runtime.rdzv_endpoint (host:port of one node) "
+            "and runtime.rdzv_id (a job id), the same on every node"
+        )
+    host, _, port = endpoint.rpartition(":")
+    if endpoint and (not host or not port.isdigit() or not 0 < int(port) < 65536):
+        raise ConfigError(
+            f"runtime.rdzv_endpoint={endpoint!r} is not host:port; use e.g. node0.example:29400"
+        )
+
+
 @frozen
 class RuntimeConfig:
     work_dir: str = opt("work", "Work directory (relative to the project root): Prefect home, MLflow store, run dirs, DVC site cache, train checkpoints. Git- and DVC-ignored.")
@@ -27,6 +43,11 @@ class RuntimeConfig:
     task_timeout_s: float = opt(7200.0, "Prefect task timeout for a whole stage.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = opt("INFO", "Log level of the runtime.")
     progress: bool = opt(True, "Progress bars on long work (staging, training, prediction).")
+    nnodes: int = opt(1, "Machines in the training job; each runs `enn distributed-train` with the same rdzv_endpoint and rdzv_id and starts runtime.world_size workers (the job has nnodes x world_size ranks). The rendezvous picks the node of global rank 0, which writes model.pt.")
+    rdzv_endpoint: str = opt("", "host:port of the c10d rendezvous every node joins (the host runs it: use one node's address); empty = a free loopback port (one node only).")
+    rdzv_id: str = opt("", "Job id every node of a multi-node run passes (nodes with the same endpoint and id form one job); use a new id for each new job or retry. Empty = a fresh id per launch (one node only).")
+    rdzv_timeout_s: float = opt(300.0, "Seconds the nodes wait for each other at the rendezvous (the first node waits for the last to start).")
+    local_addr: str = opt("", "Address the other nodes reach this node at (node 0 serves the workers' store on it); empty = this machine's hostname.")
 
     def __post_init__(self) -> None:
         if self.world_size < 0:
@@ -35,7 +56,8 @@ class RuntimeConfig:
             raise ConfigError("runtime.threads_per_worker must be >= 0 (0 = auto)")
         if self.max_restarts < 0:
             raise ConfigError("runtime.max_restarts must be >= 0")
-        for name in ("hang_timeout_s", "pg_timeout_s", "pg_timeout_steady_s", "task_timeout_s",
+        check_rendezvous(self.nnodes, self.rdzv_endpoint, self.rdzv_id)
+        for name in ("hang_timeout_s", "rdzv_timeout_s", "pg_timeout_s", "pg_timeout_steady_s", "task_timeout_s",
                      "spawn_budget_s", "compile_budget_s", "checkpoint_budget_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"runtime.{name} must be > 0 seconds")

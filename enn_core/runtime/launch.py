@@ -16,6 +16,16 @@
 
 Restarts (`max_restarts`) use the agent's own loop; the per-attempt PrefixStore in
 enn_core.runtime.dist is the restart-race fix from FIELD_NOTES.
+
+Multi-node: every node calls launch() with the same `nnodes`, `rdzv_endpoint` (host:port,
+served by the node whose address it names) and `rdzv_id`. The c10d rendezvous orders the
+agents by their node descriptor (address, pid), not by any user-given node rank; node k's
+workers get the global ranks after those of nodes 0..k-1. Each agent watches and returns
+only its own workers: heartbeats, error records and logs are per node (use a run_dir of
+the node's own), and the returned dict holds this node's global ranks only, so the
+node that did not get global rank 0 has no rank-0 summary (`0 not in result`). The agents
+do not share the workers' store across nodes (torch's shared store keys attempts by a
+restart count the nodes need not agree on); rank 0 hosts a fresh one per round.
 """
 
 from __future__ import annotations
@@ -35,8 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
 
 from enn_core import errors
+from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
 from enn_core.runtime.dist import STALE_ENV
 from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats, stack_path
@@ -52,7 +64,7 @@ DEFAULT_BUDGETS = {"spawn": 90.0, "compile": 300.0, "checkpoint": 300.0}
 class Verdict:
     """Why an attempt was ended by the watchdog."""
 
-    rank: int
+    rank: int | None  # None: a worker of this node whose global rank is not known yet
     phase: str
     step: int | None
     silent_s: float
@@ -64,8 +76,9 @@ class Verdict:
         peers = (
             f"; rank(s) {self.waiting} were waiting for it in a collective" if self.waiting else ""
         )
+        who = f"rank {self.rank}" if self.rank is not None else "a worker of this node"
         return (
-            f"rank {self.rank} hung in phase {self.phase}{step} (no progress for {self.silent_s:.0f} s, "
+            f"{who} hung in phase {self.phase}{step} (no progress for {self.silent_s:.0f} s, "
             f"at {self.frame or 'unknown frame'}){peers}; stacks of every rank in {run_dir / 'stacks'}"
         )
 
@@ -76,14 +89,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
+NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
 @contextlib.contextmanager
-def clean_dist_env() -> Iterator[None]:
-    """Remove stale distributed variables while the agent spawns workers; restore after."""
-    saved = {k: os.environ.pop(k) for k in STALE_ENV if k in os.environ}
+def clean_dist_env(shared_store: bool = True) -> Iterator[None]:
+    """Remove stale distributed variables while the agent spawns workers; restore after.
+
+    `shared_store=False` (multi-node) makes rank 0 host a fresh workers' store each round."""
+    keys = (*STALE_ENV, NO_SHARED_STORE)
+    saved = {k: os.environ.pop(k) for k in keys if k in os.environ}
+    if not shared_store:
+        os.environ[NO_SHARED_STORE] = "1"
     try:
         yield
     finally:
+        os.environ.pop(NO_SHARED_STORE, None)
         os.environ.update(saved)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the agents of one job meet: one node (the default) or `nnodes` machines."""
+
+    nnodes: int = 1
+    endpoint: str = ""  # host:port; empty = a free loopback port
+    run_id: str = ""  # the job id all nodes share; empty = a fresh one (one node only)
+    local_addr: str = ""  # this node's address for the others; empty = its hostname
+    timeout_s: float = 120.0  # how long the nodes wait for each other
+
+    def __post_init__(self) -> None:
+        check_rendezvous(self.nnodes, self.endpoint, self.run_id)
+
+    @classmethod
+    def of(cls, runtime: RuntimeConfig) -> Rendezvous:
+        """The rendezvous the runtime config asks for."""
+        return cls(nnodes=runtime.nnodes, endpoint=runtime.rdzv_endpoint, run_id=runtime.rdzv_id,
+                   local_addr=runtime.local_addr, timeout_s=runtime.rdzv_timeout_s)  # fmt: skip
+
+    def resolved(self) -> tuple[str, str]:
+        """(endpoint, run id) for this launch."""
+        return (self.endpoint or f"127.0.0.1:{free_port()}",
+                self.run_id or f"enn-{uuid.uuid4().hex[:12]}")  # fmt: skip
 
 
 def launch(
@@ -99,14 +147,20 @@ def launch(
     timeout_s: float | None = None,
     cancel: threading.Event | None = None,
     poll_s: float = 0.25,
+    rdzv: Rendezvous | None = None,
 ) -> dict[int, Any]:
-    """Run `fn(*args)` in `nprocs` elastic workers; returns {rank: return value}."""
+    """Run `fn(*args)` in `nprocs` elastic workers on this node; returns {global rank: value}
+    for this node's workers (all ranks on one node; see the module docstring for several)."""
     run_dir = Path(run_dir)
+    rdzv = rdzv or Rendezvous()
     for sub in (ERRORS, "logs", "heartbeats", "stacks"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     (run_dir / CANCEL_FILE).unlink(missing_ok=True)
-    job = _Job(fn, args, nprocs, run_dir, max_restarts, start_method)
-    watchdog = Watchdog(run_dir, nprocs, hang_timeout_s, {**DEFAULT_BUDGETS, **(budgets or {})})
+    job = _Job(fn, args, nprocs, run_dir, max_restarts, start_method, rdzv)
+    # On several nodes the workers start only when the last node has joined the rendezvous.
+    wait = rdzv.timeout_s if rdzv.nnodes > 1 else 0.0
+    watchdog = Watchdog(run_dir, nprocs, hang_timeout_s, {**DEFAULT_BUDGETS, **(budgets or {})},
+                        local_only=rdzv.nnodes > 1, rendezvous_s=wait)  # fmt: skip
     deadline = time.time() + timeout_s if timeout_s else None
     job.start()
     try:
@@ -130,10 +184,11 @@ def launch(
 class _Job:
     """The agent thread and the worker processes it started."""
 
-    def __init__(self, fn, args, nprocs, run_dir: Path, max_restarts: int, start_method: str):
+    def __init__(self, fn, args, nprocs, run_dir: Path, max_restarts: int, start_method: str,
+                 rdzv: Rendezvous):  # fmt: skip
         self.fn, self.args, self.nprocs, self.run_dir = fn, args, nprocs, run_dir
-        self.max_restarts, self.start_method = max_restarts, start_method
-        self.run_id = f"enn-{uuid.uuid4().hex[:12]}"
+        self.max_restarts, self.start_method, self.rdzv = max_restarts, start_method, rdzv
+        self.endpoint, self.run_id = rdzv.resolved()
         self.started = time.time()
         self.stopped: str | None = None
         self.verdicts: list[Verdict] = []
@@ -150,28 +205,32 @@ class _Job:
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+        n = self.rdzv.nnodes
         cfg = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=self.nprocs, run_id=self.run_id,
-            rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-            rdzv_configs={"timeout": 120}, max_restarts=self.max_restarts, monitor_interval=0.1,
-            start_method=self.start_method,
+            min_nodes=n, max_nodes=n, nproc_per_node=self.nprocs, run_id=self.run_id,
+            rdzv_backend="c10d", rdzv_endpoint=self.endpoint, local_addr=self.rdzv.local_addr or None,
+            rdzv_configs={"join_timeout": int(self.rdzv.timeout_s)}, max_restarts=self.max_restarts,
+            monitor_interval=0.1, start_method=self.start_method,
             logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / "logs"), redirects=Std.ALL),
         )  # fmt: skip
         try:
-            with clean_dist_env():
+            with clean_dist_env(shared_store=n == 1):
                 self.outcome = elastic_launch(cfg, self.fn)(*self.args)
         except BaseException as e:  # reported to the caller by result()
             self.error = e
 
     def pids(self) -> set[int]:
-        """Worker pids: from heartbeats, plus spawned children of ours started by this job."""
-        pids = {int(h["pid"]) for h in read_heartbeats(self.run_dir).values()}
+        """Worker pids: heartbeat pids and spawned children started by this job, all of them
+        processes of ours (a heartbeat's pid may be reused, or another machine's)."""
+        pids: set[int] = set()
+        beating = {int(h["pid"]) for h in read_heartbeats(self.run_dir).values()}
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process().children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     cmd = " ".join(child.cmdline())
-                    if child.create_time() >= self.started - 1 and (
-                        "spawn_main" in cmd or "forkserver" in cmd
+                    if child.pid in beating or (
+                        child.create_time() >= self.started - 1
+                        and ("spawn_main" in cmd or "forkserver" in cmd)
                     ):
                         pids.add(child.pid)
         return pids
@@ -189,7 +248,9 @@ class _Job:
 
     def stop_hung(self, verdict: Verdict) -> None:
         self.verdicts.append(verdict)
-        dump_stacks(self.run_dir, read_heartbeats(self.run_dir))
+        ours = self.pids()
+        beats = read_heartbeats(self.run_dir)
+        dump_stacks(self.run_dir, {r: h for r, h in beats.items() if int(h["pid"]) in ours})
         log.error("watchdog: %s", verdict.message(self.run_dir))
         if len(self.verdicts) > self.max_restarts:
             self.stop(verdict.message(self.run_dir))
@@ -208,17 +269,46 @@ class _Job:
             raise WorkerError(
                 f"distributed job {self.run_id} {self.stopped}; every worker was killed"
             )
-        raise worker_error(self.run_dir, self.error, watchdog)
+        err = self.rendezvous_error() or worker_error(self.run_dir, self.error, watchdog)
+        if self.rdzv.nnodes > 1 and not isinstance(
+            self.error, RendezvousError
+        ):  # this node's records only: a victim's error may be all it has
+            err = type(err)(
+                f"{err} [node-local view of {self.rdzv.nnodes}-node job {self.run_id}: "
+                "the root cause may be in another node's run directory]"
+            )
+        raise err
+
+    def rendezvous_error(self) -> errors.EnnError | None:
+        """The nodes did not meet: a peer never came (transient), or the id was used up."""
+        if isinstance(self.error, RendezvousClosedError):
+            return errors.ConfigError(
+                f"runtime.rdzv_id={self.run_id} belongs to a job that already ended at "
+                f"{self.endpoint}; pick a new runtime.rdzv_id and pass it to every node"
+            )
+        if isinstance(self.error, RendezvousError):
+            return errors.TransientError(
+                f"rendezvous {self.run_id} at {self.endpoint}: {type(self.error).__name__} "
+                f"({str(self.error).splitlines()[0] if str(self.error) else 'no detail'}); "
+                f"start all {self.rdzv.nnodes} nodes within runtime.rdzv_timeout_s="
+                f"{self.rdzv.timeout_s:.0f} with the same runtime.rdzv_endpoint and runtime.rdzv_id"
+            )
+        return None
 
 
 class Watchdog:
-    """Decides from heartbeats whether a rank is silent, and which one."""
+    """Decides from heartbeats whether a rank is silent, and which one.
 
-    def __init__(
-        self, run_dir: Path, nprocs: int, hang_timeout_s: float, budgets: dict[str, float]
-    ):
+    It watches the `nprocs` workers whose heartbeats are in `run_dir`: ranks 0..nprocs-1 on
+    one node; on several (`local_only`), this node's share of the global ranks, which the
+    rendezvous decides, so a missing rank is named by what this node did see."""
+
+    def __init__(self, run_dir: Path, nprocs: int, hang_timeout_s: float,
+                 budgets: dict[str, float], *, local_only: bool = False,
+                 rendezvous_s: float = 0.0):  # fmt: skip
         self.run_dir, self.nprocs = run_dir, nprocs
         self.hang_timeout_s, self.budgets = hang_timeout_s, budgets
+        self.local_only, self.rendezvous_s = local_only, rendezvous_s
 
     def budget(self, phase: str) -> float:
         return self.budgets.get(phase, self.hang_timeout_s)
@@ -226,10 +316,9 @@ class Watchdog:
     def check(self, started: float) -> Verdict | None:
         now = time.time()
         beats = read_heartbeats(self.run_dir)
-        if len(beats) < self.nprocs:  # still spawning
-            if now - started > self.budget("spawn") + self.hang_timeout_s:
-                missing = sorted(set(range(self.nprocs)) - set(beats))
-                return Verdict(missing[0], "spawn", None, now - started, "never wrote a heartbeat")
+        if len(beats) < self.nprocs:  # still spawning (or waiting for the other nodes)
+            if now - started > self.rendezvous_s + self.budget("spawn") + self.hang_timeout_s:
+                return self.spawn_verdict(set(beats), now - started)
             return None
         active = {r: h for r, h in beats.items() if h["phase"] != "done"}
         age = {r: now - h["progress_time"] for r, h in active.items()}
@@ -256,6 +345,18 @@ class Watchdog:
         return Verdict(
             r, h["phase"], h.get("step"), now - h["progress_time"], h.get("frame", ""), waiting
         )
+
+    def spawn_verdict(self, seen: set[int], silent_s: float) -> Verdict:
+        """The first rank without a heartbeat; on several nodes this node's ranks are known
+        only from those that did beat (the rendezvous assigned them), so none may be named."""
+        if not self.local_only:
+            missing = sorted(set(range(self.nprocs)) - seen)
+            return Verdict(missing[0], "spawn", None, silent_s, "never wrote a heartbeat")
+        frame = (
+            f"{self.nprocs - len(seen)} of this node's {self.nprocs} workers never wrote a "
+            f"heartbeat (seen: ranks {sorted(seen)}; no rendezvous yet if none)"
+        )
+        return Verdict(None, "spawn", None, silent_s, frame)
 
 
 def dump_stacks(run_dir: Path, beats: dict[int, dict], wait_s: float = 3.0) -> None:

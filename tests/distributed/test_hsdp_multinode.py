@@ -4,15 +4,24 @@ over two elastic agents (two "nodes" on loopback) trains like the same job on on
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 import torch
-from dist_fixtures import cfg_of
+from dist_fixtures import alive, cfg_of, outputs, run_train, worker_pids
 from hsdp_worker import main_each, write_job
 
-from enn_core.errors import ConfigError
+from enn_core.config import load_config
+from enn_core.errors import ConfigError, TransientError
 from enn_core.runtime.dist import mesh_layout
-from enn_core.runtime.launch import launch
+from enn_core.runtime.heartbeat import heartbeat_path
+from enn_core.runtime.launch import Rendezvous, Watchdog, free_port, launch
 
 # Four ranks, one thread each, tiny shapes; two epochs of 5 steps, every one clipped (the
 # grad norm must count each shard once, not once per replica).
@@ -66,3 +75,97 @@ def test_hsdp_mesh_layout_and_its_errors():
         mesh_layout(4, 3)
     with pytest.raises(ConfigError, match="must be >= 1"):
         mesh_layout(4, 0)
+
+
+AGENT = Path(__file__).with_name("multinode_agent.py")
+
+
+def _start_agent(job: Path, run_dir: Path, endpoint: str, rdzv_id: str) -> subprocess.Popen:
+    args = [sys.executable, str(AGENT), str(job), str(run_dir), endpoint, rdzv_id, "2", "1"]
+    with open(run_dir / "agent.out", "w") as log:  # its own session: killpg ends its workers
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_two_agents_on_loopback_equal_one_node_with_two_workers(tiny_project, tmp_path):
+    cfg = cfg_of()  # runtime.world_size=2 on one node; 1 worker per node on two
+    endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"job-{uuid.uuid4().hex[:8]}"
+    nodes = [tmp_path / "node-a", tmp_path / "node-b"]
+    agents = [
+        _start_agent(write_job(tiny_project, cfg, d, d / "result"), d, endpoint, rdzv_id)
+        for d in nodes
+    ]
+    try:
+        run_train(tiny_project, cfg)  # the one-node reference, while the agents run
+        ref_history, ref_state = outputs(tiny_project)
+        codes = [a.wait(timeout=200) for a in agents]
+    finally:
+        for a in agents:  # nothing may outlive the test, whatever happened
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+    reports = [json.loads((d / "agent.json").read_text()) for d in nodes]
+    assert codes == [0, 0], reports
+    # the rendezvous gave each node one of the global ranks; only rank 0's node has model.pt
+    ranks = sorted(int(r) for rep in reports for r in rep["ranks"])
+    assert ranks == [0, 1] and all(len(rep["ranks"]) == 1 for rep in reports)
+    main = next(d for d, rep in zip(nodes, reports, strict=True) if "0" in rep["ranks"])
+    other = next(d for d in nodes if d != main)
+    assert not (other / "result" / "model.pt").exists()
+    history, state = _result(main / "result")
+    assert history["step_losses"] == ref_history["step_losses"]  # bit-identical
+    assert state.keys() == ref_state.keys()
+    assert all(torch.equal(state[k], v) for k, v in ref_state.items())
+    pids = worker_pids(nodes[0]) + worker_pids(nodes[1])
+    deadline = time.time() + 10
+    while alive(pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(pids) == 2 and not alive(pids)
+
+
+def _beat(run_dir: Path, rank: int, age: float, phase: str = "step") -> None:
+    path = heartbeat_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    path.write_text(json.dumps({"rank": rank, "pid": 1, "phase": phase, "step": 3, "frame": "x.py:1 in f",
+                                "progress_time": now - age, "beat_time": now, "in_collective": False}))  # fmt: skip
+
+
+def test_watchdog_of_a_node_that_owns_global_ranks_2_and_3(tmp_path):
+    w = Watchdog(
+        tmp_path, 2, hang_timeout_s=1, budgets={"spawn": 1}, local_only=True, rendezvous_s=5
+    )
+    _beat(tmp_path, 3, age=0)
+    assert w.check(time.time() - 6) is None  # still inside the rendezvous wait
+    v = w.check(time.time() - 8)  # rank 2 never beat: this node cannot name it
+    assert v.rank is None and v.phase == "spawn" and "seen: ranks [3]" in v.frame
+    assert v.message(tmp_path).startswith("a worker of this node hung in phase spawn")
+    _beat(tmp_path, 2, age=5)  # both beat; rank 2 then went silent outside a collective
+    v = w.check(time.time())
+    assert (v.rank, v.phase, v.step) == (2, "step", 3)
+
+
+def test_multi_node_config_needs_endpoint_and_id():
+    ok = ["runtime.nnodes=2", "runtime.rdzv_endpoint=node0:29400", "runtime.rdzv_id=job42"]
+    rt = load_config(None, ok).runtime
+    assert Rendezvous.of(rt) == Rendezvous(nnodes=2, endpoint="node0:29400", run_id="job42",
+                                           timeout_s=rt.rdzv_timeout_s)  # fmt: skip
+    with pytest.raises(ConfigError, match="runtime.nnodes=2 needs runtime.rdzv_endpoint"):
+        load_config(None, ok[:2])
+    with pytest.raises(ConfigError, match="is not host:port"):
+        load_config(None, ["runtime.rdzv_endpoint=node0"])
+    with pytest.raises(ConfigError, match="needs runtime.rdzv_endpoint"):
+        Rendezvous(nnodes=3)
+
+
+def _never_runs() -> None:
+    raise AssertionError("no worker starts without the other node")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(60)
+def test_a_node_whose_peer_never_joins_gets_a_transient_rendezvous_error(tmp_path):
+    rdzv = Rendezvous(nnodes=2, endpoint=f"127.0.0.1:{free_port()}", run_id="lonely", timeout_s=3)
+    with pytest.raises(TransientError, match="rendezvous lonely at 127.0.0.1:.*start all 2 nodes"):
+        launch(_never_runs, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=10, rdzv=rdzv)
