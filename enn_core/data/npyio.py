@@ -102,14 +102,15 @@ class NpyWriter:
     def shape(self) -> tuple[int, ...]:
         return (self.rows, *self.tail_shape)
 
-    def close(self) -> str:
-        """Finish the file; returns the hash of its data bytes."""
+    def close(self, sync: bool = True) -> str:
+        """Finish the file (fsynced unless `sync` is off: a scratch file); returns its data hash."""
         self._wait()
         self._pool.shutdown()
         self._f.seek(0)
         self._f.write(_header(self.dtype, self.shape))
         self._f.flush()
-        os.fsync(self._f.fileno())
+        if sync:
+            os.fsync(self._f.fileno())
         self._f.close()
         return hashing.named(self._hash)
 

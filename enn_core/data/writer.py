@@ -8,6 +8,7 @@ its exact-integer range 2**24); the pass then restarts in float64 and records th
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,6 +56,14 @@ def _first_nonfinite(a: np.ndarray) -> tuple[int, int] | None:
         return None
     r = int(np.flatnonzero(bad.any(axis=1))[0])
     return r, int(np.flatnonzero(bad[r])[0])
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _key_strings(col: np.ndarray) -> pa.Array:
@@ -143,9 +152,10 @@ class ChunkWriter:
         self.array_hashes = {"features": self._x.source_hash()}
         if self._y is not None:
             self.array_hashes["labels"] = self._y.source_hash()
-        self._codes.close()
+        self._codes.close(sync=False)  # scratch: deleted before the directory is renamed
         self._stats_wait()
         self._keys.close()
+        _fsync(self.out / "row_keys.parquet")  # like every file of the staged directory
 
     def _stats_wait(self) -> None:
         # statistics run in a helper thread (numpy releases the GIL) while this one writes
