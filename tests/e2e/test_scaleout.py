@@ -118,7 +118,7 @@ def test_experiments_temp_and_workspace_then_push_and_pull_a_local_remote(
 def test_pipeline_logs_to_an_mlflow_server_with_a_database_backend(tmp_path, prefect_home_shared):
     from mlflow.tracking import MlflowClient
 
-    from flows.servers import mlflow_server
+    from flows.servers import mlflow_server  # first: contains the environment before mlflow loads
 
     project = make_project(tmp_path / "proj", prefect_home_shared, stages=TWO)
     store = tmp_path / "mlflow-server"
