@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_fixtures import alive, cfg_of, outputs, run_train, worker_pids
+from dist_fixtures import alive, cfg_of, outputs, run_train
 from hsdp_worker import main_each, write_job
 
 from enn_core.config import load_config
 from enn_core.errors import ConfigError, TransientError
 from enn_core.runtime.dist import mesh_layout
-from enn_core.runtime.heartbeat import heartbeat_path
+from enn_core.runtime.heartbeat import heartbeat_path, read_heartbeats
 from enn_core.runtime.launch import Rendezvous, Watchdog, free_port, launch
 
 # Four ranks, one thread each, tiny shapes; two epochs of 5 steps, every one clipped (the
@@ -80,21 +80,30 @@ def test_hsdp_mesh_layout_and_its_errors():
 AGENT = Path(__file__).with_name("multinode_agent.py")
 
 
-def _start_agent(job: Path, run_dir: Path, endpoint: str, rdzv_id: str) -> subprocess.Popen:
-    args = [sys.executable, str(AGENT), str(job), str(run_dir), endpoint, rdzv_id, "2", "1"]
+def _start_agent(job: Path, run_dir: Path, endpoint: str, rdzv_id: str, restarts: int):
+    args = [sys.executable, str(AGENT), str(job), str(run_dir), endpoint, rdzv_id, "2", "1",
+            str(restarts)]  # fmt: skip
     with open(run_dir / "agent.out", "w") as log:  # its own session: killpg ends its workers
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+KILL_RANK_1 = ("fault.kind=kill", "fault.phase=step", "fault.step=3", "fault.rank=1")
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
-def test_two_agents_on_loopback_equal_one_node_with_two_workers(tiny_project, tmp_path):
+@pytest.mark.parametrize("fault", [(), KILL_RANK_1], ids=["clean", "rank1-killed-restarted"])
+def test_two_agents_on_loopback_equal_one_node_with_two_workers(tiny_project, tmp_path, fault):
+    """Two nodes of one worker each against one node of two (run at the same time). With
+    `fault`, node 1's worker is SIGKILLed at step 3 and both agents restart the group (no
+    checkpoints here: training starts over), across nodes that may count restarts apart."""
     cfg = cfg_of()  # runtime.world_size=2 on one node; 1 worker per node on two
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"job-{uuid.uuid4().hex[:8]}"
     nodes = [tmp_path / "node-a", tmp_path / "node-b"]
+    jobs = [write_job(tiny_project, cfg_of(*fault), d, d / "result") for d in nodes]
+    restarts = 1 if fault else 0
     agents = [
-        _start_agent(write_job(tiny_project, cfg, d, d / "result"), d, endpoint, rdzv_id)
-        for d in nodes
+        _start_agent(j, d, endpoint, rdzv_id, restarts) for j, d in zip(jobs, nodes, strict=True)
     ]
     try:
         run_train(tiny_project, cfg)  # the one-node reference, while the agents run
@@ -117,11 +126,14 @@ def test_two_agents_on_loopback_equal_one_node_with_two_workers(tiny_project, tm
     assert history["step_losses"] == ref_history["step_losses"]  # bit-identical
     assert state.keys() == ref_state.keys()
     assert all(torch.equal(state[k], v) for k, v in ref_state.items())
-    pids = worker_pids(nodes[0]) + worker_pids(nodes[1])
+    beats = {**read_heartbeats(nodes[0]), **read_heartbeats(nodes[1])}
+    # the killed node counts a restart; the other may not (a membership change is not one)
+    assert beats[1]["attempt"] == restarts and beats[1]["phase"] == "done"
+    pids = [int(h["pid"]) for h in beats.values()]
     deadline = time.time() + 10
     while alive(pids) and time.time() < deadline:
         time.sleep(0.2)
-    assert len(pids) == 2 and not alive(pids)
+    assert not alive(pids)
 
 
 def _beat(run_dir: Path, rank: int, age: float, phase: str = "step") -> None:
