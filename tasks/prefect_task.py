@@ -50,10 +50,16 @@ def publish(stage: str, result: StageResult) -> None:
 
 def publish_diagnostics(stage: str, session: PipelineSession) -> None:
     """The stage's diagnostics record (written by the runner, also on failure) as an artifact."""
-    md = session.layout.run_dir(session.run_id, stage) / "diagnostics.md"
+    run_dir = session.layout.run_dir(session.run_id, stage)
+    md = run_dir / "diagnostics.md"
     if md.exists():
         create_markdown_artifact(key=f"{stage}-diagnostics", markdown=md.read_text(),
                                  description=f"{stage}: where a problem is (diagnostics record)")
+    diag = run_dir / "diagnostics.json"
+    rows = json.loads(diag.read_text()).get("candidates") if diag.exists() else None
+    # collapse-check: every candidate, how far it is from passing and why (also when all collapsed)
+    if rows:
+        create_table_artifact(key=f"{stage}-candidates", table=rows, description=f"{stage}: candidates")
 
 
 def run_stage(stage: str, config_path: str, session: PipelineSession) -> dict:
