@@ -95,6 +95,7 @@ def survivors(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 def assert_all_gone(procs: list[psutil.Process], enn: subprocess.Popen, log: Path) -> None:
     """`enn` exits within STOP_S, and every process it had started is gone 10 s later."""
+    t0 = time.monotonic()
     try:
         enn.wait(timeout=STOP_S)
     except subprocess.TimeoutExpired:
@@ -102,10 +103,14 @@ def assert_all_gone(procs: list[psutil.Process], enn: subprocess.Popen, log: Pat
         raise AssertionError(
             f"enn still running {STOP_S} s after it was stopped:\n{log.read_text()[-4000:]}"
         ) from None
+    exited = time.monotonic() - t0
     end = time.time() + 10
     while survivors(procs) and time.time() < end:
         time.sleep(0.2)
     left = survivors(procs)
+    print(
+        f"enn exited {exited:.1f} s after the stop; its processes gone after {time.monotonic() - t0:.1f} s"
+    )
     described = [f"{q.pid} {' '.join(q.cmdline())[:100]}" for q in left]
     for q in left:  # never leave a process behind, even when the test fails
         q.kill()
