@@ -57,7 +57,7 @@ class DistEnv:
     local_rank: int
     device: torch.device
     backend: str
-    restart: int
+    restart: int  # the job's attempt, agreed across ranks (see _agreed_restart)
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh
 
     @property
@@ -149,6 +149,7 @@ def bootstrap(
     backend = "cuda:nccl,cpu:gloo" if dev.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, store=_store(rank, restart), rank=rank, world_size=world,
                             timeout=_dt.timedelta(seconds=pg_timeout_s))  # fmt: skip
+    restart = _agreed_restart(restart, world)
     from torch.distributed.device_mesh import init_device_mesh
 
     # Explicit mesh on the worker's device type: without one FSDP2 picks CUDA when it exists.
@@ -162,6 +163,18 @@ def bootstrap(
         restart=restart,
         mesh=mesh,
     )
+
+
+def _agreed_restart(restart: int, world: int) -> int:
+    """The job's attempt, the same on every rank: the highest agent restart count. On several
+    nodes the counts differ (an agent restarting its group because a peer node rejoined does
+    not count it), and decisions keyed by the attempt (resume the newest checkpoint) must
+    not."""
+    if world == 1:
+        return restart
+    t = torch.tensor([restart], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def mesh_layout(world: int, hsdp_replicas: int) -> tuple[tuple[int, ...], tuple[str, ...]]:

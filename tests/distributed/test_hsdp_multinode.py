@@ -100,7 +100,9 @@ def test_two_agents_on_loopback_equal_one_node_with_two_workers(tiny_project, tm
     cfg = cfg_of()  # runtime.world_size=2 on one node; 1 worker per node on two
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"job-{uuid.uuid4().hex[:8]}"
     nodes = [tmp_path / "node-a", tmp_path / "node-b"]
-    jobs = [write_job(tiny_project, cfg_of(*fault), d, d / "result") for d in nodes]
+    # one marker dir for both nodes: the fault fires once even if rank 1 changed node
+    shared = (f"fault.marker_dir={tmp_path / 'faults'}",) if fault else ()
+    jobs = [write_job(tiny_project, cfg_of(*fault, *shared), d, d / "result") for d in nodes]
     restarts = 1 if fault else 0
     agents = [
         _start_agent(j, d, endpoint, rdzv_id, restarts) for j, d in zip(jobs, nodes, strict=True)
