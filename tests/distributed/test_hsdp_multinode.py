@@ -18,10 +18,15 @@ from dist_fixtures import alive, cfg_of, outputs, run_train
 from hsdp_worker import main_each, write_job
 
 from enn_core.config import load_config
+from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, TransientError
 from enn_core.runtime.dist import mesh_layout
 from enn_core.runtime.heartbeat import heartbeat_path, read_heartbeats
 from enn_core.runtime.launch import Rendezvous, Watchdog, free_port, launch
+from enn_core.stage import make_context
+from enn_core.train.ckpt import committed
+from enn_core.train.fingerprint import fingerprint
+from enn_core.train.stage import checkpoint_spec
 
 # Four ranks, one thread each, tiny shapes; two epochs of 5 steps, every one clipped (the
 # grad norm must count each shard once, not once per replica).
@@ -37,20 +42,30 @@ def _result(result_dir) -> tuple[dict, dict]:
     return history, torch.load(result_dir / "model.pt", weights_only=True)["state_dict"]
 
 
+def _checkpoint_spec(layout, cfg) -> dict:
+    """distributed-train's DCP checkpoint directory for this config (fresh: nothing to resume)."""
+    ctx = make_context(cfg, layout, "distributed-train", uuid.uuid4().hex[:8])
+    data_hash = StagedDataset(layout.output("stage-data")).fingerprint
+    return checkpoint_spec(cfg, ctx, fingerprint(cfg, data_hash))
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_hsdp_2x2_equals_fsdp_on_4(tiny_project, tmp_path):
     run_dir = tmp_path / "run"
-    jobs = [
-        write_job(tiny_project, cfg_of(*HSDP, *extra), run_dir, run_dir / name, name)
-        for name, extra in (("fsdp", ()), ("hsdp", ("train.hsdp_replicas=2",)))
-    ]
+    jobs, specs = [], []
+    for name, extra in (("fsdp", ()), ("hsdp", ("train.hsdp_replicas=2",))):
+        cfg = cfg_of(*HSDP, *extra)
+        specs.append(_checkpoint_spec(tiny_project, cfg))  # DCP saves at epoch ends
+        jobs.append(write_job(tiny_project, cfg, run_dir, run_dir / name, name, specs[-1]))
     # FSDP on 4, then HSDP 2 x 2, in the same 4 workers (one spawn)
     results = launch(main_each, tuple(map(str, jobs)), nprocs=4, run_dir=run_dir, hang_timeout_s=60)
     fsdp, hsdp = results[0]
     assert (fsdp["wrap"], hsdp["wrap"]) == ("fsdp2", "hsdp")
     meshes = [e["value"] for e in _events(run_dir) if e.get("name") == "runtime/mesh"]
     assert meshes == ["4", "2x2"]
+    # DCP saved the 2-D-sharded state at both epoch ends
+    assert len(hsdp["checkpoint"]["saved_positions"]) == 2 and committed(Path(specs[1]["dir"]))
     ref_history, ref_state = _result(run_dir / "fsdp")
     history, state = _result(run_dir / "hsdp")
     assert len(history["step_losses"]) >= 10
