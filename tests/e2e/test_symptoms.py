@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from tests.conftest import Project, make_project
 
@@ -50,7 +49,7 @@ PLAN = [
 ]  # fmt: skip
 
 SLOW_LOADER_HOOK = '''"""Test hook: with ENN_TEST_SLOW_LOADER=<factor>, the trainer's batch loader sleeps <factor> x
-the time since its previous call (the step's compute), at most 1 s, in every process started
+the time since its previous call (the step's compute), at most 2 s, in every process started
 with this folder on PYTHONPATH (the spawned training workers included)."""
 import os
 
@@ -63,7 +62,7 @@ if os.environ.get("ENN_TEST_SLOW_LOADER"):
 
     def _slow_loader(*args, **kwargs):
         if _last[0] is not None:
-            time.sleep(min(_factor * (time.perf_counter() - _last[0]), 1.0))
+            time.sleep(min(_factor * (time.perf_counter() - _last[0]), 2.0))
         out = _load(*args, **kwargs)
         _last[0] = time.perf_counter()
         return out
@@ -76,6 +75,7 @@ writes the flow run's state and its artifacts, read back through the Prefect cli
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import tasks  # noqa: F401  (contains the environment before prefect is imported)
@@ -136,6 +136,7 @@ def main(plan_path, out_dir):
     params = Path("params.yaml")
     original = params.read_text()
     for item in json.loads(Path(plan_path).read_text()):
+        t0 = time.time()
         params.write_text(original)  # every symptom starts from the same parameters
         inject = {"constant_model": constant_model, "unsupported_op": unsupported_op,
                   "slow_loader": slow_loader}.get(item.get("inject"), lambda: None)
@@ -151,9 +152,10 @@ def main(plan_path, out_dir):
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])), task_run_filter=TaskRunFilter(),
                 artifact_filter=ArtifactFilter(), limit=200, offset=0, sort="KEY_ASC")
         out = {"flow_run_id": str(run_id), "state": state.type.value, "message": state.message,
+               "seconds": round(time.time() - t0, 1),
                "artifacts": {a.key: {"type": a.type, "data": a.data} for a in arts}}
         Path(out_dir, item["name"] + ".json").write_text(json.dumps(out, default=str))
-        print("symptom", item["name"], state.type.value, flush=True)
+        print("symptom", item["name"], state.type.value, out["seconds"], "s", flush=True)
 
 
 if __name__ == "__main__":  # spawned training workers re-import this file
@@ -165,7 +167,7 @@ if __name__ == "__main__":  # spawned training workers re-import this file
 class Provoked:
     project: Project
     results: dict[str, dict]
-    client: MlflowClient
+    client: object  # mlflow.tracking.MlflowClient on the project's store
     downloads: Path
 
 
@@ -197,6 +199,10 @@ def provoked(tmp_path_factory, prefect_home_shared) -> Provoked:
     results = {p.stem: json.loads(p.read_text()) for p in (tmp / "results").glob("*.json")}
     assert set(results) == {item["name"] for item in PLAN}, out.stdout[-3000:]
     assert results["baseline"]["state"] == "COMPLETED", results["baseline"]["message"]
+    print(" ".join(f"{k} {v['seconds']} s;" for k, v in results.items()))
+    # imported after make_project, which imports tasks (tasks/env.py contains the env first)
+    from mlflow.tracking import MlflowClient
+
     uri = f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
     return Provoked(project, results, MlflowClient(tracking_uri=uri), tmp / "downloads")
 
@@ -204,7 +210,9 @@ def provoked(tmp_path_factory, prefect_home_shared) -> Provoked:
 def seen(p: Provoked, name: str, stage: str) -> Seen:
     result = p.results[name]
     flow_run = result["flow_run_id"]
-    record = json.loads((p.project.root / "work" / "runs" / flow_run / stage / "diagnostics.json").read_text())
+    record = json.loads(
+        (p.project.root / "work" / "runs" / flow_run / stage / "diagnostics.json").read_text()
+    )
     exp = p.client.get_experiment_by_name("enn")
     runs = p.client.search_runs([exp.experiment_id],
                                 f"tags.`prefect.flow_run_id` = '{flow_run}' and tags.`enn.stage` = '{stage}'")  # fmt: skip
@@ -230,7 +238,10 @@ def test_data_starvation_is_data_bound(provoked):
         assert last["verdict"] == "data-bound" and last["shares"]["data"] >= 0.3, last
     assert json.loads(s.run.data.tags["event.bottleneck"])["verdict"] == "data-bound"
     assert s.run.data.metrics["bottleneck/data_share"] >= 0.3
-    assert "bottleneck: data-bound in the last epoch" in s.markdown and "| 0 | data-bound |" in s.markdown
+    assert (
+        "bottleneck: data-bound in the last epoch" in s.markdown
+        and "| 0 | data-bound |" in s.markdown
+    )
     # the same stage with the loader at full speed is not data-bound
     healthy = seen(provoked, "attention", "distributed-train")
     assert healthy.record["bottleneck"][-1]["verdict"] != "data-bound"
@@ -241,10 +252,16 @@ def test_nan_in_a_batch_names_the_tensor_and_the_step(provoked):
     assert s.state == "COMPLETED"  # the step is skipped, training goes on
     for record in (s.record, s.mlflow_record):
         first = record["nonfinite"][0]
-        assert first["tensor"].startswith("batch.features") and first["step"] == 2 and first["rank"] == 0
+        assert (
+            first["tensor"].startswith("batch.features")
+            and first["step"] == 2
+            and first["rank"] == 0
+        )
     tag = json.loads(s.run.data.tags["event.nonfinite_skip"])
     assert tag["tensor"].startswith("batch.features") and tag["step"] == 2
-    assert "non-finite batch.features[micro 0]" in s.markdown and "at step 2 on rank 0" in s.markdown
+    assert (
+        "non-finite batch.features[micro 0]" in s.markdown and "at step 2 on rank 0" in s.markdown
+    )
     rows = {r["name"]: r["value"] for r in table(s.artifacts["distributed-train-table"])}
     assert rows["skipped_steps"] == 1
 
@@ -254,7 +271,10 @@ def test_hang_names_the_rank_and_the_phase(provoked):
     named = "rank 1 hung in phase first_forward"
     assert s.state == "FAILED"
     for record in (s.record, s.mlflow_record):
-        assert record["stage_error"]["type"] == "WorkerError" and named in record["stage_error"]["message"]
+        assert (
+            record["stage_error"]["type"] == "WorkerError"
+            and named in record["stage_error"]["message"]
+        )
         assert record["workers"]["1"]["phase"] == "first_forward"
         assert any(p.endswith("rank-1.txt") for p in record["stacks"])
     assert s.run.info.status == "FAILED" and named in s.run.data.tags["enn.error"]
@@ -268,7 +288,12 @@ def test_out_of_memory_leaves_the_back_off_record(provoked):
     assert s.state == "COMPLETED"
     for record in (s.record, s.mlflow_record):
         b = record["oom_backoffs"][0]
-        assert (b["step"], b["micro_batch_before"], b["micro_batch_after"], b["accumulation_after"]) == (2, 8, 4, 2)
+        assert (
+            b["step"],
+            b["micro_batch_before"],
+            b["micro_batch_after"],
+            b["accumulation_after"],
+        ) == (2, 8, 4, 2)
     assert json.loads(s.run.data.tags["event.oom_backoff"])["micro_batch_after"] == 4
     assert s.run.data.metrics["memory/micro_batch"] == 4
     assert "out of memory at step 2: micro-batch 8 -> 4 (accumulation 2)" in s.markdown
@@ -283,10 +308,20 @@ def test_collapse_shows_the_candidates_table(provoked, tmp_path):
         rows = {r["candidate"]: r for r in record["candidates"]}
         assert set(rows) == {"raw", "calibrated", "fp32", "per_sample"}
         assert rows["raw"]["status"] == "failed" and rows["raw"]["spread_median"] == 0.0
-        assert rows["raw"]["broadcast_fraction"] == 1.0 and "broadcast_fraction" in rows["raw"]["failed"]
-    assert s.run.info.status == "FAILED" and "every candidate collapsed" in s.run.data.tags["enn.error"]
+        assert (
+            rows["raw"]["broadcast_fraction"] == 1.0
+            and "broadcast_fraction" in rows["raw"]["failed"]
+        )
+    assert (
+        s.run.info.status == "FAILED"
+        and "every candidate collapsed" in s.run.data.tags["enn.error"]
+    )
     assert s.run.data.metrics["collapse/raw/spread_median"] == 0.0
-    report = json.loads(Path(provoked.client.download_artifacts(s.run.info.run_id, "report.json", str(tmp_path))).read_text())
+    report = json.loads(
+        Path(
+            provoked.client.download_artifacts(s.run.info.run_id, "report.json", str(tmp_path))
+        ).read_text()
+    )
     assert report["status"] == "failed" and set(report["candidates"]) == set(rows)
     prefect_rows = {r["candidate"]: r for r in table(s.artifacts["collapse-check-candidates"])}
     assert set(prefect_rows) == set(rows) and prefect_rows["raw"]["status"] == "failed"
@@ -302,7 +337,9 @@ def test_export_of_an_unsupported_operator_names_the_format_and_the_operator(pro
     named = "export onnx: operator enntest.twist.default has no ONNX translation"
     assert s.state == "FAILED"
     for record in (s.record, s.mlflow_record):
-        assert record["stage_error"]["type"] == "ExportError" and record["stage_error"]["message"].startswith(named)
+        assert record["stage_error"]["type"] == "ExportError" and record["stage_error"][
+            "message"
+        ].startswith(named)
     assert s.run.info.status == "FAILED" and named in s.run.data.tags["enn.error"]
     assert named in json.loads(s.run.data.tags["event.export_failed"])["error"]
     assert f"- stage failed: ExportError: {named}" in s.markdown
