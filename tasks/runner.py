@@ -138,10 +138,13 @@ def stage_findings(run_dir: Path, error: BaseException | None) -> dict[str, Any]
     and phase, the export format and operator, why it collapsed) and, after collapse-check
     (its report.json beside the run's logs, also on failure), one row per candidate."""
     stage_error = {"type": type(error).__name__, "message": str(error)} if error is not None else None
-    report = run_dir / "report.json"
-    cands = (json.loads(report.read_text()).get("candidates") or {}) if report.exists() else {}
+    path = run_dir / "report.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    cands = report.get("candidates") if isinstance(report.get("candidates"), dict) else {}
+    tried = [n for n in report.get("order") or [] if n in cands]  # collapse.order: as they are tried
     rows = []
-    for name, c in cands.items() if isinstance(cands, dict) else ():
+    for name in tried + [n for n in cands if n not in tried]:
+        c = cands[name]
         m = c.get("measures") or {}
         failed = [k["measure"] for k in c.get("criteria") or [] if not k.get("ok")]
         rows.append({"candidate": name, "status": c.get("status"), "distance": c.get("distance"),
