@@ -174,6 +174,7 @@ def launch(
                 verdict = watchdog.check(job.started)
                 if verdict is not None:
                     job.stop_hung(verdict)
+                    watchdog.restarting()
     except BaseException:  # Ctrl-C or the thread's cancellation: no worker may outlive us
         job.stop("interrupted")
         job.thread.join(10.0)
@@ -309,13 +310,28 @@ class Watchdog:
         self.run_dir, self.nprocs = run_dir, nprocs
         self.hang_timeout_s, self.budgets = hang_timeout_s, budgets
         self.local_only, self.rendezvous_s = local_only, rendezvous_s
+        self.newest_attempt, self.min_attempt, self.attempt_started = 0, 0, 0.0
+
+    def restarting(self) -> None:
+        """The attempt was killed for a hang and the agent restarts the group: the killed
+        attempt's heartbeat files stay behind, so from now on only a newer attempt's count,
+        and its spawn budget runs from now."""
+        self.min_attempt, self.attempt_started = self.newest_attempt + 1, time.time()
+
+    def _current(self, beats: dict[int, dict]) -> dict[int, dict]:
+        if beats:
+            self.newest_attempt = max(
+                self.newest_attempt, *(int(h.get("attempt", 0)) for h in beats.values())
+            )
+        return {r: h for r, h in beats.items() if int(h.get("attempt", 0)) >= self.min_attempt}
 
     def budget(self, phase: str) -> float:
         return self.budgets.get(phase, self.hang_timeout_s)
 
     def check(self, started: float) -> Verdict | None:
         now = time.time()
-        beats = read_heartbeats(self.run_dir)
+        beats = self._current(read_heartbeats(self.run_dir))
+        started = max(started, self.attempt_started)
         if len(beats) < self.nprocs:  # still spawning (or waiting for the other nodes)
             if now - started > self.rendezvous_s + self.budget("spawn") + self.hang_timeout_s:
                 return self.spawn_verdict(set(beats), now - started)

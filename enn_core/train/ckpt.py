@@ -159,6 +159,11 @@ class Checkpointer:
             dcp.save(state, checkpoint_id=str(tmp))
             self._commit(tmp, position, trainer, t0)
 
+    def poll(self) -> None:
+        """Commit the asynchronous save in flight if it has finished (never blocks)."""
+        if self.pending is not None and self.pending[0].done():
+            self.wait()
+
     def wait(self) -> None:
         """Await the asynchronous save in flight (if any) and commit it."""
         if self.pending is None:

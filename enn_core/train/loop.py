@@ -226,6 +226,8 @@ def train_epoch(st: _State, epoch: int, first_step: int = 0) -> None:
         record_step(st, gstep, out)
         if gstep == st.start_gstep and rt.steady_timeout_s:
             tighten_timeout(rt.steady_timeout_s)  # warm-up is over
+        if rt.checkpointer is not None:
+            rt.checkpointer.poll()  # an async save commits as soon as it is written
         if every and (gstep + 1) % every == 0 and step + 1 < spe:  # the epoch end saves the last
             st.epoch_stats["wall_s"] = prior_s + time.perf_counter() - t0
             save_checkpoint(st, gstep + 1, epoch_end=False)

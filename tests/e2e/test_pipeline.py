@@ -220,3 +220,17 @@ def test_every_process_was_offline_and_watched(ran):
     assert any("uvicorn" in c or "prefect" in c for c in cmds if not c.split(" ")[0].endswith("enn")), "the Prefect server"
     assert any("multiprocessing" in c or "spawn" in c for c in cmds), "worker processes"
     assert any(c.split(" ")[0].endswith("dvc") for c in cmds), "dvc"
+
+
+def test_warm_start_from_the_registered_champion(ran):
+    """prepare-checkpoint with `checkpoint.init_from: models:/...`: the task layer downloads
+    the version, prepare-checkpoint checks it fits and records where the weights came from."""
+    import torch
+
+    root = ran.project.root
+    ran.project.run("enn", "prepare-checkpoint", "--set", "checkpoint.init_from=models:/enn-model@champion", timeout=600)
+    info = json.loads((root / "outputs" / "prepare-checkpoint" / "init.json").read_text())
+    assert info["warm_start"]["registry_uri"] == "models:/enn-model@champion"
+    init = torch.load(root / "outputs" / "prepare-checkpoint" / "init.pt", weights_only=True)["state_dict"]
+    trained = torch.load(root / "outputs" / "distributed-train" / "model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(init[k], trained[k]) for k in trained)  # the champion is this run's model
