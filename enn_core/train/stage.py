@@ -27,7 +27,7 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.progress import follow_heartbeat
 from enn_core.runtime.heartbeat import read_heartbeats
-from enn_core.runtime.launch import launch
+from enn_core.runtime.launch import Rendezvous, launch
 from enn_core.stage import StageContext
 from enn_core.train import worker
 from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, step_name
@@ -88,11 +88,18 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
                 budgets={"spawn": cfg.runtime.spawn_budget_s, "compile": cfg.runtime.compile_budget_s,
                          "checkpoint": cfg.runtime.checkpoint_budget_s},
                 start_method=cfg.runtime.start_method, timeout_s=cfg.runtime.task_timeout_s,
-                cancel=ctx.cancel,
+                cancel=ctx.cancel, rdzv=Rendezvous.of(cfg.runtime),
             )  # fmt: skip
     finally:
         record_workers(ctx)
         forward_logs(ctx)
+    if 0 not in results:  # another node hosted global rank 0: it writes model.pt
+        ctx.logger.info(
+            "distributed-train: this node ran ranks %s; model.pt is written on the node of rank 0",
+            sorted(results),
+        )
+        return {"node_ranks": sorted(int(r) for r in results), "outputs": [], "wall_s": time.time() - t0,
+                "ranks": {int(r): v for r, v in sorted(results.items())}}  # fmt: skip
     summary = dict(results[0])
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
     record_checkpoints(ctx, summary.get("checkpoint") or {}, fp)
@@ -138,7 +145,12 @@ def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> dict[
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "fingerprint.json").exists():
         write_json(root / "fingerprint.json", {"digest": fp.digest, **fp.parts})
-    spec: dict[str, Any] = {"dir": str(root), "digest": fp.digest, "resume_from": "", "weights_only": False}
+    spec: dict[str, Any] = {
+        "dir": str(root),
+        "digest": fp.digest,
+        "resume_from": "",
+        "weights_only": False,
+    }
     source = cfg.checkpoint.resume_from
     if source:
         path = ctx.layout.resolve(source)
@@ -190,4 +202,6 @@ def record_checkpoints(ctx: StageContext, info: dict, fp: Fingerprint) -> None:
     saved = info.get("saved_positions") or []
     ctx.events.param("checkpoint/saved", ",".join(step_name(p) for p in saved)[:500] or "none")
     if saved:
-        ctx.events.metrics({"checkpoint/last_step": float(saved[-1]), "checkpoint/count": float(len(saved))})
+        ctx.events.metrics(
+            {"checkpoint/last_step": float(saved[-1]), "checkpoint/count": float(len(saved))}
+        )
