@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from hsdp_worker import main_each, write_job
 from enn_core.config import load_config
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, TransientError
+from enn_core.paths import Layout
 from enn_core.runtime.dist import mesh_layout
 from enn_core.runtime.heartbeat import heartbeat_path, read_heartbeats
 from enn_core.runtime.launch import Rendezvous, Watchdog, free_port, launch
@@ -95,11 +97,60 @@ def test_hsdp_mesh_layout_and_its_errors():
 AGENT = Path(__file__).with_name("multinode_agent.py")
 
 
-def _start_agent(job: Path, run_dir: Path, endpoint: str, rdzv_id: str, restarts: int):
-    args = [sys.executable, str(AGENT), str(job), str(run_dir), endpoint, rdzv_id, "2", "1",
-            str(restarts)]  # fmt: skip
-    with open(run_dir / "agent.out", "w") as log:  # its own session: killpg ends its workers
-        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def _start_agent(log: Path, *args: str) -> subprocess.Popen:
+    with open(log, "w") as out:  # its own session: killpg ends it and its workers
+        return subprocess.Popen([sys.executable, str(AGENT), *args], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+
+def _finish(agents: list[subprocess.Popen], work) -> list[int]:
+    """Run `work` while the agents run; their exit codes. Nothing outlives the test."""
+    try:
+        work()
+        return [a.wait(timeout=200) for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+                a.wait()
+
+
+def _assert_gone(run_dirs: list[Path]) -> dict[int, dict]:
+    beats = {r: h for d in run_dirs for r, h in read_heartbeats(d).items()}
+    pids = [int(h["pid"]) for h in beats.values()]
+    deadline = time.time() + 10
+    while alive(pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(pids) == 2 and not alive(pids)
+    return beats
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_two_nodes_run_the_stage_like_one_node_with_two_workers(tiny_project, tmp_path):
+    """`enn distributed-train --set runtime.nnodes=2 ...` on two "nodes" sharing a project
+    (a shared filesystem), against one node of two workers on a copy, at the same time."""
+    shared = tmp_path / "shared"
+    shutil.copytree(tiny_project.root, shared)  # before any run: no checkpoints to resume
+    endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"job-{uuid.uuid4().hex[:8]}"
+    outs = [tmp_path / f"node-{i}.json" for i in range(2)]
+    agents = [
+        _start_agent(o.with_suffix(".log"), "stage", str(shared), endpoint, rdzv_id, str(o))
+        for o in outs
+    ]
+    codes = _finish(agents, lambda: run_train(tiny_project, cfg_of()))
+    reports = [json.loads(o.read_text()) for o in outs]
+    assert codes == [0, 0], reports
+    main, other = sorted((r["summary"] for r in reports), key=lambda s: "node_ranks" in s)
+    # the rendezvous gave each node one global rank; rank 0's node published model.pt
+    assert sorted(main["ranks"]) == ["0"] and other["node_ranks"] == [1] and not other["outputs"]
+    assert main["world_size"] == 2 and main["checkpoint"]["saved_positions"]
+    ref_history, ref_state = outputs(tiny_project)
+    history, state = outputs(Layout.for_root(shared))
+    assert history["step_losses"] == ref_history["step_losses"]  # bit-identical
+    assert state.keys() == ref_state.keys()
+    assert all(torch.equal(state[k], v) for k, v in ref_state.items())
+    _assert_gone([Path(r["run_dir"]) for r in reports])
 
 
 KILL_RANK_1 = ("fault.kind=kill", "fault.phase=step", "fault.step=3", "fault.rank=1")
@@ -107,50 +158,34 @@ KILL_RANK_1 = ("fault.kind=kill", "fault.phase=step", "fault.step=3", "fault.ran
 
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("fault", [(), KILL_RANK_1], ids=["clean", "rank1-killed-restarted"])
-def test_two_agents_on_loopback_equal_one_node_with_two_workers(tiny_project, tmp_path, fault):
-    """Two nodes of one worker each against one node of two (run at the same time). With
-    `fault`, node 1's worker is SIGKILLed at step 3 and both agents restart the group (no
-    checkpoints here: training starts over), across nodes that may count restarts apart."""
-    cfg = cfg_of()  # runtime.world_size=2 on one node; 1 worker per node on two
+def test_two_agents_restart_a_worker_killed_on_one_node(tiny_project, tmp_path):
+    """launch() on two nodes of one worker each, running the training worker on job files;
+    node 1's worker is SIGKILLed at step 3 and both agents restart the group (no checkpoints
+    here: training starts over), though only one of them counts it as a restart (the other
+    restarts for a membership change). The result equals one node of two workers."""
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"job-{uuid.uuid4().hex[:8]}"
     nodes = [tmp_path / "node-a", tmp_path / "node-b"]
     # one marker dir for both nodes: the fault fires once even if rank 1 changed node
-    shared = (f"fault.marker_dir={tmp_path / 'faults'}",) if fault else ()
-    jobs = [write_job(tiny_project, cfg_of(*fault, *shared), d, d / "result") for d in nodes]
-    restarts = 1 if fault else 0
+    cfg = cfg_of(*KILL_RANK_1, f"fault.marker_dir={tmp_path / 'faults'}")
+    jobs = [write_job(tiny_project, cfg, d, d / "result") for d in nodes]
     agents = [
-        _start_agent(j, d, endpoint, rdzv_id, restarts) for j, d in zip(jobs, nodes, strict=True)
+        _start_agent(d / "agent.out", "job", str(j), str(d), endpoint, rdzv_id, "1")
+        for j, d in zip(jobs, nodes, strict=True)
     ]
-    try:
-        run_train(tiny_project, cfg)  # the one-node reference, while the agents run
-        ref_history, ref_state = outputs(tiny_project)
-        codes = [a.wait(timeout=200) for a in agents]
-    finally:
-        for a in agents:  # nothing may outlive the test, whatever happened
-            if a.poll() is None:
-                os.killpg(a.pid, signal.SIGKILL)
-                a.wait()
+    codes = _finish(agents, lambda: run_train(tiny_project, cfg_of()))
     reports = [json.loads((d / "agent.json").read_text()) for d in nodes]
     assert codes == [0, 0], reports
-    # the rendezvous gave each node one of the global ranks; only rank 0's node has model.pt
     ranks = sorted(int(r) for rep in reports for r in rep["ranks"])
     assert ranks == [0, 1] and all(len(rep["ranks"]) == 1 for rep in reports)
     main = next(d for d, rep in zip(nodes, reports, strict=True) if "0" in rep["ranks"])
     other = next(d for d in nodes if d != main)
     assert not (other / "result" / "model.pt").exists()
+    ref_history, ref_state = outputs(tiny_project)
     history, state = _result(main / "result")
     assert history["step_losses"] == ref_history["step_losses"]  # bit-identical
-    assert state.keys() == ref_state.keys()
     assert all(torch.equal(state[k], v) for k, v in ref_state.items())
-    beats = {**read_heartbeats(nodes[0]), **read_heartbeats(nodes[1])}
-    # the killed node counts a restart; the other may not (a membership change is not one)
-    assert beats[1]["attempt"] == restarts and beats[1]["phase"] == "done"
-    pids = [int(h["pid"]) for h in beats.values()]
-    deadline = time.time() + 10
-    while alive(pids) and time.time() < deadline:
-        time.sleep(0.2)
-    assert not alive(pids)
+    beats = _assert_gone(nodes)
+    assert beats[1]["attempt"] == 1 and beats[1]["phase"] == "done"
 
 
 def _beat(run_dir: Path, rank: int, age: float, phase: str = "step") -> None:
