@@ -29,6 +29,7 @@ import gc
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -304,6 +305,25 @@ def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
     out: list[Any] = [None] * env.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+def ranks_not_sharing(directory: str | os.PathLike, env: DistEnv) -> list[int]:
+    """Ranks that do not see `directory` as rank 0 does (a node-local disk in a multi-node job;
+    DCP needs every rank's shard files and rank 0's metadata in one directory): rank 0 writes
+    a probe, every rank looks for it. A collective: every rank calls it."""
+    if not env.distributed:
+        return []
+    token = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}/{env.restart}"
+    probe = Path(directory) / f".shared-probe-{token.replace('/', '-')}"
+    if env.is_main:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text(token)
+    dist.barrier()
+    seen = probe.is_file() and probe.read_text() == token
+    flags = gather_objects(seen, env)  # every rank has looked once this returns
+    if env.is_main:
+        probe.unlink(missing_ok=True)
+    return [r for r, ok in enumerate(flags) if not ok]
 
 
 def shutdown() -> None:

@@ -2,8 +2,8 @@
 trains several jobs one after the other in the same workers.
 
 `main_each` gives two runs (FSDP on 4, HSDP 2 x 2) one spawn: spawning four workers is most of
-a tiny run's time on two shared cores. It lives in a module of its own so spawned workers
-can import it.
+a tiny run's time on two shared cores. `probe_shared` runs the shared-directory check. They
+live in a module of their own so spawned workers can import them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from enn_core.config import RunConfig, to_plain
 from enn_core.paths import Layout
+from enn_core.runtime import dist
 from enn_core.train import worker
 
 
@@ -50,3 +51,13 @@ def main_each(*job_paths: str) -> list[dict[str, Any]]:
         os.environ["TORCHELASTIC_RUN_ID"] = f"{run_id}-job{i}"
         out.append(worker.main(job_path))
     return out
+
+
+def probe_shared(dirs: list[str]) -> list[int]:
+    """A worker: bootstrap, then ranks_not_sharing on this rank's entry of `dirs`."""
+    rank = int(os.environ["RANK"])
+    env = dist.bootstrap(device="cpu", threads=1, seed=0, deterministic=False, pg_timeout_s=60)
+    try:
+        return dist.ranks_not_sharing(dirs[rank], env)
+    finally:
+        dist.shutdown()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_fixtures import alive, cfg_of, outputs, run_train
-from hsdp_worker import main_each, write_job
+from hsdp_worker import main_each, probe_shared, write_job
 
 from enn_core.config import load_config
 from enn_core.data.dataset import StagedDataset
@@ -233,3 +233,15 @@ def test_a_node_whose_peer_never_joins_gets_a_transient_rendezvous_error(tmp_pat
     rdzv = Rendezvous(nnodes=2, endpoint=f"127.0.0.1:{free_port()}", run_id="lonely", timeout_s=3)
     with pytest.raises(TransientError, match="rendezvous lonely at 127.0.0.1:.*start all 2 nodes"):
         launch(_never_runs, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=10, rdzv=rdzv)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_ranks_not_sharing_names_the_rank_on_another_disk(tmp_path):
+    """Two ranks given different directories stand for two nodes with local disks."""
+    shared, local = str(tmp_path / "shared"), str(tmp_path / "node1-local")
+    for dirs, expected in (([shared, shared], []), ([shared, local], [1])):
+        results = launch(probe_shared, (dirs,), nprocs=2, run_dir=tmp_path / f"run{len(expected)}",
+                         hang_timeout_s=60)  # fmt: skip
+        assert results[0] == results[1] == expected
+    assert not list((tmp_path / "shared").iterdir())  # the probe is removed
