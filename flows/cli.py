@@ -21,6 +21,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,9 +172,24 @@ def run_flow_command(flow: str, config: Path, overrides: list[str], until: str |
     return 0
 
 
+def wait_for_agents(timeout_s: float = 60.0) -> None:
+    """Let stopped elastic agents (enn_core.runtime.launch's daemon threads "enn-agent-*")
+    finish shutting down before the interpreter exits: a daemon thread still inside torch's
+    C++ code at interpreter finalization is torn down there, which aborts the process
+    ("terminate called without an active exception"). One SIGTERMed `enn run` under heavy
+    load printed that at exit (1 of ~15); launch() waits only 10 s for its agent."""
+    end = time.monotonic() + timeout_s
+    for t in threading.enumerate():
+        if t.name.startswith("enn-agent-") and t.is_alive():
+            t.join(max(0.0, end - time.monotonic()))
+
+
 def main(argv: list[str] | None = None) -> int:
     with sigterm_as_interrupt():
-        return _main(argv)
+        try:
+            return _main(argv)
+        finally:
+            wait_for_agents()
 
 
 def _main(argv: list[str] | None) -> int:
