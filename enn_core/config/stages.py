@@ -11,6 +11,7 @@ from enn_core.errors import ConfigError
 @frozen
 class CheckpointConfig:
     init_from: str = opt("", "Warm start: a consolidated checkpoint path or models:/name@alias; empty = fresh seeded init.")
+    dir: str = opt("", "Where distributed-train keeps its DCP checkpoints (one folder per fingerprint); empty = <work_dir>/checkpoints. Multi-node jobs need a directory every node sees (shared storage).")
     every_steps: int = opt(0, "DCP save every N optimizer steps (0 = only at epoch ends).")
     keep_last: int = opt(2, "Committed checkpoints kept (the best one is always kept).")
     async_save: bool = opt(False, "Asynchronous DCP save on its own gloo group.")

@@ -136,7 +136,7 @@ def run(cfg, ctx) -> dict:
     )  # fmt: skip
     predictor = model_io.prediction_path(model, choice).to(device) if world == 1 else None
     t_pred = time.perf_counter()
-    stats = workers.run(jobs, predictor)
+    stats = workers.run(jobs, predictor, cancel=ctx.cancel)
     seconds_predict = time.perf_counter() - t_pred
 
     summary = _write_outputs(cfg, ctx, ds, data_dir, store, index, ckpt, choice)

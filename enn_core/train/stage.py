@@ -141,7 +141,8 @@ def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> dict[
 
     An explicit `checkpoint.resume_from` must carry the same fingerprint (the difference is
     named otherwise) unless `checkpoint.warm_start` asks for its weights only."""
-    root = ctx.layout.checkpoints / fp.digest
+    base = ctx.layout.resolve(cfg.checkpoint.dir) if cfg.checkpoint.dir else ctx.layout.checkpoints
+    root = base / fp.digest
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "fingerprint.json").exists():
         write_json(root / "fingerprint.json", {"digest": fp.digest, **fp.parts})
@@ -157,7 +158,7 @@ def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> dict[
         if not (path / COMMITTED).is_file():
             raise ConfigError(
                 f"checkpoint.resume_from={source}: {path} is not a committed checkpoint (no {COMMITTED} "
-                f"marker); pick a step-* directory under {ctx.layout.checkpoints}"
+                f"marker); pick a step-* directory under {base}"
             )
         theirs = _read_fp(path.parent)
         if theirs.get("digest") != fp.digest and not cfg.checkpoint.warm_start:
@@ -169,7 +170,7 @@ def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> dict[
             )
         spec.update(resume_from=str(path), weights_only=theirs.get("digest") != fp.digest)
     elif cfg.checkpoint.resume and not committed(root):
-        explain_no_resume(ctx, fp)
+        explain_no_resume(ctx, base, fp)
     return spec
 
 
@@ -180,7 +181,7 @@ def _read_fp(root: Path) -> dict:
         return {}
 
 
-def explain_no_resume(ctx: StageContext, fp: Fingerprint) -> None:
+def explain_no_resume(ctx: StageContext, base: Path, fp: Fingerprint) -> None:
     """Log why the newest interrupted run is not resumed: its fingerprint differs."""
     others = [d for d in ctx.layout.checkpoints.glob("*") if d.is_dir() and d.name != fp.digest
               and committed(d) and not (d / COMPLETE).exists()]  # fmt: skip

@@ -30,11 +30,12 @@ from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
 from enn_core.config.loader import build
 from enn_core.data.dataset import StagedDataset
+from enn_core.errors import ConfigError
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss
 from enn_core.runtime.batch_probe import agree_choice, choose_micro_batch, sample_from_staged
-from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, shutdown
+from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, ranks_not_sharing, shutdown
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
 from enn_core.runtime.launch import write_error
@@ -185,6 +186,11 @@ def _checkpointer(job: dict, cfg: RunConfig, env: DistEnv, events: EventLog, fau
     spec = job.get("checkpoint")
     if not spec:
         return None, None
+    if cfg.runtime.nnodes > 1 and (blind := ranks_not_sharing(spec["dir"], env)):
+        raise ConfigError(
+            f"ranks {blind} do not see the checkpoint directory {spec['dir']} that rank 0 writes "
+            "(a node-local disk); set checkpoint.dir to a directory on storage every node shares"
+        )
     ckpt = Checkpointer(
         Path(spec["dir"]), cfg.checkpoint, rank=env.rank, distributed=env.distributed,
         attempt=env.restart, on_event=events.event,
