@@ -177,7 +177,7 @@ def launch(
                     watchdog.restarting()
     except BaseException:  # Ctrl-C or the thread's cancellation: no worker may outlive us
         job.stop("interrupted")
-        job.thread.join(10.0)
+        job.thread.join(30.0)  # let the agent thread end before interpreter exit
         raise
     return job.result(watchdog)
 
