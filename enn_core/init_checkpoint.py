@@ -34,11 +34,12 @@ from enn_core.checkpoint import (
     save_consolidated,
     state_dict_differences,
 )
+from enn_core.data.manifest import FORMAT_VERSION as DATA_FORMAT_VERSION
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model import build_model
 from enn_core.stage import StageContext
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = DATA_FORMAT_VERSION  # the staged manifest format this code reads
 
 
 def read_manifest(staged: Path) -> dict:
