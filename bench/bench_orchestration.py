@@ -41,26 +41,53 @@ STAGES = (
 )
 
 
+# Where the overhead goes: (module, attribute, component, index of the stage argument).
+# Wrapped for timing only: the real functions run.
+TIMED = (
+    ("tasks.dvc_state", "stage_status", "dvc status+commit", 1),
+    ("tasks.dvc_state", "commit", "dvc status+commit", 1),
+    ("tasks.prefect_task", "execute_stage", "runner", 0),
+    ("tasks.tracking.runs:Tracker", "after_stage", "mlflow artifacts+plots", 1),
+    ("tasks.prefect_task", "publish", "prefect artifacts", 0),
+    ("tasks.prefect_task", "publish_diagnostics", "prefect artifacts", 0),
+)
+
+
+def _instrument(timings: dict) -> None:
+    import importlib
+
+    def wrap(owner, attr: str, component: str, at: int | str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                per = timings.setdefault(at if isinstance(at, str) else str(args[at]), {})
+                per[component] = per.get(component, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, attr, timed)
+
+    for module, attr, component, at in TIMED:
+        name, _, cls = module.partition(":")
+        owner = importlib.import_module(name)
+        wrap(getattr(owner, cls) if cls else owner, attr, component, at)
+    from tasks.tracking import models
+
+    wrap(models, "register_export", "model logging", "export")
+
+
 def child(runs: int) -> None:
     """Run in the temp project (cwd, PYTHONPATH): `runs` training flows, one JSON line each."""
     import asyncio
 
     from flows.training import training  # contains the environment first (tasks/env.py)
-    from tasks.tracking import models
 
-    logged: list[float] = []
-    register = models.register_export
-
-    def timed_register(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return register(*args, **kwargs)
-        finally:
-            logged.append(time.perf_counter() - t0)
-
-    models.register_export = timed_register  # timing only: the real registration runs
+    timings: dict[str, dict[str, float]] = {}
+    _instrument(timings)
     for i in range(runs):
-        logged.clear()
+        timings.clear()
         t0 = time.perf_counter()
         state = training(
             config=str(Path.cwd() / "params.yaml"),
@@ -70,6 +97,8 @@ def child(runs: int) -> None:
         flow_s = time.perf_counter() - t0
         results = state.result()
         ends = asyncio.run(_task_ends(state.state_details.flow_run_id))
+        logged = timings.get("export", {}).get("model logging", 0.0)
+        parts = {k: v for k, v in timings.items() if k in STAGES}
         print(
             json.dumps(
                 {
@@ -77,7 +106,8 @@ def child(runs: int) -> None:
                     "flow_s": flow_s,
                     "results": results,
                     "ends": ends,
-                    "model_logging_s": sum(logged),
+                    "model_logging_s": logged,
+                    "parts": parts,
                 }
             ),
             flush=True,
@@ -105,15 +135,27 @@ async def _task_ends(flow_run_id) -> dict:
     return {"flow_start": run.start_time.timestamp(), **ends}
 
 
-def overheads(record: dict) -> dict[str, float]:
-    """Per stage: wall time in the flow minus the enn_core call (minus model logging for export)."""
+def overheads(record: dict) -> dict[str, dict[str, float]]:
+    """Per stage: the overhead (wall time in the flow minus the enn_core call, minus model
+    logging for export) and where it went."""
     out, prev = {}, record["ends"]["flow_start"]
     for stage in STAGES:
         end = record["ends"][stage]
-        wall = end - prev
-        prev = end
-        extra = record["model_logging_s"] if stage == "export" else 0.0
-        out[stage] = wall - record["results"][stage]["work_seconds"] - extra
+        wall, prev = end - prev, end
+        parts = record["parts"].get(stage, {})
+        logged = parts.get("model logging", 0.0)
+        work = record["results"][stage]["work_seconds"]
+        total = wall - work - logged
+        runner = parts.get("runner", 0.0) - work - logged
+        dvc, artifacts = parts.get("dvc status+commit", 0.0), parts.get("prefect artifacts", 0.0)
+        out[stage] = {
+            "overhead": total,
+            "dvc": dvc,
+            "runner": runner,
+            "after_stage": parts.get("mlflow artifacts+plots", 0.0) - logged,
+            "prefect artifacts": artifacts,
+            "prefect task+flow": total - dvc - runner - artifacts,
+        }
     return out
 
 
@@ -148,13 +190,22 @@ def main() -> None:
         f"orchestration overhead per stage, seconds (median of {len(records)} training flows; "
         "the aim: < 2 s after the first stage)"
     )
-    print(f"{'stage':20s} {'median':>8s} {'min':>8s} {'max':>8s} {'enn_core (median)':>18s}")
+    parts = ("dvc", "runner", "after_stage", "prefect artifacts", "prefect task+flow")
+    print(
+        f"{'stage':20s} {'median':>7s} {'min':>7s} {'max':>7s} {'enn_core':>8s}   where (medians): "
+        + ", ".join(parts)
+    )
     for stage in STAGES:
-        vals = [o[stage] for o in per_run]
+        vals = [o[stage]["overhead"] for o in per_run]
         work = statistics.median(r["results"][stage]["work_seconds"] for r in records)
+        where = "  ".join(f"{statistics.median(o[stage][k] for o in per_run):6.2f}" for k in parts)
         print(
-            f"{stage:20s} {statistics.median(vals):8.2f} {min(vals):8.2f} {max(vals):8.2f} {work:18.2f}"
+            f"{stage:20s} {statistics.median(vals):7.2f} {min(vals):7.2f} {max(vals):7.2f} {work:8.2f}   {where}"
         )
+    print(
+        "runner: the stage runner's time beyond the enn_core call (run directory, MLflow child run, "
+        "params, events, diagnostics, artifacts); after_stage: its MLflow artifacts and PNG plots part"
+    )
     print(
         f"export model logging (excluded above): median "
         f"{statistics.median(r['model_logging_s'] for r in records):.2f} s"
