@@ -37,10 +37,12 @@ def prediction(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None,
     if model and model.startswith(("models:/", "runs:/")):
         # A registry reference cannot be hashed by DVC: download that version next to the
         # pipeline (prediction/model/) and predict from the local copy, which DVC tracks.
+        from enn_core.config import load_config
         from tasks.tracking.models import materialize
 
         root = Path(config).resolve().parent
-        local = materialize(model, root / "model")
+        uri = load_config(Path(config), overrides).tracking.uri  # an MLflow server, when set
+        local = materialize(model, root / "model", uri or None)
         get_run_logger().info("model %s -> %s", model, local)
         overrides.append(f"predict.model={local.relative_to(root)}")
     elif model:

@@ -181,7 +181,7 @@ def resolve_inputs(stage: str, cfg: RunConfig, run_dir: Path) -> RunConfig:
         return cfg
     from tasks.tracking.models import resolve_model_uri
 
-    local = resolve_model_uri(ref, run_dir / "model")
+    local = resolve_model_uri(ref, run_dir / "model", cfg.tracking.uri or None)
     log.info("predict: %s resolved to %s", ref, local)
     return dataclasses.replace(cfg, predict=dataclasses.replace(cfg.predict, model=str(local / "model.pt")))
 
@@ -194,7 +194,7 @@ def _resolve_warm_start(cfg: RunConfig, run_dir: Path) -> RunConfig:
         return cfg
     from tasks.tracking.models import materialize
 
-    local = materialize(ref, run_dir / "init_source").parent
+    local = materialize(ref, run_dir / "init_source", cfg.tracking.uri or None).parent
     log.info("prepare-checkpoint: warm start %s resolved to %s", ref, local)
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, init_from=str(local)))
 

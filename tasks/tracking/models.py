@@ -131,7 +131,7 @@ def register_export(client: MlflowClient, run_id: str, layout: Layout, registere
             "champion": promote, "champion_reason": why, "val_mae": val_mae}
 
 
-def materialize(uri: str, dest: Path) -> Path:
+def materialize(uri: str, dest: Path, tracking_uri: str | None = None) -> Path:
     """Download `models:/name@alias` into `dest` (replaced atomically): a local folder that DVC
     can hash, so a new champion re-runs predict. Returns `dest / "model.pt"`."""
     import tempfile
@@ -139,18 +139,22 @@ def materialize(uri: str, dest: Path) -> Path:
     from enn_core.atomic import atomic_dir
 
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(dest) as out:
-        local = resolve_model_uri(uri, Path(tmp))
+        local = resolve_model_uri(uri, Path(tmp), tracking_uri)
         for f in local.iterdir():
             shutil.copy2(f, out / f.name)
         (out / "SOURCE").write_text(f"{uri}\n")
     return dest / "model.pt"
 
 
-def resolve_model_uri(uri: str, dest: Path) -> Path:
+def resolve_model_uri(uri: str, dest: Path, tracking_uri: str | None = None) -> Path:
     """`models:/name@alias` (or `runs:/...`) -> a local folder holding model.pt, calibration,
-    sidecar (the `enn/` folder of the logged model)."""
+    sidecar (the `enn/` folder of the logged model), from `tracking_uri` (`tracking.uri`; None:
+    MLflow's current one, the project's store)."""
+    import mlflow
     import mlflow.artifacts
 
+    if tracking_uri:  # global, as the Tracker sets it: MLflow resolves models:/ by the current registry
+        mlflow.set_tracking_uri(tracking_uri)
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri.rstrip("/") + f"/{ENN_DIR}", dst_path=str(dest)))
     if not (local / "model.pt").exists():
         raise FileNotFoundError(f"{uri}: no {ENN_DIR}/model.pt in the registered model; re-run export to register it")

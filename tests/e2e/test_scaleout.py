@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enn_core.paths import STAGES
 from tests.conftest import Project, make_project
-from tests.e2e.test_daily_use import TWO, http
+from tests.e2e.test_daily_use import http
 
 pytestmark = [pytest.mark.e2e]
 TRAIN = ("stage-data", "prepare-checkpoint", "distributed-train")
@@ -114,63 +115,76 @@ def test_experiments_temp_and_workspace_then_push_and_pull_a_local_remote(
     assert "Data and pipelines are up to date" in project.run("dvc", "status").stdout
 
 
-@pytest.mark.timeout(400)
-def test_pipeline_logs_to_an_mlflow_server_with_a_database_backend(tmp_path, prefect_home_shared):
-    from mlflow.tracking import MlflowClient
-
-    from flows.servers import mlflow_server  # first: contains the environment before mlflow loads
-
-    project = make_project(tmp_path / "proj", prefect_home_shared, stages=TWO)
-    store = tmp_path / "mlflow-server"
-    store.mkdir()
-    db = f"sqlite:///{store / 'mlflow.db'}"
-    with mlflow_server(db, store / "artifacts", "127.0.0.1", 0, store / "server.log") as url:
-        project.set_params([f"tracking.uri={url}"])  # a config value, not an environment variable
-        project.run("enn", "stage-data", timeout=300)
-        exps = http(f"{url}/api/2.0/mlflow/experiments/search", {"max_results": 10})["experiments"]
-        exp = next(e for e in exps if e["name"] == "enn")
-        found = http(
-            f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]]}
-        )["runs"]
-        stage = next(r for r in found if r["info"]["run_name"] == "stage-data")
-        assert stage["info"]["status"] == "FINISHED"
-        client = MlflowClient(tracking_uri=url)
-        assert "manifest.json" in {a.path for a in client.list_artifacts(stage["info"]["run_id"])}
-    # the server kept the runs in its database and the artifacts in its store, none locally
-    assert (store / "mlflow.db").stat().st_size > 0
-    assert list((store / "artifacts").rglob("manifest.json"))
-    assert not (project.root / "work" / "mlflow" / "mlflow.db").exists()
-
-
-@pytest.mark.timeout(500)
-def test_a_prefect_process_worker_runs_the_training_flow_from_a_work_pool(
+@pytest.mark.timeout(900)
+def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
     tmp_path, prefect_home_shared, monkeypatch
 ):
-    from flows.servers import prefect_server
+    """A process work pool's worker runs the seven stages; runs, artifacts and the registered
+    model go to an MLflow server on SQLite; the prediction flow takes the champion from it."""
+    from flows.params_file import apply_overrides
+    from flows.servers import mlflow_server, prefect_server
 
-    project = make_project(tmp_path / "proj", prefect_home_shared, stages=TWO)
+    project = make_project(tmp_path / "proj", prefect_home_shared)
+    root = project.root
+    store = tmp_path / "mlflow-server"
+    store.mkdir()
     monkeypatch.setenv(
         "PREFECT_HOME", str(tmp_path / "prefect-server")
     )  # the server's own database
-    with prefect_server("127.0.0.1", 0, tmp_path / "prefect-server.log") as api:
+    with (
+        mlflow_server(
+            f"sqlite:///{store / 'mlflow.db'}",
+            store / "artifacts",
+            "127.0.0.1",
+            0,
+            store / "server.log",
+        ) as url,
+        prefect_server("127.0.0.1", 0, tmp_path / "prefect-server.log") as api,
+    ):
+        # the tracking server is a config value of each pipeline, not an environment variable
+        project.set_params([f"tracking.uri={url}"])
+        apply_overrides(root / "prediction" / "params.yaml", [f"tracking.uri={url}"])
         project.env["PREFECT_API_URL"] = api
         project.run("prefect", "work-pool", "create", "enn-pool", "--type", "process")
-        project.python(DEPLOY_ON_POOL.replace("$PWD", str(project.root)), timeout=300)
-        out = project.run(
-            "prefect", "deployment", "run", "training/pooled", "--param", "until=stage-data"
-        ).stdout
+        project.python(DEPLOY_ON_POOL.replace("$PWD", str(root)), timeout=300)
+        out = project.run("prefect", "deployment", "run", "training/pooled").stdout
         run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
-        project.run("prefect", "worker", "start", "--pool", "enn-pool", "--run-once", timeout=400)
+        project.run("prefect", "worker", "start", "--pool", "enn-pool", "--run-once", timeout=600)
         run = http(f"{api}/flow_runs/{run_id}")
         assert run["state"]["type"] == "COMPLETED", run["state"]
-        pool = http(f"{api}/deployments/{run['deployment_id']}")["work_pool_name"]
-        assert pool == "enn-pool"
-    assert (project.root / "outputs" / "stage-data" / "manifest.json").exists()
-    from mlflow.tracking import MlflowClient
+        assert http(f"{api}/deployments/{run['deployment_id']}")["work_pool_name"] == "enn-pool"
 
-    client = MlflowClient(
-        tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
-    )
-    exp = client.get_experiment_by_name("enn")
-    parents = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{run_id}'")
-    assert parents and parents[0].info.status == "FINISHED"
+        # the server holds the flow run's MLflow runs (REST) and the registered champion
+        exps = http(f"{url}/api/2.0/mlflow/experiments/search", {"max_results": 10})["experiments"]
+        exp = next(e for e in exps if e["name"] == "enn")
+        found = http(
+            f"{url}/api/2.0/mlflow/runs/search",
+            {
+                "experiment_ids": [exp["experiment_id"]],
+                "filter": f"tags.`prefect.flow_run_id` = '{run_id}'",
+            },
+        )["runs"]
+        assert {r["info"]["run_name"] for r in found} == {"training", *STAGES}
+        assert {r["info"]["status"] for r in found} == {"FINISHED"}
+        from mlflow.tracking import MlflowClient  # after flows: tasks/env.py contains it first
+
+        client = MlflowClient(tracking_uri=url, registry_uri=url)
+        champion = client.get_model_version_by_alias("enn-model", "champion")
+        assert champion.tags["prefect.flow_run_id"] == run_id
+
+        project.run(
+            "enn",
+            "run",
+            "--flow",
+            "prediction",
+            "--model",
+            "models:/enn-model@champion",
+            timeout=600,
+        )
+        assert (
+            root / "prediction" / "model" / "SOURCE"
+        ).read_text().strip() == "models:/enn-model@champion"
+        assert (root / "prediction" / "outputs" / "predict" / "predictions.npy").exists()
+    # the server kept the runs in its database and the artifacts in its store, none locally
+    assert list((store / "artifacts").rglob("model.onnx"))
+    assert not (root / "work" / "mlflow" / "mlflow.db").exists()
