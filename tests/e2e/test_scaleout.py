@@ -4,10 +4,10 @@
   (paths resolve from that copy; the MLflow runs land in the parent's work/), `dvc exp show`,
   `dvc exp apply`, a workspace `dvc exp run -S train.epochs=...` that re-runs training only;
 - a DVC remote (a local directory): `dvc push`, then `dvc pull` into an emptied cache;
-- an MLflow server with a database backend (SQLite) and a proxied artifact store, the pipeline
-  pointed at it by `tracking.uri` in params.yaml;
-- a Prefect process work pool: `prefect work-pool create --type process`, a deployment of the
-  training flow on it, `prefect worker start` running the triggered flow run.
+- a Prefect process work pool (`prefect work-pool create --type process`, a deployment of the
+  training flow on it, `prefect worker start` running the triggered flow run) with an MLflow
+  server on a database backend (SQLite) and a proxied artifact store, both pipelines pointed at
+  it by `tracking.uri`: runs, the registered champion, and the prediction flow's `models:/`.
 """
 
 from __future__ import annotations
