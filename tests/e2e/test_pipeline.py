@@ -210,7 +210,10 @@ def test_every_process_was_offline_and_watched(ran):
     unwatched = []
     for pid, (name, cmd) in ran.tree.items():
         is_python = "python" in name or bool(cmd and "python" in Path(cmd[0]).name) or name in ("enn", "dvc", "prefect")
-        if is_python and pid not in watched:
+        # multiprocessing's resource tracker (stdlib: it only reads a pipe of semaphore names,
+        # never a socket) can be SIGKILLed with the worker group before its interpreter has
+        # imported site, so it may leave no proof; it is the one helper excused
+        if is_python and pid not in watched and "multiprocessing.resource_tracker" not in " ".join(cmd):
             unwatched.append(f"{pid} {' '.join(cmd)[:150]}")
         elif not is_python and name not in NON_PYTHON_OK:
             unwatched.append(f"{pid} (not python: {name}) {' '.join(cmd)[:150]}")
