@@ -29,16 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from enn_core.paths import STAGES
+
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = (
-    "stage-data",
-    "prepare-checkpoint",
-    "distributed-train",
-    "validate",
-    "predict",
-    "collapse-check",
-    "export",
-)
 
 
 # Where the overhead goes: (module, attribute, component, index of the stage argument).

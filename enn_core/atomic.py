@@ -55,7 +55,7 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent))
     try:
         yield tmp
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if target.exists():
             old = target.parent / f"{OLD_PREFIX}{target.name}-{os.getpid()}-x"
             os.replace(target, old)
@@ -63,7 +63,7 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -92,7 +92,7 @@ def write_json(target: str | Path, obj: Any) -> None:
         f.write("\n")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from enn_core.atomic import fsync_dir
 from enn_core.config import CheckpointConfig
 from enn_core.errors import StaleOutputError
 
@@ -70,14 +71,6 @@ def read_trainer(path: Path) -> dict[str, Any]:
         raise StaleOutputError(
             f"{path / TRAINER}: unreadable checkpoint state ({e}); delete {path} to fall back to the previous checkpoint"
         ) from e
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Checkpointer:
@@ -190,7 +183,7 @@ class Checkpointer:
             )
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         self.prune()
         self.on_event("checkpoint_saved", position=position, seconds=time.perf_counter() - t0,
                       path=str(final), epoch_end=bool(trainer.get("epoch_end")))  # fmt: skip
