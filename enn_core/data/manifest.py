@@ -5,9 +5,10 @@ Version policy: readers accept exactly FORMAT_VERSION. An older manifest is refu
 a newer one is refused with "upgrade enn". Shapes, dtypes and split sizes are checked
 against the files themselves by `enn_core.data.dataset.StagedDataset`.
 
-Hashes name their algorithm ("blake2b-256:<hex>", enn_core.data.hashing) under the key
-"hash". Version-1 manifests written before that carry a bare sha256 hex under "sha256";
-they are still read and still verify (the content hash of such a manifest is unchanged).
+Hashes name their algorithm ("blake3:<hex>", enn_core.data.hashing) under the key "hash".
+Manifests by earlier versions carry "blake2b-256-tree1m:<hex>" or "blake2b-256:<hex>", or a
+bare sha256 hex under "sha256"; they are still read and still verify (the content hash of
+such a manifest is unchanged).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ FORMAT_VERSION = 1
 FORMAT_POLICY = (
     "readers accept only this format_version; an older staged dataset is refused with "
     "'re-run stage-data' (no migration), a newer one with 'upgrade enn'; hashes name their "
-    "algorithm ('blake2b-256:<hex>'), a bare hex hash (written before the name) is sha256"
+    "algorithm ('blake3:<hex>'; older 'blake2b-256-tree1m:' and 'blake2b-256:' still verify), "
+    "a bare hex hash (written before the name) is sha256"
 )
 MANIFEST = "manifest.json"
 

@@ -3,6 +3,7 @@ next time; read-only and full output directories fail cleanly; readers refuse st
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -128,32 +129,51 @@ def test_verify_detects_changed_content(tmp_path):
         StagedDataset(out).verify()
 
 
-def test_manifests_with_bare_sha256_hashes_still_verify(tmp_path):
-    """Version-1 manifests written before hashes named their algorithm (bare sha256 hex under
-    "sha256") are read and verified as before; an unknown hash spelling is refused clearly."""
-    import hashlib
+def _b2tree(data: bytes, leaf: int = 1 << 20) -> str:
+    """The tree BLAKE2b that manifests before BLAKE3 carried, computed without enn_core."""
+    params = {"digest_size": 32, "fanout": 0, "depth": 2, "leaf_size": leaf, "inner_size": 32}
+    leaves = [
+        hashlib.blake2b(data[s : s + leaf], node_offset=i, node_depth=0, **params).digest()
+        for i, s in enumerate(range(0, len(data), leaf))
+    ]
+    root = hashlib.blake2b(b"".join(leaves), node_offset=0, node_depth=1, last_node=True, **params)
+    return "blake2b-256-tree1m:" + root.hexdigest()
 
+
+@pytest.mark.parametrize(
+    "key, spell",
+    [
+        ("hash", _b2tree),  # BLAKE2b tree, the staging hash before BLAKE3
+        ("sha256", lambda data: hashlib.sha256(data).hexdigest()),  # before hashes were named
+    ],
+    ids=["blake2b-tree", "bare-sha256"],
+)
+def test_manifests_with_earlier_hashes_still_verify(tmp_path, key, spell):
+    """Version-1 manifests written by earlier versions (tree BLAKE2b; bare sha256 hex under
+    "sha256") are read and verified as before; an unknown hash spelling is refused clearly."""
     from enn_core.data.manifest import content_hash
 
-    _, out = run_stage(tmp_path, synthetic=SMALL)
+    # labels of 3 MiB: several 1 MiB leaves, so the tree hash is checked across their boundaries
+    x, y = write_npy_pair(tmp_path, n=200_000, f=3, label_shape=(4,))
+    _, out = run_stage(tmp_path, source="npy", path=str(x), labels_path=str(y), chunk_rows=30_000)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert all(f["hash"].startswith("blake2b-256-tree1m:") for f in manifest["files"].values())
+    assert all(f["hash"].startswith("blake3:") for f in manifest["files"].values())
     legacy = {}
     for name, spec in manifest["files"].items():
         data = np.ascontiguousarray(np.load(out / name)).tobytes()
-        legacy[name] = {"dtype": spec["dtype"], "shape": spec["shape"],
-                        "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+        legacy[name] = {"dtype": spec["dtype"], "shape": spec["shape"], key: spell(data)}
+    assert os.path.getsize(out / "labels.npy") > 3 << 20
     old = {**manifest, "files": legacy, "content_hash": content_hash(legacy)}
     (out / "manifest.json").write_text(json.dumps(old))
     ds = StagedDataset(out)
     ds.verify()
     assert ds.fingerprint == old["content_hash"] != manifest["content_hash"]
     labels = np.load(out / "labels.npy")
-    labels.flat[0] += 1
+    labels.flat[-1] += 1
     np.save(out / "labels.npy", labels)
     with pytest.raises(StaleOutputError, match="do not match their content hash"):
         StagedDataset(out).verify()
-    legacy["labels.npy"]["sha256"] = "md5:0123"
+    legacy["labels.npy"][key] = "md5:0123"
     (out / "manifest.json").write_text(json.dumps({**old, "files": legacy}))
     with pytest.raises(
         StaleOutputError, match=r"labels.npy: unknown hash 'md5:0123'.*re-run stage-data"

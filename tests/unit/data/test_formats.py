@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 
+import blake3
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -145,20 +145,9 @@ def test_nonfinite_drop_policy(tmp_path):
     assert list(ds.row_keys["source_row"]) == keep
 
 
-def _b2(data: bytes) -> str:
-    """Plain BLAKE2b-256, spelled as the manifest names it (computed without enn_core)."""
-    return "blake2b-256:" + hashlib.blake2b(data, digest_size=32).hexdigest()
-
-
-def _b2tree(data: bytes, leaf: int = 1 << 20) -> str:
-    """The staged arrays' tree hash as the manifest documents it, computed without enn_core."""
-    params = {"digest_size": 32, "fanout": 0, "depth": 2, "leaf_size": leaf, "inner_size": 32}
-    leaves = [
-        hashlib.blake2b(data[s : s + leaf], node_offset=i, node_depth=0, **params).digest()
-        for i, s in enumerate(range(0, len(data), leaf))
-    ]
-    root = hashlib.blake2b(b"".join(leaves), node_offset=0, node_depth=1, last_node=True, **params)
-    return "blake2b-256-tree1m:" + root.hexdigest()
+def _b3(data: bytes) -> str:
+    """BLAKE3-256, spelled as the manifest names it (computed with the blake3 package alone)."""
+    return "blake3:" + blake3.blake3(data).hexdigest()
 
 
 def test_source_hash_of_arrays_hashed_while_staging(tmp_path):
@@ -174,32 +163,32 @@ def test_source_hash_of_arrays_hashed_while_staging(tmp_path):
         chunk_rows=16,
     )
     ds = StagedDataset(out)
-    data = {"features": _b2tree(x.tobytes()), "labels": _b2tree(y.tobytes())}
-    assert ds.manifest["source"]["hash"] == _b2(json.dumps(data, sort_keys=True).encode())
+    data = {"features": _b3(x.tobytes()), "labels": _b3(y.tobytes())}
+    assert ds.manifest["source"]["hash"] == _b3(json.dumps(data, sort_keys=True).encode())
     # y passed through unchanged: one hash served both the staged file and the source
     assert ds.manifest["files"]["labels.npy"]["hash"] == data["labels"]
-    assert ds.manifest["files"]["features.npy"]["hash"] == _b2tree(x.astype(np.float32).tobytes())
+    assert ds.manifest["files"]["features.npy"]["hash"] == _b3(x.astype(np.float32).tobytes())
     assert "re-run stage-data" in ds.manifest["format_policy"]
     ds.verify()
 
 
 @pytest.mark.timeout(60)
-def test_tree_hash_spans_leaves_and_ignores_chunking(tmp_path):
-    """Arrays over several 1 MiB leaves: the hash is the documented tree whatever chunk_rows
-    cuts across the leaves, and the source hash forks correctly mid-leaf (float64 input)."""
+def test_array_hash_ignores_chunking_and_forks_mid_stream(tmp_path):
+    """Multi-MB arrays: the hash is BLAKE3 of the data bytes whatever chunk_rows cuts them
+    into, and the source hash forks from the staged one correctly (float64 input)."""
     x = np.random.default_rng(1).normal(size=(110_000, 7))  # 6.2 MB float64, 3.1 MB float32
     y = np.random.default_rng(2).normal(size=(110_000, 3)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
-    want = {"features": _b2tree(x.tobytes()), "labels": _b2tree(y.tobytes())}
+    want = {"features": _b3(x.tobytes()), "labels": _b3(y.tobytes())}
     for chunk_rows in (9_999, 65_536):
         _, out = run_stage(tmp_path, source="npy", path=str(tmp_path / "x.npy"),
                            labels_path=str(tmp_path / "y.npy"), chunk_rows=chunk_rows)  # fmt: skip
         ds = StagedDataset(out)
         files = ds.manifest["files"]
-        assert files["features.npy"]["hash"] == _b2tree(x.astype(np.float32).tobytes())
+        assert files["features.npy"]["hash"] == _b3(x.astype(np.float32).tobytes())
         assert files["labels.npy"]["hash"] == want["labels"]
-        assert ds.manifest["source"]["hash"] == _b2(json.dumps(want, sort_keys=True).encode())
+        assert ds.manifest["source"]["hash"] == _b3(json.dumps(want, sort_keys=True).encode())
         ds.verify()
 
 
