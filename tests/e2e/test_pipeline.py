@@ -82,7 +82,8 @@ def ran(tmp_path_factory) -> Ran:
         result.outputs["predict_flow"] = project.run(
             "enn", "run", "--flow", "prediction", "--model", "models:/enn-model@champion", timeout=900).stdout
         result.outputs["predict_repro"] = project.run("dvc", "repro", cwd=project.root / "prediction", timeout=600).stdout
-        from flows.params_file import apply_overrides  # a predict param: dvc re-runs predict and collapse-check
+        # a predict param: dvc re-runs predict and collapse-check
+        from flows.params_file import apply_overrides
 
         apply_overrides(project.root / "prediction" / "params.yaml", ["predict.chunk_rows=7"])
         result.outputs["predict_repro2"] = project.run("dvc", "repro", cwd=project.root / "prediction", timeout=600).stdout
