@@ -47,6 +47,19 @@ def find_root(start: str | Path | None = None) -> Path:
     return here
 
 
+def project_root(config: str | Path) -> Path:
+    """The project a config file runs in: the nearest directory at or above the file that
+    holds a dvc.yaml (a pipeline: the repository root for params.yaml, prediction/ for
+    prediction/params.yaml), so an overlay such as configs/expressway.yaml runs in the
+    project, with its outputs, work directory and relative data paths, not in configs/.
+    A config file with no pipeline above it is its own project (its directory)."""
+    start = Path(config).resolve().parent
+    for d in (start, *start.parents):
+        if (d / "dvc.yaml").is_file():
+            return d
+    return start
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from enn_core.errors import EnnError
-from enn_core.paths import STAGES, Layout, find_root
+from enn_core.paths import STAGES, Layout, find_root, project_root
 
 COMMON_EPILOG = (
     "Config: defaults -> params.yaml -> --set overrides (docs/config.md lists every key). "
@@ -118,10 +118,10 @@ def _config_path(args: argparse.Namespace) -> Path:
     return find_root() / "params.yaml"
 
 
-def ui_command(cfg, config: Path, port: int | None) -> int:
+def ui_command(cfg, root: Path, port: int | None) -> int:
     from flows.servers import mlflow_server
 
-    layout = Layout.for_root(config.parent, cfg.runtime.work_dir)
+    layout = Layout.for_root(root, cfg.runtime.work_dir)
     uri = cfg.tracking.uri or layout.mlflow_uri
     with mlflow_server(uri, layout.mlflow_artifacts, cfg.deploy.host, cfg.deploy.mlflow_port if port is None else port,
                        layout.work / "logs" / "mlflow-server.log") as url:
@@ -132,7 +132,8 @@ def ui_command(cfg, config: Path, port: int | None) -> int:
             time.sleep(3600)
 
 
-def run_stage_command(stage: str, config: Path, overrides: list[str], pipeline: str = "training") -> int:
+def run_stage_command(stage: str, config: Path, root: Path, overrides: list[str],
+                      pipeline: str = "training") -> int:
     from enn_core.config import load_config
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
@@ -140,20 +141,20 @@ def run_stage_command(stage: str, config: Path, overrides: list[str], pipeline: 
     cfg = load_config(config, overrides)
     group = dvc_group()
     name = f"dvc repro ({stage})" if group else f"enn {stage}"
-    with pipeline_session(cfg, config.parent, name, group=group, pipeline=pipeline) as session:
+    with pipeline_session(cfg, root, name, group=group, pipeline=pipeline) as session:
         result = execute_stage(stage, cfg, session)
-    print(f"{stage}: done in {result.seconds:.1f} s -> {Layout.for_root(config.parent, cfg.runtime.work_dir).output(stage)}")
+    print(f"{stage}: done in {result.seconds:.1f} s -> {Layout.for_root(root, cfg.runtime.work_dir).output(stage)}")
     return 0
 
 
-def run_flow_command(flow: str, config: Path, overrides: list[str], until: str | None,
+def run_flow_command(flow: str, config: Path, root: Path, overrides: list[str], until: str | None,
                      model: str | None = None) -> int:
     from prefect.exceptions import CancelledRun
 
     from enn_core.config import load_config
     from tasks.lock import pipeline_lock
 
-    layout = Layout.for_root(config.parent, load_config(config, overrides).runtime.work_dir)
+    layout = Layout.for_root(root, load_config(config, overrides).runtime.work_dir)
     with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"):  # fail fast, before Prefect starts
         try:
             if flow == "prediction":
@@ -199,26 +200,27 @@ def _main(argv: list[str] | None) -> int:
     for noisy in ("httpx", "httpcore", "alembic", "mlflow.store.db.utils"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     config = _config_path(args)
+    root = project_root(config)  # an overlay under configs/ runs in the project, not in configs/
     try:
         from enn_core.config import load_config
         from tasks.env import contain
 
         cfg = load_config(config, args.overrides)  # validate early: bad config fails before any work
-        contain(Layout.for_root(config.parent, cfg.runtime.work_dir), override=False)
+        contain(Layout.for_root(root, cfg.runtime.work_dir), override=False)
         if args.command == "run":
-            return run_flow_command(args.flow, config, args.overrides, args.until, args.model)
+            return run_flow_command(args.flow, config, root, args.overrides, args.until, args.model)
         if args.command == "deploy":
             from flows.deploy import deploy
 
-            return deploy(cfg, config, config.parent / "prediction" / "params.yaml")
+            return deploy(cfg, config, root / "prediction" / "params.yaml")
         if args.command == "doctor":
             from enn_core.doctor import main as doctor_main
 
-            layout = Layout.for_root(config.parent, cfg.runtime.work_dir)
+            layout = Layout.for_root(root, cfg.runtime.work_dir)
             return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
         if args.command == "ui":
-            return ui_command(cfg, config, args.port)
-        return run_stage_command(args.command, config, args.overrides, getattr(args, "pipeline", "training"))
+            return ui_command(cfg, root, args.port)
+        return run_stage_command(args.command, config, root, args.overrides, getattr(args, "pipeline", "training"))
     except EnnError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from enn_core.config import RunConfig
-from enn_core.paths import Layout
+from enn_core.paths import Layout, project_root
 from flows.servers import prefect_server
 
 
@@ -50,7 +50,7 @@ def serve_all(cfg: RunConfig, config: Path, prediction_config: Path, api_url: st
 
 
 def deploy(cfg: RunConfig, config: Path, prediction_config: Path) -> int:
-    layout = Layout.for_root(config.parent, cfg.runtime.work_dir)
+    layout = Layout.for_root(project_root(config), cfg.runtime.work_dir)
     api = os.environ.get("PREFECT_API_URL")
     if api:
         serve_all(cfg, config, prediction_config, api)

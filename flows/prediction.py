@@ -19,6 +19,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.states import State
 
+from enn_core.paths import project_root
 from flows.training import run_stages, select
 from tasks.collapse_check import collapse_check
 from tasks.predict import predict
@@ -40,7 +41,7 @@ def prediction(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None,
         from enn_core.config import load_config
         from tasks.tracking.models import materialize
 
-        root = Path(config).resolve().parent
+        root = project_root(config)
         uri = load_config(Path(config), overrides).tracking.uri  # an MLflow server, when set
         local = materialize(model, root / "model", uri or None)
         get_run_logger().info("model %s -> %s", model, local)

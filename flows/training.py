@@ -27,9 +27,10 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
 from enn_core.config import load_config
-from enn_core.paths import STAGES
+from enn_core.paths import STAGES, project_root
 from enn_core.stage import cancel_scope
 from flows.params_file import apply_overrides
+from tasks import dvc_state
 from tasks.collapse_check import collapse_check
 from tasks.distributed_train import distributed_train
 from tasks.export import export
@@ -112,11 +113,16 @@ def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict
     for change in apply_overrides(path, list(overrides or [])):
         logger.info("params: %s", change)
     cfg = load_config(path)
+    root = project_root(path)
+    if dvc_state.has_dvc(root) and not dvc_state.owns(root, path):
+        logger.warning("%s is not this pipeline's params.yaml (%s): DVC, whose dvc.yaml reads that "
+                       "file, neither skips nor records these stages; `dvc status` shows them changed "
+                       "until `dvc repro`", path, root / "params.yaml")  # fmt: skip
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
     results: dict[str, dict] = {}
     run_id = str(flow_run.get_id() or "") or None
     try:
-        with (pipeline_session(cfg, path.parent, name, run_id=run_id, tags=tags, pipeline=pipeline) as session,
+        with (pipeline_session(cfg, root, name, run_id=run_id, tags=tags, pipeline=pipeline) as session,
               watch_cancellation(run_id) as cancel, cancel_scope(cancel)):
             for stage, task_ in stages.items():
                 if cancel.is_set():

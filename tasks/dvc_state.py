@@ -27,6 +27,15 @@ def has_dvc(root: Path) -> bool:
     return repo_root(root) is not None and (root / "dvc.yaml").is_file()
 
 
+def owns(root: Path, config: str | Path) -> bool:
+    """Whether DVC decides staleness for a run of `config`: only for the pipeline's own
+    params.yaml, the file its dvc.yaml reads. A run from another config file (an overlay such
+    as configs/expressway.yaml) is not the run DVC describes: asking `dvc status` could skip a
+    stage whose real inputs changed, and `dvc commit` would record params.yaml's values for
+    outputs made from other ones."""
+    return has_dvc(root) and Path(config).resolve() == (root / "params.yaml").resolve()
+
+
 def _target(root: Path, stage: str) -> tuple[Path, str]:
     repo = repo_root(root)
     rel = os.path.relpath(root / "dvc.yaml", repo)

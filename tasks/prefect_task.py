@@ -65,7 +65,7 @@ def publish_diagnostics(stage: str, session: PipelineSession) -> None:
 def run_stage(stage: str, config_path: str, session: PipelineSession) -> dict:
     cfg = load_config(config_path)
     root = session.layout.root
-    use_dvc = dvc_state.has_dvc(root)
+    use_dvc = dvc_state.owns(root, config_path)
     if use_dvc:
         fresh, why = dvc_state.stage_status(root, stage)
         if fresh:

@@ -6,6 +6,7 @@ real `enn run` flows on Prefect's local API, real `dvc repro`, real `enn <stage>
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 from tests.conftest import make_project
 
@@ -58,6 +60,30 @@ def test_dvc_repro_then_flow_skips_every_stage(two_stage):
     assert sorted(r.info.run_name for r in children) == sorted(TWO)
     _, status = flow(two_stage)
     assert status == {"stage-data": "skipped", "prepare-checkpoint": "skipped"}
+
+
+def test_an_overlay_config_runs_in_the_project_and_dvc_stays_out(two_stage):
+    """`enn run --config configs/<file>.yaml` (an overlay like configs/expressway.yaml): the
+    project root stays the repository (outputs/, work/, data paths relative to it), and DVC,
+    whose dvc.yaml reads params.yaml, neither skips the stages nor records the run."""
+    p = two_stage
+    _, first = flow(p)
+    assert first == {"stage-data": "ran", "prepare-checkpoint": "ran"} and dvc_clean(p)
+    lock = (p.root / "dvc.lock").read_text()
+    overlay = yaml.safe_load((p.root / "params.yaml").read_text())
+    overlay["data"]["split_seed"] = 7
+    (p.root / "configs").mkdir(exist_ok=True)
+    (p.root / "configs" / "overlay.yaml").write_text(yaml.safe_dump(overlay))
+    out, status = flow(p, "--config", "configs/overlay.yaml")
+    # DVC calls both stages up to date for params.yaml; this run is of another file: both run
+    assert status == {"stage-data": "ran", "prepare-checkpoint": "ran"}, out.stdout
+    assert "is not this pipeline's params.yaml" in out.stdout + out.stderr
+    assert not any((p.root / "configs" / d).exists() for d in ("outputs", "work"))
+    manifest = json.loads((p.root / "outputs" / "stage-data" / "manifest.json").read_text())
+    assert manifest["split_definition"]["seed"] == 7
+    assert (p.root / "dvc.lock").read_text() == lock, "a run DVC does not describe is not recorded"
+    assert not dvc_clean(p)  # its outputs are not what dvc.lock holds: `dvc repro` restores them
+    assert "Running stage 'stage_data'" in p.run("dvc", "repro").stdout and dvc_clean(p)
 
 
 def test_changes_rerun_exactly_the_dependent_stages(two_stage):
