@@ -1,20 +1,23 @@
 """Benchmark: stage-data on a large float32 .npy vs a plain copy of the same arrays.
 
-    python -m bench.bench_stage_data [--gb 1.0] [--pairs 5] [--dir /tmp/bench-stage-data] [--hashes]
+    python -m bench.bench_stage_data [--gb 1.0] [--pairs 5] [--dir /tmp/bench-stage-data]
+                                     [--hashes] [--no-ceiling]
 
 Baseline: `np.load(mmap_mode="r")` -> `np.save` of the features and the labels, each file
 then fsynced: the same fsync policy as staging, which fsyncs every file of the staged
 directory once (scratch files are not fsynced). Subject: the real stage-data
 (`enn_core.data.staging.stage`) on the same files: checks every value is finite, hashes
 while writing, writes row keys and splits, accumulates train-row statistics, renames into
-place. While staging it samples the process's anonymous memory (RssAnon) every millisecond
-and prints the peak above the level before the call, against the streaming bound of 64 MB
-plus two chunks (`--gb 2` is the issue's 2 GB check). Interleaved pairs; prints the median ratio baseline_time / subject_time (target
->= 0.5), the same ratio of CPU seconds (on a shared, saturated machine wall time follows CPU
-time), the load average, and the machine facts. It also times the staging hash alone
-(enn_core.data.hashing.TreeHash, two threads) over the same bytes: the ceiling for any stage
-that hashes what it stages; `--sha256` adds single-stream sha256 (the algorithm before).
-Disk use: ~3.5x the size.
+place. Interleaved pairs; prints the median ratio baseline_time / subject_time (target
+>= 0.5), the user and system CPU seconds of each side (system CPU, the kernel's page-cache
+work, is paid by both and is what varies between runs), the load average and the machine
+facts; and the peak growth of anonymous memory while staging (RssAnon sampled every
+millisecond, enn_core.runtime.memory.sampled_anon_peak; memmap file pages excluded) against
+the streaming bound of 64 MB plus two chunks (`--gb 2` is the issue's 2 GB check). It also times the staging hash alone
+(enn_core.data.hashing's BLAKE3, one thread, as the writer runs it) over the same bytes: the
+ceiling for any stage that hashes what it stages (`--no-ceiling` skips it). `--hashes`
+prints each candidate algorithm's single-core rate (sha256, BLAKE2b-256, BLAKE3), the
+figures behind the choice. Disk use: ~3.5x the size.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import hashlib
 import os
 import shutil
 import statistics
-import threading
 import time
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from enn_core.config import load_config
 from enn_core.data import hashing
 from enn_core.data.staging import stage
 from enn_core.paths import Layout
+from enn_core.runtime.memory import sampled_anon_peak
 
 N_FEATURES = 64
 
@@ -88,33 +91,13 @@ def _cpu_seconds(fn) -> float:
     return time.process_time() - t
 
 
-def anon_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def anon_peak(fn, peaks: list[float]):
-    """`fn`, recording the peak anonymous memory above the level before each call, in MB."""
+    """`fn`, recording the anonymous memory it grew by at its peak, in MB (RssAnon sampled
+    every millisecond: enn_core.runtime.memory.sampled_anon_peak; memmap pages excluded)."""
 
     def run() -> None:
         gc.collect()
-        base, peak, done = anon_mb(), [0.0], threading.Event()
-
-        def sample() -> None:
-            while not done.wait(0.001):
-                peak[0] = max(peak[0], anon_mb() - base)
-
-        t = threading.Thread(target=sample, daemon=True)
-        t.start()
-        try:
-            fn()
-        finally:
-            done.set()
-            t.join()
-        peaks.append(max(peak[0], anon_mb() - base))
+        peaks.append(sampled_anon_peak(fn).bytes / 2**20)
 
     return run
 

@@ -137,7 +137,10 @@ def host_peak(fn: Callable[[], object]) -> PeakReading:
 
     VmHWM is reset to the current RSS first, so `VmHWM - RSS before` is the growth `fn` caused.
     VmHWM counts file pages as well as anonymous memory (FIELD_NOTES: memmap reads inflate RSS),
-    so growth of RssFile during the call is subtracted: what remains is anonymous memory.
+    so growth of RssFile during the call is subtracted: what remains is anonymous memory,
+    provided the file pages mapped at the peak are still mapped at the end (true of a training
+    step over its memmaps; not of work that maps files and drops them, such as stage-data:
+    measure that with `sampled_anon_peak`).
     """
     _release_free_heap()
     if sys.platform.startswith("linux") and _reset_host_peak():
@@ -147,11 +150,12 @@ def host_peak(fn: Callable[[], object]) -> PeakReading:
         file_growth = max(0, after["RssFile"] - before["RssFile"])
         grown = max(0, after["VmHWM"] - before["VmRSS"] - file_growth)
         return PeakReading(grown * 1024, "peak growth of resident anonymous memory (VmHWM)")
-    return _sampled_anon_peak(fn)
+    return sampled_anon_peak(fn)
 
 
-def _sampled_anon_peak(fn: Callable[[], object]) -> PeakReading:
-    """Fallback where VmHWM cannot be reset: sample RssAnon every millisecond during `fn()`."""
+def sampled_anon_peak(fn: Callable[[], object]) -> PeakReading:
+    """Sample RssAnon every millisecond during `fn()`: anonymous memory only, whatever files
+    `fn` maps and unmaps (host_peak's fallback where VmHWM cannot be reset)."""
     base = _proc_status_kb("RssAnon")["RssAnon"]
     if base < 0:
         rss = psutil.Process().memory_info().rss

@@ -144,13 +144,14 @@ def _b2tree(data: bytes, leaf: int = 1 << 20) -> str:
     "key, spell",
     [
         ("hash", _b2tree),  # BLAKE2b tree, the staging hash before BLAKE3
+        ("hash", lambda data: "blake2b-256:" + hashlib.blake2b(data, digest_size=32).hexdigest()),
         ("sha256", lambda data: hashlib.sha256(data).hexdigest()),  # before hashes were named
     ],
-    ids=["blake2b-tree", "bare-sha256"],
+    ids=["blake2b-tree", "blake2b-plain", "bare-sha256"],
 )
 def test_manifests_with_earlier_hashes_still_verify(tmp_path, key, spell):
-    """Version-1 manifests written by earlier versions (tree BLAKE2b; bare sha256 hex under
-    "sha256") are read and verified as before; an unknown hash spelling is refused clearly."""
+    """Version-1 manifests written by earlier versions (tree BLAKE2b; plain BLAKE2b; bare sha256
+    hex under "sha256") are read and verified as before; an unknown hash spelling is refused clearly."""
     from enn_core.data.manifest import content_hash
 
     # labels of 3 MiB: several 1 MiB leaves, so the tree hash is checked across their boundaries

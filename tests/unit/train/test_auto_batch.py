@@ -27,7 +27,7 @@ from enn_core.runtime.batch_probe import (
     sample_from_staged,
 )
 from enn_core.runtime.dist import local_env
-from enn_core.runtime.memory import MemoryGovernor, _sampled_anon_peak, host_peak
+from enn_core.runtime.memory import MemoryGovernor, host_peak, sampled_anon_peak
 from enn_core.runtime.sampler import make_plan
 from enn_core.train.loop import Runtime, TrainData, train
 from enn_core.train.worker import full_state
@@ -206,7 +206,7 @@ def test_host_peak_counts_anonymous_memory_not_memmap_pages(tmp_path):
     read = host_peak(lambda: float(pages.sum(dtype=np.float64)))  # 64 MiB of file pages touched
     assert read.bytes < 16 * mib
     alloc = host_peak(lambda: torch.ones(16 * mib))  # 64 MiB of anonymous memory
-    sampled = _sampled_anon_peak(lambda: torch.ones(16 * mib))  # the fallback without clear_refs
+    sampled = sampled_anon_peak(lambda: torch.ones(16 * mib))  # the fallback without clear_refs
     for r in (alloc, sampled):
         assert 60 * mib < r.bytes < 80 * mib, r
 
