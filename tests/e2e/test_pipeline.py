@@ -161,6 +161,11 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     assert "precision" in recorded and ("attention" in recorded or "backend" in recorded), sorted(params)
     for stage, name in (("stage-data", "manifest.json"), ("collapse-check", "report.json"), ("export", "sidecar.json")):
         assert name in {a.path for a in client.list_artifacts(children[stage].info.run_id)}, stage
+    # stage-data's child run also shows its params: the data section and what it staged
+    staged = children["stage-data"].data.params
+    manifest = json.loads((ran.project.root / "outputs" / "stage-data" / "manifest.json").read_text())
+    assert staged.get("data.source") == manifest["source"]["kind"], sorted(staged)
+    assert staged.get("data_content_hash") == manifest["content_hash"], sorted(staged)
     version = client.get_model_version_by_alias("enn-model", "champion")
     # dvc repro re-ran export (same model, same MAE): a new candidate, the champion stays
     candidate = client.get_model_version_by_alias("enn-model", "candidate")
