@@ -80,6 +80,7 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     t0 = time.time()
     rows = len(StagedDataset(staged).split("train")) if cfg.runtime.progress else 0
     total = cfg.train.epochs * max(1, -(-rows // cfg.train.batch_size)) if rows else None
+    workers: dict[str, Any] = {}
     try:
         with follow_heartbeat(ctx.run_dir, total, "distributed-train", ctx.progress):
             results = launch(
@@ -91,7 +92,7 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
                 cancel=ctx.cancel, rdzv=Rendezvous.of(cfg.runtime),
             )  # fmt: skip
     finally:
-        record_workers(ctx)
+        workers = record_workers(ctx)
         forward_logs(ctx)
     if 0 not in results:  # another node hosted global rank 0: it writes model.pt
         ctx.logger.info(
@@ -100,7 +101,7 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
         )
         return {"node_ranks": sorted(int(r) for r in results), "outputs": [], "wall_s": time.time() - t0,
                 "ranks": {int(r): v for r, v in sorted(results.items())}}  # fmt: skip
-    summary = dict(results[0])
+    summary = {**results[0], **workers}  # restarts and phases: MLflow, Prefect and dvc metrics
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
     record_checkpoints(ctx, summary.get("checkpoint") or {}, fp)
     if (summary.get("checkpoint") or {}).get("saved_positions"):
@@ -108,6 +109,8 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     with atomic_dir(ctx.output()) as tmp:
         for name in OUTPUTS:
             shutil.copy2(result_dir / name, tmp / name)
+        metrics = json.loads((tmp / "metrics.json").read_text())
+        (tmp / "metrics.json").write_text(json.dumps({**metrics, **workers}, indent=2, sort_keys=True))
     summary.update(
         outputs=[str(ctx.output() / n) for n in OUTPUTS],
         wall_s=time.time() - t0,
@@ -117,15 +120,20 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     return summary
 
 
-def record_workers(ctx: StageContext) -> None:
-    """Each rank's last phase and attempt, and the per-rank logs, into the run record."""
+def record_workers(ctx: StageContext) -> dict[str, Any]:
+    """Each rank's last phase and attempt, and the per-rank logs, into the run record; returns
+    {"restarts": n, "rank_phases": {"<rank>": phase}} for the stage's summary and metrics."""
     beats = read_heartbeats(ctx.run_dir)
-    for r, h in sorted(beats.items()):
-        ctx.events.param(f"workers/rank{r}_phase", h.get("phase"))
-    if beats:
-        ctx.events.param("workers/restarts", max(int(h.get("attempt", 0)) for h in beats.values()))
+    phases = {str(r): h.get("phase") for r, h in sorted(beats.items())}
+    for r, phase in phases.items():
+        ctx.events.param(f"workers/rank{r}_phase", phase)
     for log in sorted(Path(ctx.run_dir, "logs").glob("rank-*.log")):
         ctx.events.artifact(log, "logs")
+    if not beats:
+        return {}
+    restarts = max(int(h.get("attempt", 0)) for h in beats.values())
+    ctx.events.param("workers/restarts", restarts)
+    return {"restarts": restarts, "rank_phases": phases}
 
 
 def forward_logs(ctx: StageContext, tail: int = 20) -> None:

@@ -76,6 +76,10 @@ def test_sigkilled_worker_restarts_from_checkpoint_bit_identical(tiny_project, r
     assert summary["checkpoint"]["attempt"] == 1
     assert summary["checkpoint"]["resumed_from"].endswith("step-00000006")
     assert params(run_dir)["workers/restarts"] == 1
+    # the stage's summary (the Prefect task's) and its metrics (dvc metrics) record it too
+    published = json.loads((tiny_project.output("distributed-train") / "metrics.json").read_text())
+    for record in (summary, published):
+        assert record["restarts"] == 1 and sorted(record["rank_phases"]) == ["0", "1"], record
     assert_same(outputs(tiny_project)[1], ref)
     assert not alive(worker_pids(run_dir))
 

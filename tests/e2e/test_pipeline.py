@@ -109,6 +109,10 @@ def test_training_flow_ran_every_stage(ran):
         assert (root / path).exists(), path
     train = json.loads((root / "outputs/distributed-train/metrics.json").read_text())
     assert train["world_size"] == 2
+    # dvc metrics show: world size, each rank's last phase and the restarts
+    dvc_metrics = json.loads((root / "outputs/metrics/distributed-train.json").read_text())
+    assert dvc_metrics["world_size"] == 2 and dvc_metrics["restarts"] == 0, dvc_metrics
+    assert sorted(dvc_metrics["rank_phases"]) == ["0", "1"], dvc_metrics
     # quality on the synthetic data: better than the conditional naive predictor, not collapsed
     val = json.loads((root / "outputs/metrics/validate.json").read_text())
     assert val["test/mae"] < val["test/naive_conditional_mae"], val
