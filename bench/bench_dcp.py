@@ -175,8 +175,10 @@ def main() -> None:
     state, size = training_state(args.width, args.layers)
     gb = size / 1e9
     facts = machine_facts()
-    print(f"state {size / 1e6:.1f} MB; torch {facts['torch']}, {facts['affinity']} CPUs, "
-          f"{facts['torch_threads']} torch threads")  # fmt: skip
+    print(
+        f"state {size / 1e6:.1f} MB; torch {facts['torch']}, {facts['affinity']} CPUs, "
+        f"{facts['torch_threads']} torch threads"
+    )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-dcp-", dir=args.dir) as tmp:
         tp = throughput(state, size, Path(tmp), args.pairs)
@@ -184,16 +186,20 @@ def main() -> None:
     print("\n== DCP vs torch.save/torch.load (medians of interleaved pairs) ==")
     for op, r in tp.items():
         b, s = r["baseline_median_s"], r["subject_median_s"]
-        print(f"{op}: torch {gb / b:.2f} GB/s ({b:.3f} s), dcp {gb / s:.2f} GB/s ({s:.3f} s); "
-              f"ratio torch/dcp time {r['ratio_median']:.2f} (min {r['ratio_min']:.2f}, max {r['ratio_max']:.2f})")  # fmt: skip
+        print(
+            f"{op}: torch {gb / b:.2f} GB/s ({b:.3f} s), dcp {gb / s:.2f} GB/s ({s:.3f} s); "
+            f"ratio torch/dcp time {r['ratio_median']:.2f} (min {r['ratio_min']:.2f}, max {r['ratio_max']:.2f})"
+        )
     print("== Training blocked by a checkpoint save (dedicated gloo group) ==")
     fresh = blocked.pop("reused stager saves the current values")
     for name, r in blocked.items():
         b, s, done = r["baseline_median_s"], r["subject_median_s"], r["completed_s"]
-        print(f"{name}: sync dcp.save blocks {b:.3f} s; async_save blocks {s:.3f} s (staging): "
-              f"{r['ratio_median']:.1f}x less (min {r['ratio_min']:.1f}, max {r['ratio_max']:.1f}); "
-              f"async save done {statistics.median(done):.3f} s after the call "
-              f"(min {min(done):.3f}, max {max(done):.3f})")  # fmt: skip
+        print(
+            f"{name}: sync dcp.save blocks {b:.3f} s; async_save blocks {s:.3f} s (staging): "
+            f"{r['ratio_median']:.1f}x less (min {r['ratio_min']:.1f}, max {r['ratio_max']:.1f}); "
+            f"async save done {statistics.median(done):.3f} s after the call "
+            f"(min {min(done):.3f}, max {max(done):.3f})"
+        )
     print(f"a reused stager saved the values changed since its last save: {fresh}")
     print(f"wall {time.perf_counter() - t0:.1f} s")
 

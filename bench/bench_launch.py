@@ -30,10 +30,16 @@ from enn_core.stage import make_context
 from enn_core.train.stage import run as train_stage
 
 OVERRIDES = [
-    "data.synthetic.n_sections=12", "data.synthetic.n_hours=24", "data.synthetic.n_replicates=4",
-    "model.d_model=16", "model.heads=2", "model.layers=2", "train.batch_size=32", "train.patience=0",
+    "data.synthetic.n_sections=12",
+    "data.synthetic.n_hours=24",
+    "data.synthetic.n_replicates=4",
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers=2",
+    "train.batch_size=32",
+    "train.patience=0",
     "runtime.progress=false",
-]  # fmt: skip
+]
 
 
 def one_run(layout: Layout, world: int, epochs: int) -> dict:

@@ -98,9 +98,15 @@ def subject(
         input_fingerprint="i",
     )
     job = WorkerJob(
-        rank=0, world_size=1, parts_dir=str(parts), plan=plan, features_path=str(features_path),
-        index_path=None, batch_size=batch, loader=lambda: path,
-    )  # fmt: skip
+        rank=0,
+        world_size=1,
+        parts_dir=str(parts),
+        plan=plan,
+        features_path=str(features_path),
+        index_path=None,
+        batch_size=batch,
+        loader=lambda: path,
+    )
     store = PartStore(parts, plan)
     store.prepare()
     predict_parts(job, path)
@@ -117,9 +123,12 @@ def main() -> None:
     ap.add_argument("--model", default="")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument(
-        "--set", action="append", default=None, metavar="KEY=VALUE",
+        "--set",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
         help="model config overrides (default: a small model, so I/O overheads show)",
-    )  # fmt: skip
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

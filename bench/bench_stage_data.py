@@ -73,8 +73,11 @@ def hash_of(make, *paths: Path) -> None:
         h.hexdigest()
 
 
-HASHES = {"sha256": hashlib.sha256, "blake2b-256": lambda: hashlib.blake2b(digest_size=32),
-          "blake3 (staging)": hashing.new}  # fmt: skip
+HASHES = {
+    "sha256": hashlib.sha256,
+    "blake2b-256": lambda: hashlib.blake2b(digest_size=32),
+    "blake3 (staging)": hashing.new,
+}
 
 
 def hash_rates(*paths: Path) -> None:
@@ -154,8 +157,18 @@ def main() -> None:
     shutil.rmtree(d, ignore_errors=True)
     (d / "in").mkdir(parents=True)
     x, y = make_input(d / "in", args.gb)
-    cfg = load_config(None, ["data.source=npy", f"data.path={x}", f"data.labels_path={y}", "data.categorical=[]",
-                             "data.cyclic=[]", "data.cyclic_periods=[]", "data.cyclic_starts=[]"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "data.source=npy",
+            f"data.path={x}",
+            f"data.labels_path={y}",
+            "data.categorical=[]",
+            "data.cyclic=[]",
+            "data.cyclic_periods=[]",
+            "data.cyclic_starts=[]",
+        ],
+    )
     layout = Layout.for_root(d)
     out_copy, out_stage = d / "copy", d / "outputs" / "stage-data"
 
@@ -179,16 +192,29 @@ def main() -> None:
         hash_rates(x, y)
     ceiling = None
     if not args.no_ceiling:
-        ceiling = compare_cpu("staging hash alone (BLAKE3, one thread): ceiling for hashing while staging",
-                              baseline, lambda: hash_of(hashing.new, x, y), pairs=args.pairs, setup=setup)  # fmt: skip
+        ceiling = compare_cpu(
+            "staging hash alone (BLAKE3, one thread): ceiling for hashing while staging",
+            baseline,
+            lambda: hash_of(hashing.new, x, y),
+            pairs=args.pairs,
+            setup=setup,
+        )
     peaks: list[float] = []
-    result = compare_cpu(f"stage-data {args.gb:g} GiB npy vs np.load(mmap)+np.save+fsync", baseline,
-                         anon_peak(subject, peaks), pairs=args.pairs, target=0.5, setup=setup)  # fmt: skip
+    result = compare_cpu(
+        f"stage-data {args.gb:g} GiB npy vs np.load(mmap)+np.save+fsync",
+        baseline,
+        anon_peak(subject, peaks),
+        pairs=args.pairs,
+        target=0.5,
+        setup=setup,
+    )
     chunk_mb = (
         cfg.data.chunk_rows * (N_FEATURES + 1) * 8 / 2**20
     )  # a chunk as float64, as tests bound it
-    print(f"  anonymous memory while staging: peak {max(peaks):.1f} MB above the level before the call "
-          f"(bound 64 MB + two chunks = {64 + 2 * chunk_mb:.0f} MB)")  # fmt: skip
+    print(
+        f"  anonymous memory while staging: peak {max(peaks):.1f} MB above the level before the call "
+        f"(bound 64 MB + two chunks = {64 + 2 * chunk_mb:.0f} MB)"
+    )
     print(
         f"SUMMARY ratio {result['ratio_median']:.3f} (target 0.5; CPU ratio {result['cpu_ratio_median']:.3f}); "
         f"hash-only ceiling {ceiling['ratio_median'] if ceiling else float('nan'):.3f}; load average {os.getloadavg()[0]:.1f}"

@@ -36,10 +36,16 @@ from enn_core.train.loop import Runtime, TrainData, train
 from enn_core.train.schedule import lr_factor
 
 OVERRIDES = [
-    "data.synthetic.n_sections=39", "data.synthetic.n_hours=24", "data.synthetic.n_replicates=4",
-    "model.d_model=32", "model.heads=4", "model.layers=2", "train.batch_size=32",
-    "train.clip_norm=1.0", "train.patience=0",
-]  # fmt: skip
+    "data.synthetic.n_sections=39",
+    "data.synthetic.n_hours=24",
+    "data.synthetic.n_replicates=4",
+    "model.d_model=32",
+    "model.heads=4",
+    "model.layers=2",
+    "train.batch_size=32",
+    "train.clip_norm=1.0",
+    "train.patience=0",
+]
 
 
 def hand_written(cfg, ds: StagedDataset, staged: Path) -> None:
@@ -78,9 +84,15 @@ def runtime_loop(cfg, ds: StagedDataset, staged: Path, run_dir: Path) -> None:
     model = build_model(cfg.model, ds.manifest, data_dir=staged).train()
     hb = Heartbeat(run_dir, 0).start()
     rt = Runtime(
-        env=local_env(), model=model, core=model, loss=make_loss(cfg.train), run_dir=run_dir,
-        events=EventLog(run_dir), faults=FaultInjector(cfg.fault), heartbeat=hb,
-    )  # fmt: skip
+        env=local_env(),
+        model=model,
+        core=model,
+        loss=make_loss(cfg.train),
+        run_dir=run_dir,
+        events=EventLog(run_dir),
+        faults=FaultInjector(cfg.fault),
+        heartbeat=hb,
+    )
     data = TrainData(ds.features, ds.labels, ds.split("train"), ds.split("train")[:0])
     train(cfg.train, data, rt, seed=cfg.runtime.seed, log_every=cfg.train.log_every)
     hb.stop()

@@ -52,7 +52,9 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent))
+    tmp = Path(
+        tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent)
+    )
     try:
         yield tmp
         fsync_dir(tmp)
@@ -73,7 +75,9 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
 def atomic_file(target: str | Path, mode: str = "w") -> Iterator[Any]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent
+    )
     try:
         with os.fdopen(fd, mode) as f:
             yield f

@@ -57,7 +57,9 @@ class EventLog:
         self._write({"type": "event", "name": name, "fields": fields})
 
     def artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self._write({"type": "artifact", "path": str(Path(path).resolve()), "artifact_path": artifact_path})
+        self._write(
+            {"type": "artifact", "path": str(Path(path).resolve()), "artifact_path": artifact_path}
+        )
 
 
 def _default(o: Any) -> Any:

@@ -20,13 +20,20 @@ from enn_core.runtime.heartbeat import read_heartbeats
 
 
 def bar(total: int | None, desc: str, enabled: bool = True, unit: str = "it") -> tqdm:
-    return tqdm(total=total, desc=desc, unit=unit, disable=not (enabled and sys.stderr.isatty()),
-                leave=False, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        disable=not (enabled and sys.stderr.isatty()),
+        leave=False,
+        dynamic_ncols=True,
+    )
 
 
 @contextlib.contextmanager
-def follow_heartbeat(run_dir: Path, total: int | None, desc: str, enabled: bool = True,
-                     interval: float = 1.0) -> Iterator[None]:
+def follow_heartbeat(
+    run_dir: Path, total: int | None, desc: str, enabled: bool = True, interval: float = 1.0
+) -> Iterator[None]:
     """A bar over rank 0's heartbeat step while the body (the worker launch) runs."""
     pbar = bar(total, desc, enabled, unit="step")
     if pbar.disable:

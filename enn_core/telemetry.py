@@ -115,7 +115,10 @@ def nvml_module() -> tuple[Any, str]:
 def gpu_snapshot(nvml: Any, index: int) -> dict[str, Any]:
     """Utilization, power, limit, temperature, SM clocks and throttle reasons of one GPU."""
     h = nvml.nvmlDeviceGetHandleByIndex(index)
-    reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # fmt: skip
+    reasons_fn = (
+        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     bits = int(reasons_fn(h))
     return {
         "util_pct": float(nvml.nvmlDeviceGetUtilizationRates(h).gpu),
@@ -213,8 +216,9 @@ def shares_of(times: Mapping[str, float], wall_s: float | None = None) -> dict[s
     return {k: max(0.0, v) / total for k, v in times.items()}
 
 
-def bottleneck_verdict(times: Mapping[str, float], gpu: Mapping[str, Any] | None = None,
-                       wall_s: float | None = None) -> Verdict:  # fmt: skip
+def bottleneck_verdict(
+    times: Mapping[str, float], gpu: Mapping[str, Any] | None = None, wall_s: float | None = None
+) -> Verdict:
     """The epoch's verdict from phase times {data, compute, optimizer, communication, ...}."""
     shares = shares_of(times, wall_s)
     data, comm = shares.get("data", 0.0), shares.get("communication", 0.0)
@@ -226,27 +230,49 @@ def bottleneck_verdict(times: Mapping[str, float], gpu: Mapping[str, Any] | None
             if "thermal" in r or "power_brake" in r or r == "hw_slowdown"
         ]
         if float(gpu.get("temp_c", 0.0)) > TEMP_MAX_C or throttle:
-            return Verdict("throttled", f"GPU at {gpu.get('temp_c', 0):.0f} C (> {TEMP_MAX_C:.0f} C throttles) "
-                           f"{'clock events ' + ','.join(throttle) if throttle else ''}; SM clock "
-                           f"{gpu.get('sm_clock_mhz', 0):.0f}/{gpu.get('sm_clock_max_mhz', 0):.0f} MHz; {pct}: "
-                           "check cooling and power capping", shares, dict(gpu))  # fmt: skip
+            return Verdict(
+                "throttled",
+                f"GPU at {gpu.get('temp_c', 0):.0f} C (> {TEMP_MAX_C:.0f} C throttles) "
+                f"{'clock events ' + ','.join(throttle) if throttle else ''}; SM clock "
+                f"{gpu.get('sm_clock_mhz', 0):.0f}/{gpu.get('sm_clock_max_mhz', 0):.0f} MHz; {pct}: "
+                "check cooling and power capping",
+                shares,
+                dict(gpu),
+            )
     if max(data, comm) >= BOUND_SHARE:
         kind = "data-bound" if data >= comm else "communication-bound"
         what = "waiting for batches" if kind == "data-bound" else "in collectives"
-        fix = ("read larger contiguous blocks (train.shuffle_block), stage data onto local disk, add prefetch"
-               if kind == "data-bound" else "fewer or larger collectives, a faster interconnect, HSDP across nodes")  # fmt: skip
-        return Verdict(kind, f"{100 * max(data, comm):.0f}% of step time {what} (>= {100 * BOUND_SHARE:.0f}%); {pct}: {fix}",
-                       shares, dict(gpu) if gpu else None)  # fmt: skip
+        fix = (
+            "read larger contiguous blocks (train.shuffle_block), stage data onto local disk, add prefetch"
+            if kind == "data-bound"
+            else "fewer or larger collectives, a faster interconnect, HSDP across nodes"
+        )
+        return Verdict(
+            kind,
+            f"{100 * max(data, comm):.0f}% of step time {what} (>= {100 * BOUND_SHARE:.0f}%); {pct}: {fix}",
+            shares,
+            dict(gpu) if gpu else None,
+        )
     if gpu and float(gpu.get("util_pct", 100.0)) < UTIL_MIN_PCT:
         limit = float(gpu.get("power_limit_w") or 0.0)
         starved = limit > 0 and float(gpu.get("power_w", 0.0)) < POWER_FRACTION_MIN * limit
         if starved and max(data, comm) > 0.1:
             kind = "data-bound" if data >= comm else "communication-bound"
-            return Verdict(kind, f"GPU utilization {gpu['util_pct']:.0f}% (< {UTIL_MIN_PCT:.0f}%) and power "
-                           f"{gpu['power_w']:.0f}/{limit:.0f} W: starved; {pct}", shares, dict(gpu))  # fmt: skip
-        return Verdict("compute-bound", f"GPU utilization {gpu['util_pct']:.0f}% (< {UTIL_MIN_PCT:.0f}%) with small "
-                       f"data and communication shares: launch/Python overhead of small kernels; {pct}: a larger "
-                       "batch or train.compile=true", shares, dict(gpu))  # fmt: skip
+            return Verdict(
+                kind,
+                f"GPU utilization {gpu['util_pct']:.0f}% (< {UTIL_MIN_PCT:.0f}%) and power "
+                f"{gpu['power_w']:.0f}/{limit:.0f} W: starved; {pct}",
+                shares,
+                dict(gpu),
+            )
+        return Verdict(
+            "compute-bound",
+            f"GPU utilization {gpu['util_pct']:.0f}% (< {UTIL_MIN_PCT:.0f}%) with small "
+            f"data and communication shares: launch/Python overhead of small kernels; {pct}: a larger "
+            "batch or train.compile=true",
+            shares,
+            dict(gpu),
+        )
     return Verdict(
         "compute-bound",
         f"forward/backward and optimizer dominate; {pct}",
@@ -257,8 +283,11 @@ def bottleneck_verdict(times: Mapping[str, float], gpu: Mapping[str, Any] | None
 
 def verdict_from_stats(stats: Mapping[str, float], gpu: Mapping[str, Any] | None = None) -> Verdict:
     """The verdict from the trainer's epoch sums (data_s, compute_s, optim_s[, comm_s, ckpt_s], wall_s)."""
-    times = {"data": stats.get("data_s", 0.0), "compute": stats.get("compute_s", 0.0),
-             "optimizer": stats.get("optim_s", 0.0)}  # fmt: skip
+    times = {
+        "data": stats.get("data_s", 0.0),
+        "compute": stats.get("compute_s", 0.0),
+        "optimizer": stats.get("optim_s", 0.0),
+    }
     for key, name in (("comm_s", "communication"), ("ckpt_s", "checkpoint")):
         if stats.get(key):
             times[name] = stats[key]
@@ -281,16 +310,26 @@ class EpochTelemetry:
 
     def end_epoch(self) -> tuple[Verdict, dict[str, Any]]:
         wall = time.perf_counter() - self.started
-        times = {"data": sum(s.data_s for s in self.steps), "compute": sum(s.compute_s for s in self.steps),
-                 "optimizer": sum(s.optimizer_s for s in self.steps),
-                 "communication": sum(s.comm_s for s in self.steps),
-                 "checkpoint": sum(s.checkpoint_s for s in self.steps)}  # fmt: skip
+        times = {
+            "data": sum(s.data_s for s in self.steps),
+            "compute": sum(s.compute_s for s in self.steps),
+            "optimizer": sum(s.optimizer_s for s in self.steps),
+            "communication": sum(s.comm_s for s in self.steps),
+            "checkpoint": sum(s.checkpoint_s for s in self.steps),
+        }
         gpu = self.gpu.stop()
         verdict = bottleneck_verdict(times, gpu)
         samples = sum(s.samples for s in self.steps)
-        record = {"steps": len(self.steps), "wall_s": wall, "times_s": times, "samples": samples,
-                  "samples_per_s": samples / wall if wall > 0 else 0.0, "memory": memory_snapshot(self.device),
-                  "gpu": gpu, "gpu_note": None if gpu else self.gpu.reason}  # fmt: skip
+        record = {
+            "steps": len(self.steps),
+            "wall_s": wall,
+            "times_s": times,
+            "samples": samples,
+            "samples_per_s": samples / wall if wall > 0 else 0.0,
+            "memory": memory_snapshot(self.device),
+            "gpu": gpu,
+            "gpu_note": None if gpu else self.gpu.reason,
+        }
         self.steps, self.started = [], time.perf_counter()
         self.gpu.start()
         return verdict, record
@@ -309,8 +348,14 @@ def write_epoch(
     if record and record.get("samples_per_s"):
         metrics["throughput/samples_per_s"] = float(record["samples_per_s"])
     events.metrics(metrics, step=epoch)
-    events.event("bottleneck", epoch=epoch, verdict=verdict.bottleneck, reason=verdict.reason,
-                 shares=verdict.shares, gpu=verdict.gpu)  # fmt: skip
+    events.event(
+        "bottleneck",
+        epoch=epoch,
+        verdict=verdict.bottleneck,
+        reason=verdict.reason,
+        shares=verdict.shares,
+        gpu=verdict.gpu,
+    )
 
 
 def read_verdicts(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -324,8 +369,10 @@ def read_verdicts(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown_table(verdicts: list[Mapping[str, Any]]) -> str:
     """A table for a Prefect markdown artifact: epoch, verdict, shares, reason."""
-    lines = ["| epoch | verdict | data | compute | optimizer | communication | reason |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| epoch | verdict | data | compute | optimizer | communication | reason |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for v in verdicts:
         s = v.get("shares", {})
         cells = [

@@ -64,47 +64,86 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="Config file (default: params.yaml in the project root).")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override one config value, e.g. --set train.epochs=3 (repeatable).")
+    p.add_argument(
+        "--config", default=None, help="Config file (default: params.yaml in the project root)."
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override one config value, e.g. --set train.epochs=3 (repeatable).",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from tasks.registry import HELP, PREDICTION_WORK
 
-    parser = argparse.ArgumentParser(prog="enn", description="ENN training-and-prediction pipeline.",
-                                     epilog=COMMON_EPILOG)
+    parser = argparse.ArgumentParser(
+        prog="enn", description="ENN training-and-prediction pipeline.", epilog=COMMON_EPILOG
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for stage in STAGES:
         p = sub.add_parser(stage, help=HELP[stage], description=HELP[stage], epilog=COMMON_EPILOG)
         _common(p)
         if stage in PREDICTION_WORK:
-            p.add_argument("--pipeline", choices=["training", "prediction"], default="training",
-                           help="Which pipeline's version of the stage to run (prediction/dvc.yaml passes prediction).")
-    p = sub.add_parser("run", help="Run a whole flow through Prefect (DVC skips stages that are up to date).",
-                       description="Run a whole flow through Prefect on the local API (or PREFECT_API_URL). "
-                                   "--set overrides are written into the config file first, as `dvc exp run -S` does.")
+            p.add_argument(
+                "--pipeline",
+                choices=["training", "prediction"],
+                default="training",
+                help="Which pipeline's version of the stage to run (prediction/dvc.yaml passes prediction).",
+            )
+    p = sub.add_parser(
+        "run",
+        help="Run a whole flow through Prefect (DVC skips stages that are up to date).",
+        description="Run a whole flow through Prefect on the local API (or PREFECT_API_URL). "
+        "--set overrides are written into the config file first, as `dvc exp run -S` does.",
+    )
     _common(p)
-    p.add_argument("--flow", choices=["training", "prediction"], default="training",
-                   help="training: the seven stages on params.yaml; prediction: stage-data (features-only) -> "
-                        "predict -> collapse-check on prediction/params.yaml.")
-    p.add_argument("--until", default=None, metavar="STAGE", help="Stop after this stage (default: run all).")
-    p.add_argument("--model", default=None, metavar="REF",
-                   help="prediction flow: a consolidated checkpoint path or models:/NAME@ALIAS (default: predict.model).")
-    p = sub.add_parser("deploy", help="Serve the training flow on its cron schedule and the prediction flow on demand.",
-                       description="Starts `prefect server start` on 127.0.0.1 (a free port, unless PREFECT_API_URL "
-                                   "is set) and serves both deployments until Ctrl-C.")
+    p.add_argument(
+        "--flow",
+        choices=["training", "prediction"],
+        default="training",
+        help="training: the seven stages on params.yaml; prediction: stage-data (features-only) -> "
+        "predict -> collapse-check on prediction/params.yaml.",
+    )
+    p.add_argument(
+        "--until", default=None, metavar="STAGE", help="Stop after this stage (default: run all)."
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="REF",
+        help="prediction flow: a consolidated checkpoint path or models:/NAME@ALIAS (default: predict.model).",
+    )
+    p = sub.add_parser(
+        "deploy",
+        help="Serve the training flow on its cron schedule and the prediction flow on demand.",
+        description="Starts `prefect server start` on 127.0.0.1 (a free port, unless PREFECT_API_URL "
+        "is set) and serves both deployments until Ctrl-C.",
+    )
     _common(p)
-    p = sub.add_parser("doctor", help="Check the execution path layer by layer (data, model, kernels, precision, "
-                                      "workers, distributed, checkpoints, export): ok / warn / fail with the fix.",
-                       description="Each line: ok, warn or fail, the measured detail and the fix. Exit 1 on any fail.")
+    p = sub.add_parser(
+        "doctor",
+        help="Check the execution path layer by layer (data, model, kernels, precision, "
+        "workers, distributed, checkpoints, export): ok / warn / fail with the fix.",
+        description="Each line: ok, warn or fail, the measured detail and the fix. Exit 1 on any fail.",
+    )
     _common(p)
-    p.add_argument("--quick", action="store_true", help="Skip the slow checks (torch.compile, torch.export).")
+    p.add_argument(
+        "--quick", action="store_true", help="Skip the slow checks (torch.compile, torch.export)."
+    )
     p.add_argument("--json", action="store_true", help="JSON for machines instead of the table.")
-    p.add_argument("--only", default=None, metavar="LAYERS", help="Comma-separated layers, e.g. data,model.")
-    p = sub.add_parser("ui", help="Start the MLflow UI (mlflow server on 127.0.0.1 over the project's store).",
-                       description="mlflow server over work/mlflow with job execution off; Ctrl-C stops it.")
+    p.add_argument(
+        "--only", default=None, metavar="LAYERS", help="Comma-separated layers, e.g. data,model."
+    )
+    p = sub.add_parser(
+        "ui",
+        help="Start the MLflow UI (mlflow server on 127.0.0.1 over the project's store).",
+        description="mlflow server over work/mlflow with job execution off; Ctrl-C stops it.",
+    )
     _common(p)
     p.add_argument("--port", type=int, default=None, help="Port (default: deploy.mlflow_port).")
     return parser
@@ -123,8 +162,13 @@ def ui_command(cfg, root: Path, port: int | None) -> int:
 
     layout = Layout.for_root(root, cfg.runtime.work_dir)
     uri = cfg.tracking.uri or layout.mlflow_uri
-    with mlflow_server(uri, layout.mlflow_artifacts, cfg.deploy.host, cfg.deploy.mlflow_port if port is None else port,
-                       layout.work / "logs" / "mlflow-server.log") as url:
+    with mlflow_server(
+        uri,
+        layout.mlflow_artifacts,
+        cfg.deploy.host,
+        cfg.deploy.mlflow_port if port is None else port,
+        layout.work / "logs" / "mlflow-server.log",
+    ) as url:
         print(f"MLflow UI: {url} (Ctrl-C stops)", flush=True)
         import time
 
@@ -132,8 +176,9 @@ def ui_command(cfg, root: Path, port: int | None) -> int:
             time.sleep(3600)
 
 
-def run_stage_command(stage: str, config: Path, root: Path, overrides: list[str],
-                      pipeline: str = "training") -> int:
+def run_stage_command(
+    stage: str, config: Path, root: Path, overrides: list[str], pipeline: str = "training"
+) -> int:
     from enn_core.config import load_config
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
@@ -143,30 +188,45 @@ def run_stage_command(stage: str, config: Path, root: Path, overrides: list[str]
     name = f"dvc repro ({stage})" if group else f"enn {stage}"
     with pipeline_session(cfg, root, name, group=group, pipeline=pipeline) as session:
         result = execute_stage(stage, cfg, session)
-    print(f"{stage}: done in {result.seconds:.1f} s -> {Layout.for_root(root, cfg.runtime.work_dir).output(stage)}")
+    print(
+        f"{stage}: done in {result.seconds:.1f} s -> {Layout.for_root(root, cfg.runtime.work_dir).output(stage)}"
+    )
     return 0
 
 
-def run_flow_command(flow: str, config: Path, root: Path, overrides: list[str], until: str | None,
-                     model: str | None = None) -> int:
+def run_flow_command(
+    flow: str,
+    config: Path,
+    root: Path,
+    overrides: list[str],
+    until: str | None,
+    model: str | None = None,
+) -> int:
     from prefect.exceptions import CancelledRun
 
     from enn_core.config import load_config
     from tasks.lock import pipeline_lock
 
     layout = Layout.for_root(root, load_config(config, overrides).runtime.work_dir)
-    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"):  # fail fast, before Prefect starts
+    with pipeline_lock(
+        layout.lock_file, f"enn run --flow {flow}"
+    ):  # fail fast, before Prefect starts
         try:
             if flow == "prediction":
                 from flows.prediction import prediction
 
-                results = prediction(config=str(config), overrides=overrides, model=model, until=until)
+                results = prediction(
+                    config=str(config), overrides=overrides, model=model, until=until
+                )
             else:
                 from flows.training import training
 
                 results = training(config=str(config), overrides=overrides, until=until)
         except CancelledRun as e:
-            print(f"cancelled: {str(e).splitlines()[0] if str(e) else 'the flow run was cancelled'}", file=sys.stderr)
+            print(
+                f"cancelled: {str(e).splitlines()[0] if str(e) else 'the flow run was cancelled'}",
+                file=sys.stderr,
+            )
             return 130
     for stage, r in results.items():
         print(f"{stage:20s} {r['status']:8s} {r['seconds']:7.1f} s  {r['reason']}")
@@ -195,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     for noisy in ("httpx", "httpcore", "alembic", "mlflow.store.db.utils"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     config = _config_path(args)
@@ -205,7 +267,9 @@ def _main(argv: list[str] | None) -> int:
         from enn_core.config import load_config
         from tasks.env import contain
 
-        cfg = load_config(config, args.overrides)  # validate early: bad config fails before any work
+        cfg = load_config(
+            config, args.overrides
+        )  # validate early: bad config fails before any work
         contain(Layout.for_root(root, cfg.runtime.work_dir), override=False)
         if args.command == "run":
             return run_flow_command(args.flow, config, root, args.overrides, args.until, args.model)
@@ -220,7 +284,9 @@ def _main(argv: list[str] | None) -> int:
             return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
         if args.command == "ui":
             return ui_command(cfg, root, args.port)
-        return run_stage_command(args.command, config, root, args.overrides, getattr(args, "pipeline", "training"))
+        return run_stage_command(
+            args.command, config, root, args.overrides, getattr(args, "pipeline", "training")
+        )
     except EnnError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

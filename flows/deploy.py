@@ -55,7 +55,9 @@ def deploy(cfg: RunConfig, config: Path, prediction_config: Path) -> int:
     if api:
         serve_all(cfg, config, prediction_config, api)
         return 0
-    with prefect_server(cfg.deploy.host, cfg.deploy.prefect_port, layout.work / "logs" / "prefect-server.log") as api:
+    with prefect_server(
+        cfg.deploy.host, cfg.deploy.prefect_port, layout.work / "logs" / "prefect-server.log"
+    ) as api:
         print(f"Prefect server: {api}", flush=True)
         serve_all(cfg, config, prediction_config, api)
     return 0

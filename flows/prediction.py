@@ -30,8 +30,12 @@ DEFAULT_CONFIG = "prediction/params.yaml"
 
 
 @flow(name="prediction", persist_result=False, log_prints=True)
-def prediction(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None, model: str | None = None,
-               until: str | None = None) -> dict | State:
+def prediction(
+    config: str = DEFAULT_CONFIG,
+    overrides: list[str] | None = None,
+    model: str | None = None,
+    until: str | None = None,
+) -> dict | State:
     """Stage new data, predict with `model` (default: predict.model of the config), check collapse
     (a Cancelled state when the flow run is cancelled: flows.training.run_stages)."""
     overrides = list(overrides or [])
@@ -48,7 +52,9 @@ def prediction(config: str = DEFAULT_CONFIG, overrides: list[str] | None = None,
         overrides.append(f"predict.model={local.relative_to(root)}")
     elif model:
         overrides.append(f"predict.model={model}")
-    return run_stages("prediction", config, overrides, select(PREDICTION_TASKS, until), pipeline="prediction")
+    return run_stages(
+        "prediction", config, overrides, select(PREDICTION_TASKS, until), pipeline="prediction"
+    )
 
 
 if __name__ == "__main__":

@@ -59,7 +59,9 @@ def select(stages: dict, until: str | None) -> dict:
     if until not in stages:
         from enn_core.errors import ConfigError
 
-        raise ConfigError(f"--until {until!r} is not a stage of this flow; pick one of {list(stages)}")
+        raise ConfigError(
+            f"--until {until!r} is not a stage of this flow; pick one of {list(stages)}"
+        )
     names = list(stages)
     return {k: stages[k] for k in names[: names.index(until) + 1]}
 
@@ -92,7 +94,11 @@ def watch_cancellation(flow_run_id: str | None, poll_s: float = 1.0) -> Iterator
                     log.debug("cancel watcher: reading flow run %s failed: %s", flow_run_id, e)
                     continue
                 if state is not None and (state.is_cancelling() or state.is_cancelled()):
-                    log.info("flow run %s is %s: stopping the running stage's workers", flow_run_id, state.name)
+                    log.info(
+                        "flow run %s is %s: stopping the running stage's workers",
+                        flow_run_id,
+                        state.name,
+                    )
                     cancel.set()
                     return
 
@@ -105,8 +111,9 @@ def watch_cancellation(flow_run_id: str | None, poll_s: float = 1.0) -> Iterator
         watcher.join(5.0)
 
 
-def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict,
-               pipeline: str = "training") -> dict | State:
+def run_stages(
+    name: str, config: str, overrides: list[str] | None, stages: dict, pipeline: str = "training"
+) -> dict | State:
     """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled."""
     logger = get_run_logger()
     path = Path(config).resolve()
@@ -115,26 +122,41 @@ def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict
     cfg = load_config(path)
     root = project_root(path)
     if dvc_state.has_dvc(root) and not dvc_state.owns(root, path):
-        logger.warning("%s is not this pipeline's params.yaml (%s): DVC, whose dvc.yaml reads that "
-                       "file, neither skips nor records these stages; `dvc status` shows them changed "
-                       "until `dvc repro`", path, root / "params.yaml")  # fmt: skip
+        logger.warning(
+            "%s is not this pipeline's params.yaml (%s): DVC, whose dvc.yaml reads that "
+            "file, neither skips nor records these stages; `dvc status` shows them changed "
+            "until `dvc repro`",
+            path,
+            root / "params.yaml",
+        )
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
     results: dict[str, dict] = {}
     run_id = str(flow_run.get_id() or "") or None
     try:
-        with (pipeline_session(cfg, root, name, run_id=run_id, tags=tags, pipeline=pipeline) as session,
-              watch_cancellation(run_id) as cancel, cancel_scope(cancel)):
+        with (
+            pipeline_session(
+                cfg, root, name, run_id=run_id, tags=tags, pipeline=pipeline
+            ) as session,
+            watch_cancellation(run_id) as cancel,
+            cancel_scope(cancel),
+        ):
             for stage, task_ in stages.items():
                 if cancel.is_set():
-                    raise FlowRunCancelled(f"flow run cancelled before {stage}; no further stage ran")
+                    raise FlowRunCancelled(
+                        f"flow run cancelled before {stage}; no further stage ran"
+                    )
                 opts = task_.with_options(timeout_seconds=cfg.runtime.task_timeout_s)
                 try:
                     results[stage] = opts(str(path), session)
                 except Exception as e:
                     if cancel.is_set():  # the stage failed because its workers were killed
-                        raise FlowRunCancelled(f"flow run cancelled during {stage}; its workers were stopped") from e
+                        raise FlowRunCancelled(
+                            f"flow run cancelled during {stage}; its workers were stopped"
+                        ) from e
                     raise
-                logger.info("%s: %s (%s)", stage, results[stage]["status"], results[stage]["reason"])
+                logger.info(
+                    "%s: %s (%s)", stage, results[stage]["status"], results[stage]["reason"]
+                )
     except FlowRunCancelled as e:
         logger.warning("%s", e)
         return Cancelled(message=str(e))
@@ -142,8 +164,9 @@ def run_stages(name: str, config: str, overrides: list[str] | None, stages: dict
 
 
 @flow(name="training", persist_result=False, log_prints=True)
-def training(config: str = "params.yaml", overrides: list[str] | None = None,
-             until: str | None = None) -> dict | State:
+def training(
+    config: str = "params.yaml", overrides: list[str] | None = None, until: str | None = None
+) -> dict | State:
     """Run the seven training stages (or those up to `until`); returns each stage's status."""
     return run_stages("training", config, overrides, select(TRAINING_TASKS, until))
 

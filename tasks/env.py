@@ -103,5 +103,7 @@ def contain(layout: Layout | None = None, *, override: bool = False) -> Layout:
         # Settings read at import time cannot change now; say so instead of silently ignoring.
         import warnings
 
-        warnings.warn(f"contain() called after importing {already}; their settings may be stale", stacklevel=2)
+        warnings.warn(
+            f"contain() called after importing {already}; their settings may be stale", stacklevel=2
+        )
     return layout

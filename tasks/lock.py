@@ -59,8 +59,17 @@ def pipeline_lock(path: Path, what: str) -> Iterator[None]:
             "wait for it to finish or stop it, then re-run"
         ) from None
     os.ftruncate(fd, 0)
-    os.write(fd, json.dumps({"pid": os.getpid(), "what": what, "argv": sys.argv[:4],
-                             "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode())
+    os.write(
+        fd,
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "what": what,
+                "argv": sys.argv[:4],
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+        ).encode(),
+    )
     with _mutex:
         _held[key] = (fd, 1)
     try:

@@ -32,7 +32,12 @@ def only_transient(task_, task_run, state) -> bool:
 def publish(stage: str, result: StageResult) -> None:
     """A markdown summary and a table of headline numbers, per stage."""
     key = f"{stage}-summary"
-    lines = [f"# {stage}", "", f"**{result.status}** ({result.reason}) in {result.seconds:.1f} s", ""]
+    lines = [
+        f"# {stage}",
+        "",
+        f"**{result.status}** ({result.reason}) in {result.seconds:.1f} s",
+        "",
+    ]
     rows = []
     for k, v in sorted(result.summary.items()):
         if isinstance(v, (int, float, str, bool)) or v is None:
@@ -45,7 +50,11 @@ def publish(stage: str, result: StageResult) -> None:
     if rows:
         create_table_artifact(key=f"{stage}-table", table=rows, description=f"{stage} figures")
     for name, table in (result.summary.get("tables") or {}).items():
-        create_table_artifact(key=f"{stage}-{name}".replace("_", "-").lower(), table=table, description=f"{stage}: {name}")
+        create_table_artifact(
+            key=f"{stage}-{name}".replace("_", "-").lower(),
+            table=table,
+            description=f"{stage}: {name}",
+        )
 
 
 def publish_diagnostics(stage: str, session: PipelineSession) -> None:
@@ -53,13 +62,18 @@ def publish_diagnostics(stage: str, session: PipelineSession) -> None:
     run_dir = session.layout.run_dir(session.run_id, stage)
     md = run_dir / "diagnostics.md"
     if md.exists():
-        create_markdown_artifact(key=f"{stage}-diagnostics", markdown=md.read_text(),
-                                 description=f"{stage}: where a problem is (diagnostics record)")
+        create_markdown_artifact(
+            key=f"{stage}-diagnostics",
+            markdown=md.read_text(),
+            description=f"{stage}: where a problem is (diagnostics record)",
+        )
     diag = run_dir / "diagnostics.json"
     rows = json.loads(diag.read_text()).get("candidates") if diag.exists() else None
     # collapse-check: every candidate, how far it is from passing and why (also when all collapsed)
     if rows:
-        create_table_artifact(key=f"{stage}-candidates", table=rows, description=f"{stage}: candidates")
+        create_table_artifact(
+            key=f"{stage}-candidates", table=rows, description=f"{stage}: candidates"
+        )
 
 
 def run_stage(stage: str, config_path: str, session: PipelineSession) -> dict:
@@ -85,8 +99,13 @@ def run_stage(stage: str, config_path: str, session: PipelineSession) -> dict:
 def stage_task(stage: str):
     """The Prefect task for `stage` (named by the stage: one name everywhere)."""
 
-    @task(name=stage, retries=2, retry_delay_seconds=[1, 5], retry_condition_fn=only_transient,
-          persist_result=False)
+    @task(
+        name=stage,
+        retries=2,
+        retry_delay_seconds=[1, 5],
+        retry_condition_fn=only_transient,
+        persist_result=False,
+    )
     def _task(config_path: str, session: PipelineSession) -> dict:
         """Run the stage unless DVC says it is up to date (pipeline: session.pipeline)."""
         return run_stage(stage, config_path, session)

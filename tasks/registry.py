@@ -38,7 +38,9 @@ HELP: dict[str, str] = {
     "export": "Export the chosen prediction path to torch.export and ONNX, with parity checks and a sidecar.",
 }
 
-assert tuple(WORK) == STAGES, "registry and enn_core.paths.STAGES must list the same stages in order"
+assert tuple(WORK) == STAGES, (
+    "registry and enn_core.paths.STAGES must list the same stages in order"
+)
 
 
 def work_fn(stage: str, pipeline: str = "training") -> Callable:

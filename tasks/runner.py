@@ -83,14 +83,20 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
     cfg = resolve_inputs(stage, cfg, run_dir)
     params = sections_of(cfg, stage)
     tracker = session.tracker
-    child_cm = tracker.child(stage, session.parent_id, run_dir, params, session.tags) if tracker else _null()
+    child_cm = (
+        tracker.child(stage, session.parent_id, run_dir, params, session.tags)
+        if tracker
+        else _null()
+    )
     with child_cm as child_id:
         if tracker:
             tracker.log_artifact(child_id, config_path)
         w0 = time.perf_counter()
         error: BaseException | None = None
         try:
-            ctx.faults.at(stage)  # the stage's own name is a fault phase (tests: raise, hang, kill...)
+            ctx.faults.at(
+                stage
+            )  # the stage's own name is a fault phase (tests: raise, hang, kill...)
             summary = fn(cfg, ctx) or {}
         except BaseException as e:
             error = e
@@ -106,16 +112,30 @@ def execute_stage(stage: str, cfg: RunConfig, session: PipelineSession) -> Stage
         if tracker:
             tracker.log_artifact(child_id, run_dir / "result.json")
             tracker.set_tags(child_id, {"enn.work_seconds": f"{work_seconds:.3f}"})
-            lineage = {k: v for k, v in session.tags.items() if k.startswith(("enn.git", "prefect.flow_run"))}
+            lineage = {
+                k: v
+                for k, v in session.tags.items()
+                if k.startswith(("enn.git", "prefect.flow_run"))
+            }
             lineage.update(lineage_of(summary))
             registry = tracker.after_stage(stage, child_id, layout, cfg, lineage, run_dir)
             if registry:
                 summary = {**summary, "registry": registry}
-    return StageResult(stage, "ran", "executed", summary, str(run_dir), child_id,
-                       time.perf_counter() - t0, work_seconds)
+    return StageResult(
+        stage,
+        "ran",
+        "executed",
+        summary,
+        str(run_dir),
+        child_id,
+        time.perf_counter() - t0,
+        work_seconds,
+    )
 
 
-def write_diagnostics(run_dir: Path, tracker, child_id: str | None, error: BaseException | None = None) -> Path:
+def write_diagnostics(
+    run_dir: Path, tracker, child_id: str | None, error: BaseException | None = None
+) -> Path:
     """diagnostics.json + diagnostics.md in the run directory (choices, bottlenecks, non-finite
     tensors, OOM back-offs, worker phases, errors; the stage's own error and collapse-check's
     candidates); logged to the stage's MLflow run."""
@@ -130,26 +150,43 @@ def write_diagnostics(run_dir: Path, tracker, child_id: str | None, error: BaseE
     return path
 
 
-CANDIDATE_MEASURES = ("spread_median", "spread_p10", "flat_fraction", "broadcast_fraction", "correlation_median", "mae")
+CANDIDATE_MEASURES = (
+    "spread_median",
+    "spread_p10",
+    "flat_fraction",
+    "broadcast_fraction",
+    "correlation_median",
+    "mae",
+)
 
 
 def stage_findings(run_dir: Path, error: BaseException | None) -> dict[str, Any]:
     """What the stage said beyond the runtime's record: the error it failed with (the hung rank
     and phase, the export format and operator, why it collapsed) and, after collapse-check
     (its report.json beside the run's logs, also on failure), one row per candidate."""
-    stage_error = {"type": type(error).__name__, "message": str(error)} if error is not None else None
+    stage_error = (
+        {"type": type(error).__name__, "message": str(error)} if error is not None else None
+    )
     path = run_dir / "report.json"
     report = json.loads(path.read_text()) if path.exists() else {}
     cands = report.get("candidates") if isinstance(report.get("candidates"), dict) else {}
-    tried = [n for n in report.get("order") or [] if n in cands]  # collapse.order: as they are tried
+    tried = [
+        n for n in report.get("order") or [] if n in cands
+    ]  # collapse.order: as they are tried
     rows = []
     for name in tried + [n for n in cands if n not in tried]:
         c = cands[name]
         m = c.get("measures") or {}
         failed = [k["measure"] for k in c.get("criteria") or [] if not k.get("ok")]
-        rows.append({"candidate": name, "status": c.get("status"), "distance": c.get("distance"),
-                     **{k: m.get(k) for k in CANDIDATE_MEASURES},
-                     "failed": ", ".join(failed) or c.get("reason") or ""})
+        rows.append(
+            {
+                "candidate": name,
+                "status": c.get("status"),
+                "distance": c.get("distance"),
+                **{k: m.get(k) for k in CANDIDATE_MEASURES},
+                "failed": ", ".join(failed) or c.get("reason") or "",
+            }
+        )
     return {"stage_error": stage_error, "candidates": rows}
 
 
@@ -158,11 +195,19 @@ def findings_markdown(diag: dict, md: str) -> str:
     err = diag.get("stage_error")
     if err:
         line = f"- stage failed: {err['type']}: {err['message']}\n"
-        md = md.replace("- nothing to report\n", "", 1).replace("## Diagnostics\n\n", "## Diagnostics\n\n" + line, 1)
+        md = md.replace("- nothing to report\n", "", 1).replace(
+            "## Diagnostics\n\n", "## Diagnostics\n\n" + line, 1
+        )
     rows = diag.get("candidates") or []
     if rows:
         cols = list(rows[0])
-        md += "\n### Collapse candidates\n\n| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols) + "\n"
+        md += (
+            "\n### Collapse candidates\n\n| "
+            + " | ".join(cols)
+            + " |\n|"
+            + " --- |" * len(cols)
+            + "\n"
+        )
         md += "".join("| " + " | ".join(_cell(r[c]) for c in cols) + " |\n" for r in rows)
     return md
 
@@ -183,7 +228,9 @@ def resolve_inputs(stage: str, cfg: RunConfig, run_dir: Path) -> RunConfig:
 
     local = resolve_model_uri(ref, run_dir / "model", cfg.tracking.uri or None)
     log.info("predict: %s resolved to %s", ref, local)
-    return dataclasses.replace(cfg, predict=dataclasses.replace(cfg.predict, model=str(local / "model.pt")))
+    return dataclasses.replace(
+        cfg, predict=dataclasses.replace(cfg.predict, model=str(local / "model.pt"))
+    )
 
 
 def _resolve_warm_start(cfg: RunConfig, run_dir: Path) -> RunConfig:
@@ -196,7 +243,9 @@ def _resolve_warm_start(cfg: RunConfig, run_dir: Path) -> RunConfig:
 
     local = materialize(ref, run_dir / "init_source", cfg.tracking.uri or None).parent
     log.info("prepare-checkpoint: warm start %s resolved to %s", ref, local)
-    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, init_from=str(local)))
+    return dataclasses.replace(
+        cfg, checkpoint=dataclasses.replace(cfg.checkpoint, init_from=str(local))
+    )
 
 
 def lineage_of(summary: dict) -> dict[str, str]:
@@ -204,7 +253,9 @@ def lineage_of(summary: dict) -> dict[str, str]:
     out = {}
     for key in ("world_size", "checkpoint_step", "step", "global_step"):
         if key in summary and isinstance(summary[key], (int, float, str)):
-            out[f"enn.{'checkpoint_step' if key in ('step', 'global_step') else key}"] = str(summary[key])
+            out[f"enn.{'checkpoint_step' if key in ('step', 'global_step') else key}"] = str(
+                summary[key]
+            )
     return out
 
 

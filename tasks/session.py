@@ -44,9 +44,16 @@ def dvc_group() -> str | None:
 
 
 @contextlib.contextmanager
-def pipeline_session(cfg: RunConfig, root: Path, name: str, *, run_id: str | None = None,
-                     tags: dict[str, str] | None = None, group: str | None = None,
-                     pipeline: str = "training") -> Iterator[PipelineSession]:
+def pipeline_session(
+    cfg: RunConfig,
+    root: Path,
+    name: str,
+    *,
+    run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    group: str | None = None,
+    pipeline: str = "training",
+) -> Iterator[PipelineSession]:
     """Lock the work directory, open the MLflow parent run, and close it with the right status."""
     layout = Layout.for_root(root, cfg.runtime.work_dir)
     with pipeline_lock(layout.lock_file, name):
@@ -59,9 +66,14 @@ def pipeline_session(cfg: RunConfig, root: Path, name: str, *, run_id: str | Non
             tags = {**lineage, **(tags or {})}
         run_id = run_id or (group or new_run_id())
         parent = tracker.start_parent(name, tags or {}, group=group) if tracker else None
-        session = PipelineSession(layout=layout, run_id=run_id, tracker=tracker, parent_id=parent,
-                                  tags={k: v for k, v in (tags or {}).items() if k.startswith(("enn.", "prefect."))},
-                                  pipeline=pipeline)
+        session = PipelineSession(
+            layout=layout,
+            run_id=run_id,
+            tracker=tracker,
+            parent_id=parent,
+            tags={k: v for k, v in (tags or {}).items() if k.startswith(("enn.", "prefect."))},
+            pipeline=pipeline,
+        )
         try:
             yield session
         except BaseException as e:

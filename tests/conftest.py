@@ -21,11 +21,30 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("enn_core", "tasks", "flows", "prediction", "dvc.yaml", "params.yaml", "pyproject.toml", ".dvcignore", ".gitignore")
+COPIED = (
+    "enn_core",
+    "tasks",
+    "flows",
+    "prediction",
+    "dvc.yaml",
+    "params.yaml",
+    "pyproject.toml",
+    ".dvcignore",
+    ".gitignore",
+)
 
 TINY: dict = {
-    "data": {"synthetic": {"n_months": 4, "n_daytypes": 2, "n_directions": 2, "n_sections": 4,
-                           "n_hours": 6, "n_replicates": 3, "seed": 0}},
+    "data": {
+        "synthetic": {
+            "n_months": 4,
+            "n_daytypes": 2,
+            "n_directions": 2,
+            "n_sections": 4,
+            "n_hours": 6,
+            "n_replicates": 3,
+            "seed": 0,
+        }
+    },
     "model": {"d_model": 16, "heads": 2, "layers": 1, "embed_dim": 4},
     "train": {"epochs": 20, "batch_size": 8, "lr": 0.01, "warmup_steps": 5, "patience": 0},
     "runtime": {"world_size": 1, "progress": False, "hang_timeout_s": 60.0},
@@ -42,7 +61,9 @@ def tiny_overrides(extra: dict | None = None) -> list[str]:
             if isinstance(v, dict):
                 walk(v, f"{prefix}{k}.")
             else:
-                out.append(f"{prefix}{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}")
+                out.append(
+                    f"{prefix}{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                )
 
     walk(TINY, "")
     if extra:
@@ -67,10 +88,19 @@ def layout(tmp_path):
 
 def contained_env(root: Path, **extra: str) -> dict[str, str]:
     """A clean environment for a child process working in project `root`."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PREFECT_", "MLFLOW_", "DVC_", "ENN_", "DO_NOT_TRACK"))}
-    env.update({"PYTHONPATH": str(root), "ENN_ALLOW_FAULTS": "1", "OMP_NUM_THREADS": "1",
-                "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "MLFLOW_", "DVC_", "ENN_", "DO_NOT_TRACK"))
+    }
+    env.update(
+        {
+            "PYTHONPATH": str(root),
+            "ENN_ALLOW_FAULTS": "1",
+            "OMP_NUM_THREADS": "1",
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+        }
+    )
     env.update(extra)
     return env
 
@@ -80,11 +110,22 @@ class Project:
     root: Path
     env: dict
 
-    def run(self, *cmd: str, check: bool = True, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
-        out = subprocess.run(list(cmd), cwd=kw.pop("cwd", self.root), env=self.env, capture_output=True,
-                             text=True, timeout=timeout, **kw)
+    def run(
+        self, *cmd: str, check: bool = True, timeout: float = 600, **kw
+    ) -> subprocess.CompletedProcess:
+        out = subprocess.run(
+            list(cmd),
+            cwd=kw.pop("cwd", self.root),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kw,
+        )
         if check and out.returncode != 0:
-            raise AssertionError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
+            raise AssertionError(
+                f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+            )
         return out
 
     def python(self, code: str, **kw) -> subprocess.CompletedProcess:
@@ -100,7 +141,9 @@ class Project:
         self.run("git", "commit", "-qm", message, "--allow-empty")
 
 
-def make_project(dest: Path, prefect_home: Path | None = None, stages: tuple[str, ...] | None = None) -> Project:
+def make_project(
+    dest: Path, prefect_home: Path | None = None, stages: tuple[str, ...] | None = None
+) -> Project:
     """Copy the project's code into `dest`, make it a git + DVC repo with tiny params."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
@@ -112,13 +155,17 @@ def make_project(dest: Path, prefect_home: Path | None = None, stages: tuple[str
     (dest / ".dvc").mkdir()
     shutil.copy2(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
     (dest / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
-    (dest / ".dvc" / "config.local").write_text(f"[core]\n    site_cache_dir = {dest / 'work' / 'dvc-site-cache'}\n")
+    (dest / ".dvc" / "config.local").write_text(
+        f"[core]\n    site_cache_dir = {dest / 'work' / 'dvc-site-cache'}\n"
+    )
     if stages is not None:  # a pipeline of only these stages (and what they need)
         shutil.rmtree(dest / "prediction")  # its deps name training stages that are not there
         from enn_core.paths import dvc_name
 
         dvc = yaml.safe_load((dest / "dvc.yaml").read_text())
-        dvc["stages"] = {k: v for k, v in dvc["stages"].items() if k in {dvc_name(s) for s in stages}}
+        dvc["stages"] = {
+            k: v for k, v in dvc["stages"].items() if k in {dvc_name(s) for s in stages}
+        }
         (dest / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
     extra = {"PREFECT_HOME": str(prefect_home)} if prefect_home else {}
     project = Project(dest, contained_env(dest, **extra))

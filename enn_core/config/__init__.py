@@ -35,9 +35,15 @@ from enn_core.errors import ConfigError
 class RunConfig:
     data: DataConfig = section(DataConfig, "stage-data: input and staging.")
     model: ModelConfig = section(ModelConfig, "The ENN model.")
-    train: TrainConfig = section(TrainConfig, "distributed-train: optimisation, precision, kernels, memory.")
-    runtime: RuntimeConfig = section(RuntimeConfig, "Workers, devices, timeouts (not part of result fingerprints).")
-    checkpoint: CheckpointConfig = section(CheckpointConfig, "prepare-checkpoint and training checkpoints.")
+    train: TrainConfig = section(
+        TrainConfig, "distributed-train: optimisation, precision, kernels, memory."
+    )
+    runtime: RuntimeConfig = section(
+        RuntimeConfig, "Workers, devices, timeouts (not part of result fingerprints)."
+    )
+    checkpoint: CheckpointConfig = section(
+        CheckpointConfig, "prepare-checkpoint and training checkpoints."
+    )
     predict: PredictConfig = section(PredictConfig, "predict.")
     collapse: CollapseConfig = section(CollapseConfig, "collapse-check.")
     export: ExportConfig = section(ExportConfig, "export.")

@@ -1,7 +1,7 @@
 """Generate the config reference (docs/config.md) from the dataclasses.
 
-    python -m enn_core.config.docs            # rewrite docs/config.md
-    python -m enn_core.config.docs --check    # exit 1 when docs/config.md is stale (a test runs this)
+python -m enn_core.config.docs            # rewrite docs/config.md
+python -m enn_core.config.docs --check    # exit 1 when docs/config.md is stale (a test runs this)
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def _rows(cls, prefix: str) -> list[str]:
             rows.extend(_rows(tp, key + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        shown = json.dumps(list(default) if isinstance(default, tuple) else default, ensure_ascii=False)
+        shown = json.dumps(
+            list(default) if isinstance(default, tuple) else default, ensure_ascii=False
+        )
         help_ = f.metadata.get("help", "").replace("|", "\\|")
         rows.append(f"| `{key}` | `{_type_name(tp)}` | `{shown}` | {help_} |")
     return rows
@@ -50,11 +52,20 @@ def render() -> str:
         "| stage | sections |",
         "| --- | --- |",
     ]
-    out += [f"| `{s}` | {', '.join(f'`{x}`' for x in secs)} |" for s, secs in STAGE_SECTIONS.items()]
+    out += [
+        f"| `{s}` | {', '.join(f'`{x}`' for x in secs)} |" for s, secs in STAGE_SECTIONS.items()
+    ]
     hints = typing.get_type_hints(RunConfig)
     for f in dataclasses.fields(RunConfig):
-        out += ["", f"## `{f.name}`", "", f.metadata.get("help", ""), "",
-                "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        out += [
+            "",
+            f"## `{f.name}`",
+            "",
+            f.metadata.get("help", ""),
+            "",
+            "| key | type | default | meaning |",
+            "| --- | --- | --- | --- |",
+        ]
         out += _rows(hints[f.name], f.name + ".")
     return "\n".join(out) + "\n"
 

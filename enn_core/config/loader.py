@@ -76,15 +76,22 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         raise ConfigError(f"{where}: {key}={value!r} does not fit {tp}")
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{where}: {key}={value!r} is not one of {list(args)}; pick one of those")
+            raise ConfigError(
+                f"{where}: {key}={value!r} is not one of {list(args)}; pick one of those"
+            )
         return value
     if origin in (tuple, list, Sequence):
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: {key} must be a list, got {value!r}; write it as [a, b, ...]")
+            raise ConfigError(
+                f"{where}: {key} must be a list, got {value!r}; write it as [a, b, ...]"
+            )
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 raise ConfigError(f"{where}: {key} needs {len(args)} items, got {len(value)}")
-            return tuple(_coerce(v, a, f"{key}[{i}]", where) for i, (v, a) in enumerate(zip(value, args, strict=True)))
+            return tuple(
+                _coerce(v, a, f"{key}[{i}]", where)
+                for i, (v, a) in enumerate(zip(value, args, strict=True))
+            )
         inner = args[0] if args else Any
         return tuple(_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value))
     if origin in (dict, Mapping):
@@ -92,7 +99,10 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
         kt, vt = args if args else (Any, Any)
         return types.MappingProxyType(
-            {_coerce(k, kt, key, where): _coerce(v, vt, f"{key}.{k}", where) for k, v in value.items()}
+            {
+                _coerce(k, kt, key, where): _coerce(v, vt, f"{key}.{k}", where)
+                for k, v in value.items()
+            }
         )
     if tp is bool:
         if isinstance(value, bool):
@@ -152,7 +162,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
-        value = raw  # not YAML (e.g. a cron string '*/5 * * * *'): a plain string, type-checked later
+        value = (
+            raw  # not YAML (e.g. a cron string '*/5 * * * *'): a plain string, type-checked later
+        )
     return key, value
 
 
@@ -171,7 +183,9 @@ def deep_merge(base: dict, key: str, value: Any, root: type) -> None:
 
 def read_yaml(path: Path) -> dict:
     if not path.exists():
-        raise ConfigError(f"{path}: config file not found; pass --config PATH or create params.yaml")
+        raise ConfigError(
+            f"{path}: config file not found; pass --config PATH or create params.yaml"
+        )
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:

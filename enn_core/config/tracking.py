@@ -9,8 +9,13 @@ from enn_core.errors import ConfigError
 
 @frozen
 class TrackingConfig:
-    enabled: bool = opt(True, "Record runs in MLflow (parent run per pipeline run, child run per stage).")
-    uri: str = opt("", "MLflow tracking URI; empty means SQLite under the work directory (work/mlflow/mlflow.db).")
+    enabled: bool = opt(
+        True, "Record runs in MLflow (parent run per pipeline run, child run per stage)."
+    )
+    uri: str = opt(
+        "",
+        "MLflow tracking URI; empty means SQLite under the work directory (work/mlflow/mlflow.db).",
+    )
     experiment: str = opt("enn", "MLflow experiment name.")
     registered_model: str = opt("enn-model", "Registered model name for exported models.")
     log_system_metrics: bool = opt(False, "MLflow system metrics (CPU, memory) during training.")

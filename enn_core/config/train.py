@@ -11,9 +11,17 @@ from enn_core.errors import ConfigError
 @frozen
 class TrainConfig:
     epochs: int = opt(20, "Maximum epochs.")
-    batch_size: int = opt(32, "Global batch size (rows per optimizer step, across ranks and accumulation).")
-    micro_batch: int | str = opt(0, "Rows per forward/backward per rank; 0 = global batch / world size (no accumulation); auto = the largest divisor of the per-rank batch that fits in memory (measured once before training, see enn_core/runtime/batch_probe.py).")
-    memory_headroom: float = opt(0.2, "Fraction of memory train.micro_batch=auto keeps free (of the free GPU memory; on CPU of MemAvailable shared by the host's ranks).")
+    batch_size: int = opt(
+        32, "Global batch size (rows per optimizer step, across ranks and accumulation)."
+    )
+    micro_batch: int | str = opt(
+        0,
+        "Rows per forward/backward per rank; 0 = global batch / world size (no accumulation); auto = the largest divisor of the per-rank batch that fits in memory (measured once before training, see enn_core/runtime/batch_probe.py).",
+    )
+    memory_headroom: float = opt(
+        0.2,
+        "Fraction of memory train.micro_batch=auto keeps free (of the free GPU memory; on CPU of MemAvailable shared by the host's ranks).",
+    )
     lr: float = opt(3e-3, "Peak learning rate (AdamW).")
     weight_decay: float = opt(0.01, "AdamW weight decay.")
     warmup_steps: int = opt(20, "Linear warm-up steps before cosine decay.")
@@ -22,14 +30,24 @@ class TrainConfig:
     loss: Literal["mse", "huber", "student_t"] = opt("mse", "Loss in normalized units.")
     huber_delta: float = opt(1.0, "Huber delta (normalized units).")
     patience: int = opt(5, "Early stopping: epochs without validation improvement; 0 disables.")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = opt("auto", "Autocast precision; auto = bf16 on GPUs that support it, fp32 on CPU.")
-    attention: Literal["auto", "math", "flash", "efficient", "cudnn"] = opt("auto", "Attention backend; auto probes candidates once.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = opt(
+        "auto", "Autocast precision; auto = bf16 on GPUs that support it, fp32 on CPU."
+    )
+    attention: Literal["auto", "math", "flash", "efficient", "cudnn"] = opt(
+        "auto", "Attention backend; auto probes candidates once."
+    )
     compile: bool = opt(False, "torch.compile the model (falls back to eager on failure).")
     max_nonfinite_steps: int = opt(3, "Consecutive non-finite steps before training stops.")
     max_oom_backoffs: int = opt(4, "Out-of-memory back-offs before training stops.")
-    shuffle_block: int = opt(1, "Rows per contiguous block of the epoch shuffle (1 = row-level shuffle; larger reads big staged files in runs).")
+    shuffle_block: int = opt(
+        1,
+        "Rows per contiguous block of the epoch shuffle (1 = row-level shuffle; larger reads big staged files in runs).",
+    )
     eval_batch: int = opt(256, "Rows per validation forward on each rank.")
-    log_every: int = opt(50, "Steps between flushes of the per-step telemetry (data wait, compute, optimizer) to the events log.")
+    log_every: int = opt(
+        50,
+        "Steps between flushes of the per-step telemetry (data wait, compute, optimizer) to the events log.",
+    )
     fsdp: bool = opt(True, "Shard with FSDP2 when world size > 1 (DDP-equivalent at world size 1).")
     hsdp_replicas: int = opt(1, "HSDP replicate dimension (1 = plain FSDP).")
 
@@ -52,6 +70,8 @@ class TrainConfig:
         if self.clip_norm < 0:
             raise ConfigError("train.clip_norm must be >= 0 (0 disables clipping)")
         if self.shuffle_block < 1 or self.eval_batch < 1 or self.log_every < 1:
-            raise ConfigError("train.shuffle_block, train.eval_batch and train.log_every must be >= 1")
+            raise ConfigError(
+                "train.shuffle_block, train.eval_batch and train.log_every must be >= 1"
+            )
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("train.min_lr_ratio must be in [0, 1]")

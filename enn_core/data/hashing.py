@@ -35,7 +35,13 @@ ALGORITHM = "blake3"
 _B2 = "blake2b-256"
 _B2_TREE = "blake2b-256-tree1m"
 _B2_LEAF = 1 << 20
-_B2_TREE_PARAMS = {"digest_size": 32, "fanout": 0, "depth": 2, "leaf_size": _B2_LEAF, "inner_size": 32}  # fmt: skip
+_B2_TREE_PARAMS = {
+    "digest_size": 32,
+    "fanout": 0,
+    "depth": 2,
+    "leaf_size": _B2_LEAF,
+    "inner_size": 32,
+}
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -61,7 +67,9 @@ class _Blake2bTree:
         pos, n = 0, len(view)
         while pos < n:
             if self._leaf is None:
-                self._leaf = hashlib.blake2b(node_offset=len(self._digests), node_depth=0, **_B2_TREE_PARAMS)  # fmt: skip
+                self._leaf = hashlib.blake2b(
+                    node_offset=len(self._digests), node_depth=0, **_B2_TREE_PARAMS
+                )
             take = min(_B2_LEAF - self._fill, n - pos)
             self._leaf.update(view[pos : pos + take])
             self._fill += take

@@ -43,8 +43,13 @@ from enn_core.data.writer import ChunkWriter
 from enn_core.errors import DataError
 from enn_core.paths import Layout
 
-SUFFIXES = {"npy": (".npy",), "npz": (".npz",), "csv": (".csv", ".txt"), "parquet": (".parquet", ".pq"),
-            "workbook": (".xlsx", ".xlsm")}  # fmt: skip
+SUFFIXES = {
+    "npy": (".npy",),
+    "npz": (".npz",),
+    "csv": (".csv", ".txt"),
+    "parquet": (".parquet", ".pq"),
+    "workbook": (".xlsx", ".xlsm"),
+}
 
 
 def run(cfg, ctx) -> dict[str, Any]:
@@ -206,8 +211,13 @@ def _write(
         specs[j].update(
             mean=float(fx.mean[k]), std=1.0 if constant else float(std[k]), constant=constant
         )
-    files = {**writer.files(), **{n: {"dtype": "int64", "shape": [sizes[n.split("/")[1][:-4]]], "hash": h}
-                                  for n, h in split_hashes.items()}}  # fmt: skip
+    files = {
+        **writer.files(),
+        **{
+            n: {"dtype": "int64", "shape": [sizes[n.split("/")[1][:-4]]], "hash": h}
+            for n, h in split_hashes.items()
+        },
+    }
     manifest = _manifest(data, info, writer, specs, sizes, files, fy, training)
     write_json(tmp / MANIFEST, manifest)
     return manifest
@@ -251,8 +261,12 @@ def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
         hash_of = "the generator config"
     split_def: dict[str, Any] = {"seed": data.split_seed, "val_fraction": data.val_fraction}
     if data.folds:
-        split_def.update(fold_key=data.fold_key, folds=[list(f) for f in data.folds], test_fold=data.test_fold,
-                         val_fold=data.val_fold)  # fmt: skip
+        split_def.update(
+            fold_key=data.fold_key,
+            folds=[list(f) for f in data.folds],
+            test_fold=data.test_fold,
+            val_fold=data.val_fold,
+        )
     else:
         split_def.update(test_fraction=data.test_fraction)
     return {
@@ -282,7 +296,7 @@ def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
             "hash": src_hash,
             "hash_of": hash_of,
             "config": _plain(data.synthetic) if info.kind == "synthetic" else None,
-        },  # fmt: skip
+        },
         "training_manifest": str(data.training_manifest) if training else None,
         "training_content_hash": training["content_hash"] if training else None,
         "files": files,

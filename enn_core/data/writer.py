@@ -250,9 +250,17 @@ class ChunkWriter:
         return f"label {list(np.unravel_index(j, self.info.label_shape))}"
 
     def files(self) -> dict[str, dict]:
-        out = {"features.npy": {"dtype": str(np.dtype(self._x.dtype)), "shape": list(self._x.shape),
-                                "hash": self._hashes["features.npy"]}}  # fmt: skip
+        out = {
+            "features.npy": {
+                "dtype": str(np.dtype(self._x.dtype)),
+                "shape": list(self._x.shape),
+                "hash": self._hashes["features.npy"],
+            }
+        }
         if self._y is not None:
-            out["labels.npy"] = {"dtype": str(np.dtype(self._y.dtype)), "shape": list(self._y.shape),
-                                 "hash": self._hashes["labels.npy"]}  # fmt: skip
+            out["labels.npy"] = {
+                "dtype": str(np.dtype(self._y.dtype)),
+                "shape": list(self._y.shape),
+                "hash": self._hashes["labels.npy"],
+            }
         return out

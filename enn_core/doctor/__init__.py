@@ -84,13 +84,26 @@ def _run_layer(name: str, ctx: DoctorContext) -> list[Check]:
         return LAYERS[name](ctx)
     except Exception as e:  # noqa: BLE001 - an unexpected error is a failed line, not a crash
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-        return [Check(name, "unexpected error", "fail", f"{type(e).__name__}: {first}",
-                      "a defect in this check or an environment it does not know: report it with this line",
-                      round(time.perf_counter() - t0, 3))]  # fmt: skip
+        return [
+            Check(
+                name,
+                "unexpected error",
+                "fail",
+                f"{type(e).__name__}: {first}",
+                "a defect in this check or an environment it does not know: report it with this line",
+                round(time.perf_counter() - t0, 3),
+            )
+        ]
 
 
-def main(cfg: RunConfig, layout: Layout, quick: bool = False, as_json: bool = False,
-         only: str | Sequence[str] | None = None, out: TextIO | None = None) -> int:  # fmt: skip
+def main(
+    cfg: RunConfig,
+    layout: Layout,
+    quick: bool = False,
+    as_json: bool = False,
+    only: str | Sequence[str] | None = None,
+    out: TextIO | None = None,
+) -> int:
     """The CLI body: run, print the table (or JSON), return the exit code (1 on any fail)."""
     out = out or sys.stdout
     report = run_doctor(cfg, layout, quick=quick, only=parse_only(only))

@@ -46,8 +46,12 @@ def dcp_round_trip(rec: Recorder, parent: Path, state: dict[str, torch.Tensor]) 
         parent.mkdir(parents=True, exist_ok=True)
         where = Path(tempfile.mkdtemp(prefix=".doctor-dcp-", dir=parent))
     except OSError as e:
-        rec.add("dcp round trip", "fail", f"cannot create a directory in {parent}: {e.strerror or e}",
-                "make runtime.work_dir (or ENN_WORK_DIR) writable, with free space")  # fmt: skip
+        rec.add(
+            "dcp round trip",
+            "fail",
+            f"cannot create a directory in {parent}: {e.strerror or e}",
+            "make runtime.work_dir (or ENN_WORK_DIR) writable, with free space",
+        )
         return
     try:
         with rec.timer() as t, warnings.catch_warnings():
@@ -62,21 +66,37 @@ def dcp_round_trip(rec: Recorder, parent: Path, state: dict[str, torch.Tensor]) 
                 dcp.load(back, checkpoint_id=str(where))
             except (OSError, RuntimeError, CheckpointException) as e:
                 first = _first_line(e)
-                rec.add("dcp round trip", "fail", f"DCP save/load in {where} failed: {first}",
-                        "the training checkpoint directory (runtime.work_dir/checkpoints) must be writable with free space",
-                        t(), path=str(where))  # fmt: skip
+                rec.add(
+                    "dcp round trip",
+                    "fail",
+                    f"DCP save/load in {where} failed: {first}",
+                    "the training checkpoint directory (runtime.work_dir/checkpoints) must be writable with free space",
+                    t(),
+                    path=str(where),
+                )
                 return
             secs = t()
     finally:
         shutil.rmtree(where, ignore_errors=True)
     same = all(torch.equal(state[k], back["model"][k]) for k in state) and int(back["step"]) == 7
     if not same:
-        rec.add("dcp round trip", "fail", f"DCP load of {where} did not return the saved tensors",
-                "check the filesystem of runtime.work_dir (a cache or sync layer rewriting files?)", secs)  # fmt: skip
+        rec.add(
+            "dcp round trip",
+            "fail",
+            f"DCP load of {where} did not return the saved tensors",
+            "check the filesystem of runtime.work_dir (a cache or sync layer rewriting files?)",
+            secs,
+        )
         return
     rate = size / save_s / 2**20 if save_s > 0 else float("inf")
-    rec.add("dcp round trip", "ok", f"{len(state)} tensors ({gib(size)}) saved at {rate:.0f} MiB/s and loaded "
-            f"bit-exact in {secs:.2f} s under {parent}", seconds=secs, bytes=size)  # fmt: skip
+    rec.add(
+        "dcp round trip",
+        "ok",
+        f"{len(state)} tensors ({gib(size)}) saved at {rate:.0f} MiB/s and loaded "
+        f"bit-exact in {secs:.2f} s under {parent}",
+        seconds=secs,
+        bytes=size,
+    )
 
 
 def _first_line(e: BaseException) -> str:
@@ -90,8 +110,14 @@ def _first_line(e: BaseException) -> str:
 def consolidated(ctx: DoctorContext, rec: Recorder) -> None:
     from enn_core.checkpoint import read_checkpoint
 
-    found = [p for p in (ctx.layout.output("prepare-checkpoint") / "init.pt",
-                         ctx.layout.output("distributed-train") / "model.pt") if p.exists()]  # fmt: skip
+    found = [
+        p
+        for p in (
+            ctx.layout.output("prepare-checkpoint") / "init.pt",
+            ctx.layout.output("distributed-train") / "model.pt",
+        )
+        if p.exists()
+    ]
     if not found:
         rec.add(
             "consolidated",
@@ -111,8 +137,13 @@ def consolidated(ctx: DoctorContext, rec: Recorder) -> None:
         theirs = ckpt.get("data_fingerprint")
         detail = f"{path}: format v{ckpt['format_version']}, {len(ckpt['state_dict'])} tensors, torch {ckpt.get('torch_version')}"
         if fingerprint and theirs and theirs != fingerprint:
-            rec.add(path.name, "warn", f"{detail}; made from other data ({str(theirs)[:12]} != staged {fingerprint[:12]})",
-                    "re-run prepare-checkpoint and distributed-train on the current staged data", secs)  # fmt: skip
+            rec.add(
+                path.name,
+                "warn",
+                f"{detail}; made from other data ({str(theirs)[:12]} != staged {fingerprint[:12]})",
+                "re-run prepare-checkpoint and distributed-train on the current staged data",
+                secs,
+            )
         else:
             rec.add(
                 path.name,

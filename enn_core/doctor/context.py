@@ -23,8 +23,23 @@ from enn_core.errors import EnnError
 from enn_core.paths import Layout
 
 # Filesystems whose random reads are slow or whose semantics surprise memmaps and renames.
-NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph",
-              "glusterfs", "9p", "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs")  # fmt: skip
+NETWORK_FS = (
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "glusterfs",
+    "9p",
+    "fuse.sshfs",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "fuse.juicefs",
+)
 MEMORY_FS = ("tmpfs", "ramfs")
 SAMPLE_ROWS = 8
 

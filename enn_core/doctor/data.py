@@ -77,8 +77,12 @@ def staged(ctx: DoctorContext, rec: Recorder):
 
     path = ctx.staged_dir
     if not (path / "manifest.json").exists():
-        rec.add("manifest", "warn", f"no staged data at {path}; the model check uses a synthetic manifest",
-                "run `enn stage-data` (or point the project root at staged outputs)")  # fmt: skip
+        rec.add(
+            "manifest",
+            "warn",
+            f"no staged data at {path}; the model check uses a synthetic manifest",
+            "run `enn stage-data` (or point the project root at staged outputs)",
+        )
         return None
     with rec.timer() as t:
         try:
@@ -92,9 +96,16 @@ def staged(ctx: DoctorContext, rec: Recorder):
         if m.get("labels")
         else ", features only"
     )
-    rec.add("manifest", "ok", f"format v{m['format_version']}, {ds.n_rows} rows, features "
-            f"{m['features']['dtype']}{m['features']['shape']}{labels}, splits {m['splits']}", seconds=t(),
-            n_rows=ds.n_rows, splits=m["splits"], content_hash=ds.fingerprint)  # fmt: skip
+    rec.add(
+        "manifest",
+        "ok",
+        f"format v{m['format_version']}, {ds.n_rows} rows, features "
+        f"{m['features']['dtype']}{m['features']['shape']}{labels}, splits {m['splits']}",
+        seconds=t(),
+        n_rows=ds.n_rows,
+        splits=m["splits"],
+        content_hash=ds.fingerprint,
+    )
     return ds
 
 
@@ -121,13 +132,23 @@ def content_hash(ctx: DoctorContext, rec: Recorder, ds) -> None:
                 if isinstance(e, EnnError)
                 else f"{ds.path}: cannot re-hash ({type(e).__name__}: {e})"
             )
-            rec.add("content hash", "fail", msg,
-                    "the staged files changed after staging (or the manifest was edited): re-run `enn stage-data`", t())  # fmt: skip
+            rec.add(
+                "content hash",
+                "fail",
+                msg,
+                "the staged files changed after staging (or the manifest was edited): re-run `enn stage-data`",
+                t(),
+            )
             return
         secs = t()
     rate = size / secs / 2**20 if secs > 0 else float("inf")
-    rec.add("content hash", "ok", f"{len(ds.manifest['files'])} files ({gib(size)}) match content_hash "
-            f"{ds.fingerprint[:12]} (re-hashed at {rate:.0f} MiB/s)", seconds=secs)  # fmt: skip
+    rec.add(
+        "content hash",
+        "ok",
+        f"{len(ds.manifest['files'])} files ({gib(size)}) match content_hash "
+        f"{ds.fingerprint[:12]} (re-hashed at {rate:.0f} MiB/s)",
+        seconds=secs,
+    )
 
 
 def count_nonfinite(arr: np.ndarray, rows: int = BLOCK_ROWS) -> tuple[int, int | None]:
@@ -153,9 +174,14 @@ def nonfinite(rec: Recorder, ds) -> None:
     bad = {k: v for k, v in found.items() if v[0]}
     if bad:
         where = "; ".join(f"{k}: first at row {first}" for k, (_, first) in bad.items())
-        rec.add("non-finite", "fail", f"NaN/Inf values: {detail} ({where})",
-                "fix the input rows, or re-run `enn stage-data` with data.nonfinite=error to find them (drop to skip them)",
-                t(), counts={k: n for k, (n, _) in found.items()})  # fmt: skip
+        rec.add(
+            "non-finite",
+            "fail",
+            f"NaN/Inf values: {detail} ({where})",
+            "fix the input rows, or re-run `enn stage-data` with data.nonfinite=error to find them (drop to skip them)",
+            t(),
+            counts={k: n for k, (n, _) in found.items()},
+        )
     else:
         rec.add("non-finite", "ok", f"NaN/Inf values: {detail}", seconds=t())
 
@@ -169,8 +195,12 @@ def memmaps(rec: Recorder, ds) -> None:
             for name in names:
                 arr = np.load(ds.path / name, mmap_mode="r", allow_pickle=False)
                 if arr.size and (not isinstance(arr, np.memmap) or arr.flags.writeable):
-                    rec.add("memmaps", "fail", f"{name} did not open as a read-only memmap",
-                            "re-run `enn stage-data` (staged arrays must be plain .npy files)")  # fmt: skip
+                    rec.add(
+                        "memmaps",
+                        "fail",
+                        f"{name} did not open as a read-only memmap",
+                        "re-run `enn stage-data` (staged arrays must be plain .npy files)",
+                    )
                     return
                 row_bytes = arr.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
                 n = min(arr.shape[0], max(1, (64 << 20) // max(1, row_bytes)))  # up to 64 MiB
@@ -186,8 +216,13 @@ def memmaps(rec: Recorder, ds) -> None:
             return
         secs = t()
     rate = read / secs / 2**20 if secs > 0 else float("inf")
-    rec.add("memmaps", "ok", f"{len(names)} arrays open read-only; read {gib(read)} at {rate:.0f} MiB/s",
-            seconds=secs, read_bytes=read)  # fmt: skip
+    rec.add(
+        "memmaps",
+        "ok",
+        f"{len(names)} arrays open read-only; read {gib(read)} at {rate:.0f} MiB/s",
+        seconds=secs,
+        read_bytes=read,
+    )
 
 
 def write_probe(directory: Path, nbytes: int = PROBE_BYTES) -> str:
@@ -214,8 +249,14 @@ def location(rec: Recorder, place: str, path: Path, need: int = 0) -> None:
     mnt = mount_of(path)
     free, total = free_bytes(path)
     where = f"{path} on {mnt.fstype} ({mnt.mountpoint}), {gib(free)} free of {gib(total)}"
-    facts = {"path": str(path), "fstype": mnt.fstype, "mountpoint": mnt.mountpoint, "free_bytes": free,
-             "total_bytes": total, "kind": mnt.kind}  # fmt: skip
+    facts = {
+        "path": str(path),
+        "fstype": mnt.fstype,
+        "mountpoint": mnt.mountpoint,
+        "free_bytes": free,
+        "total_bytes": total,
+        "kind": mnt.kind,
+    }
     exists = path.is_dir()
     target = path if exists else _nearest_dir(path)
     err = write_probe(target)
@@ -232,24 +273,53 @@ def location(rec: Recorder, place: str, path: Path, need: int = 0) -> None:
             **facts,
         )
     elif place == "data" and mnt.kind == "memory":
-        rec.add(name, "warn", f"{where}: staged data in memory (tmpfs) counts against RAM and is lost at reboot",
-                "stage onto a local disk: run the project (outputs/) from a disk-backed directory", secs, **facts)  # fmt: skip
+        rec.add(
+            name,
+            "warn",
+            f"{where}: staged data in memory (tmpfs) counts against RAM and is lost at reboot",
+            "stage onto a local disk: run the project (outputs/) from a disk-backed directory",
+            secs,
+            **facts,
+        )
     elif place in ("data", "work") and mnt.kind == "network":
-        rec.add(name, "warn", f"{where}: network filesystem; random memmap reads and checkpoint writes are slow",
-                "stage data and the work directory onto local disk (NVMe) and sync results afterwards", secs, **facts)  # fmt: skip
+        rec.add(
+            name,
+            "warn",
+            f"{where}: network filesystem; random memmap reads and checkpoint writes are slow",
+            "stage data and the work directory onto local disk (NVMe) and sync results afterwards",
+            secs,
+            **facts,
+        )
     elif place == "work" and mnt.kind == "memory":
-        rec.add(name, "warn", f"{where}: checkpoints, MLflow and run records in memory are lost at reboot",
-                "set runtime.work_dir (or ENN_WORK_DIR) to a disk-backed directory", secs, **facts)  # fmt: skip
+        rec.add(
+            name,
+            "warn",
+            f"{where}: checkpoints, MLflow and run records in memory are lost at reboot",
+            "set runtime.work_dir (or ENN_WORK_DIR) to a disk-backed directory",
+            secs,
+            **facts,
+        )
     elif free < max(MIN_FREE, need):
-        rec.add(name, "warn", f"{where}: less than {gib(max(MIN_FREE, need))} free",
-                f"free space on {mnt.mountpoint}" + (" or set TMPDIR to a larger disk" if place == "temp" else ""),
-                secs, **facts)  # fmt: skip
+        rec.add(
+            name,
+            "warn",
+            f"{where}: less than {gib(max(MIN_FREE, need))} free",
+            f"free space on {mnt.mountpoint}"
+            + (" or set TMPDIR to a larger disk" if place == "temp" else ""),
+            secs,
+            **facts,
+        )
     else:
         kind = {"memory": "memory-backed (tmpfs)", "network": "network", "local": "local"}.get(
             mnt.kind, mnt.kind
         )
-        rec.add(name, "ok", f"{where}; {kind}" + ("" if exists else "; not created yet") + ", writable",
-                seconds=secs, **facts)  # fmt: skip
+        rec.add(
+            name,
+            "ok",
+            f"{where}; {kind}" + ("" if exists else "; not created yet") + ", writable",
+            seconds=secs,
+            **facts,
+        )
 
 
 def _nearest_dir(path: Path) -> Path:
@@ -270,14 +340,25 @@ def _write_fix(place: str, mnt) -> str:
 
 def shm(rec: Recorder, path: Path) -> None:
     if not path.is_dir():
-        rec.add("/dev/shm", "warn", f"{path} does not exist on this platform; worker shared memory falls back to files",
-                "nothing required; on Linux containers mount /dev/shm (e.g. docker --shm-size=2g)", path=str(path))  # fmt: skip
+        rec.add(
+            "/dev/shm",
+            "warn",
+            f"{path} does not exist on this platform; worker shared memory falls back to files",
+            "nothing required; on Linux containers mount /dev/shm (e.g. docker --shm-size=2g)",
+            path=str(path),
+        )
         return
     free, total = free_bytes(path)
     detail = f"{path}: {gib(free)} free of {gib(total)}"
     if free < MIN_SHM_FREE:
-        rec.add("/dev/shm", "warn", detail + f" (under {gib(MIN_SHM_FREE)}: a full /dev/shm kills workers with a Bus error)",
-                "raise the shared-memory size (docker --shm-size, k8s emptyDir medium: Memory sizeLimit) or remove stale files there",
-                free_bytes=free, total_bytes=total)  # fmt: skip
+        rec.add(
+            "/dev/shm",
+            "warn",
+            detail
+            + f" (under {gib(MIN_SHM_FREE)}: a full /dev/shm kills workers with a Bus error)",
+            "raise the shared-memory size (docker --shm-size, k8s emptyDir medium: Memory sizeLimit) or remove stale files there",
+            free_bytes=free,
+            total_bytes=total,
+        )
     else:
         rec.add("/dev/shm", "ok", detail, free_bytes=free, total_bytes=total)

@@ -37,8 +37,12 @@ def backend(ctx: DoctorContext, rec: Recorder) -> None:
         )
         return
     if not dist.is_available():
-        rec.add("backend", "fail", "torch.distributed is not available in this torch build",
-                "install a torch build with distributed support")  # fmt: skip
+        rec.add(
+            "backend",
+            "fail",
+            "torch.distributed is not available in this torch build",
+            "install a torch build with distributed support",
+        )
         return
     gloo = dist.is_gloo_available()
     if ctx.device.type == "cuda":
@@ -71,37 +75,66 @@ def world(ctx: DoctorContext, rec: Recorder) -> None:
     n, why = resolve_world_size(rt.world_size, device)
     threads = threads_per_worker(rt.threads_per_worker, n)
     cores = cpu_count()
-    detail = (f"{n} worker(s) ({why}), {threads} thread(s) each on {cores} core(s); start method {rt.start_method}; "
-              f"max_restarts {rt.max_restarts}")  # fmt: skip
+    detail = (
+        f"{n} worker(s) ({why}), {threads} thread(s) each on {cores} core(s); start method {rt.start_method}; "
+        f"max_restarts {rt.max_restarts}"
+    )
     facts = {"world_size": n, "threads": threads, "cores": cores}
     gpus = torch.cuda.device_count() if ctx.device.type == "cuda" else 0
     if ctx.device.type == "cuda" and n > gpus:
-        rec.add("world size", "fail", f"{detail}; only {gpus} GPU(s)",
-                f"set runtime.world_size <= {gpus} (0 = one per GPU)", **facts)  # fmt: skip
+        rec.add(
+            "world size",
+            "fail",
+            f"{detail}; only {gpus} GPU(s)",
+            f"set runtime.world_size <= {gpus} (0 = one per GPU)",
+            **facts,
+        )
     elif rt.start_method == "fork":
-        rec.add("world size", "warn", detail + "; fork is unsafe in a threaded process (Prefect runs tasks in threads)",
-                "set runtime.start_method=spawn", **facts)  # fmt: skip
+        rec.add(
+            "world size",
+            "warn",
+            detail + "; fork is unsafe in a threaded process (Prefect runs tasks in threads)",
+            "set runtime.start_method=spawn",
+            **facts,
+        )
     elif n * threads > cores:
-        rec.add("world size", "warn", f"{detail}: {n * threads} threads oversubscribe {cores} cores",
-                f"set runtime.threads_per_worker=0 (auto: {max(1, cores // n)}) or fewer workers", **facts)  # fmt: skip
+        rec.add(
+            "world size",
+            "warn",
+            f"{detail}: {n * threads} threads oversubscribe {cores} cores",
+            f"set runtime.threads_per_worker=0 (auto: {max(1, cores // n)}) or fewer workers",
+            **facts,
+        )
     else:
         rec.add("world size", "ok", detail, **facts)
 
 
 def timeouts(ctx: DoctorContext, rec: Recorder) -> None:
     rt = ctx.cfg.runtime
-    detail = (f"process group {rt.pg_timeout_s:.0f} s during bootstrap and first step, {rt.pg_timeout_steady_s:.0f} s "
-              f"after; hang watchdog {rt.hang_timeout_s:.0f} s; stage {rt.task_timeout_s:.0f} s")  # fmt: skip
+    detail = (
+        f"process group {rt.pg_timeout_s:.0f} s during bootstrap and first step, {rt.pg_timeout_steady_s:.0f} s "
+        f"after; hang watchdog {rt.hang_timeout_s:.0f} s; stage {rt.task_timeout_s:.0f} s"
+    )
     facts = {
         k: getattr(rt, k)
         for k in ("pg_timeout_s", "pg_timeout_steady_s", "hang_timeout_s", "task_timeout_s")
     }
     longest = max(rt.pg_timeout_s, rt.pg_timeout_steady_s, rt.hang_timeout_s)
     if rt.task_timeout_s <= longest:
-        rec.add("timeouts", "warn", f"{detail}: the stage times out before a stuck rank is named",
-                f"set runtime.task_timeout_s above {longest:.0f} s, or lower the others", **facts)  # fmt: skip
+        rec.add(
+            "timeouts",
+            "warn",
+            f"{detail}: the stage times out before a stuck rank is named",
+            f"set runtime.task_timeout_s above {longest:.0f} s, or lower the others",
+            **facts,
+        )
     elif max(rt.pg_timeout_s, rt.pg_timeout_steady_s) >= LONG_TIMEOUT_S:
-        rec.add("timeouts", "warn", f"{detail}: a stuck collective is noticed only after {longest / 60:.0f} minutes",
-                "lower runtime.pg_timeout_s / pg_timeout_steady_s (e.g. 300 / 120)", **facts)  # fmt: skip
+        rec.add(
+            "timeouts",
+            "warn",
+            f"{detail}: a stuck collective is noticed only after {longest / 60:.0f} minutes",
+            "lower runtime.pg_timeout_s / pg_timeout_steady_s (e.g. 300 / 120)",
+            **facts,
+        )
     else:
         rec.add("timeouts", "ok", detail, **facts)

@@ -39,8 +39,14 @@ def run(ctx: DoctorContext) -> list[Check]:
     return rec.checks
 
 
-def export_parity(rec: Recorder, module: torch.nn.Module, rows: np.ndarray, label_std: float, rel_tol: float,
-                  source: str = "sample") -> None:  # fmt: skip
+def export_parity(
+    rec: Recorder,
+    module: torch.nn.Module,
+    rows: np.ndarray,
+    label_std: float,
+    rel_tol: float,
+    source: str = "sample",
+) -> None:
     """torch.export `module` with a dynamic batch; parity with eager at batch 1 and len(rows)."""
     from enn_core.export import explain_failure
 
@@ -59,16 +65,29 @@ def export_parity(rec: Recorder, module: torch.nn.Module, rows: np.ndarray, labe
                     got, want = exported(x[:size]), module(x[:size])
                     worst = max(worst, float((got - want).abs().max()))
         except Exception as e:  # noqa: BLE001 - every tracer failure becomes one named line
-            rec.add("torch.export", "fail", explain_failure("torch_export", e),
-                    "make the prediction path export-safe (the message names the operator or line)", t())  # fmt: skip
+            rec.add(
+                "torch.export",
+                "fail",
+                explain_failure("torch_export", e),
+                "make the prediction path export-safe (the message names the operator or line)",
+                t(),
+            )
             return
         secs = t()
     tol = rel_tol * max(ref_max, label_std)
-    detail = (f"dynamic batch exported in {secs:.1f} s from {source}; parity max |diff| {worst:.3g} at batch "
-              f"sizes {sizes} (tolerance {tol:.3g})")  # fmt: skip
+    detail = (
+        f"dynamic batch exported in {secs:.1f} s from {source}; parity max |diff| {worst:.3g} at batch "
+        f"sizes {sizes} (tolerance {tol:.3g})"
+    )
     if worst > tol:
-        rec.add("torch.export", "fail", detail, "an operator behaves differently exported: make the path export-safe",
-                secs, worst=worst)  # fmt: skip
+        rec.add(
+            "torch.export",
+            "fail",
+            detail,
+            "an operator behaves differently exported: make the path export-safe",
+            secs,
+            worst=worst,
+        )
     else:
         rec.add("torch.export", "ok", detail, seconds=secs, worst=worst, tolerance=tol)
 
@@ -82,11 +101,23 @@ def onnx_deps(rec: Recorder, ctx: DoctorContext) -> None:
     missing = missing_dependencies("onnx")
     required = "onnx" in ctx.cfg.export.required
     if not missing:
-        rec.add("onnx", "ok", f"onnx, onnxscript and onnxruntime importable (opset {ctx.cfg.export.opset}); "
-                "the export stage checks ONNX parity")  # fmt: skip
+        rec.add(
+            "onnx",
+            "ok",
+            f"onnx, onnxscript and onnxruntime importable (opset {ctx.cfg.export.opset}); "
+            "the export stage checks ONNX parity",
+        )
     elif required:
-        rec.add("onnx", "fail", f"required format onnx needs {missing}, not installed",
-                f"pip install -c constraints.txt {' '.join(missing)}, or remove onnx from export.required")  # fmt: skip
+        rec.add(
+            "onnx",
+            "fail",
+            f"required format onnx needs {missing}, not installed",
+            f"pip install -c constraints.txt {' '.join(missing)}, or remove onnx from export.required",
+        )
     else:
-        rec.add("onnx", "warn", f"optional format onnx will be skipped: {missing} not installed",
-                f"pip install -c constraints.txt {' '.join(missing)}")  # fmt: skip
+        rec.add(
+            "onnx",
+            "warn",
+            f"optional format onnx will be skipped: {missing} not installed",
+            f"pip install -c constraints.txt {' '.join(missing)}",
+        )

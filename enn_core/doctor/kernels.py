@@ -44,8 +44,13 @@ def attention(ctx: DoctorContext, rec: Recorder, model: torch.nn.Module | None) 
     dtype = ctx.precision_dtype()
     with rec.timer() as t:
         try:
-            decision = choose_attention(ctx.cfg.train, ctx.device, dtype, heads=m.heads,
-                                        head_dim=max(1, m.d_model // m.heads))  # fmt: skip
+            decision = choose_attention(
+                ctx.cfg.train,
+                ctx.device,
+                dtype,
+                heads=m.heads,
+                head_dim=max(1, m.d_model // m.heads),
+            )
         except EnnError as e:
             rec.add(
                 "attention",
@@ -61,18 +66,30 @@ def attention(ctx: DoctorContext, rec: Recorder, model: torch.nn.Module | None) 
     if model is not None:
         ran, problem = run_forced(ctx, model, decision.backend)
         if problem:
-            rec.add("attention", "fail", f"{decision.backend} chosen but the model's forward on it failed: {problem}",
-                    "set train.attention=math and report the backend error", secs, backend=decision.backend,
-                    probes=probes)  # fmt: skip
+            rec.add(
+                "attention",
+                "fail",
+                f"{decision.backend} chosen but the model's forward on it failed: {problem}",
+                "set train.attention=math and report the backend error",
+                secs,
+                backend=decision.backend,
+                probes=probes,
+            )
             return
     order, _ = candidates(ctx.device)
     first = order[0] if ctx.cfg.train.attention == "auto" else ctx.cfg.train.attention
     detail = f"{decision.backend} runs ({decision.reason}){ran}"
     if decision.backend != first:
-        rec.add("attention", "warn", f"fallback: {detail}",
-                f"{first} failed its probe ({probes.get(first)}); check the torch/CUDA build or the head size "
-                f"(d_model/heads={ctx.cfg.model.d_model // ctx.cfg.model.heads})", secs, backend=decision.backend,
-                probes=probes)  # fmt: skip
+        rec.add(
+            "attention",
+            "warn",
+            f"fallback: {detail}",
+            f"{first} failed its probe ({probes.get(first)}); check the torch/CUDA build or the head size "
+            f"(d_model/heads={ctx.cfg.model.d_model // ctx.cfg.model.heads})",
+            secs,
+            backend=decision.backend,
+            probes=probes,
+        )
     else:
         rec.add("attention", "ok", detail, seconds=secs, backend=decision.backend, probes=probes)
 
@@ -109,9 +126,19 @@ def compile_check(
         secs = t()
     torch._dynamo.reset()  # drop the doctor's graphs: the run compiles its own
     if decision.compiled:
-        rec.add("compile", "ok", f"torch.compile works: {decision.backend} graph matched eager on the sample "
-                f"in {secs:.1f} s ({configured})", seconds=secs)  # fmt: skip
+        rec.add(
+            "compile",
+            "ok",
+            f"torch.compile works: {decision.backend} graph matched eager on the sample "
+            f"in {secs:.1f} s ({configured})",
+            seconds=secs,
+        )
     else:
-        rec.add("compile", "warn", f"{decision.reason} ({configured})",
-                "keep train.compile=false, or fix the compiler (a C compiler on PATH, a writable "
-                "TORCHINDUCTOR_CACHE_DIR / TMPDIR)", secs)  # fmt: skip
+        rec.add(
+            "compile",
+            "warn",
+            f"{decision.reason} ({configured})",
+            "keep train.compile=false, or fix the compiler (a C compiler on PATH, a writable "
+            "TORCHINDUCTOR_CACHE_DIR / TMPDIR)",
+            secs,
+        )

@@ -21,20 +21,37 @@ def run(ctx: DoctorContext) -> list[Check]:
         try:
             model = ctx.model()
         except EnnError as e:
-            rec.add("build", "fail", f"model.preset={ctx.cfg.model.preset} on {source}: {e}",
-                    "change the model section (the message names the field) or re-stage the data", t())  # fmt: skip
+            rec.add(
+                "build",
+                "fail",
+                f"model.preset={ctx.cfg.model.preset} on {source}: {e}",
+                "change the model section (the message names the field) or re-stage the data",
+                t(),
+            )
             return rec.checks
         secs = t()
     n_params = sum(p.numel() for p in model.parameters())
-    rec.add("build", "ok", f"{ctx.cfg.model.preset}: {n_params:,} parameters for features "
-            f"{len(manifest['feature_specs'])} -> labels {list(manifest['label_shape'])} ({source})",
-            seconds=secs, parameters=n_params, source=source)  # fmt: skip
+    rec.add(
+        "build",
+        "ok",
+        f"{ctx.cfg.model.preset}: {n_params:,} parameters for features "
+        f"{len(manifest['feature_specs'])} -> labels {list(manifest['label_shape'])} ({source})",
+        seconds=secs,
+        parameters=n_params,
+        source=source,
+    )
     forward(ctx, rec, model, rows, list(manifest["label_shape"]), source)
     return rec.checks
 
 
-def forward(ctx: DoctorContext, rec: Recorder, model: torch.nn.Module, rows, label_shape: list[int],
-            source: str) -> None:  # fmt: skip
+def forward(
+    ctx: DoctorContext,
+    rec: Recorder,
+    model: torch.nn.Module,
+    rows,
+    label_shape: list[int],
+    source: str,
+) -> None:
     x = torch.from_numpy(rows).to(ctx.device)
     model = model.to(ctx.device)
     with rec.timer() as t:
@@ -44,8 +61,13 @@ def forward(ctx: DoctorContext, rec: Recorder, model: torch.nn.Module, rows, lab
                 real = model.predict(x)
         except (RuntimeError, ValueError, IndexError) as e:
             first = str(e).splitlines()[0][:200]
-            rec.add("forward", "fail", f"forward on {len(rows)} rows of {source} raised {type(e).__name__}: {first}",
-                    "the features do not fit the model's encoder: re-stage the data or rebuild the checkpoint", t())  # fmt: skip
+            rec.add(
+                "forward",
+                "fail",
+                f"forward on {len(rows)} rows of {source} raised {type(e).__name__}: {first}",
+                "the features do not fit the model's encoder: re-stage the data or rebuild the checkpoint",
+                t(),
+            )
             return
         secs = t()
     want = [len(rows), *label_shape]
@@ -55,11 +77,26 @@ def forward(ctx: DoctorContext, rec: Recorder, model: torch.nn.Module, rows, lab
         if not bool(torch.isfinite(out).all())
     ]
     if list(y.shape) != want or list(real.shape) != want:
-        rec.add("forward", "fail", f"output shape {list(y.shape)} (predict {list(real.shape)}), expected {want}",
-                "the model's head does not match label_shape: rebuild the model for this data", secs)  # fmt: skip
+        rec.add(
+            "forward",
+            "fail",
+            f"output shape {list(y.shape)} (predict {list(real.shape)}), expected {want}",
+            "the model's head does not match label_shape: rebuild the model for this data",
+            secs,
+        )
     elif bad:
-        rec.add("forward", "fail", f"non-finite {' and '.join(bad)} output on {len(rows)} rows of {source}",
-                "check the label statistics in the manifest (std 0?) and the model.init_seed weights", secs)  # fmt: skip
+        rec.add(
+            "forward",
+            "fail",
+            f"non-finite {' and '.join(bad)} output on {len(rows)} rows of {source}",
+            "check the label statistics in the manifest (std 0?) and the model.init_seed weights",
+            secs,
+        )
     else:
-        rec.add("forward", "ok", f"{len(rows)} rows of {source} -> {want} finite (normalized and real units) "
-                f"on {ctx.device.type} in {secs * 1e3:.0f} ms", seconds=secs)  # fmt: skip
+        rec.add(
+            "forward",
+            "ok",
+            f"{len(rows)} rows of {source} -> {want} finite (normalized and real units) "
+            f"on {ctx.device.type} in {secs * 1e3:.0f} ms",
+            seconds=secs,
+        )

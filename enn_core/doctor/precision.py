@@ -73,8 +73,14 @@ def supported(ctx: DoctorContext, rec: Recorder) -> None:
     if ctx.device.type == "cuda":
         extra = f"; TF32 matmul {'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}"
     status = "ok" if data["fp32"]["works"] else "fail"
-    rec.add("dtypes", status, f"{ctx.device.type}: " + ", ".join(parts) + extra,
-            "" if status == "ok" else "fp32 itself fails on this device: check the torch install", secs, **data)  # fmt: skip
+    rec.add(
+        "dtypes",
+        status,
+        f"{ctx.device.type}: " + ", ".join(parts) + extra,
+        "" if status == "ok" else "fp32 itself fails on this device: check the torch install",
+        secs,
+        **data,
+    )
 
 
 def decision(ctx: DoctorContext, rec: Recorder) -> None:
@@ -93,11 +99,20 @@ def decision(ctx: DoctorContext, rec: Recorder) -> None:
         ctx.device.type == "cpu" and d.name != "fp32" and native(d.name, ctx.device) == "emulated"
     )
     if emulated:
-        rec.add("decision", "warn", detail + f"; {d.name} is emulated on this CPU",
-                "set train.precision=fp32 (or auto) on this machine: emulated autocast is slower than fp32",
-                precision=d.name)  # fmt: skip
+        rec.add(
+            "decision",
+            "warn",
+            detail + f"; {d.name} is emulated on this CPU",
+            "set train.precision=fp32 (or auto) on this machine: emulated autocast is slower than fp32",
+            precision=d.name,
+        )
     elif d.name == "fp16":
-        rec.add("decision", "warn", detail, "prefer train.precision=bf16 where supported (no loss scaling, fp32 range)",
-                precision=d.name)  # fmt: skip
+        rec.add(
+            "decision",
+            "warn",
+            detail,
+            "prefer train.precision=bf16 where supported (no loss scaling, fp32 range)",
+            precision=d.name,
+        )
     else:
         rec.add("decision", "ok", detail, precision=d.name)

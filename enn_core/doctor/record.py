@@ -42,8 +42,11 @@ def diagnostics(run_dir: str | Path) -> dict[str, Any]:
         str(r): {k: h.get(k) for k in ("phase", "step", "attempt", "pid")}
         for r, h in sorted(beats.items())
     }
-    stacks = [str(stack_path(run_dir, r)) for r in sorted(beats)
-              if stack_path(run_dir, r).exists() and stack_path(run_dir, r).stat().st_size > 0]  # fmt: skip
+    stacks = [
+        str(stack_path(run_dir, r))
+        for r in sorted(beats)
+        if stack_path(run_dir, r).exists() and stack_path(run_dir, r).stat().st_size > 0
+    ]
     errors = [
         {k: e.get(k) for k in ("rank", "type", "message", "phase", "step")}
         for e in read_errors(run_dir)
@@ -92,19 +95,25 @@ def headline(diag: dict[str, Any]) -> list[str]:
     if diag["stacks"]:
         out.append(f"stack dumps of a hung job: {', '.join(diag['stacks'])}")
     for e in diag["nonfinite"][:1]:
-        out.append(f"non-finite {e.get('tensor') or 'value'} at step {e.get('step')} on rank {e.get('rank')} "
-                   f"({len(diag['nonfinite'])} skipped step(s))")  # fmt: skip
+        out.append(
+            f"non-finite {e.get('tensor') or 'value'} at step {e.get('step')} on rank {e.get('rank')} "
+            f"({len(diag['nonfinite'])} skipped step(s))"
+        )
     for e in diag["oom_backoffs"]:
-        out.append(f"out of memory at step {e.get('step')}: micro-batch {e.get('micro_batch_before')} -> "
-                   f"{e.get('micro_batch_after')} (accumulation {e.get('accumulation_after')})")  # fmt: skip
+        out.append(
+            f"out of memory at step {e.get('step')}: micro-batch {e.get('micro_batch_before')} -> "
+            f"{e.get('micro_batch_after')} (accumulation {e.get('accumulation_after')})"
+        )
     kinds = [v.get("verdict") for v in diag["bottleneck"]]
     if kinds:
         last = diag["bottleneck"][-1]
         out.append(f"bottleneck: {last.get('verdict')} in the last epoch ({last.get('reason')})")
     c = diag["choices"]
     if c.get("attention"):
-        out.append(f"attention backend {c['attention']} ({c.get('attention_reason', '')}); precision "
-                   f"{c.get('precision')}; compile {c.get('compile')}")  # fmt: skip
+        out.append(
+            f"attention backend {c['attention']} ({c.get('attention_reason', '')}); precision "
+            f"{c.get('precision')}; compile {c.get('compile')}"
+        )
     return out
 
 

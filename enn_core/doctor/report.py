@@ -44,8 +44,9 @@ class Recorder:
         self.layer = layer
         self.checks: list[Check] = []
 
-    def add(self, name: str, status: str, detail: str, fix: str = "", seconds: float = 0.0,
-            **data: Any) -> Check:  # fmt: skip
+    def add(
+        self, name: str, status: str, detail: str, fix: str = "", seconds: float = 0.0, **data: Any
+    ) -> Check:
         check = Check(self.layer, name, status, detail, fix, round(seconds, 3), data)
         self.checks.append(check)
         return check

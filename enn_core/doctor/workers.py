@@ -50,16 +50,27 @@ def run(ctx: DoctorContext) -> list[Check]:
     try:
         run_dir = Path(tempfile.mkdtemp(prefix="enn-doctor-workers-", dir=_run_parent(ctx)))
     except OSError as e:
-        rec.add("all-reduce", "fail", f"no directory for the workers' run records ({e.strerror or e})",
-                "make runtime.work_dir or TMPDIR writable (see the data layer's fs lines)")  # fmt: skip
+        rec.add(
+            "all-reduce",
+            "fail",
+            f"no directory for the workers' run records ({e.strerror or e})",
+            "make runtime.work_dir or TMPDIR writable (see the data layer's fs lines)",
+        )
         return rec.checks
     with rec.timer() as t:
         try:
             results = start_and_reduce(ctx.cfg, ctx.device.type, n, run_dir, timeout)
         except (EnnError, OSError) as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            rec.add("all-reduce", "fail", f"{n} workers ({ctx.cfg.runtime.start_method}), timeout {timeout:.0f} s: {msg}",
-                    _fix(msg, run_dir), t(), run_dir=str(run_dir), workers=n)  # fmt: skip
+            rec.add(
+                "all-reduce",
+                "fail",
+                f"{n} workers ({ctx.cfg.runtime.start_method}), timeout {timeout:.0f} s: {msg}",
+                _fix(msg, run_dir),
+                t(),
+                run_dir=str(run_dir),
+                workers=n,
+            )
             return rec.checks
         secs = t()
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -67,11 +78,18 @@ def run(ctx: DoctorContext) -> list[Check]:
     wrong = {r: v["sum"] for r, v in results.items() if v["sum"] != want}
     lanes = results[0]["lanes"]
     reduce_ms = max(v["reduce_s"] for v in results.values()) * 1e3
-    detail = (f"{n} workers ({why}; {ctx.cfg.runtime.start_method}) started through the elastic launcher; "
-              f"all-reduce on {'+'.join(lanes)} in {reduce_ms:.0f} ms; {secs:.1f} s in all (timeout {timeout:.0f} s)")  # fmt: skip
+    detail = (
+        f"{n} workers ({why}; {ctx.cfg.runtime.start_method}) started through the elastic launcher; "
+        f"all-reduce on {'+'.join(lanes)} in {reduce_ms:.0f} ms; {secs:.1f} s in all (timeout {timeout:.0f} s)"
+    )
     if wrong:
-        rec.add("all-reduce", "fail", f"{detail}; wrong sums {wrong} (expected {want})",
-                "the collective backend returned wrong results: check the torch build and network interface", secs)  # fmt: skip
+        rec.add(
+            "all-reduce",
+            "fail",
+            f"{detail}; wrong sums {wrong} (expected {want})",
+            "the collective backend returned wrong results: check the torch build and network interface",
+            secs,
+        )
     else:
         rec.add(
             "all-reduce", "ok", detail, seconds=secs, workers=n, lanes=lanes, reduce_ms=reduce_ms
@@ -91,8 +109,10 @@ def _run_parent(ctx: DoctorContext) -> str | None:
 
 def _fix(msg: str, run_dir: Path) -> str:
     if "hung in phase" in msg or "waiting for it" in msg:
-        return (f"that rank never reached the all-reduce: read its stack in {run_dir / 'stacks'} and its log in "
-                f"{run_dir / 'logs'}; raise runtime.pg_timeout_steady_s only if it was merely slow")  # fmt: skip
+        return (
+            f"that rank never reached the all-reduce: read its stack in {run_dir / 'stacks'} and its log in "
+            f"{run_dir / 'logs'}; raise runtime.pg_timeout_steady_s only if it was merely slow"
+        )
     return (
         f"see the per-rank logs in {run_dir / 'logs'}; check that loopback TCP ports can be opened"
     )
@@ -105,12 +125,29 @@ def start_and_reduce(
     from enn_core.runtime.launch import launch
 
     spec = run_dir / "doctor-job.json"
-    spec.write_text(json.dumps({"config": to_plain(cfg), "run_dir": str(run_dir), "device": device,
-                                "timeout_s": timeout_s, "marker_dir": str(run_dir)}, default=str))  # fmt: skip
+    spec.write_text(
+        json.dumps(
+            {
+                "config": to_plain(cfg),
+                "run_dir": str(run_dir),
+                "device": device,
+                "timeout_s": timeout_s,
+                "marker_dir": str(run_dir),
+            },
+            default=str,
+        )
+    )
     spawn = cfg.runtime.spawn_budget_s  # importing torch in N fresh processes on a loaded machine
-    results = launch(worker, (str(spec),), nprocs=n, run_dir=run_dir, hang_timeout_s=timeout_s,
-                     budgets={"spawn": spawn, "bootstrap": spawn, "process_group": spawn},
-                     start_method=cfg.runtime.start_method, timeout_s=2 * spawn + 3 * timeout_s)  # fmt: skip
+    results = launch(
+        worker,
+        (str(spec),),
+        nprocs=n,
+        run_dir=run_dir,
+        hang_timeout_s=timeout_s,
+        budgets={"spawn": spawn, "bootstrap": spawn, "process_group": spawn},
+        start_method=cfg.runtime.start_method,
+        timeout_s=2 * spawn + 3 * timeout_s,
+    )
     if sorted(results) != list(range(n)):
         raise WorkerError(f"expected results from ranks 0..{n - 1}, got {sorted(results)}")
     return results
@@ -132,8 +169,13 @@ def worker(spec_path: str) -> dict[str, Any]:
     ).start()
     try:
         hb.phase("process_group")
-        env = bootstrap(device=spec["device"], threads=1, seed=cfg.runtime.seed, deterministic=False,
-                        pg_timeout_s=spec["timeout_s"])  # fmt: skip
+        env = bootstrap(
+            device=spec["device"],
+            threads=1,
+            seed=cfg.runtime.seed,
+            deterministic=False,
+            pg_timeout_s=spec["timeout_s"],
+        )
         hb.phase(PHASE)
         FaultInjector(cfg.fault, rank=rank, marker_dir=spec["marker_dir"]).at(PHASE)
         out = _reduce(env)

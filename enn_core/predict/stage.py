@@ -103,10 +103,13 @@ def run(cfg, ctx) -> dict:
     device, device_reason = select_device(cfg.runtime.device)
     label_shape = tuple(int(s) for s in ckpt["data"]["label_shape"])
     plan = PartsPlan(
-        n_rows=n_rows, rows_per_part=p.chunk_rows, out_shape=label_shape, dtype="float32",
+        n_rows=n_rows,
+        rows_per_part=p.chunk_rows,
+        out_shape=label_shape,
+        dtype="float32",
         model_fingerprint=model_io.model_fingerprint(model_sha, choice),
         input_fingerprint=input_fingerprint(ds, index),
-    )  # fmt: skip
+    )
     store = PartStore(ctx.layout.work / "predict-parts" / ctx.output().name, plan)
     discarded = store.prepare()
     if discarded:
@@ -120,20 +123,32 @@ def run(cfg, ctx) -> dict:
     world = p.world_size
     jobs = [
         workers.WorkerJob(
-            rank=r, world_size=world, parts_dir=str(store.root), plan=plan,
+            rank=r,
+            world_size=world,
+            parts_dir=str(store.root),
+            plan=plan,
             features_path=str(Path(data_dir) / ds.manifest["features"]["file"]),
-            index_path=str(index_path) if index_path else None, batch_size=p.batch_size,
+            index_path=str(index_path) if index_path else None,
+            batch_size=p.batch_size,
             loader=functools.partial(model_io.load_predictor, str(model_path), choice, str(device)),
-            device=_rank_device(device, r), threads=_threads(cfg, world), fault=cfg.fault,
+            device=_rank_device(device, r),
+            threads=_threads(cfg, world),
+            fault=cfg.fault,
             fault_marker_dir=str(ctx.faults.marker_dir or ctx.run_dir),
             hang_timeout_s=cfg.runtime.hang_timeout_s,
         )
         for r in range(world)
-    ]  # fmt: skip
+    ]
     ctx.logger.info(
         "predict: %d rows (%s) in %d parts, %d worker(s) on %s; calibration: %s (%s)",
-        n_rows, selection, plan.n_parts, world, device, choice.candidate if choice.applied else "raw", choice.reason,
-    )  # fmt: skip
+        n_rows,
+        selection,
+        plan.n_parts,
+        world,
+        device,
+        choice.candidate if choice.applied else "raw",
+        choice.reason,
+    )
     predictor = model_io.prediction_path(model, choice).to(device) if world == 1 else None
     t_pred = time.perf_counter()
     stats = workers.run(jobs, predictor, cancel=ctx.cancel)
@@ -144,13 +159,28 @@ def run(cfg, ctx) -> dict:
     reused = sorted(k for s in stats for k in s.get("reused_parts", []))
     rows_computed = sum(s.get("rows_computed", 0) for s in stats)
     summary.update(
-        model=str(model_path), model_sha256=model_sha, input=str(data_dir), selection=selection,
-        calibration={"applied": choice.applied, "candidate": choice.candidate if choice.applied else "raw", "reason": choice.reason},
-        device=str(device), device_reason=device_reason, world_size=world, n_parts=plan.n_parts,
-        computed_parts=computed, reused_parts=reused, rows_computed=rows_computed, discarded_parts=discarded,
-        rows_per_second=rows_computed / seconds_predict if seconds_predict > 0 and rows_computed else None,
+        model=str(model_path),
+        model_sha256=model_sha,
+        input=str(data_dir),
+        selection=selection,
+        calibration={
+            "applied": choice.applied,
+            "candidate": choice.candidate if choice.applied else "raw",
+            "reason": choice.reason,
+        },
+        device=str(device),
+        device_reason=device_reason,
+        world_size=world,
+        n_parts=plan.n_parts,
+        computed_parts=computed,
+        reused_parts=reused,
+        rows_computed=rows_computed,
+        discarded_parts=discarded,
+        rows_per_second=rows_computed / seconds_predict
+        if seconds_predict > 0 and rows_computed
+        else None,
         seconds=time.perf_counter() - t0,
-    )  # fmt: skip
+    )
     write_json(ctx.run_dir / "predict_summary.json", summary)
     _record(ctx, summary)
     shutil.rmtree(store.root, ignore_errors=True)

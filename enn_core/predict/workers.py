@@ -85,7 +85,10 @@ def predict_parts(
     computed, reused, rows = [], [], 0
     t_loop = time.perf_counter()
     mine = parts_of_worker(job.plan.n_parts, job.rank, job.world_size)
-    with torch.inference_mode(), bar(len(mine), f"predict rank {job.rank}", job.rank == 0, "part") as pbar:
+    with (
+        torch.inference_mode(),
+        bar(len(mine), f"predict rank {job.rank}", job.rank == 0, "part") as pbar,
+    ):
         for k in mine:
             pbar.update(1)
             if store.is_done(k):

@@ -140,8 +140,14 @@ def choose_micro_batch(
         budget, budget_how = int(budget_bytes), "given budget"
     probe = _Probe(model, loss_fn, sample, device, autocast)
     extra, extra_how = _unseen_bytes(probe, per_rank_batch, device)
-    facts = {"method": method, "per_rank": per_rank_batch, "budget_bytes": budget,
-             "budget": budget_how, "unseen_bytes": extra, "unseen": extra_how}  # fmt: skip
+    facts = {
+        "method": method,
+        "per_rank": per_rank_batch,
+        "budget_bytes": budget,
+        "budget": budget_how,
+        "unseen_bytes": extra,
+        "unseen": extra_how,
+    }
     gc.collect()  # once: cyclic garbage freed now is not mistaken for the step's need
     with probe.preserved():
         if method == "trial":
@@ -239,10 +245,12 @@ def _by_trial(
             facts.update(trials=trials, measure=reading.how)
             tried = ", ".join(_trial_text(t) for t in trials[:-1])
             fits = "fits" if need <= budget else "is over the budget but is the smallest"
-            why = (f"auto (trial): {m} of per-rank {per_rank} {fits}: forward+backward peak "
-                   f"{reading.bytes / MIB:.1f} MiB ({reading.how}) + {facts['unseen']} = "
-                   f"{need / MIB:.1f} MiB vs budget {budget / MIB:.1f} MiB ({facts['budget']})"
-                   + (f"; larger tried: {tried}" if tried else ""))  # fmt: skip
+            why = (
+                f"auto (trial): {m} of per-rank {per_rank} {fits}: forward+backward peak "
+                f"{reading.bytes / MIB:.1f} MiB ({reading.how}) + {facts['unseen']} = "
+                f"{need / MIB:.1f} MiB vs budget {budget / MIB:.1f} MiB ({facts['budget']})"
+                + (f"; larger tried: {tried}" if tried else "")
+            )
             return MicroBatchChoice(m, why, facts)
     raise TrainingError(
         f"train.micro_batch=auto: even a micro-batch of 1 row runs out of memory on {probe.device}; "
@@ -256,8 +264,9 @@ def _trial_text(t: dict) -> str:
     return f"{t['micro_batch']} (out of memory)"
 
 
-def _by_fit(probe: _Probe, per_rank: int, budget: int, extra: int, facts: dict,
-            probe_rows: int) -> MicroBatchChoice:  # fmt: skip
+def _by_fit(
+    probe: _Probe, per_rank: int, budget: int, extra: int, facts: dict, probe_rows: int
+) -> MicroBatchChoice:
     """Peak at two sizes -> fixed + per-row bytes -> the largest divisor predicted to fit."""
     b = min(per_rank, max(2, probe_rows))
     a = max(1, b // 2)
@@ -269,17 +278,24 @@ def _by_fit(probe: _Probe, per_rank: int, budget: int, extra: int, facts: dict,
     else:
         note = ""
     fixed = max(0.0, pb.bytes - slope * b)
-    facts.update(measure=pb.how, sizes=[a, b], peaks=[pa.bytes, pb.bytes],
-                 bytes_per_row=slope, fixed_bytes=fixed)  # fmt: skip
+    facts.update(
+        measure=pb.how,
+        sizes=[a, b],
+        peaks=[pa.bytes, pb.bytes],
+        bytes_per_row=slope,
+        fixed_bytes=fixed,
+    )
     predicted = {m: int(fixed + slope * m + extra) for m in divisors(per_rank)}
     fits = [m for m, need in predicted.items() if need <= budget]
     m = max(fits) if fits else 1
     facts["predicted_bytes"] = predicted[m]
     verdict = "fits" if fits else "is the smallest; even it is predicted over the budget"
-    why = (f"auto (fit): {m} of per-rank {per_rank} {verdict}: {pb.how} at {a} and {b} rows = "
-           f"{pa.bytes / MIB:.2f} and {pb.bytes / MIB:.2f} MiB -> {slope / MIB:.3f} MiB/row{note} + "
-           f"{fixed / MIB:.2f} MiB fixed, + {facts['unseen']} -> predicted {predicted[m] / MIB:.1f} MiB "
-           f"vs budget {budget / MIB:.1f} MiB ({facts['budget']})")  # fmt: skip
+    why = (
+        f"auto (fit): {m} of per-rank {per_rank} {verdict}: {pb.how} at {a} and {b} rows = "
+        f"{pa.bytes / MIB:.2f} and {pb.bytes / MIB:.2f} MiB -> {slope / MIB:.3f} MiB/row{note} + "
+        f"{fixed / MIB:.2f} MiB fixed, + {facts['unseen']} -> predicted {predicted[m] / MIB:.1f} MiB "
+        f"vs budget {budget / MIB:.1f} MiB ({facts['budget']})"
+    )
     return MicroBatchChoice(m, why, facts)
 
 

@@ -42,11 +42,24 @@ from enn_core.errors import ConfigError
 # Variables a previous distributed job (or a parent torchrun) may leave in the launcher's
 # environment; the launcher removes them so each worker sees only what its agent sets.
 STALE_ENV = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
-)  # fmt: skip
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
+)
 
 
 @dataclass(frozen=True)
@@ -114,8 +127,14 @@ def _store(rank: int, restart: int) -> dist.Store:
     """The rendezvous store under a per-run, per-attempt prefix (the restart-race fix)."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    base = dist.TCPStore(host, port, is_master=(not agent_store and rank == 0), wait_for_workers=False,
-                         timeout=_dt.timedelta(seconds=120), use_libuv=True)  # fmt: skip
+    base = dist.TCPStore(
+        host,
+        port,
+        is_master=(not agent_store and rank == 0),
+        wait_for_workers=False,
+        timeout=_dt.timedelta(seconds=120),
+        use_libuv=True,
+    )
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
     # The agent's shared store outlives attempts: key by restart count. Without it (the
     # multi-node launch), rank 0 hosts a fresh store per rendezvous round, and the restart
@@ -148,8 +167,13 @@ def bootstrap(
     dev = resolve_device(device, local_rank)
     # CPU collectives (metrics, agreement flags) always have gloo; NCCL carries CUDA tensors.
     backend = "cuda:nccl,cpu:gloo" if dev.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, store=_store(rank, restart), rank=rank, world_size=world,
-                            timeout=_dt.timedelta(seconds=pg_timeout_s))  # fmt: skip
+    dist.init_process_group(
+        backend=backend,
+        store=_store(rank, restart),
+        rank=rank,
+        world_size=world,
+        timeout=_dt.timedelta(seconds=pg_timeout_s),
+    )
     restart = _agreed_restart(restart, world)
     from torch.distributed.device_mesh import init_device_mesh
 

@@ -71,9 +71,13 @@ class Heartbeat:
         self.path = heartbeat_path(self.run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._state: dict[str, Any] = {
-            "rank": rank, "pid": os.getpid(), "attempt": attempt, "phase": "bootstrap", "step": None,
+            "rank": rank,
+            "pid": os.getpid(),
+            "attempt": attempt,
+            "phase": "bootstrap",
+            "step": None,
             "progress_time": time.time(),
-        }  # fmt: skip
+        }
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # the main thread and the beating thread both write
         self._stop = threading.Event()

@@ -125,13 +125,20 @@ class Rendezvous:
     @classmethod
     def of(cls, runtime: RuntimeConfig) -> Rendezvous:
         """The rendezvous the runtime config asks for."""
-        return cls(nnodes=runtime.nnodes, endpoint=runtime.rdzv_endpoint, run_id=runtime.rdzv_id,
-                   local_addr=runtime.local_addr, timeout_s=runtime.rdzv_timeout_s)  # fmt: skip
+        return cls(
+            nnodes=runtime.nnodes,
+            endpoint=runtime.rdzv_endpoint,
+            run_id=runtime.rdzv_id,
+            local_addr=runtime.local_addr,
+            timeout_s=runtime.rdzv_timeout_s,
+        )
 
     def resolved(self) -> tuple[str, str]:
         """(endpoint, run id) for this launch."""
-        return (self.endpoint or f"127.0.0.1:{free_port()}",
-                self.run_id or f"enn-{uuid.uuid4().hex[:12]}")  # fmt: skip
+        return (
+            self.endpoint or f"127.0.0.1:{free_port()}",
+            self.run_id or f"enn-{uuid.uuid4().hex[:12]}",
+        )
 
 
 def launch(
@@ -159,8 +166,14 @@ def launch(
     job = _Job(fn, args, nprocs, run_dir, max_restarts, start_method, rdzv)
     # On several nodes the workers start only when the last node has joined the rendezvous.
     wait = rdzv.timeout_s if rdzv.nnodes > 1 else 0.0
-    watchdog = Watchdog(run_dir, nprocs, hang_timeout_s, {**DEFAULT_BUDGETS, **(budgets or {})},
-                        local_only=rdzv.nnodes > 1, rendezvous_s=wait)  # fmt: skip
+    watchdog = Watchdog(
+        run_dir,
+        nprocs,
+        hang_timeout_s,
+        {**DEFAULT_BUDGETS, **(budgets or {})},
+        local_only=rdzv.nnodes > 1,
+        rendezvous_s=wait,
+    )
     deadline = time.time() + timeout_s if timeout_s else None
     job.start()
     try:
@@ -185,8 +198,16 @@ def launch(
 class _Job:
     """The agent thread and the worker processes it started."""
 
-    def __init__(self, fn, args, nprocs, run_dir: Path, max_restarts: int, start_method: str,
-                 rdzv: Rendezvous):  # fmt: skip
+    def __init__(
+        self,
+        fn,
+        args,
+        nprocs,
+        run_dir: Path,
+        max_restarts: int,
+        start_method: str,
+        rdzv: Rendezvous,
+    ):
         self.fn, self.args, self.nprocs, self.run_dir = fn, args, nprocs, run_dir
         self.max_restarts, self.start_method, self.rdzv = max_restarts, start_method, rdzv
         self.endpoint, self.run_id = rdzv.resolved()
@@ -208,12 +229,19 @@ class _Job:
 
         n = self.rdzv.nnodes
         cfg = LaunchConfig(
-            min_nodes=n, max_nodes=n, nproc_per_node=self.nprocs, run_id=self.run_id,
-            rdzv_backend="c10d", rdzv_endpoint=self.endpoint, local_addr=self.rdzv.local_addr or None,
-            rdzv_configs={"join_timeout": int(self.rdzv.timeout_s)}, max_restarts=self.max_restarts,
-            monitor_interval=0.1, start_method=self.start_method,
+            min_nodes=n,
+            max_nodes=n,
+            nproc_per_node=self.nprocs,
+            run_id=self.run_id,
+            rdzv_backend="c10d",
+            rdzv_endpoint=self.endpoint,
+            local_addr=self.rdzv.local_addr or None,
+            rdzv_configs={"join_timeout": int(self.rdzv.timeout_s)},
+            max_restarts=self.max_restarts,
+            monitor_interval=0.1,
+            start_method=self.start_method,
             logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / "logs"), redirects=Std.ALL),
-        )  # fmt: skip
+        )
         try:
             with clean_dist_env(shared_store=n == 1):
                 self.outcome = elastic_launch(cfg, self.fn)(*self.args)
@@ -304,9 +332,16 @@ class Watchdog:
     one node; on several (`local_only`), this node's share of the global ranks, which the
     rendezvous decides, so a missing rank is named by what this node did see."""
 
-    def __init__(self, run_dir: Path, nprocs: int, hang_timeout_s: float,
-                 budgets: dict[str, float], *, local_only: bool = False,
-                 rendezvous_s: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        nprocs: int,
+        hang_timeout_s: float,
+        budgets: dict[str, float],
+        *,
+        local_only: bool = False,
+        rendezvous_s: float = 0.0,
+    ):
         self.run_dir, self.nprocs = run_dir, nprocs
         self.hang_timeout_s, self.budgets = hang_timeout_s, budgets
         self.local_only, self.rendezvous_s = local_only, rendezvous_s
@@ -397,8 +432,15 @@ def write_error(
     """Worker side: the error record the launcher turns into the caller's exception."""
     path = Path(run_dir) / ERRORS / f"rank-{rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    rec = {"rank": rank, "type": type(err).__name__, "message": str(err).splitlines()[0] if str(err) else "",
-           "phase": phase, "step": step, "traceback": tb, "time": time.time()}  # fmt: skip
+    rec = {
+        "rank": rank,
+        "type": type(err).__name__,
+        "message": str(err).splitlines()[0] if str(err) else "",
+        "phase": phase,
+        "step": step,
+        "traceback": tb,
+        "time": time.time(),
+    }
     path.write_text(json.dumps(rec))
 
 

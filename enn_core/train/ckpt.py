@@ -87,9 +87,17 @@ class Checkpointer:
     Every rank holds one; file-system changes (sweep, rename, marker, prune) are rank 0's.
     `on_event(name, **fields)` reports saves to the run record (rank 0's events log)."""
 
-    def __init__(self, root: Path, cfg: CheckpointConfig, *, rank: int, distributed: bool,
-                 attempt: int = 0, on_event: Callable[..., None] | None = None,
-                 before_commit: Callable[[int], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Path,
+        cfg: CheckpointConfig,
+        *,
+        rank: int,
+        distributed: bool,
+        attempt: int = 0,
+        on_event: Callable[..., None] | None = None,
+        before_commit: Callable[[int], None] | None = None,
+    ) -> None:
         self.root, self.cfg, self.rank = Path(root), cfg, rank
         self.distributed, self.attempt = distributed, attempt
         self.on_event = on_event or (lambda *a, **k: None)
@@ -153,8 +161,9 @@ class Checkpointer:
         if self.cfg.async_save:
             if self.stager is None:
                 self.stager = DefaultStager(StagingOptions(False, False, False, False))
-            resp = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.pg,
-                                  async_stager=self.stager)  # fmt: skip
+            resp = dcp.async_save(
+                state, checkpoint_id=str(tmp), process_group=self.pg, async_stager=self.stager
+            )
             fut = getattr(resp, "upload_completion", resp)
             self.pending = (fut, tmp, position, trainer, t0)
             self.on_event(
@@ -197,8 +206,13 @@ class Checkpointer:
             os.fsync(f.fileno())
         fsync_dir(self.root)
         self.prune()
-        self.on_event("checkpoint_saved", position=position, seconds=time.perf_counter() - t0,
-                      path=str(final), epoch_end=bool(trainer.get("epoch_end")))  # fmt: skip
+        self.on_event(
+            "checkpoint_saved",
+            position=position,
+            seconds=time.perf_counter() - t0,
+            path=str(final),
+            epoch_end=bool(trainer.get("epoch_end")),
+        )
 
     def prune(self) -> None:
         """Keep the last `keep_last` committed checkpoints and the best one."""

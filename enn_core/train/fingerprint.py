@@ -47,13 +47,18 @@ class Fingerprint:
 
 def fingerprint(cfg: RunConfig, data_hash: str) -> Fingerprint:
     train = {k: v for k, v in to_plain(cfg.train).items() if k not in LAYOUT_ONLY_TRAIN_KEYS}
-    parts = json.loads(json.dumps({
-        "data_hash": data_hash,
-        "data": to_plain(cfg.data),
-        "model": to_plain(cfg.model),
-        "train": train,
-        "torch": torch.__version__,
-    }, default=str))  # fmt: skip
+    parts = json.loads(
+        json.dumps(
+            {
+                "data_hash": data_hash,
+                "data": to_plain(cfg.data),
+                "model": to_plain(cfg.model),
+                "train": train,
+                "torch": torch.__version__,
+            },
+            default=str,
+        )
+    )
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
     return Fingerprint(hashlib.sha256(blob).hexdigest()[:16], parts)
 

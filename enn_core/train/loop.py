@@ -247,9 +247,13 @@ def record_step(st: _State, gstep: int, out) -> None:
         st.step_losses.append(out.loss)
     else:
         es["skipped"] += 1
-    st.pending += [("step/loss", out.loss, gstep), ("step/grad_norm", out.grad_norm, gstep),
-                   ("time/data_wait_s", out.data_s, gstep), ("time/compute_s", out.compute_s, gstep),
-                   ("time/optimizer_s", out.optim_s, gstep)]  # fmt: skip
+    st.pending += [
+        ("step/loss", out.loss, gstep),
+        ("step/grad_norm", out.grad_norm, gstep),
+        ("time/data_wait_s", out.data_s, gstep),
+        ("time/compute_s", out.compute_s, gstep),
+        ("time/optimizer_s", out.optim_s, gstep),
+    ]
     if len(st.pending) >= 5 * st.log_every:
         flush_telemetry(st)
 

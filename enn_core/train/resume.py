@@ -120,8 +120,13 @@ def resume(st, path: Path | None) -> Position:
     )
     _restore_trainer(st, trainer)
     _restore_rng(st, path, trainer)
-    st.rt.events.event("resumed", checkpoint=str(path), position=trainer["position"],
-                       saved_world_size=trainer["world_size"], world_size=st.rt.env.world_size)  # fmt: skip
+    st.rt.events.event(
+        "resumed",
+        checkpoint=str(path),
+        position=trainer["position"],
+        saved_world_size=trainer["world_size"],
+        world_size=st.rt.env.world_size,
+    )
     return Position(trainer["epoch"], trainer["step"], bool(trainer.get("stopped")))
 
 

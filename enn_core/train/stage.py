@@ -68,10 +68,15 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     fp = fingerprint(cfg, StagedDataset(staged).fingerprint)
     ckpt = checkpoint_spec(cfg, ctx, fp)
     job = {
-        "config": to_plain(cfg), "staged": str(staged), "init": str(init), "run_dir": str(ctx.run_dir),
-        "result_dir": str(result_dir), "threads": threads, "checkpoint": ckpt,
+        "config": to_plain(cfg),
+        "staged": str(staged),
+        "init": str(init),
+        "run_dir": str(ctx.run_dir),
+        "result_dir": str(result_dir),
+        "threads": threads,
+        "checkpoint": ckpt,
         "marker_dir": str(ctx.faults.marker_dir) if ctx.faults.marker_dir else str(ctx.run_dir),
-    }  # fmt: skip
+    }
     job_path = ctx.run_dir / "job.json"
     job_path.write_text(json.dumps(job, indent=2, default=str))
     ctx.events.param("runtime/world_size", world)
@@ -84,13 +89,22 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     try:
         with follow_heartbeat(ctx.run_dir, total, "distributed-train", ctx.progress):
             results = launch(
-                worker.main, (str(job_path),), nprocs=world, run_dir=ctx.run_dir,
-                hang_timeout_s=cfg.runtime.hang_timeout_s, max_restarts=cfg.runtime.max_restarts,
-                budgets={"spawn": cfg.runtime.spawn_budget_s, "compile": cfg.runtime.compile_budget_s,
-                         "checkpoint": cfg.runtime.checkpoint_budget_s},
-                start_method=cfg.runtime.start_method, timeout_s=cfg.runtime.task_timeout_s,
-                cancel=ctx.cancel, rdzv=Rendezvous.of(cfg.runtime),
-            )  # fmt: skip
+                worker.main,
+                (str(job_path),),
+                nprocs=world,
+                run_dir=ctx.run_dir,
+                hang_timeout_s=cfg.runtime.hang_timeout_s,
+                max_restarts=cfg.runtime.max_restarts,
+                budgets={
+                    "spawn": cfg.runtime.spawn_budget_s,
+                    "compile": cfg.runtime.compile_budget_s,
+                    "checkpoint": cfg.runtime.checkpoint_budget_s,
+                },
+                start_method=cfg.runtime.start_method,
+                timeout_s=cfg.runtime.task_timeout_s,
+                cancel=ctx.cancel,
+                rdzv=Rendezvous.of(cfg.runtime),
+            )
     finally:
         workers = record_workers(ctx)
         forward_logs(ctx)
@@ -99,8 +113,12 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
             "distributed-train: this node ran ranks %s; model.pt is written on the node of rank 0",
             sorted(results),
         )
-        return {"node_ranks": sorted(int(r) for r in results), "outputs": [], "wall_s": time.time() - t0,
-                "ranks": {int(r): v for r, v in sorted(results.items())}}  # fmt: skip
+        return {
+            "node_ranks": sorted(int(r) for r in results),
+            "outputs": [],
+            "wall_s": time.time() - t0,
+            "ranks": {int(r): v for r, v in sorted(results.items())},
+        }
     summary = {**results[0], **workers}  # restarts and phases: MLflow, Prefect and dvc metrics
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
     record_checkpoints(ctx, summary.get("checkpoint") or {}, fp)
@@ -110,7 +128,9 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
         for name in OUTPUTS:
             shutil.copy2(result_dir / name, tmp / name)
         metrics = json.loads((tmp / "metrics.json").read_text())
-        (tmp / "metrics.json").write_text(json.dumps({**metrics, **workers}, indent=2, sort_keys=True))
+        (tmp / "metrics.json").write_text(
+            json.dumps({**metrics, **workers}, indent=2, sort_keys=True)
+        )
     summary.update(
         outputs=[str(ctx.output() / n) for n in OUTPUTS],
         wall_s=time.time() - t0,
@@ -191,16 +211,21 @@ def _read_fp(root: Path) -> dict:
 
 def explain_no_resume(ctx: StageContext, base: Path, fp: Fingerprint) -> None:
     """Log why the newest interrupted run is not resumed: its fingerprint differs."""
-    others = [d for d in ctx.layout.checkpoints.glob("*") if d.is_dir() and d.name != fp.digest
-              and committed(d) and not (d / COMPLETE).exists()]  # fmt: skip
+    others = [
+        d
+        for d in ctx.layout.checkpoints.glob("*")
+        if d.is_dir() and d.name != fp.digest and committed(d) and not (d / COMPLETE).exists()
+    ]
     if not others:
         return
     newest = max(others, key=lambda d: committed(d)[-1].stat().st_mtime)
     theirs = {k: v for k, v in _read_fp(newest).items() if k != "digest"}
     ctx.logger.info(
         "distributed-train: not resuming the interrupted run in %s, its fingerprint differs (%s); "
-        "starting fresh", newest, "; ".join(diff(theirs, fp.parts)) or "unknown",
-    )  # fmt: skip
+        "starting fresh",
+        newest,
+        "; ".join(diff(theirs, fp.parts)) or "unknown",
+    )
 
 
 def record_checkpoints(ctx: StageContext, info: dict, fp: Fingerprint) -> None:

@@ -93,9 +93,15 @@ def _run(
     faults = FaultInjector(cfg.fault, rank=rank, marker_dir=job["marker_dir"])
     faults.at("bootstrap")
     hb.phase("process_group")
-    env = bootstrap(device=cfg.runtime.device, threads=job["threads"], seed=cfg.runtime.seed,
-                    deterministic=cfg.runtime.deterministic, pg_timeout_s=cfg.runtime.pg_timeout_s,
-                    compile=cfg.train.compile, hsdp_replicas=cfg.train.hsdp_replicas)  # fmt: skip
+    env = bootstrap(
+        device=cfg.runtime.device,
+        threads=job["threads"],
+        seed=cfg.runtime.seed,
+        deterministic=cfg.runtime.deterministic,
+        pg_timeout_s=cfg.runtime.pg_timeout_s,
+        compile=cfg.train.compile,
+        hsdp_replicas=cfg.train.hsdp_replicas,
+    )
     faults.at("process_group")
     log.info(
         "process group up: rank %d of %d on %s (%s)",
@@ -109,8 +115,13 @@ def _run(
     model, _ = load_model(job["init"])
     model.train()
     precision = choose_precision(cfg.train, env.device)
-    attention = choose_attention(cfg.train, env.device, precision.dtype, heads=cfg.model.heads,
-                                 head_dim=max(1, cfg.model.d_model // cfg.model.heads))  # fmt: skip
+    attention = choose_attention(
+        cfg.train,
+        env.device,
+        precision.dtype,
+        heads=cfg.model.heads,
+        head_dim=max(1, cfg.model.d_model // cfg.model.heads),
+    )
     apply_attention(attention)
     hb.phase("compile" if cfg.train.compile else "wrap")
     faults.at("wrap")
@@ -139,17 +150,33 @@ def _run(
             v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str),
         )
     rt = Runtime(
-        env=env, model=wrapped, core=model, loss=loss, run_dir=run_dir, events=events, faults=faults,
-        heartbeat=hb, autocast=precision.autocast, grad_scaler=precision.grad_scaler(),
-        full_state=functools.partial(full_state, wrapped, env), steady_timeout_s=cfg.runtime.pg_timeout_steady_s,
+        env=env,
+        model=wrapped,
+        core=model,
+        loss=loss,
+        run_dir=run_dir,
+        events=events,
+        faults=faults,
+        heartbeat=hb,
+        autocast=precision.autocast,
+        grad_scaler=precision.grad_scaler(),
+        full_state=functools.partial(full_state, wrapped, env),
+        steady_timeout_s=cfg.runtime.pg_timeout_steady_s,
         micro_batch=micro,
-    )  # fmt: skip
+    )
     train_data = TrainData(data.features, data.labels, data.split("train"), _val_rows(data))
     ckpt, resume_from = _checkpointer(job, cfg, env, events, faults)
     rt.checkpointer = ckpt
     try:
-        result = train(cfg.train, train_data, rt, seed=cfg.runtime.seed, log_every=cfg.train.log_every,
-                       resume_from=resume_from, weights_from=_weights_from(job))  # fmt: skip
+        result = train(
+            cfg.train,
+            train_data,
+            rt,
+            seed=cfg.runtime.seed,
+            log_every=cfg.train.log_every,
+            resume_from=resume_from,
+            weights_from=_weights_from(job),
+        )
         hb.phase("checkpoint")
         faults.at("checkpoint")
         state = full_state(wrapped, env)
@@ -174,10 +201,16 @@ def auto_micro_batch(
         data.features, data.labels, data.split("train"), env.device, model.normalize
     )
     choice = choose_micro_batch(
-        wrapped, loss, sample, cfg.train.batch_size // env.world_size, env.device,
-        headroom=cfg.train.memory_headroom, autocast=precision.autocast, distributed=env.distributed,
+        wrapped,
+        loss,
+        sample,
+        cfg.train.batch_size // env.world_size,
+        env.device,
+        headroom=cfg.train.memory_headroom,
+        autocast=precision.autocast,
+        distributed=env.distributed,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-    )  # fmt: skip
+    )
     return agree_choice(choice, env)
 
 
@@ -192,10 +225,14 @@ def _checkpointer(job: dict, cfg: RunConfig, env: DistEnv, events: EventLog, fau
             "(a node-local disk); set checkpoint.dir to a directory on storage every node shares"
         )
     ckpt = Checkpointer(
-        Path(spec["dir"]), cfg.checkpoint, rank=env.rank, distributed=env.distributed,
-        attempt=env.restart, on_event=events.event,
+        Path(spec["dir"]),
+        cfg.checkpoint,
+        rank=env.rank,
+        distributed=env.distributed,
+        attempt=env.restart,
+        on_event=events.event,
         before_commit=lambda position: faults.at("checkpoint_save", position),
-    )  # fmt: skip
+    )
     explicit = bool(spec.get("resume_from"))
     latest = ckpt.prepare(resume=cfg.checkpoint.resume, keep=explicit or env.restart > 0)
     chosen = (
@@ -218,8 +255,12 @@ def _weights_from(job: dict) -> Path | None:
 def _ckpt_summary(ckpt: Checkpointer | None, resume_from: Path | None, env: DistEnv) -> dict:
     if ckpt is None:
         return {}
-    return {"dir": str(ckpt.root), "resumed_from": str(resume_from) if resume_from else "",
-            "saved_positions": ckpt.saved, "attempt": env.restart}  # fmt: skip
+    return {
+        "dir": str(ckpt.root),
+        "resumed_from": str(resume_from) if resume_from else "",
+        "saved_positions": ckpt.saved,
+        "attempt": env.restart,
+    }
 
 
 def rank_summary(result: TrainResult, env: DistEnv) -> dict[str, Any]:
@@ -280,8 +321,15 @@ def _summary(result: TrainResult, env: DistEnv, choices: dict) -> dict[str, Any]
     }
 
 
-def write_outputs(out: Path, state: dict, loss: torch.nn.Module, cfg: RunConfig, manifest: dict,
-                  result: TrainResult, summary: dict) -> None:  # fmt: skip
+def write_outputs(
+    out: Path,
+    state: dict,
+    loss: torch.nn.Module,
+    cfg: RunConfig,
+    manifest: dict,
+    result: TrainResult,
+    summary: dict,
+) -> None:
     """Rank 0: the consolidated checkpoint, metrics and history (the stage publishes them)."""
     out.mkdir(parents=True, exist_ok=True)
     loss_state = {k: v.detach().cpu().tolist() for k, v in loss.state_dict().items()}

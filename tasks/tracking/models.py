@@ -43,40 +43,65 @@ def _input_example(layout: Layout) -> np.ndarray:
     from enn_core.data.dataset import StagedDataset
 
     ds = StagedDataset(layout.output("stage-data"))
-    rows = np.asarray(ds.split("test"))[:2] if "test" in ds.manifest.get("splits", {}) else np.arange(2)
+    rows = (
+        np.asarray(ds.split("test"))[:2]
+        if "test" in ds.manifest.get("splits", {})
+        else np.arange(2)
+    )
     return np.ascontiguousarray(ds.features[np.sort(rows)], dtype=np.float32)
 
 
 def fingerprints(layout: Layout) -> dict[str, str]:
     """The dataset and split fingerprints a champion comparison must share."""
     manifest = _json(layout.output("stage-data") / "manifest.json")
-    split = json.dumps({"def": manifest.get("split_definition"), "sizes": manifest.get("splits")}, sort_keys=True)
+    split = json.dumps(
+        {"def": manifest.get("split_definition"), "sizes": manifest.get("splits")}, sort_keys=True
+    )
     import hashlib
 
-    return {"enn.data_fingerprint": str(manifest.get("content_hash", "")),
-            "enn.split_fingerprint": hashlib.sha256(split.encode()).hexdigest()[:16]}
+    return {
+        "enn.data_fingerprint": str(manifest.get("content_hash", "")),
+        "enn.split_fingerprint": hashlib.sha256(split.encode()).hexdigest()[:16],
+    }
 
 
-def _decide_champion(client: MlflowClient, name: str, val_mae: float, naive_mae: float | None,
-                     fp: dict[str, str]) -> tuple[bool, str]:
+def _decide_champion(
+    client: MlflowClient, name: str, val_mae: float, naive_mae: float | None, fp: dict[str, str]
+) -> tuple[bool, str]:
     if naive_mae is not None and not val_mae < naive_mae:
-        return False, f"validation MAE {val_mae:.4g} does not beat the conditional naive predictor's {naive_mae:.4g}"
+        return (
+            False,
+            f"validation MAE {val_mae:.4g} does not beat the conditional naive predictor's {naive_mae:.4g}",
+        )
     try:
         current = client.get_model_version_by_alias(name, "champion")
     except MlflowException:
         return True, "no champion yet"
     tags = current.tags
     if any(tags.get(k) != v for k, v in fp.items()):
-        return False, (f"the champion (version {current.version}) was measured on another dataset or split; "
-                       "compare on the same data before promoting (or register under another tracking.registered_model)")
+        return False, (
+            f"the champion (version {current.version}) was measured on another dataset or split; "
+            "compare on the same data before promoting (or register under another tracking.registered_model)"
+        )
     best = float(tags.get("enn.val_mae", "inf"))
     if val_mae < best:
-        return True, f"validation MAE {val_mae:.4g} beats the champion's {best:.4g} (version {current.version})"
-    return False, f"validation MAE {val_mae:.4g} does not beat the champion's {best:.4g} (version {current.version})"
+        return (
+            True,
+            f"validation MAE {val_mae:.4g} beats the champion's {best:.4g} (version {current.version})",
+        )
+    return (
+        False,
+        f"validation MAE {val_mae:.4g} does not beat the champion's {best:.4g} (version {current.version})",
+    )
 
 
-def register_export(client: MlflowClient, run_id: str, layout: Layout, registered_model: str,
-                    lineage: dict[str, str]) -> dict[str, Any]:
+def register_export(
+    client: MlflowClient,
+    run_id: str,
+    layout: Layout,
+    registered_model: str,
+    lineage: dict[str, str],
+) -> dict[str, Any]:
     import mlflow.onnx
     import onnx
     from mlflow.models import infer_signature
@@ -84,7 +109,10 @@ def register_export(client: MlflowClient, run_id: str, layout: Layout, registere
     export_dir = layout.output("export")
     onnx_path = export_dir / "model.onnx"
     if not onnx_path.exists():
-        return {"registered": False, "reason": f"{onnx_path} does not exist (ONNX export not produced)"}
+        return {
+            "registered": False,
+            "reason": f"{onnx_path} does not exist (ONNX export not produced)",
+        }
     report = _json(layout.output("collapse-check") / "report.json")
     chosen = report.get("chosen_metrics") or {}
     val_mae = float(chosen.get("mae", float("nan")))
@@ -98,9 +126,14 @@ def register_export(client: MlflowClient, run_id: str, layout: Layout, registere
     reqs = [f"{p}=={metadata.version(p)}" for p in ("onnx", "onnxruntime", "numpy")]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
-        mlflow.onnx.save_model(onnx.load(str(onnx_path)), str(model_dir), signature=signature,
-                               input_example=example, pip_requirements=reqs,
-                               onnx_execution_providers=["CPUExecutionProvider"])
+        mlflow.onnx.save_model(
+            onnx.load(str(onnx_path)),
+            str(model_dir),
+            signature=signature,
+            input_example=example,
+            pip_requirements=reqs,
+            onnx_execution_providers=["CPUExecutionProvider"],
+        )
         extra = model_dir / ENN_DIR
         extra.mkdir()
         for stage, names in EXTRA_FILES.items():
@@ -110,25 +143,44 @@ def register_export(client: MlflowClient, run_id: str, layout: Layout, registere
                     shutil.copy2(src, extra / n)
         client.log_artifacts(run_id, str(model_dir), "model")
     try:
-        client.create_registered_model(registered_model, description="ENN exported prediction path (real units).")
+        client.create_registered_model(
+            registered_model, description="ENN exported prediction path (real units)."
+        )
     except MlflowException:
         pass  # it exists already
     fp = fingerprints(layout)
     train = _json(layout.output("distributed-train") / "metrics.json")
-    trained = {"enn.world_size": str(train.get("world_size", "")),
-               "enn.checkpoint_step": str(train.get("applied_steps", train.get("global_step", "")))}
-    tags = {**lineage, **trained, **fp, "enn.val_mae": f"{val_mae:.6g}", "enn.candidate": report.get("chosen", "")}
+    trained = {
+        "enn.world_size": str(train.get("world_size", "")),
+        "enn.checkpoint_step": str(train.get("applied_steps", train.get("global_step", ""))),
+    }
+    tags = {
+        **lineage,
+        **trained,
+        **fp,
+        "enn.val_mae": f"{val_mae:.6g}",
+        "enn.candidate": report.get("chosen", ""),
+    }
     if naive_mae is not None:
         tags["enn.naive_conditional_val_mae"] = f"{float(naive_mae):.6g}"
-    version = client.create_model_version(registered_model, f"runs:/{run_id}/model", run_id=run_id, tags=tags)
+    version = client.create_model_version(
+        registered_model, f"runs:/{run_id}/model", run_id=run_id, tags=tags
+    )
     client.set_registered_model_alias(registered_model, "candidate", version.version)
-    promote, why = _decide_champion(client, registered_model, val_mae,
-                                    None if naive_mae is None else float(naive_mae), fp)
+    promote, why = _decide_champion(
+        client, registered_model, val_mae, None if naive_mae is None else float(naive_mae), fp
+    )
     if promote:
         client.set_registered_model_alias(registered_model, "champion", version.version)
     client.set_model_version_tag(registered_model, version.version, "enn.champion_decision", why)
-    return {"registered": True, "model": registered_model, "version": int(version.version),
-            "champion": promote, "champion_reason": why, "val_mae": val_mae}
+    return {
+        "registered": True,
+        "model": registered_model,
+        "version": int(version.version),
+        "champion": promote,
+        "champion_reason": why,
+        "val_mae": val_mae,
+    }
 
 
 def materialize(uri: str, dest: Path, tracking_uri: str | None = None) -> Path:
@@ -153,9 +205,17 @@ def resolve_model_uri(uri: str, dest: Path, tracking_uri: str | None = None) -> 
     import mlflow
     import mlflow.artifacts
 
-    if tracking_uri:  # global, as the Tracker sets it: MLflow resolves models:/ by the current registry
+    if (
+        tracking_uri
+    ):  # global, as the Tracker sets it: MLflow resolves models:/ by the current registry
         mlflow.set_tracking_uri(tracking_uri)
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri.rstrip("/") + f"/{ENN_DIR}", dst_path=str(dest)))
+    local = Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=uri.rstrip("/") + f"/{ENN_DIR}", dst_path=str(dest)
+        )
+    )
     if not (local / "model.pt").exists():
-        raise FileNotFoundError(f"{uri}: no {ENN_DIR}/model.pt in the registered model; re-run export to register it")
+        raise FileNotFoundError(
+            f"{uri}: no {ENN_DIR}/model.pt in the registered model; re-run export to register it"
+        )
     return local

@@ -60,7 +60,9 @@ def prediction_plots(layout: Layout, out_dir: Path, n_groups: int = 3) -> list[P
         return []
     meta = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     split = meta.get("split") or "test"
-    rows = np.asarray(ds.split(split)) if split in ("train", "val", "test") else np.arange(len(pred))
+    rows = (
+        np.asarray(ds.split(split)) if split in ("train", "val", "test") else np.arange(len(pred))
+    )
     if len(rows) != len(pred):
         return []
     target = np.asarray(ds.labels[rows])

@@ -54,10 +54,17 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, str]:
 
 def git_commit(root: Path) -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
         commit = out.stdout.strip() if out.returncode == 0 else "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -80,7 +87,9 @@ class Tracker:
         exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
         if exp is None:
             loc = layout.mlflow_artifacts.as_uri() if uri.startswith("sqlite") else None
-            self.experiment_id = self.client.create_experiment(cfg.tracking.experiment, artifact_location=loc)
+            self.experiment_id = self.client.create_experiment(
+                cfg.tracking.experiment, artifact_location=loc
+            )
         else:
             self.experiment_id = exp.experiment_id
         self.sweep_killed()
@@ -88,7 +97,11 @@ class Tracker:
     # -- run lifecycle -------------------------------------------------------------------
     def _own_tags(self) -> dict[str, str]:
         p = psutil.Process()
-        return {TAG_PID: str(p.pid), TAG_PID_CREATED: f"{p.create_time():.3f}", TAG_HOST: socket.gethostname()}
+        return {
+            TAG_PID: str(p.pid),
+            TAG_PID_CREATED: f"{p.create_time():.3f}",
+            TAG_HOST: socket.gethostname(),
+        }
 
     def start_parent(self, name: str, tags: dict[str, str], group: str | None = None) -> str | None:
         if not self.enabled:
@@ -115,7 +128,9 @@ class Tracker:
         self.client.set_terminated(run_id, status=status)
 
     @contextlib.contextmanager
-    def child(self, stage: str, parent_id: str | None, run_dir: Path, params: dict, tags: dict[str, str]) -> Iterator[str | None]:
+    def child(
+        self, stage: str, parent_id: str | None, run_dir: Path, params: dict, tags: dict[str, str]
+    ) -> Iterator[str | None]:
         """A child run for one stage; events in `run_dir` are forwarded while it runs."""
         if not self.enabled:
             yield None
@@ -123,7 +138,9 @@ class Tracker:
         all_tags = {**self._own_tags(), TAG_KIND: "stage", "enn.stage": stage, **tags}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
-        run_id = self.client.create_run(self.experiment_id, run_name=stage, tags=all_tags).info.run_id
+        run_id = self.client.create_run(
+            self.experiment_id, run_name=stage, tags=all_tags
+        ).info.run_id
         flat = _flatten(params)
         self.client.log_batch(run_id, params=[Param(k, v[:MAX_PARAM_LEN]) for k, v in flat.items()])
         forwarder = EventForwarder(self.client, run_id, run_dir)
@@ -140,7 +157,9 @@ class Tracker:
         forwarder.stop()
         self.end(run_id, "FINISHED")
 
-    def log_artifact(self, run_id: str | None, path: Path, artifact_path: str | None = None) -> None:
+    def log_artifact(
+        self, run_id: str | None, path: Path, artifact_path: str | None = None
+    ) -> None:
         if self.enabled and run_id and Path(path).exists():
             self.client.log_artifact(run_id, str(path), artifact_path)
 
@@ -149,8 +168,15 @@ class Tracker:
             for k, v in tags.items():
                 self.client.set_tag(run_id, k, str(v))
 
-    def after_stage(self, stage: str, run_id: str | None, layout: Layout, cfg: RunConfig,
-                    lineage: dict[str, str], run_dir: Path) -> dict:
+    def after_stage(
+        self,
+        stage: str,
+        run_id: str | None,
+        layout: Layout,
+        cfg: RunConfig,
+        lineage: dict[str, str],
+        run_dir: Path,
+    ) -> dict:
         """Artifacts, plots, lineage and (after export) the registered model of one stage."""
         if not self.enabled or run_id is None:
             return {}
@@ -165,13 +191,19 @@ class Tracker:
         plot_dir.mkdir(parents=True, exist_ok=True)
         pngs = []
         if stage == "distributed-train":
-            pngs = [p for p in [plots.loss_curves(out / "history.json", plot_dir / "loss_curves.png")] if p]
+            pngs = [
+                p
+                for p in [plots.loss_curves(out / "history.json", plot_dir / "loss_curves.png")]
+                if p
+            ]
         elif stage == "predict":
             pngs = plots.prediction_plots(layout, plot_dir)
         for png in pngs:
             self.log_artifact(run_id, png, "plots")
         if stage == "export":
-            result = models.register_export(self.client, run_id, layout, cfg.tracking.registered_model, tags)
+            result = models.register_export(
+                self.client, run_id, layout, cfg.tracking.registered_model, tags
+            )
             self.set_tags(run_id, {f"enn.registry.{k}": v for k, v in result.items()})
             return result
         return {}
@@ -180,13 +212,17 @@ class Tracker:
         """Mark runs left RUNNING by a process that is gone (on this host) as KILLED."""
         killed = []
         host = socket.gethostname()
-        for run in self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'", max_results=500):
+        for run in self.client.search_runs(
+            [self.experiment_id], "attributes.status = 'RUNNING'", max_results=500
+        ):
             tags = run.data.tags
             if tags.get(TAG_HOST) != host or TAG_PID not in tags:
                 continue
             if _process_alive(int(tags[TAG_PID]), tags.get(TAG_PID_CREATED)):
                 continue
-            self.client.set_tag(run.info.run_id, "enn.error", "process ended without closing the run (killed)")
+            self.client.set_tag(
+                run.info.run_id, "enn.error", "process ended without closing the run (killed)"
+            )
             self.client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
         return killed
@@ -245,7 +281,9 @@ class EventForwarder:
         self._thread.join(timeout=30)
         self.flush()
         if self.events:
-            self.client.log_text(self.run_id, "\n".join(json.dumps(e) for e in self.events), "events.jsonl")
+            self.client.log_text(
+                self.run_id, "\n".join(json.dumps(e) for e in self.events), "events.jsonl"
+            )
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -267,7 +305,14 @@ class EventForwarder:
             rec = json.loads(line)
             kind = rec.get("type")
             if kind == "metric":
-                metrics.append(Metric(rec["name"], rec["value"], int(rec.get("time", 0) * 1000) or now, rec.get("step") or 0))
+                metrics.append(
+                    Metric(
+                        rec["name"],
+                        rec["value"],
+                        int(rec.get("time", 0) * 1000) or now,
+                        rec.get("step") or 0,
+                    )
+                )
             elif kind == "param":
                 value = rec["value"] if isinstance(rec["value"], str) else json.dumps(rec["value"])
                 params.append(Param(rec["name"], value[:MAX_PARAM_LEN]))
@@ -276,7 +321,9 @@ class EventForwarder:
                     self.client.log_artifact(self.run_id, rec["path"], rec.get("artifact_path"))
             elif kind == "event":
                 self.events.append(rec)
-                tags.append(RunTag(f"event.{rec['name']}", json.dumps(rec.get("fields", {}))[:5000]))
+                tags.append(
+                    RunTag(f"event.{rec['name']}", json.dumps(rec.get("fields", {}))[:5000])
+                )
         for i in range(0, len(metrics), 900):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 900])
         uniq = []
@@ -286,6 +333,3 @@ class EventForwarder:
                 uniq.append(p)
         if uniq or tags:
             self.client.log_batch(self.run_id, params=uniq, tags=tags)
-
-
-

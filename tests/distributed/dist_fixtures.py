@@ -19,13 +19,26 @@ from enn_core.stage import make_context
 from enn_core.train.stage import run as train_stage
 
 TINY = [
-    "data.synthetic.n_months=4", "data.synthetic.n_daytypes=2", "data.synthetic.n_directions=2",
-    "data.synthetic.n_sections=4", "data.synthetic.n_hours=6",
-    "model.d_model=16", "model.heads=2", "model.layers=2", "model.embed_dim=4",
-    "train.epochs=2", "train.batch_size=8", "train.warmup_steps=2", "train.patience=0",
-    "runtime.world_size=2", "runtime.hang_timeout_s=60", "runtime.pg_timeout_s=60",
-    "runtime.pg_timeout_steady_s=60", "runtime.progress=false", "runtime.threads_per_worker=1",
-]  # fmt: skip
+    "data.synthetic.n_months=4",
+    "data.synthetic.n_daytypes=2",
+    "data.synthetic.n_directions=2",
+    "data.synthetic.n_sections=4",
+    "data.synthetic.n_hours=6",
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers=2",
+    "model.embed_dim=4",
+    "train.epochs=2",
+    "train.batch_size=8",
+    "train.warmup_steps=2",
+    "train.patience=0",
+    "runtime.world_size=2",
+    "runtime.hang_timeout_s=60",
+    "runtime.pg_timeout_s=60",
+    "runtime.pg_timeout_steady_s=60",
+    "runtime.progress=false",
+    "runtime.threads_per_worker=1",
+]
 
 
 def cfg_of(*extra: str) -> RunConfig:

@@ -32,11 +32,15 @@ def write_job(
     checkpoints unless `checkpoint` (enn_core.train.stage.checkpoint_spec) is given."""
     run_dir.mkdir(parents=True, exist_ok=True)
     job = {
-        "config": to_plain(cfg), "staged": str(layout.output("stage-data")),
-        "init": str(layout.output("prepare-checkpoint") / "init.pt"), "run_dir": str(run_dir),
-        "result_dir": str(result_dir), "threads": cfg.runtime.threads_per_worker or 1,
-        "marker_dir": str(run_dir), **({"checkpoint": checkpoint} if checkpoint else {}),
-    }  # fmt: skip
+        "config": to_plain(cfg),
+        "staged": str(layout.output("stage-data")),
+        "init": str(layout.output("prepare-checkpoint") / "init.pt"),
+        "run_dir": str(run_dir),
+        "result_dir": str(result_dir),
+        "threads": cfg.runtime.threads_per_worker or 1,
+        "marker_dir": str(run_dir),
+        **({"checkpoint": checkpoint} if checkpoint else {}),
+    }
     path = run_dir / f"{name}.json"
     path.write_text(json.dumps(job, indent=2, default=str))
     return path

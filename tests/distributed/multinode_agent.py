@@ -28,16 +28,30 @@ from enn_core.train import worker
 
 
 def run_job(job: str, run_dir: str, endpoint: str, rdzv_id: str, max_restarts: str) -> dict:
-    rdzv = Rendezvous(nnodes=2, endpoint=endpoint, run_id=rdzv_id, local_addr="127.0.0.1",
-                      timeout_s=120)  # fmt: skip
-    results = launch(worker.main, (job,), nprocs=1, run_dir=run_dir, hang_timeout_s=60,
-                     rdzv=rdzv, timeout_s=240, max_restarts=int(max_restarts))  # fmt: skip
+    rdzv = Rendezvous(
+        nnodes=2, endpoint=endpoint, run_id=rdzv_id, local_addr="127.0.0.1", timeout_s=120
+    )
+    results = launch(
+        worker.main,
+        (job,),
+        nprocs=1,
+        run_dir=run_dir,
+        hang_timeout_s=60,
+        rdzv=rdzv,
+        timeout_s=240,
+        max_restarts=int(max_restarts),
+    )
     return {"ranks": {str(r): v for r, v in results.items()}}
 
 
 def run_stage(project: str, endpoint: str, rdzv_id: str) -> dict:
-    cfg = cfg_of("runtime.world_size=1", "runtime.nnodes=2", f"runtime.rdzv_endpoint={endpoint}",
-                 f"runtime.rdzv_id={rdzv_id}", "runtime.local_addr=127.0.0.1")  # fmt: skip
+    cfg = cfg_of(
+        "runtime.world_size=1",
+        "runtime.nnodes=2",
+        f"runtime.rdzv_endpoint={endpoint}",
+        f"runtime.rdzv_id={rdzv_id}",
+        "runtime.local_addr=127.0.0.1",
+    )
     summary, run_dir = run_train(Layout.for_root(project), cfg)
     return {"summary": summary, "run_dir": str(run_dir)}
 

@@ -72,9 +72,11 @@ def test_hsdp_2x2_equals_fsdp_on_4(tiny_project, tmp_path):
     history, state = _result(run_dir / "hsdp")
     assert len(history["step_losses"]) >= 10
     torch.testing.assert_close(
-        torch.tensor(history["step_losses"]), torch.tensor(ref_history["step_losses"]),
-        rtol=1e-5, atol=0,
-    )  # fmt: skip
+        torch.tensor(history["step_losses"]),
+        torch.tensor(ref_history["step_losses"]),
+        rtol=1e-5,
+        atol=0,
+    )
     assert state.keys() == ref_state.keys()
     # part 1's tolerance: the attention key bias has a zero true gradient, and Adam turns
     # the summation-order noise of that gradient into lr-sized steps (~7e-6 here; 1e-7 elsewhere)
@@ -99,8 +101,12 @@ AGENT = Path(__file__).with_name("multinode_agent.py")
 
 def _start_agent(log: Path, *args: str) -> subprocess.Popen:
     with open(log, "w") as out:  # its own session: killpg ends it and its workers
-        return subprocess.Popen([sys.executable, str(AGENT), *args], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, str(AGENT), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _finish(agents: list[subprocess.Popen], work) -> list[int]:
@@ -192,8 +198,20 @@ def _beat(run_dir: Path, rank: int, age: float, phase: str = "step") -> None:
     path = heartbeat_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     now = time.time()
-    path.write_text(json.dumps({"rank": rank, "pid": 1, "phase": phase, "step": 3, "frame": "x.py:1 in f",
-                                "progress_time": now - age, "beat_time": now, "in_collective": False}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "pid": 1,
+                "phase": phase,
+                "step": 3,
+                "frame": "x.py:1 in f",
+                "progress_time": now - age,
+                "beat_time": now,
+                "in_collective": False,
+            }
+        )
+    )
 
 
 def test_watchdog_of_a_node_that_owns_global_ranks_2_and_3(tmp_path):
@@ -213,8 +231,9 @@ def test_watchdog_of_a_node_that_owns_global_ranks_2_and_3(tmp_path):
 def test_multi_node_config_needs_endpoint_and_id():
     ok = ["runtime.nnodes=2", "runtime.rdzv_endpoint=node0:29400", "runtime.rdzv_id=job42"]
     rt = load_config(None, ok).runtime
-    assert Rendezvous.of(rt) == Rendezvous(nnodes=2, endpoint="node0:29400", run_id="job42",
-                                           timeout_s=rt.rdzv_timeout_s)  # fmt: skip
+    assert Rendezvous.of(rt) == Rendezvous(
+        nnodes=2, endpoint="node0:29400", run_id="job42", timeout_s=rt.rdzv_timeout_s
+    )
     with pytest.raises(ConfigError, match="runtime.nnodes=2 needs runtime.rdzv_endpoint"):
         load_config(None, ok[:2])
     with pytest.raises(ConfigError, match="is not host:port"):
@@ -241,7 +260,12 @@ def test_ranks_not_sharing_names_the_rank_on_another_disk(tmp_path):
     """Two ranks given different directories stand for two nodes with local disks."""
     shared, local = str(tmp_path / "shared"), str(tmp_path / "node1-local")
     for dirs, expected in (([shared, shared], []), ([shared, local], [1])):
-        results = launch(probe_shared, (dirs,), nprocs=2, run_dir=tmp_path / f"run{len(expected)}",
-                         hang_timeout_s=60)  # fmt: skip
+        results = launch(
+            probe_shared,
+            (dirs,),
+            nprocs=2,
+            run_dir=tmp_path / f"run{len(expected)}",
+            hang_timeout_s=60,
+        )
         assert results[0] == results[1] == expected
     assert not list((tmp_path / "shared").iterdir())  # the probe is removed

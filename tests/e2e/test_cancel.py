@@ -188,10 +188,20 @@ def test_cancel_event_kills_prediction_workers(tmp_path):
     markers = tmp_path / "faults"
     hang = FaultConfig(kind="hang", phase="predict_chunk", times=2)  # both workers stall
     jobs = [
-        WorkerJob(r, 2, str(store.root), plan, str(tmp_path / "features.npy"), None, 4,
-                  loader=torch.nn.Identity, fault=hang, fault_marker_dir=str(markers))
+        WorkerJob(
+            r,
+            2,
+            str(store.root),
+            plan,
+            str(tmp_path / "features.npy"),
+            None,
+            4,
+            loader=torch.nn.Identity,
+            fault=hang,
+            fault_marker_dir=str(markers),
+        )
         for r in range(2)
-    ]  # fmt: skip
+    ]
     cancel = threading.Event()
 
     def cancel_once_both_hang() -> None:

@@ -22,8 +22,12 @@ TWO = ("stage-data", "prepare-checkpoint")
 
 def http(url: str, body: dict | None = None) -> dict | list:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
-                                 method="POST" if body is not None else "GET")
+    req = urllib.request.Request(
+        url,
+        data=data,
+        headers={"Content-Type": "application/json"},
+        method="POST" if body is not None else "GET",
+    )
     with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback
         return json.loads(r.read() or b"null")
 
@@ -34,15 +38,34 @@ def two_stage(tmp_path, prefect_home_shared):
 
 
 def test_transient_fault_is_retried_and_bad_input_is_not(two_stage):
-    ok = two_stage.run("enn", "run", "--until", "stage-data", "--set", "fault.kind=transient",
-                       "--set", "fault.phase=stage-data", "--set", "fault.times=1")
+    ok = two_stage.run(
+        "enn",
+        "run",
+        "--until",
+        "stage-data",
+        "--set",
+        "fault.kind=transient",
+        "--set",
+        "fault.phase=stage-data",
+        "--set",
+        "fault.times=1",
+    )
     text = ok.stdout + ok.stderr
     assert "injected transient fault" in text
     assert re.search(r"Retry 1/2 will start", text), text[-3000:]
     assert re.search(r"^stage-data\s+ran", ok.stdout, re.M)
 
-    bad = two_stage.run("enn", "run", "--until", "stage-data", "--set", "data.source=npy",
-                        "--set", "data.path=missing.npy", check=False)
+    bad = two_stage.run(
+        "enn",
+        "run",
+        "--until",
+        "stage-data",
+        "--set",
+        "data.source=npy",
+        "--set",
+        "data.path=missing.npy",
+        check=False,
+    )
     assert bad.returncode == 3, bad.stderr[-2000:]
     assert "missing.npy" in bad.stderr
     assert "Retry" not in bad.stdout + bad.stderr
@@ -51,17 +74,36 @@ def test_transient_fault_is_retried_and_bad_input_is_not(two_stage):
 def test_retried_training_task_resumes_from_its_checkpoint(tmp_path, prefect_home_shared):
     """A transient error mid-training: Prefect retries the task (a fresh rendezvous), and the
     retry resumes from the last committed checkpoint instead of starting over."""
-    project = make_project(tmp_path / "proj", prefect_home_shared, stages=(*TWO, "distributed-train"))
-    out = project.run("enn", "run", "--until", "distributed-train", "--set", "train.epochs=2",
-                      "--set", "checkpoint.every_steps=2", "--set", "fault.kind=transient",
-                      "--set", "fault.phase=step", "--set", "fault.step=7")  # fmt: skip
+    project = make_project(
+        tmp_path / "proj", prefect_home_shared, stages=(*TWO, "distributed-train")
+    )
+    out = project.run(
+        "enn",
+        "run",
+        "--until",
+        "distributed-train",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "checkpoint.every_steps=2",
+        "--set",
+        "fault.kind=transient",
+        "--set",
+        "fault.phase=step",
+        "--set",
+        "fault.step=7",
+    )
     text = out.stdout + out.stderr
     assert re.search(r"Retry 1/2 will start", text), text[-3000:]
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}")
+    client = MlflowClient(
+        tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
+    )
     exp = client.get_experiment_by_name("enn")
-    train = client.search_runs([exp.experiment_id], "tags.`mlflow.runName` = 'distributed-train'")[0]
+    train = client.search_runs([exp.experiment_id], "tags.`mlflow.runName` = 'distributed-train'")[
+        0
+    ]
     # 5 steps per epoch: saves at 2, 4, 5 (epoch end), 6; the fault before step 7
     assert train.data.params["checkpoint/resumed_from"].endswith("step-00000006")
     assert train.data.params["checkpoint/fingerprint"]
@@ -69,8 +111,15 @@ def test_retried_training_task_resumes_from_its_checkpoint(tmp_path, prefect_hom
 
 
 def _start(project, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["enn", *args], cwd=project.root, env=project.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        ["enn", *args],
+        cwd=project.root,
+        env=project.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _read_until(proc: subprocess.Popen, pattern: str, timeout: float) -> re.Match:
@@ -112,11 +161,18 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
         train_id = by_name["scheduled"]["id"]
         scheduled = []
         while time.time() < deadline and not scheduled:  # the server's scheduler, not a tick
-            scheduled = http(f"{api}/flow_runs/filter", {
-                "deployments": {"id": {"any_": [train_id]}}, "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+            scheduled = http(
+                f"{api}/flow_runs/filter",
+                {
+                    "deployments": {"id": {"any_": [train_id]}},
+                    "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
+                },
+            )
             time.sleep(1)
         assert scheduled, "the scheduler created no scheduled run"
-        run = http(f"{api}/deployments/{train_id}/create_flow_run", {"state": {"type": "SCHEDULED"}})
+        run = http(
+            f"{api}/deployments/{train_id}/create_flow_run", {"state": {"type": "SCHEDULED"}}
+        )
         deadline = time.time() + 900
         state = None
         while time.time() < deadline:
@@ -129,11 +185,17 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
         _stop(proc)
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}")
+    client = MlflowClient(
+        tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
+    )
     exp = client.get_experiment_by_name("enn")
     parents = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{run['id']}'")
     assert parents and parents[0].info.status == "FINISHED"
-    leftovers = [p for p in psutil.process_iter(["cmdline"]) if api.split(":")[2].split("/")[0] in " ".join(p.info["cmdline"] or [])]
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if api.split(":")[2].split("/")[0] in " ".join(p.info["cmdline"] or [])
+    ]
     assert not leftovers, "the Prefect server outlived enn deploy"
 
 
@@ -144,7 +206,9 @@ def test_mlflow_ui_serves_the_runs_over_rest(two_stage):
         url = _read_until(proc, r"MLflow UI: (http://127\.0\.0\.1:\d+)", 240).group(1)
         exps = http(f"{url}/api/2.0/mlflow/experiments/search", {"max_results": 10})["experiments"]
         exp = next(e for e in exps if e["name"] == "enn")
-        found = http(f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
+        found = http(
+            f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]]}
+        )["runs"]
         assert "stage-data" in {r["info"]["run_name"] for r in found}
     finally:
         _stop(proc)

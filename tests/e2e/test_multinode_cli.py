@@ -18,17 +18,45 @@ STAGES = ("stage-data", "prepare-checkpoint", "distributed-train")
 
 
 def test_two_nodes_run_one_training_job_with_shared_checkpoints(tmp_path, prefect_home_shared):
-    nodes = [make_project(tmp_path / f"node{i}", prefect_home_shared, stages=STAGES) for i in (0, 1)]
+    nodes = [
+        make_project(tmp_path / f"node{i}", prefect_home_shared, stages=STAGES) for i in (0, 1)
+    ]
     for node in nodes:  # the same staged data and initial checkpoint on every machine
         node.run("enn", "stage-data")
         node.run("enn", "prepare-checkpoint")
     shared = tmp_path / "shared-checkpoints"
-    args = ["enn", "distributed-train", "--set", "runtime.nnodes=2", "--set", "runtime.world_size=1",
-            "--set", f"runtime.rdzv_endpoint=127.0.0.1:{free_port()}", "--set", "runtime.rdzv_id=test-job-1",
-            "--set", "runtime.local_addr=127.0.0.1", "--set", f"checkpoint.dir={shared}",
-            "--set", "train.epochs=2", "--set", "checkpoint.every_steps=4"]  # fmt: skip
-    procs = [subprocess.Popen(args, cwd=n.root, env=n.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True) for n in nodes]  # fmt: skip
+    args = [
+        "enn",
+        "distributed-train",
+        "--set",
+        "runtime.nnodes=2",
+        "--set",
+        "runtime.world_size=1",
+        "--set",
+        f"runtime.rdzv_endpoint=127.0.0.1:{free_port()}",
+        "--set",
+        "runtime.rdzv_id=test-job-1",
+        "--set",
+        "runtime.local_addr=127.0.0.1",
+        "--set",
+        f"checkpoint.dir={shared}",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "checkpoint.every_steps=4",
+    ]
+    procs = [
+        subprocess.Popen(
+            args,
+            cwd=n.root,
+            env=n.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for n in nodes
+    ]
     try:
         outs = [p.communicate(timeout=600)[0] for p in procs]
     finally:

@@ -28,7 +28,9 @@ def flow(project, *extra: str, check: bool = True):
 
 
 def dvc_clean(project) -> bool:
-    out = project.run("dvc", "status", "dvc.yaml")  # the training pipeline (prediction/ has its own)
+    out = project.run(
+        "dvc", "status", "dvc.yaml"
+    )  # the training pipeline (prediction/ has its own)
     return "Data and pipelines are up to date" in out.stdout
 
 
@@ -49,14 +51,21 @@ def test_flow_then_dvc_is_clean_and_repro_is_noop(two_stage):
 
 def test_dvc_repro_then_flow_skips_every_stage(two_stage):
     out = two_stage.run("dvc", "repro")
-    assert "Running stage 'stage_data'" in out.stdout and "Running stage 'prepare_checkpoint'" in out.stdout
+    assert (
+        "Running stage 'stage_data'" in out.stdout
+        and "Running stage 'prepare_checkpoint'" in out.stdout
+    )
     # the stages of one `dvc repro` are grouped under one MLflow parent run
     from tests.e2e.test_tracking import runs
 
     all_runs = runs(two_stage)
     parents = [r for r in all_runs if r.data.tags.get("enn.kind") == "pipeline"]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED", [r.info.run_name for r in parents]
-    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED", [
+        r.info.run_name for r in parents
+    ]
+    children = [
+        r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id
+    ]
     assert sorted(r.info.run_name for r in children) == sorted(TWO)
     _, status = flow(two_stage)
     assert status == {"stage-data": "skipped", "prepare-checkpoint": "skipped"}
@@ -92,8 +101,20 @@ def test_changes_rerun_exactly_the_dependent_stages(two_stage):
     rng = np.random.default_rng(0)
     np.save(p.root / "x.npy", rng.normal(size=(64, 3)).astype(np.float32))
     np.save(p.root / "y.npy", rng.normal(size=(64, 4)).astype(np.float32))
-    p.set_params(["data.source=npy", "data.path=x.npy", "data.labels_path=y.npy", "data.categorical=[]",
-                  "data.cyclic=[]", "data.cyclic_periods=[]", "data.cyclic_starts=[]", "data.label_axes=[]", "data.naive_keys=[]", "model.preset=tabular"])
+    p.set_params(
+        [
+            "data.source=npy",
+            "data.path=x.npy",
+            "data.labels_path=y.npy",
+            "data.categorical=[]",
+            "data.cyclic=[]",
+            "data.cyclic_periods=[]",
+            "data.cyclic_starts=[]",
+            "data.label_axes=[]",
+            "data.naive_keys=[]",
+            "model.preset=tabular",
+        ]
+    )
     _, first = flow(p)
     assert first == {"stage-data": "ran", "prepare-checkpoint": "ran"}
 
@@ -117,8 +138,22 @@ def test_changes_rerun_exactly_the_dependent_stages(two_stage):
 def test_two_pipeline_runs_never_interleave(two_stage):
     p = two_stage
     first = subprocess.Popen(
-        ["enn", "stage-data", "--set", "fault.kind=delay", "--set", "fault.phase=stage-data", "--set", "fault.seconds=30"],
-        cwd=p.root, env=p.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            "enn",
+            "stage-data",
+            "--set",
+            "fault.kind=delay",
+            "--set",
+            "fault.phase=stage-data",
+            "--set",
+            "fault.seconds=30",
+        ],
+        cwd=p.root,
+        env=p.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lock = p.root / "work" / "pipeline.lock"
         deadline = time.time() + 60

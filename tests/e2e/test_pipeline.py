@@ -23,8 +23,30 @@ from tests.conftest import Project, make_project
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 GUARD = Path(__file__).parent / "netguard"
 # Local tools a library may run (platform probes, compilers, git): none of them opens a socket.
-NON_PYTHON_OK = {"sh", "bash", "dash", "git", "uname", "ldconfig", "gcc", "cc", "cc1", "as", "ld", "collect2",
-                 "file", "lscpu", "getconf", "nproc", "which", "hostname", "id", "ps", "cat", "env"}
+NON_PYTHON_OK = {
+    "sh",
+    "bash",
+    "dash",
+    "git",
+    "uname",
+    "ldconfig",
+    "gcc",
+    "cc",
+    "cc1",
+    "as",
+    "ld",
+    "collect2",
+    "file",
+    "lscpu",
+    "getconf",
+    "nproc",
+    "which",
+    "hostname",
+    "id",
+    "ps",
+    "cat",
+    "env",
+}
 
 
 class TreeWatcher:
@@ -80,13 +102,24 @@ def ran(tmp_path_factory) -> Ran:
             f.write("\n# touched by the test\n")
         result.outputs["repro3"] = project.run("dvc", "repro", timeout=900).stdout
         result.outputs["predict_flow"] = project.run(
-            "enn", "run", "--flow", "prediction", "--model", "models:/enn-model@champion", timeout=900).stdout
-        result.outputs["predict_repro"] = project.run("dvc", "repro", cwd=project.root / "prediction", timeout=600).stdout
+            "enn",
+            "run",
+            "--flow",
+            "prediction",
+            "--model",
+            "models:/enn-model@champion",
+            timeout=900,
+        ).stdout
+        result.outputs["predict_repro"] = project.run(
+            "dvc", "repro", cwd=project.root / "prediction", timeout=600
+        ).stdout
         # a predict param: dvc re-runs predict and collapse-check
         from flows.params_file import apply_overrides
 
         apply_overrides(project.root / "prediction" / "params.yaml", ["predict.chunk_rows=7"])
-        result.outputs["predict_repro2"] = project.run("dvc", "repro", cwd=project.root / "prediction", timeout=600).stdout
+        result.outputs["predict_repro2"] = project.run(
+            "dvc", "repro", cwd=project.root / "prediction", timeout=600
+        ).stdout
         # importing more code (the prediction flow) must not make the training pipeline stale
         result.outputs["status_after"] = project.run("dvc", "status", "dvc.yaml").stdout
     result.tree = tree.seen
@@ -99,13 +132,23 @@ def test_training_flow_ran_every_stage(ran):
     status = dict(re.findall(r"^(\S+)\s+(ran|skipped)\s", ran.outputs["flow"], re.M))
     assert status == {s: "ran" for s in STAGES}, ran.outputs["flow"]
     root = ran.project.root
-    for path in ("outputs/stage-data/manifest.json", "outputs/prepare-checkpoint/init.pt",
-                 "outputs/distributed-train/model.pt", "outputs/validate/metrics.json",
-                 "outputs/predict/predictions.npy", "outputs/predict/predictions.parquet",
-                 "outputs/collapse-check/report.json", "outputs/collapse-check/calibration.json",
-                 "outputs/export/model.onnx", "outputs/export/model.pt2", "outputs/export/sidecar.json",
-                 "outputs/export/parity.json", "outputs/metrics/validate.json",
-                 "outputs/metrics/distributed-train.json", "outputs/plots/distributed-train.json"):
+    for path in (
+        "outputs/stage-data/manifest.json",
+        "outputs/prepare-checkpoint/init.pt",
+        "outputs/distributed-train/model.pt",
+        "outputs/validate/metrics.json",
+        "outputs/predict/predictions.npy",
+        "outputs/predict/predictions.parquet",
+        "outputs/collapse-check/report.json",
+        "outputs/collapse-check/calibration.json",
+        "outputs/export/model.onnx",
+        "outputs/export/model.pt2",
+        "outputs/export/sidecar.json",
+        "outputs/export/parity.json",
+        "outputs/metrics/validate.json",
+        "outputs/metrics/distributed-train.json",
+        "outputs/plots/distributed-train.json",
+    ):
         assert (root / path).exists(), path
     train = json.loads((root / "outputs/distributed-train/metrics.json").read_text())
     assert train["world_size"] == 2
@@ -132,7 +175,9 @@ def test_dvc_repro_runs_the_evaluation_stages_and_the_prediction_pipeline(ran):
         assert f"Running stage '{stage}'" in ran.outputs["repro3"], ran.outputs["repro3"]
     assert "Running stage 'stage_data'" not in ran.outputs["repro3"]
     for stage in ("predict", "collapse_check"):
-        assert f"Running stage '{stage}'" in ran.outputs["predict_repro2"], ran.outputs["predict_repro2"]
+        assert f"Running stage '{stage}'" in ran.outputs["predict_repro2"], ran.outputs[
+            "predict_repro2"
+        ]
     assert (ran.project.root / "outputs" / "export" / "model.onnx").exists()
 
 
@@ -143,16 +188,27 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     exp = client.get_experiment_by_name("enn")
     runs = client.search_runs([exp.experiment_id], max_results=500)
-    parent = next(r for r in runs if r.data.tags.get("enn.pipeline") == "training" and r.data.tags.get("enn.kind") == "pipeline")
+    parent = next(
+        r
+        for r in runs
+        if r.data.tags.get("enn.pipeline") == "training"
+        and r.data.tags.get("enn.kind") == "pipeline"
+    )
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["prefect.flow_run_id"]
-    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    children = {
+        r.info.run_name: r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
     assert len(children) == 7 and all(c.info.status == "FINISHED" for c in children.values())
     train = children["distributed-train"]
     val_loss = [k for k in train.data.metrics if "val" in k and "loss" in k]
     assert val_loss, sorted(train.data.metrics)
     assert len(client.get_metric_history(train.info.run_id, val_loss[0])) >= 2  # per epoch
-    assert any(k.startswith("bottleneck/") for k in train.data.metrics), "telemetry: per-epoch verdict"
+    assert any(k.startswith("bottleneck/") for k in train.data.metrics), (
+        "telemetry: per-epoch verdict"
+    )
     assert any(k.startswith("memory/") for k in train.data.metrics), "telemetry: memory"
     assert "diagnostics.json" in {a.path for a in client.list_artifacts(train.info.run_id)}
     arts = {a.path for a in client.list_artifacts(train.info.run_id)}
@@ -162,12 +218,20 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     params = train.data.params
     assert params.get("runtime/world_size") == "2"
     recorded = " ".join(k for k in params if k.startswith("runtime/"))
-    assert "precision" in recorded and ("attention" in recorded or "backend" in recorded), sorted(params)
-    for stage, name in (("stage-data", "manifest.json"), ("collapse-check", "report.json"), ("export", "sidecar.json")):
+    assert "precision" in recorded and ("attention" in recorded or "backend" in recorded), sorted(
+        params
+    )
+    for stage, name in (
+        ("stage-data", "manifest.json"),
+        ("collapse-check", "report.json"),
+        ("export", "sidecar.json"),
+    ):
         assert name in {a.path for a in client.list_artifacts(children[stage].info.run_id)}, stage
     # stage-data's child run also shows its params: the data section and what it staged
     staged = children["stage-data"].data.params
-    manifest = json.loads((ran.project.root / "outputs" / "stage-data" / "manifest.json").read_text())
+    manifest = json.loads(
+        (ran.project.root / "outputs" / "stage-data" / "manifest.json").read_text()
+    )
     assert staged.get("data.source") == manifest["source"]["kind"], sorted(staged)
     assert staged.get("data_content_hash") == manifest["content_hash"], sorted(staged)
     version = client.get_model_version_by_alias("enn-model", "champion")
@@ -196,7 +260,9 @@ def test_champion_loads_and_predicts_in_real_units(ran):
     pred = next(iter(out.values())) if isinstance(out, dict) else np.asarray(out)
     target = np.asarray(ds.labels[rows])
     assert pred.shape == target.shape
-    assert np.abs(pred - target).mean() < np.abs(target - target.mean()).mean()  # real units, skilful
+    assert (
+        np.abs(pred - target).mean() < np.abs(target - target.mean()).mean()
+    )  # real units, skilful
     flow_pred = np.load(root / "prediction" / "outputs" / "predict" / "predictions.npy")
     assert flow_pred.ndim == 3 and np.isfinite(flow_pred).all()
 
@@ -204,33 +270,54 @@ def test_champion_loads_and_predicts_in_real_units(ran):
 def test_prediction_flow_and_pipeline(ran):
     assert "collapse-check" in ran.outputs["predict_flow"]
     root = ran.project.root
-    assert (root / "prediction" / "model" / "SOURCE").read_text().strip() == "models:/enn-model@champion"
+    assert (
+        root / "prediction" / "model" / "SOURCE"
+    ).read_text().strip() == "models:/enn-model@champion"
     assert not (root / "prediction" / "work").exists(), "state must stay in the project's work/"
-    report = json.loads((ran.project.root / "prediction/outputs/collapse-check/report.json").read_text())
+    report = json.loads(
+        (ran.project.root / "prediction/outputs/collapse-check/report.json").read_text()
+    )
     assert report
     # the flow recorded the downloaded champion (a local path DVC hashes): dvc repro agrees
-    assert "Data and pipelines are up to date" in ran.outputs["predict_repro"], ran.outputs["predict_repro"]
+    assert "Data and pipelines are up to date" in ran.outputs["predict_repro"], ran.outputs[
+        "predict_repro"
+    ]
 
 
 def test_every_process_was_offline_and_watched(ran):
     violations = [json.loads(p.read_text()) for p in ran.guard_dir.glob("violation-*.json")]
     assert not violations, "non-loopback network use:\n" + "\n".join(
-        f"{v['kind']} {v['target']} in {' '.join(v['argv'])[:120]}\n{''.join(v['stack'][-4:])}" for v in violations)
-    watched = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in ran.guard_dir.glob("watched-*.json")}
+        f"{v['kind']} {v['target']} in {' '.join(v['argv'])[:120]}\n{''.join(v['stack'][-4:])}"
+        for v in violations
+    )
+    watched = {
+        int(p.stem.split("-")[1]): json.loads(p.read_text())
+        for p in ran.guard_dir.glob("watched-*.json")
+    }
     unwatched = []
     for pid, (name, cmd) in ran.tree.items():
-        is_python = "python" in name or bool(cmd and "python" in Path(cmd[0]).name) or name in ("enn", "dvc", "prefect")
+        is_python = (
+            "python" in name
+            or bool(cmd and "python" in Path(cmd[0]).name)
+            or name in ("enn", "dvc", "prefect")
+        )
         # multiprocessing's resource tracker (stdlib: it only reads a pipe of semaphore names,
         # never a socket) can be SIGKILLed with the worker group before its interpreter has
         # imported site, so it may leave no proof; it is the one helper excused
-        if is_python and pid not in watched and "multiprocessing.resource_tracker" not in " ".join(cmd):
+        if (
+            is_python
+            and pid not in watched
+            and "multiprocessing.resource_tracker" not in " ".join(cmd)
+        ):
             unwatched.append(f"{pid} {' '.join(cmd)[:150]}")
         elif not is_python and name not in NON_PYTHON_OK:
             unwatched.append(f"{pid} (not python: {name}) {' '.join(cmd)[:150]}")
     assert not unwatched, "child processes the guard did not watch:\n" + "\n".join(unwatched)
     cmds = [" ".join(w["argv"]) for w in watched.values()]
     assert any(c.split(" ")[0].endswith("enn") and " run" in c for c in cmds), "the flow process"
-    assert any("uvicorn" in c or "prefect" in c for c in cmds if not c.split(" ")[0].endswith("enn")), "the Prefect server"
+    assert any(
+        "uvicorn" in c or "prefect" in c for c in cmds if not c.split(" ")[0].endswith("enn")
+    ), "the Prefect server"
     assert any("multiprocessing" in c or "spawn" in c for c in cmds), "worker processes"
     assert any(c.split(" ")[0].endswith("dvc") for c in cmds), "dvc"
 
@@ -241,9 +328,21 @@ def test_warm_start_from_the_registered_champion(ran):
     import torch
 
     root = ran.project.root
-    ran.project.run("enn", "prepare-checkpoint", "--set", "checkpoint.init_from=models:/enn-model@champion", timeout=600)
+    ran.project.run(
+        "enn",
+        "prepare-checkpoint",
+        "--set",
+        "checkpoint.init_from=models:/enn-model@champion",
+        timeout=600,
+    )
     info = json.loads((root / "outputs" / "prepare-checkpoint" / "init.json").read_text())
     assert info["warm_start"]["registry_uri"] == "models:/enn-model@champion"
-    init = torch.load(root / "outputs" / "prepare-checkpoint" / "init.pt", weights_only=True)["state_dict"]
-    trained = torch.load(root / "outputs" / "distributed-train" / "model.pt", weights_only=True)["state_dict"]
-    assert all(torch.equal(init[k], trained[k]) for k in trained)  # the champion is this run's model
+    init = torch.load(root / "outputs" / "prepare-checkpoint" / "init.pt", weights_only=True)[
+        "state_dict"
+    ]
+    trained = torch.load(root / "outputs" / "distributed-train" / "model.pt", weights_only=True)[
+        "state_dict"
+    ]
+    assert all(
+        torch.equal(init[k], trained[k]) for k in trained
+    )  # the champion is this run's model

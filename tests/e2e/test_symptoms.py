@@ -33,20 +33,47 @@ from tests.conftest import Project, make_project
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 ONE_EPOCH = ["train.epochs=1"]
 PLAN = [
-    {"name": "baseline", "stages": ["stage-data", "prepare-checkpoint", "distributed-train", "collapse-check"],
-     "overrides": ["train.epochs=10"]},
+    {
+        "name": "baseline",
+        "stages": ["stage-data", "prepare-checkpoint", "distributed-train", "collapse-check"],
+        "overrides": ["train.epochs=10"],
+    },
     {"name": "export", "stages": ["export"], "overrides": [], "inject": "unsupported_op"},
     {"name": "collapse", "stages": ["collapse-check"], "overrides": [], "inject": "constant_model"},
-    {"name": "nan", "stages": ["distributed-train"],
-     "overrides": [*ONE_EPOCH, "fault.kind=nan", "fault.phase=step", "fault.step=2"]},
-    {"name": "oom", "stages": ["distributed-train"],
-     "overrides": [*ONE_EPOCH, "fault.kind=oom", "fault.phase=step", "fault.step=2"]},
-    {"name": "attention", "stages": ["distributed-train"], "overrides": [*ONE_EPOCH, "train.attention=math"]},
-    {"name": "starvation", "stages": ["distributed-train"], "overrides": ONE_EPOCH, "inject": "slow_loader"},
-    {"name": "hang", "stages": ["distributed-train"],
-     "overrides": [*ONE_EPOCH, "runtime.world_size=2", "runtime.hang_timeout_s=10", "fault.kind=hang",
-                   "fault.phase=first_forward", "fault.rank=1"]},
-]  # fmt: skip
+    {
+        "name": "nan",
+        "stages": ["distributed-train"],
+        "overrides": [*ONE_EPOCH, "fault.kind=nan", "fault.phase=step", "fault.step=2"],
+    },
+    {
+        "name": "oom",
+        "stages": ["distributed-train"],
+        "overrides": [*ONE_EPOCH, "fault.kind=oom", "fault.phase=step", "fault.step=2"],
+    },
+    {
+        "name": "attention",
+        "stages": ["distributed-train"],
+        "overrides": [*ONE_EPOCH, "train.attention=math"],
+    },
+    {
+        "name": "starvation",
+        "stages": ["distributed-train"],
+        "overrides": ONE_EPOCH,
+        "inject": "slow_loader",
+    },
+    {
+        "name": "hang",
+        "stages": ["distributed-train"],
+        "overrides": [
+            *ONE_EPOCH,
+            "runtime.world_size=2",
+            "runtime.hang_timeout_s=10",
+            "fault.kind=hang",
+            "fault.phase=first_forward",
+            "fault.rank=1",
+        ],
+    },
+]
 
 SLOW_LOADER_HOOK = '''"""Test hook: with ENN_TEST_SLOW_LOADER=<factor>, the trainer's batch loader sleeps <factor> x
 the time since its previous call (the step's compute), at most 2 s, in every process started
@@ -194,8 +221,13 @@ def provoked(tmp_path_factory, prefect_home_shared) -> Provoked:
     (tmp / "plan.json").write_text(json.dumps(PLAN))
     (tmp / "results").mkdir()
     project.env["PYTHONPATH"] = f"{tmp / 'hooks'}:{project.root}"
-    out = project.run(sys.executable, str(tmp / "driver.py"), str(tmp / "plan.json"), str(tmp / "results"),
-                      timeout=1100)  # fmt: skip
+    out = project.run(
+        sys.executable,
+        str(tmp / "driver.py"),
+        str(tmp / "plan.json"),
+        str(tmp / "results"),
+        timeout=1100,
+    )
     results = {p.stem: json.loads(p.read_text()) for p in (tmp / "results").glob("*.json")}
     assert set(results) == {item["name"] for item in PLAN}, out.stdout[-3000:]
     assert results["baseline"]["state"] == "COMPLETED", results["baseline"]["message"]
@@ -214,15 +246,23 @@ def seen(p: Provoked, name: str, stage: str) -> Seen:
         (p.project.root / "work" / "runs" / flow_run / stage / "diagnostics.json").read_text()
     )
     exp = p.client.get_experiment_by_name("enn")
-    runs = p.client.search_runs([exp.experiment_id],
-                                f"tags.`prefect.flow_run_id` = '{flow_run}' and tags.`enn.stage` = '{stage}'")  # fmt: skip
+    runs = p.client.search_runs(
+        [exp.experiment_id],
+        f"tags.`prefect.flow_run_id` = '{flow_run}' and tags.`enn.stage` = '{stage}'",
+    )
     assert len(runs) == 1, [r.info.run_name for r in runs]
     dst = p.downloads / name
     dst.mkdir(parents=True, exist_ok=True)
     logged = Path(p.client.download_artifacts(runs[0].info.run_id, "diagnostics.json", str(dst)))
     arts = result["artifacts"]
-    return Seen(result["state"], record, runs[0], json.loads(logged.read_text()),
-                arts[f"{stage}-diagnostics"]["data"], arts)  # fmt: skip
+    return Seen(
+        result["state"],
+        record,
+        runs[0],
+        json.loads(logged.read_text()),
+        arts[f"{stage}-diagnostics"]["data"],
+        arts,
+    )
 
 
 def table(artifact: dict) -> list[dict]:

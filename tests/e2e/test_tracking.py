@@ -32,8 +32,17 @@ def two_stage(tmp_path, prefect_home_shared):
 
 
 def test_failed_stage_marks_child_and_parent_failed(two_stage):
-    out = two_stage.run("enn", "run", "--until", "prepare-checkpoint", "--set", "fault.kind=raise",
-                        "--set", "fault.phase=prepare-checkpoint", check=False)
+    out = two_stage.run(
+        "enn",
+        "run",
+        "--until",
+        "prepare-checkpoint",
+        "--set",
+        "fault.kind=raise",
+        "--set",
+        "fault.phase=prepare-checkpoint",
+        check=False,
+    )
     assert out.returncode != 0
     by_name = {r.info.run_name: r for r in runs(two_stage)}
     assert by_name["prepare-checkpoint"].info.status == "FAILED"
@@ -46,8 +55,13 @@ def test_failed_stage_marks_child_and_parent_failed(two_stage):
 def test_killed_run_is_marked_killed_next_time(two_stage):
     p = two_stage
     log = open(p.root / "hang.log", "w")
-    proc = subprocess.Popen(["enn", "stage-data", "--set", "fault.kind=hang", "--set", "fault.phase=stage-data"],
-                            cwd=p.root, env=p.env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["enn", "stage-data", "--set", "fault.kind=hang", "--set", "fault.phase=stage-data"],
+        cwd=p.root,
+        env=p.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         # Wait for the hang fault to fire (after the stage's MLflow run exists) before touching
         # the store: opening it while the child creates its tables races their migration.
@@ -55,11 +69,19 @@ def test_killed_run_is_marked_killed_next_time(two_stage):
         deadline = time.time() + 300
         while time.time() < deadline and not marker.exists():
             time.sleep(0.5)
-        assert marker.exists(), "the hang never fired:\n" + (p.root / "hang.log").read_text()[-3000:]
-        assert any(r.info.run_name == "stage-data" for r in runs(p, "attributes.status = 'RUNNING'"))
+        assert marker.exists(), (
+            "the hang never fired:\n" + (p.root / "hang.log").read_text()[-3000:]
+        )
+        assert any(
+            r.info.run_name == "stage-data" for r in runs(p, "attributes.status = 'RUNNING'")
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     p.run("enn", "stage-data")
-    statuses = sorted(r.info.status for r in runs(p) if r.info.run_name == "stage-data" and r.data.tags.get("enn.kind") == "stage")
+    statuses = sorted(
+        r.info.status
+        for r in runs(p)
+        if r.info.run_name == "stage-data" and r.data.tags.get("enn.kind") == "stage"
+    )
     assert statuses == ["FINISHED", "KILLED"]

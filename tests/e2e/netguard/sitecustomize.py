@@ -15,8 +15,13 @@ import traceback
 
 _DIR = os.environ.get("ENN_NETGUARD_DIR")
 # The machine's own name resolves locally (/etc/hosts); torch's elastic agent looks it up.
-_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback",
-                   socket.gethostname().lower()}
+_LOOPBACK_NAMES = {
+    "localhost",
+    "localhost.localdomain",
+    "ip6-localhost",
+    "ip6-loopback",
+    socket.gethostname().lower(),
+}
 _count = [0]
 
 
@@ -24,8 +29,16 @@ def _record(kind, target):
     _count[0] += 1
     path = os.path.join(_DIR, f"violation-{os.getpid()}-{_count[0]}.json")
     with open(path, "w") as f:
-        json.dump({"pid": os.getpid(), "argv": sys.argv, "kind": kind, "target": repr(target),
-                   "stack": traceback.format_stack(limit=12)}, f)
+        json.dump(
+            {
+                "pid": os.getpid(),
+                "argv": sys.argv,
+                "kind": kind,
+                "target": repr(target),
+                "stack": traceback.format_stack(limit=12),
+            },
+            f,
+        )
 
 
 def _is_loopback_host(host):
@@ -54,9 +67,15 @@ def _check_address(kind, family, address):
 if _DIR:
     os.makedirs(_DIR, exist_ok=True)
     with open(os.path.join(_DIR, f"watched-{os.getpid()}.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "exe": sys.executable}, f)
+        json.dump(
+            {"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "exe": sys.executable}, f
+        )
 
-    _connect, _connect_ex, _sendto = socket.socket.connect, socket.socket.connect_ex, socket.socket.sendto
+    _connect, _connect_ex, _sendto = (
+        socket.socket.connect,
+        socket.socket.connect_ex,
+        socket.socket.sendto,
+    )
     _getaddrinfo, _gethostbyname = socket.getaddrinfo, socket.gethostbyname
 
     def connect(self, address):
@@ -83,5 +102,9 @@ if _DIR:
             raise socket.gaierror(socket.EAI_NONAME, f"netguard: DNS lookup of {host!r} refused")
         return _gethostbyname(host)
 
-    socket.socket.connect, socket.socket.connect_ex, socket.socket.sendto = connect, connect_ex, sendto
+    socket.socket.connect, socket.socket.connect_ex, socket.socket.sendto = (
+        connect,
+        connect_ex,
+        sendto,
+    )
     socket.getaddrinfo, socket.gethostbyname = getaddrinfo, gethostbyname

@@ -57,8 +57,14 @@ def table_rows(n: int = 40, seed: int = 0) -> tuple[list[str], list[list]]:
     header = ["region", "month", "temp", "y0", "y1", "y2", "y3"]
     rows = []
     for i in range(n):
-        rows.append([["north", "south", "east"][i % 3], f"{i % 12 + 1:02d}", round(float(rng.normal(10, 3)), 4)]
-                    + [round(float(v), 4) for v in rng.normal(50, 5, 4)])  # fmt: skip
+        rows.append(
+            [
+                ["north", "south", "east"][i % 3],
+                f"{i % 12 + 1:02d}",
+                round(float(rng.normal(10, 3)), 4),
+            ]
+            + [round(float(v), 4) for v in rng.normal(50, 5, 4)]
+        )
     return header, rows
 
 

@@ -40,8 +40,13 @@ def test_kill_leaves_previous_output_and_next_run_cleans_temp(tmp_path):
     before = tree(out)
     x, y = write_npy_pair(tmp_path, n=100, f=3, label_shape=(2,))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", KILL, str(tmp_path), str(x), str(y)], env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL, str(tmp_path), str(x), str(y)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == -9, proc.stderr
     assert tree(out) == before
     stale = [p for p in out.parent.iterdir() if p.name.startswith(".tmp-stage-data-")]

@@ -48,19 +48,36 @@ def _csv(tmp_path, header=None, rows=None, name="t.csv"):
 
 
 def test_missing_file(tmp_path, previous):
-    refused(tmp_path, previous, r"data.path='nope.csv': expected the input at .*/nope.csv.*fix data.path",
-            source="csv", path="nope.csv", **TABLE_CFG)  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"data.path='nope.csv': expected the input at .*/nope.csv.*fix data.path",
+        source="csv",
+        path="nope.csv",
+        **TABLE_CFG,
+    )
 
 
 def test_shared_directory_absent(tmp_path, previous):
-    refused(tmp_path, previous, r"expected the input at .*/shared/data/x.xlsx.*directory .*/shared is absent",
-            source="workbook", path="../shared/data/x.xlsx")  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"expected the input at .*/shared/data/x.xlsx.*directory .*/shared is absent",
+        source="workbook",
+        path="../shared/data/x.xlsx",
+    )
 
 
 def test_unknown_format(tmp_path, previous):
     (tmp_path / "t.json").write_text("{}")
-    refused(tmp_path, previous, r"t.json: unknown format '.json' for data.source=csv; expected .csv",
-            source="csv", path=str(tmp_path / "t.json"), **TABLE_CFG)  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"t.json: unknown format '.json' for data.source=csv; expected .csv",
+        source="csv",
+        path=str(tmp_path / "t.json"),
+        **TABLE_CFG,
+    )
 
 
 def test_empty_table(tmp_path, previous):
@@ -76,8 +93,14 @@ def test_empty_table(tmp_path, previous):
 
 
 def test_missing_column(tmp_path, previous):
-    refused(tmp_path, previous, r"t.csv: missing column 'y9'",
-            source="csv", path=_csv(tmp_path), **{**TABLE_CFG, "label_columns": ("y0", "y9"), "label_shape": ()})  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv: missing column 'y9'",
+        source="csv",
+        path=_csv(tmp_path),
+        **{**TABLE_CFG, "label_columns": ("y0", "y9"), "label_shape": ()},
+    )
 
 
 def test_duplicate_column(tmp_path, previous):
@@ -96,8 +119,14 @@ def test_duplicate_column(tmp_path, previous):
 def test_non_numeric_cell(tmp_path, previous):
     h, rows = table_rows(12)
     rows[5][2] = "warm"
-    refused(tmp_path, previous, r"t.csv line 7 column 'temp': non-numeric value 'warm'",
-            source="csv", path=_csv(tmp_path, h, rows), **TABLE_CFG)  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv line 7 column 'temp': non-numeric value 'warm'",
+        source="csv",
+        path=_csv(tmp_path, h, rows),
+        **TABLE_CFG,
+    )
 
 
 def test_nan_in_features(tmp_path, previous):
@@ -105,60 +134,114 @@ def test_nan_in_features(tmp_path, previous):
     xa = np.load(x)
     xa[21, 2] = np.nan
     np.save(x, xa)
-    refused(tmp_path, previous, r"x.npy row 21 feature 'f2': NaN or infinite value; .*data.nonfinite=drop",
-            source="npy", path=str(x), labels_path=str(y), chunk_rows=8)  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"x.npy row 21 feature 'f2': NaN or infinite value; .*data.nonfinite=drop",
+        source="npy",
+        path=str(x),
+        labels_path=str(y),
+        chunk_rows=8,
+    )
 
 
 def test_infinity_in_labels(tmp_path, previous):
     h, rows = table_rows(12)
     rows[3][5] = "inf"
-    refused(tmp_path, previous, r"t.csv line 5 column 'y2': NaN or infinite value",
-            source="csv", path=_csv(tmp_path, h, rows), **TABLE_CFG)  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv line 5 column 'y2': NaN or infinite value",
+        source="csv",
+        path=_csv(tmp_path, h, rows),
+        **TABLE_CFG,
+    )
 
 
 def test_ragged_rows(tmp_path, previous):
     path = tmp_path / "t.csv"
     path.write_text("a,b,y\n1,2,3\n4,5,6,7\n")
-    refused(tmp_path, previous, r"t.csv: ragged row \(Expected 3 fields in line 3, saw 4\)",
-            source="csv", path=str(path), label_columns=("y",), categorical=())  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv: ragged row \(Expected 3 fields in line 3, saw 4\)",
+        source="csv",
+        path=str(path),
+        label_columns=("y",),
+        categorical=(),
+    )
 
 
 def test_label_shape_mismatch(tmp_path, previous):
-    refused(tmp_path, previous, r"labels have 4 values per row \[4\] but data.label_shape=\[3, 3\]",
-            source="csv", path=_csv(tmp_path), **{**TABLE_CFG, "label_shape": (3, 3)})  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"labels have 4 values per row \[4\] but data.label_shape=\[3, 3\]",
+        source="csv",
+        path=_csv(tmp_path),
+        **{**TABLE_CFG, "label_shape": (3, 3)},
+    )
 
 
 def test_object_array_refused(tmp_path, previous):
     np.save(tmp_path / "x.npy", np.array([[1, "a"]], dtype=object), allow_pickle=True)
     np.save(tmp_path / "y.npy", np.ones(1))
-    refused(tmp_path, previous, r"x.npy: holds an object array, which needs pickle and is refused",
-            source="npy", path=str(tmp_path / "x.npy"), labels_path=str(tmp_path / "y.npy"))  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"x.npy: holds an object array, which needs pickle and is refused",
+        source="npy",
+        path=str(tmp_path / "x.npy"),
+        labels_path=str(tmp_path / "y.npy"),
+    )
 
 
 def test_feature_label_rows_differ(tmp_path, previous):
     np.save(tmp_path / "x.npy", np.ones((5, 2), np.float32))
     np.save(tmp_path / "y.npy", np.ones((4, 2), np.float32))
-    refused(tmp_path, previous, r"y.npy: 4 label rows but .*x.npy has 5 feature rows",
-            source="npy", path=str(tmp_path / "x.npy"), labels_path=str(tmp_path / "y.npy"))  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"y.npy: 4 label rows but .*x.npy has 5 feature rows",
+        source="npy",
+        path=str(tmp_path / "x.npy"),
+        labels_path=str(tmp_path / "y.npy"),
+    )
 
 
 def test_sheet_name_not_in_layout(tmp_path, previous):
     wb = write_workbook(tmp_path / "wb.xlsx", sheets=["01월 일요일", "Sheet2"])
-    refused(tmp_path, previous, r"wb.xlsx sheet 'Sheet2': name does not match data.workbook.sheet_pattern",
-            source="workbook", path=str(wb))  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"wb.xlsx sheet 'Sheet2': name does not match data.workbook.sheet_pattern",
+        source="workbook",
+        path=str(wb),
+    )
 
 
 def test_sheet_columns_not_in_layout(tmp_path, previous):
     hours = [f"{h:02d}시" for h in range(24)]
     wb = write_workbook(tmp_path / "wb.xlsx", header=["노선", "구간", "방향", *hours[:-1], "비고"])
-    refused(tmp_path, previous, r"wb.xlsx sheet '01월 일요일' column '비고': not in the layout; add it to data.workbook.ignore_columns",
-            source="workbook", path=str(wb))  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"wb.xlsx sheet '01월 일요일' column '비고': not in the layout; add it to data.workbook.ignore_columns",
+        source="workbook",
+        path=str(wb),
+    )
 
 
 def test_duplicate_group_keys(tmp_path, previous):
     wb = write_workbook(tmp_path / "wb.xlsx", sheets=["01월 일요일", "01월 일요일 (2)"])
-    refused(tmp_path, previous, r"sheets '01월 일요일' and '01월 일요일 \(2\)': duplicate group keys",
-            source="workbook", path=str(wb), workbook=WorkbookLayout(sheet_pattern=r"^(?P<month>\d{2})월 (?P<daytype>\S)요일.*$"))  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"sheets '01월 일요일' and '01월 일요일 \(2\)': duplicate group keys",
+        source="workbook",
+        path=str(wb),
+        workbook=WorkbookLayout(sheet_pattern=r"^(?P<month>\d{2})월 (?P<daytype>\S)요일.*$"),
+    )
 
 
 def test_section_in_only_one_direction(tmp_path, previous):
@@ -169,14 +252,24 @@ def test_section_in_only_one_direction(tmp_path, previous):
         return r[:-1]  # drop the down row of B-C
 
     wb = write_workbook(tmp_path / "wb.xlsx", rows_of=rows)
-    refused(tmp_path, previous, r"wb.xlsx sheet '01월 일요일': section 'B-C' is present only in direction '상행', not in '하행'",
-            source="workbook", path=str(wb))  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"wb.xlsx sheet '01월 일요일': section 'B-C' is present only in direction '상행', not in '하행'",
+        source="workbook",
+        path=str(wb),
+    )
 
 
 def test_missing_hour_columns(tmp_path, previous):
     wb = write_workbook(tmp_path / "wb.xlsx", hours=[])
-    refused(tmp_path, previous, r"wb.xlsx sheet '01월 일요일': no hour columns .*data.features_only=true",
-            source="workbook", path=str(wb))  # fmt: skip
+    refused(
+        tmp_path,
+        previous,
+        r"wb.xlsx sheet '01월 일요일': no hour columns .*data.features_only=true",
+        source="workbook",
+        path=str(wb),
+    )
 
 
 def test_error_type_is_data_error(tmp_path):

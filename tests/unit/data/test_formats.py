@@ -182,8 +182,13 @@ def test_array_hash_ignores_chunking_and_forks_mid_stream(tmp_path):
     np.save(tmp_path / "y.npy", y)
     want = {"features": _b3(x.tobytes()), "labels": _b3(y.tobytes())}
     for chunk_rows in (9_999, 65_536):
-        _, out = run_stage(tmp_path, source="npy", path=str(tmp_path / "x.npy"),
-                           labels_path=str(tmp_path / "y.npy"), chunk_rows=chunk_rows)  # fmt: skip
+        _, out = run_stage(
+            tmp_path,
+            source="npy",
+            path=str(tmp_path / "x.npy"),
+            labels_path=str(tmp_path / "y.npy"),
+            chunk_rows=chunk_rows,
+        )
         ds = StagedDataset(out)
         files = ds.manifest["files"]
         assert files["features.npy"]["hash"] == _b3(x.astype(np.float32).tobytes())

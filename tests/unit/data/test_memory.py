@@ -64,8 +64,13 @@ print(json.dumps({"base_mb": base / 1024, "peak_mb": (peak - base) / 1024, "rows
 
 def _measure(root: Path, overrides: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(root), json.dumps(overrides)], env=env,
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(root), json.dumps(overrides)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -131,8 +136,14 @@ def test_anonymous_memory_is_bounded_at_two_sizes(tmp_path, fmt):
     for n in (small, large):
         d = tmp_path / str(n)
         d.mkdir()
-        overrides = [*make(d, n), f"data.chunk_rows={CHUNK_ROWS}", "data.categorical=[]", "data.cyclic=[]",
-                     "data.cyclic_periods=[]", "data.cyclic_starts=[]"]  # fmt: skip
+        overrides = [
+            *make(d, n),
+            f"data.chunk_rows={CHUNK_ROWS}",
+            "data.categorical=[]",
+            "data.cyclic=[]",
+            "data.cyclic_periods=[]",
+            "data.cyclic_starts=[]",
+        ]
         m = _measure(d, overrides)
         assert m["rows"] == n
         peaks[n] = m["peak_mb"]

@@ -35,8 +35,9 @@ def tmpfs():
     def mount(path: Path, size: str = "1m", ro: bool = False) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         opts = f"size={size}" + (",ro" if ro else "")
-        out = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)],
-                             capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True
+        )
         if out.returncode != 0:
             pytest.skip(f"mount -t tmpfs is not permitted here: {out.stderr.strip()}")
         mounted.append(path)

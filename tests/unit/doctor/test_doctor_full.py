@@ -33,8 +33,12 @@ def test_quick_doctor_on_staged_data_passes(layout):
 def test_doctor_on_cuda(layout):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    report = run_doctor(make_config("runtime.device=cuda"), layout, quick=True,
-                        only=["precision", "workers", "distributed"])  # fmt: skip
+    report = run_doctor(
+        make_config("runtime.device=cuda"),
+        layout,
+        quick=True,
+        only=["precision", "workers", "distributed"],
+    )
     assert report.exit_code == 0, report.table()
     assert report.find("workers")[0].data["lanes"] == ["gloo", "nccl"]
     assert "nccl" in report.find("distributed", "backend")[0].detail

@@ -91,8 +91,16 @@ def test_missing_cuda_device_fails(layout):
 
 
 def test_risky_distributed_settings_warn(layout):
-    checks = _by_name(distributed.run(context(
-        layout, "runtime.start_method=fork", "runtime.task_timeout_s=60", "runtime.pg_timeout_s=300")))  # fmt: skip
+    checks = _by_name(
+        distributed.run(
+            context(
+                layout,
+                "runtime.start_method=fork",
+                "runtime.task_timeout_s=60",
+                "runtime.pg_timeout_s=300",
+            )
+        )
+    )
     assert (
         checks["world size"].status == "warn" and "start_method=spawn" in checks["world size"].fix
     )

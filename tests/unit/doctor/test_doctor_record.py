@@ -26,8 +26,15 @@ def test_record_gathers_what_the_runtime_wrote(tmp_path):
     events.event(
         "nonfinite_skip", epoch=0, step=3, tensor="batch.features[micro 0]", rank=1, consecutive=1
     )
-    events.event("oom_backoff", epoch=0, step=4, micro_batch_before=8, micro_batch_after=4,
-                 accumulation_after=2, reason="injected out-of-memory")  # fmt: skip
+    events.event(
+        "oom_backoff",
+        epoch=0,
+        step=4,
+        micro_batch_before=8,
+        micro_batch_after=4,
+        accumulation_after=2,
+        reason="injected out-of-memory",
+    )
     write_epoch(events, 0, bottleneck_verdict({"data": 9.0, "compute": 0.5, "optimizer": 0.1}))
     hb = Heartbeat(tmp_path, rank=1).start()
     hb.phase("first_forward", 0)  # rank 1 stays there: what a hung rank leaves behind
@@ -71,10 +78,23 @@ def test_injected_fault_is_named_in_the_record(tmp_path, fault):
     from enn_core.stage import make_context
     from enn_core.train.stage import run as train_stage
 
-    tiny = ["data.synthetic.n_months=4", "data.synthetic.n_daytypes=2", "data.synthetic.n_sections=4",
-            "data.synthetic.n_hours=6", "model.d_model=16", "model.heads=2", "model.layers=1", "model.embed_dim=4",
-            "train.epochs=1", "train.batch_size=8", "train.warmup_steps=1", "train.patience=0",
-            "runtime.world_size=1", "runtime.progress=false", "runtime.threads_per_worker=1"]  # fmt: skip
+    tiny = [
+        "data.synthetic.n_months=4",
+        "data.synthetic.n_daytypes=2",
+        "data.synthetic.n_sections=4",
+        "data.synthetic.n_hours=6",
+        "model.d_model=16",
+        "model.heads=2",
+        "model.layers=1",
+        "model.embed_dim=4",
+        "train.epochs=1",
+        "train.batch_size=8",
+        "train.warmup_steps=1",
+        "train.patience=0",
+        "runtime.world_size=1",
+        "runtime.progress=false",
+        "runtime.threads_per_worker=1",
+    ]
     cfg = load_config(
         None, [*tiny, f"fault.kind={fault}", "fault.phase=step", "fault.step=2"], allow_faults=True
     )

@@ -37,8 +37,15 @@ def test_json_is_machine_readable():
     doc = json.loads(json.dumps(_report("ok", "fail").as_json()))
     assert doc["exit_code"] == 1 and doc["ok"] is False
     assert doc["counts"] == {"ok": 1, "warn": 0, "fail": 1, "skip": 0}
-    assert doc["checks"][1] == {"layer": "data", "name": "c1", "status": "fail", "detail": "detail 1",
-                                "fix": "fix 1", "seconds": 0.0, "data": {}}  # fmt: skip
+    assert doc["checks"][1] == {
+        "layer": "data",
+        "name": "c1",
+        "status": "fail",
+        "detail": "detail 1",
+        "fix": "fix 1",
+        "seconds": 0.0,
+        "data": {},
+    }
 
 
 def test_unknown_status_and_unknown_layer_are_refused():

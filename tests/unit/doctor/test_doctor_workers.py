@@ -25,8 +25,14 @@ def test_two_workers_all_reduce(layout):
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_blocked_all_reduce_fails_within_the_timeout_naming_the_rank(layout):
-    ctx = context(layout, "runtime.pg_timeout_steady_s=5", "fault.kind=hang", f"fault.phase={workers.PHASE}",
-                  "fault.rank=1", "fault.seconds=600")  # fmt: skip
+    ctx = context(
+        layout,
+        "runtime.pg_timeout_steady_s=5",
+        "fault.kind=hang",
+        f"fault.phase={workers.PHASE}",
+        "fault.rank=1",
+        "fault.seconds=600",
+    )
     t0 = time.time()
     check = workers.run(ctx)[0]
     elapsed = time.time() - t0

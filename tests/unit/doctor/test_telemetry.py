@@ -68,8 +68,11 @@ def test_fast_loader_is_compute_bound():
     verdict, _ = tel.end_epoch()
     assert verdict.bottleneck == "compute-bound", verdict
     # the trainer's own epoch sums give the same verdict
-    stats = {"data_s": sum(t.data_s for t in timings), "compute_s": sum(t.compute_s for t in timings),
-             "optim_s": sum(t.optimizer_s for t in timings)}  # fmt: skip
+    stats = {
+        "data_s": sum(t.data_s for t in timings),
+        "compute_s": sum(t.compute_s for t in timings),
+        "optim_s": sum(t.optimizer_s for t in timings),
+    }
     assert verdict_from_stats(stats).bottleneck == "compute-bound"
 
 
@@ -79,8 +82,15 @@ def test_communication_share_makes_it_communication_bound():
 
 
 def test_hot_gpu_is_throttled_even_at_full_utilization():
-    gpu = {"util_pct": 100.0, "power_w": 650.0, "power_limit_w": 700.0, "temp_c": 86.0,
-           "sm_clock_mhz": 1200.0, "sm_clock_max_mhz": 1980.0, "throttle": []}  # fmt: skip
+    gpu = {
+        "util_pct": 100.0,
+        "power_w": 650.0,
+        "power_limit_w": 700.0,
+        "temp_c": 86.0,
+        "sm_clock_mhz": 1200.0,
+        "sm_clock_max_mhz": 1980.0,
+        "throttle": [],
+    }
     v = bottleneck_verdict({"data": 0.0, "compute": 1.0, "optimizer": 0.1}, gpu)
     assert v.bottleneck == "throttled" and "86 C" in v.reason
     clocked = dict(gpu, temp_c=70.0, throttle=["hw_power_brake"])

@@ -25,7 +25,9 @@ def test_defaults_then_file_then_overrides(tmp_path):
 
 def test_typo_names_the_closest_key(tmp_path):
     p = write(tmp_path, "{}\n")
-    with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch'; did you mean 'train.epochs'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'train.epoch'; did you mean 'train.epochs'"
+    ):
         load_config(p, ["train.epoch=3"])
     p = write(tmp_path, "trian:\n  epochs: 3\n")
     with pytest.raises(ConfigError, match="did you mean 'train'"):
@@ -33,7 +35,9 @@ def test_typo_names_the_closest_key(tmp_path):
 
 
 def test_validation_names_field_and_fix(tmp_path):
-    with pytest.raises(ConfigError, match=r"heads=3 does not divide model.d_model=64; pick heads in"):
+    with pytest.raises(
+        ConfigError, match=r"heads=3 does not divide model.d_model=64; pick heads in"
+    ):
         load_config(None, ["model.heads=3"])
     with pytest.raises(ConfigError, match="train.epochs must be an integer"):
         load_config(None, ["train.epochs=three"])

@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_config_reference_is_fresh():
-    assert docs.DOC.read_text() == docs.render(), "docs/config.md is stale: run python -m enn_core.config.docs"
+    assert docs.DOC.read_text() == docs.render(), (
+        "docs/config.md is stale: run python -m enn_core.config.docs"
+    )
 
 
 def _imports(path: Path) -> set[str]:

@@ -16,8 +16,11 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PREFECT_", "MLFLOW_", "DVC_", "DO_NOT_TRACK", "ENN_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "MLFLOW_", "DVC_", "DO_NOT_TRACK", "ENN_"))
+    }
     env.update(extra)
     return env
 
@@ -34,8 +37,14 @@ def test_environment_is_contained_before_imports(tmp_path):
         " 'analytics': s.server.analytics_enabled,"
         " 'env': {k: os.environ.get(k) for k in ['DO_NOT_TRACK', 'MLFLOW_DISABLE_TELEMETRY', 'DVC_NO_ANALYTICS']}}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", "import os\n" + code], cwd=tmp_path, env=_clean_env(),
-                         capture_output=True, text=True, timeout=110)
+    out = subprocess.run(
+        [sys.executable, "-c", "import os\n" + code],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout.strip().splitlines()[-1])
     work = str((tmp_path / "work").resolve())
@@ -44,7 +53,11 @@ def test_environment_is_contained_before_imports(tmp_path):
     assert info["serializer"] == "json"
     assert info["mlflow"] == f"sqlite:///{work}/mlflow/mlflow.db"
     assert info["analytics"] is False
-    assert info["env"] == {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1"}
+    assert info["env"] == {
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DVC_NO_ANALYTICS": "1",
+    }
 
 
 def test_cli_help_for_every_subcommand(capsys):
@@ -66,11 +79,19 @@ def test_cli_help_for_every_subcommand(capsys):
 def test_console_script_reports_config_errors(tmp_path):
     (tmp_path / "params.yaml").write_text("train:\n  epoch: 3\n")
     enn = Path(sys.executable).parent / "enn"
-    out = subprocess.run([str(enn), "stage-data"], cwd=tmp_path, capture_output=True, text=True,
-                         env=_clean_env(), timeout=55)
+    out = subprocess.run(
+        [str(enn), "stage-data"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        timeout=55,
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
-    assert lines == [f"error: {tmp_path / 'params.yaml'}: unknown config key 'train.epoch'; did you mean 'train.epochs'?"]
+    assert lines == [
+        f"error: {tmp_path / 'params.yaml'}: unknown config key 'train.epoch'; did you mean 'train.epochs'?"
+    ]
 
 
 @pytest.mark.timeout(60)
@@ -81,9 +102,13 @@ def test_lock_refuses_a_second_pipeline_run(tmp_path):
     with pipeline_lock(lock, "first run"):
         with pipeline_lock(lock, "nested"):  # re-entrant in one process
             pass
-        code = ("import sys; from pathlib import Path; from tasks.lock import pipeline_lock\n"
-                f"with pipeline_lock(Path({str(lock)!r}), 'second'): pass\n")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT)
+        code = (
+            "import sys; from pathlib import Path; from tasks.lock import pipeline_lock\n"
+            f"with pipeline_lock(Path({str(lock)!r}), 'second'): pass\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT
+        )
         assert out.returncode != 0
         assert "another pipeline run holds this work directory" in out.stderr
         assert f"pid {os.getpid()}" in out.stderr and "first run" in out.stderr
@@ -104,8 +129,14 @@ def test_project_root_of_a_config_is_its_pipeline_folder(tmp_path):
     from enn_core.paths import project_root
 
     proj = tmp_path / "proj"
-    for f in ("dvc.yaml", "params.yaml", "prediction/dvc.yaml", "prediction/params.yaml",
-              "configs/expressway.yaml", "../loose/params.yaml"):  # fmt: skip
+    for f in (
+        "dvc.yaml",
+        "params.yaml",
+        "prediction/dvc.yaml",
+        "prediction/params.yaml",
+        "configs/expressway.yaml",
+        "../loose/params.yaml",
+    ):
         (proj / f).parent.mkdir(parents=True, exist_ok=True)
         (proj / f).write_text("{}\n")
     assert project_root(proj / "params.yaml") == proj

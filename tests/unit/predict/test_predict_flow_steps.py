@@ -17,9 +17,13 @@ from enn_core.predict import flow_steps
 from enn_core.stage import make_context
 
 BASE = [
-    "model.d_model=16", "model.heads=2", "model.layers=1",
-    "data.synthetic.n_sections=4", "data.synthetic.n_hours=6", "predict.chunk_rows=64",
-]  # fmt: skip
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers=1",
+    "data.synthetic.n_sections=4",
+    "data.synthetic.n_hours=6",
+    "predict.chunk_rows=64",
+]
 
 
 @pytest.fixture
@@ -50,8 +54,12 @@ def _check(root, cfg, layout, preds_dir):
 
 def test_predict_then_release_predictions_with_the_training_spread(project):
     root, cfg, layout = project
-    s = flow_steps.predict(cfg, make_context(cfg, layout, "predict", "r1"), input_dir=root / "new",
-                           model_path=root / "outputs/prepare-checkpoint/init.pt")  # fmt: skip
+    s = flow_steps.predict(
+        cfg,
+        make_context(cfg, layout, "predict", "r1"),
+        input_dir=root / "new",
+        model_path=root / "outputs/prepare-checkpoint/init.pt",
+    )
     assert s["input"].endswith("new") and s["n_rows"] == 504
     # Stand-in for a skilled model's output on this input: the staged labels themselves.
     preds_dir = root / "outputs/predict"

@@ -28,10 +28,15 @@ from enn_core.stage import make_context
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = [
-    "model.d_model=16", "model.heads=2", "model.layers=1",
-    "data.synthetic.n_sections=4", "data.synthetic.n_hours=6",
-    "predict.model=outputs/prepare-checkpoint/init.pt", "predict.batch_size=16", "predict.chunk_rows=40",
-]  # fmt: skip
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers=1",
+    "data.synthetic.n_sections=4",
+    "data.synthetic.n_hours=6",
+    "predict.model=outputs/prepare-checkpoint/init.pt",
+    "predict.batch_size=16",
+    "predict.chunk_rows=40",
+]
 DRIVER = """
 import sys
 from enn_core.config import load_config
@@ -114,8 +119,12 @@ def test_killed_after_chunk_k_resumes_bit_identical(project, tmp_path):
     fault = ["fault.kind=kill", "fault.phase=predict_chunk", "fault.step=4"]
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER, str(project), *BASE, "predict.split=all", *fault],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=150,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert not (project / "outputs/predict").exists()  # nothing published by the killed run
     parts = project / "work/predict-parts/predict"

@@ -43,10 +43,18 @@ def _workbook(path) -> None:
 def test_workbook_predictions_come_back_in_the_input_layout(tmp_path):
     (tmp_path / "params.yaml").write_text("{}\n")
     _workbook(tmp_path / "speeds.xlsx")
-    cfg = load_config(None, [
-        "data.source=workbook", "data.path=speeds.xlsx", "model.d_model=16", "model.heads=2",
-        "model.layers=1", "predict.model=outputs/prepare-checkpoint/init.pt", "predict.split=all",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "data.source=workbook",
+            "data.path=speeds.xlsx",
+            "model.d_model=16",
+            "model.heads=2",
+            "model.layers=1",
+            "predict.model=outputs/prepare-checkpoint/init.pt",
+            "predict.split=all",
+        ],
+    )
     layout = Layout.for_root(tmp_path)
     staging.run(cfg, make_context(cfg, layout, "stage-data", "r0"))
     init_checkpoint.run(cfg, make_context(cfg, layout, "prepare-checkpoint", "r0"))

@@ -119,9 +119,16 @@ def test_training_after_the_probe_is_bit_identical_to_training_without_it(staged
     assert got.micro_batch == 1 and "predicted over the budget" in got.reason  # nothing fits 0
     train_cfg = dataclasses.replace(cfg.train, micro_batch=got.micro_batch)
     env = local_env()
-    rt = Runtime(env=env, model=model, core=model, loss=loss, run_dir=tmp_path / "probed",
-                 events=EventLog(tmp_path / "probed"), faults=FaultInjector(cfg.fault),
-                 full_state=lambda: full_state(model, env))  # fmt: skip
+    rt = Runtime(
+        env=env,
+        model=model,
+        core=model,
+        loss=loss,
+        run_dir=tmp_path / "probed",
+        events=EventLog(tmp_path / "probed"),
+        faults=FaultInjector(cfg.fault),
+        full_state=lambda: full_state(model, env),
+    )
     data = TrainData(ds.features, ds.labels, ds.split("train"), ds.split("val"))
     probed = train(train_cfg, data, rt, seed=cfg.runtime.seed)
     assert probed.step_losses == reference.step_losses
@@ -133,8 +140,13 @@ def test_injected_oom_makes_the_trial_search_step_down(staged):
     got = choose_micro_batch(model, OOMAbove(loss, 5), sample, 24, "cpu", method="trial")
     assert got.micro_batch == 4  # the largest divisor of 24 that is <= 5
     tried = [(t["micro_batch"], t.get("result")) for t in got.measured["trials"]]
-    assert tried == [(24, "out of memory"), (12, "out of memory"), (8, "out of memory"),
-                     (6, "out of memory"), (4, None)]  # fmt: skip
+    assert tried == [
+        (24, "out of memory"),
+        (12, "out of memory"),
+        (8, "out of memory"),
+        (6, "out of memory"),
+        (4, None),
+    ]
     assert got.reason.startswith("auto (trial): 4 of per-rank 24 fits")
     assert "24 (out of memory)" in got.reason
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
@@ -152,9 +164,11 @@ def test_config_accepts_auto_and_rejects_bad_values_in_one_line():
     cfg = load_config(None, ["train.micro_batch=auto", "train.memory_headroom=0.3"])
     assert cfg.train.micro_batch == "auto" and cfg.train.memory_headroom == 0.3
     assert load_config(None, ["train.micro_batch=8"]).train.micro_batch == 8
-    for bad, text in [("train.micro_batch=big", "train.micro_batch='big' is not valid"),
-                      ("train.micro_batch=-2", "train.micro_batch >= 0"),
-                      ("train.memory_headroom=1.5", "train.memory_headroom=1.5 must be in [0, 1)")]:  # fmt: skip
+    for bad, text in [
+        ("train.micro_batch=big", "train.micro_batch='big' is not valid"),
+        ("train.micro_batch=-2", "train.micro_batch >= 0"),
+        ("train.memory_headroom=1.5", "train.memory_headroom=1.5 must be in [0, 1)"),
+    ]:
         with pytest.raises(ConfigError) as e:
             load_config(None, [bad])
         assert text in str(e.value) and "\n" not in str(e.value)

@@ -17,8 +17,9 @@ def test_async_saves_reuse_one_stager_and_hold_their_own_values(tmp_path):
     warnings.filterwarnings("ignore", category=FutureWarning)  # async_save is experimental
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 8))
-    ck = Checkpointer(tmp_path / "ck", CheckpointConfig(async_save=True, keep_last=5),
-                      rank=0, distributed=False)  # fmt: skip
+    ck = Checkpointer(
+        tmp_path / "ck", CheckpointConfig(async_save=True, keep_last=5), rank=0, distributed=False
+    )
     assert ck.prepare(resume=True) is None
     expected, stagers = {}, []
     for position in (1, 2, 3):

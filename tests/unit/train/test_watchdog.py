@@ -14,8 +14,16 @@ def beat(run_dir, rank, *, age, phase="first_forward", in_collective=False, fram
     path = heartbeat_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     now = time.time()
-    rec = {"rank": rank, "pid": 1, "phase": phase, "step": 0, "progress_time": now - age,
-           "beat_time": now, "in_collective": in_collective, "frame": frame}  # fmt: skip
+    rec = {
+        "rank": rank,
+        "pid": 1,
+        "phase": phase,
+        "step": 0,
+        "progress_time": now - age,
+        "beat_time": now,
+        "in_collective": in_collective,
+        "frame": frame,
+    }
     path.write_text(json.dumps(rec))
 
 

@@ -24,11 +24,20 @@ from enn_core.train.loop import Runtime, TrainData, TrainResult, train
 from enn_core.train.worker import full_state
 
 TINY = [
-    "data.synthetic.n_months=4", "data.synthetic.n_daytypes=2", "data.synthetic.n_directions=2",
-    "data.synthetic.n_sections=4", "data.synthetic.n_hours=6",
-    "model.d_model=16", "model.heads=2", "model.layers=2", "model.embed_dim=4",
-    "train.epochs=2", "train.batch_size=8", "train.warmup_steps=2", "train.patience=0",
-]  # fmt: skip
+    "data.synthetic.n_months=4",
+    "data.synthetic.n_daytypes=2",
+    "data.synthetic.n_directions=2",
+    "data.synthetic.n_sections=4",
+    "data.synthetic.n_hours=6",
+    "model.d_model=16",
+    "model.heads=2",
+    "model.layers=2",
+    "model.embed_dim=4",
+    "train.epochs=2",
+    "train.batch_size=8",
+    "train.warmup_steps=2",
+    "train.patience=0",
+]
 
 
 def tiny_cfg(*extra: str) -> RunConfig:
@@ -59,9 +68,14 @@ def run_local(
     model = build_model(cfg.model, ds.manifest, data_dir=staged).train()
     env = local_env()
     rt = Runtime(
-        env=env, model=model, core=model, loss=make_loss(cfg.train), run_dir=run_dir,
-        events=EventLog(run_dir), faults=FaultInjector(cfg.fault, marker_dir=run_dir / "faults"),
+        env=env,
+        model=model,
+        core=model,
+        loss=make_loss(cfg.train),
+        run_dir=run_dir,
+        events=EventLog(run_dir),
+        faults=FaultInjector(cfg.fault, marker_dir=run_dir / "faults"),
         full_state=lambda: full_state(model, env),
-    )  # fmt: skip
+    )
     data = TrainData(ds.features, ds.labels, ds.split("train"), ds.split("val"))
     return train(cfg.train, data, rt, seed=cfg.runtime.seed, log_every=cfg.train.log_every), rt
