@@ -23,11 +23,10 @@ from pathlib import Path
 from bench.harness import machine_facts
 from enn_core.config import load_config
 from enn_core.data.staging import run as stage_data
-from enn_core.init_checkpoint import run as init_checkpoint
 from enn_core.paths import Layout
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.stage import make_context
-from enn_core.train.stage import run as train_stage
+from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT, STAGE_DATA
 
 OVERRIDES = [
     "data.synthetic.n_sections=12",
@@ -44,7 +43,7 @@ OVERRIDES = [
 
 def one_run(layout: Layout, world: int, epochs: int) -> dict:
     cfg = load_config(None, [*OVERRIDES, f"train.epochs={epochs}", f"runtime.world_size={world}"])
-    ctx = make_context(cfg, layout, "distributed-train", uuid.uuid4().hex[:8])
+    ctx = make_context(cfg, layout, DISTRIBUTED_TRAIN, uuid.uuid4().hex[:8])
     first: dict[str, float] = {}
     done = threading.Event()
 
@@ -60,9 +59,9 @@ def one_run(layout: Layout, world: int, epochs: int) -> dict:
 
     t0 = time.perf_counter()
     threading.Thread(target=watch, args=(t0,), daemon=True).start()
-    summary = train_stage(cfg, ctx)
+    summary = DISTRIBUTED_TRAIN.work(cfg, ctx)
     done.set()
-    history = json.loads((layout.output("distributed-train") / "history.json").read_text())[
+    history = json.loads((DISTRIBUTED_TRAIN.output_dir(layout) / "history.json").read_text())[
         "epochs"
     ]
     steady = statistics.median(e["samples_per_s"] for e in history[1:])
@@ -83,8 +82,8 @@ def main() -> None:
         (root / "params.yaml").write_text("{}\n")
         layout = Layout.for_root(root)
         cfg = load_config(None, OVERRIDES)
-        stage_data(cfg, make_context(cfg, layout, "stage-data", "setup"))
-        init_checkpoint(cfg, make_context(cfg, layout, "prepare-checkpoint", "setup"))
+        stage_data(cfg, make_context(cfg, layout, STAGE_DATA, "setup"))
+        PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "setup"))
         runs: dict[int, list[dict]] = {1: [], 2: []}
         for i in range(args.pairs):
             for world in (1, 2) if i % 2 == 0 else (2, 1):

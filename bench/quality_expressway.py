@@ -36,6 +36,7 @@ from enn_core.checkpoint import load_model  # noqa: E402
 from enn_core.config import load_config  # noqa: E402
 from enn_core.data.dataset import StagedDataset  # noqa: E402
 from enn_core.paths import Layout  # noqa: E402
+from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA, VALIDATE
 from enn_core.validate import predict_rows  # noqa: E402
 from tasks.runner import PipelineSession, execute_stage  # noqa: E402
 
@@ -61,8 +62,8 @@ def fold_config(config: Path, fold: int, seed: int, extra: list[str]):
 
 def test_collapse(layout: Layout, cfg) -> dict:
     """Collapse measure of the trained model's test predictions (real units)."""
-    ds = StagedDataset(layout.output("stage-data"))
-    model, _ = load_model(layout.output("distributed-train") / "model.pt")
+    ds = StagedDataset(STAGE_DATA.output_dir(layout))
+    model, _ = load_model(DISTRIBUTED_TRAIN.output_dir(layout) / "model.pt")
     model.eval()
     rows = np.asarray(ds.split("test"))
     pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size)
@@ -78,9 +79,9 @@ def run_one(layout: Layout, cfg, fold: int, seed: int) -> dict:
     for stage in TRAIN_STAGES:
         execute_stage(stage, cfg, session)
     wall = time.perf_counter() - t0
-    metrics = json.loads((layout.output("validate") / "metrics.json").read_text())
-    params = json.loads((layout.output("distributed-train") / "params.json").read_text())
-    train_metrics = json.loads((layout.output("distributed-train") / "metrics.json").read_text())
+    metrics = json.loads((VALIDATE.output_dir(layout) / "metrics.json").read_text())
+    params = json.loads((DISTRIBUTED_TRAIN.output_dir(layout) / "params.json").read_text())
+    train_metrics = json.loads((DISTRIBUTED_TRAIN.output_dir(layout) / "metrics.json").read_text())
     return {
         "fold": fold,
         "seed": seed,

@@ -595,9 +595,9 @@ def flat_metrics(report: Mapping) -> dict[str, float]:
     return out
 
 
-def run(cfg, ctx) -> dict:
+def run(cfg, ctx, *, staged: Path, trained: Path) -> dict:
     """The collapse-check stage; raises CollapseError (after writing the report) when all collapse."""
-    ds, model, ckpt = load_staged(ctx)
+    ds, model, ckpt = load_staged(staged, trained, ctx.stage)
     device, dev_reason = select_device(cfg.runtime.device)
     model.to(device)
     precision, prec_reason = run_precision(cfg.collapse.precision, ckpt)
@@ -620,7 +620,7 @@ def run(cfg, ctx) -> dict:
         axis_values=manifest.get("label_axis_values") or {},
     )
     report, cal = check_candidates(model, rows, cfg.collapse, precision, device)
-    model_path = Path(ctx.output("distributed-train")) / "model.pt"
+    model_path = trained / "model.pt"
     ident = {"model_sha256": file_sha256(model_path), "data_fingerprint": ds.fingerprint}
     report.update(ident, precision_reason=prec_reason, device=f"{device} ({dev_reason})")
     metrics = flat_metrics(report)

@@ -331,15 +331,15 @@ def build_sidecar(
     }
 
 
-def run(cfg, ctx) -> dict:
+def run(cfg, ctx, *, staged: Path, trained: Path, calibration: Path) -> dict:
     """The export stage; raises ExportError (writing nothing into outputs/export) on failure."""
-    ds, model, ckpt = load_staged(ctx)
-    collapse_dir = Path(ctx.output("collapse-check"))
+    ds, model, ckpt = load_staged(staged, trained, ctx.stage)
+    collapse_dir = calibration
     cal, cal_meta = load_calibration(collapse_dir)
     report_path = collapse_dir / REPORT_FILE
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     refuse_batch_dependent(cal, report)
-    model_path = Path(ctx.output("distributed-train")) / "model.pt"
+    model_path = trained / "model.pt"
     check_model_matches(cal_meta, model_path, str(collapse_dir / "calibration.json"))
     exported = replace(cal, precision="fp32")  # autocast is not part of an exported graph
     path = PredictionPath(model.float(), exported).eval()
@@ -384,7 +384,7 @@ def run(cfg, ctx) -> dict:
         "parity.json",
         *(FILES[k] for k, v in results.items() if v["status"] == "ok"),
     ):
-        ctx.events.artifact(out / name, "export")
+        ctx.events.artifact(out / name, ctx.stage)
     for k, v in results.items():
         if v["status"] == "skipped":
             ctx.logger.warning("export %s skipped: %s", k, v["reason"])

@@ -161,18 +161,18 @@ def warm_start(cfg, manifest: Mapping, source: str, layout, model: torch.nn.Modu
     }
 
 
-def run(cfg, ctx: StageContext) -> dict:
+def run(cfg, ctx: StageContext, *, staged: Path) -> dict:
     """Build (or warm-start) the model and write init.pt + init.json atomically.
 
     Every check runs before anything is written: a refused warm start leaves the previous
     outputs untouched.
     """
-    manifest = read_manifest(ctx.output("stage-data"))
-    model = build_model(cfg.model, manifest, data_dir=ctx.output("stage-data"))
+    manifest = read_manifest(staged)
+    model = build_model(cfg.model, manifest, data_dir=staged)
     source = cfg.checkpoint.init_from
     warm = warm_start(cfg, manifest, source, ctx.layout, model) if source else None
     meta = {
-        "stage": "prepare-checkpoint",
+        "stage": ctx.stage,
         "init_seed": cfg.model.init_seed,
         "init_from": source or "fresh",
         **({"init_source_sha256": warm["sha256"]} if warm else {}),

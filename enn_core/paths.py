@@ -10,8 +10,8 @@
         checkpoints/<fingerprint>/        distributed-train's persistent DCP checkpoints
         pipeline.lock                     one pipeline run at a time
 
-Stage names are the project's one name for a stage: the CLI subcommand, the Prefect task,
-the DVC stage (with '_' where YAML keys need it), the tasks/ module and the MLflow run name.
+Stages and their names live in the stage registry (enn_core/stages/); a stage's output folder
+is `spec.output_dir(layout)`, `layout.outputs / <name>`.
 """
 
 from __future__ import annotations
@@ -20,22 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-STAGES: tuple[str, ...] = (
-    "stage-data",
-    "prepare-checkpoint",
-    "distributed-train",
-    "validate",
-    "predict",
-    "collapse-check",
-    "export",
-)
-
 # The short list of environment variables the project reads (documented in the README).
 ENV_WORK_DIR = "ENN_WORK_DIR"  # override the work directory (absolute path)
-
-
-def dvc_name(stage: str) -> str:
-    return stage.replace("-", "_")
 
 
 def find_root(start: str | Path | None = None) -> Path:
@@ -72,10 +58,10 @@ class Layout:
         work = Path(env) if env else (root / work_dir)
         return cls(root=root, work=work.resolve())
 
-    def output(self, stage: str) -> Path:
-        if stage not in STAGES and stage != "predict-flow":
-            raise KeyError(f"unknown stage {stage!r}; stages are {STAGES}")
-        return self.root / "outputs" / stage
+    @property
+    def outputs(self) -> Path:
+        """The pipeline's outputs (each stage's folder, the metrics and plots DVC reads)."""
+        return self.root / "outputs"
 
     @property
     def prefect_home(self) -> Path:

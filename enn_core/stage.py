@@ -1,11 +1,11 @@
 """The contract between a stage's work (here, in enn_core) and whoever runs it (the Prefect
 task, `enn <stage>` under `dvc repro`, or a test).
 
-Every stage is one function `run(cfg: RunConfig, ctx: StageContext) -> dict`. It reads its
-inputs from `ctx.output(<upstream stage>)`, writes its own outputs atomically into
-`ctx.output()` (enn_core.atomic.atomic_dir), writes metrics and events through `ctx.events`,
-and returns a small JSON-able summary (paths, hashes, headline metrics). It never imports
-prefect, mlflow or dvc.
+Every stage is one spec (enn_core/stages/) whose work function `work(cfg, ctx)` reads the
+outputs of the stages it declares as inputs (`ctx.input(SPEC)`), writes its own outputs
+atomically into `ctx.output()` (enn_core.atomic.atomic_dir), writes metrics and events through
+`ctx.events`, and returns a small summary record (paths, hashes, headline metrics). It never
+imports prefect, mlflow or dvc.
 
 Cancellation: `ctx.cancel` is a `threading.Event` the runner sets when the run is cancelled
 (Prefect flow run set to Cancelling). A stage that launches workers passes it on
@@ -23,10 +23,15 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.paths import Layout
+
+if TYPE_CHECKING:
+    from enn_core.config import RunConfig
+    from enn_core.stages.spec import StageSpec
 
 _SCOPE: ContextVar[threading.Event | None] = ContextVar("enn_cancel_scope", default=None)
 
@@ -48,7 +53,7 @@ def cancel_scope(event: threading.Event) -> Iterator[threading.Event]:
 
 @dataclass(frozen=True)
 class StageContext:
-    stage: str
+    spec: StageSpec
     layout: Layout
     run_dir: Path
     events: EventLog
@@ -57,25 +62,40 @@ class StageContext:
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("enn"))
     cancel: threading.Event = field(default_factory=current_cancel)
 
-    def output(self, stage: str | None = None) -> Path:
-        """The output directory of `stage` (default: this stage)."""
-        return self.layout.output(stage or self.stage)
+    @property
+    def stage(self) -> str:
+        """This stage's public name (messages, progress bars, fault phases)."""
+        return self.spec.name
+
+    def output(self) -> Path:
+        """This stage's output directory."""
+        return self.spec.output_dir(self.layout)
+
+    def input(self, upstream: StageSpec) -> Path:
+        """The output directory of `upstream`, which this stage's spec must declare."""
+        if upstream not in (*self.spec.inputs, *self.spec.optional_inputs):
+            raise KeyError(f"{self.spec.key} does not declare {upstream.key} as an input")
+        return upstream.output_dir(self.layout)
 
 
 def make_context(
-    cfg, layout: Layout, stage: str, run_id: str, cancel: threading.Event | None = None
+    cfg: RunConfig,
+    layout: Layout,
+    spec: StageSpec,
+    run_id: str,
+    cancel: threading.Event | None = None,
 ) -> StageContext:
     """A context for running a stage directly (tests, benchmarks); `cancel` (default: the
     enclosing `cancel_scope`'s event, or a fresh one) stops its workers when set."""
-    run_dir = layout.run_dir(run_id, stage)
+    run_dir = layout.run_dir(run_id, spec.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     return StageContext(
-        stage=stage,
+        spec=spec,
         layout=layout,
         run_dir=run_dir,
         events=EventLog(run_dir),
         faults=FaultInjector(cfg.fault, marker_dir=run_dir.parent),
         progress=cfg.runtime.progress,
-        logger=logging.getLogger(f"enn.{stage}"),
+        logger=logging.getLogger(f"enn.{spec.name}"),
         cancel=cancel if cancel is not None else current_cancel(),
     )

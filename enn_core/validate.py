@@ -147,23 +147,24 @@ def finite_or_none(metrics: Mapping[str, float]) -> dict[str, float | None]:
     return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
 
 
-def load_staged(ctx) -> tuple[object, object, dict]:
-    """(staged dataset, model in eval mode, checkpoint) for a stage reading both; checks they agree."""
-    ds = StagedDataset(ctx.output("stage-data"))
+def load_staged(staged: Path, trained: Path, stage: str) -> tuple[object, object, dict]:
+    """(staged dataset, model in eval mode, checkpoint) for `stage` reading the staged data and
+    the trained model's folder; checks they agree."""
+    ds = StagedDataset(staged)
     if ds.labels is None:
         raise DataError(
-            f"{ds.path} is features-only (no labels); {ctx.stage} needs the training data's labels: "
+            f"{ds.path} is features-only (no labels); {stage} needs the training data's labels: "
             "run it in the training flow (the prediction flow checks new data without targets)"
         )
-    path = Path(ctx.output("distributed-train")) / MODEL_FILE
+    path = trained / MODEL_FILE
     if not path.exists():
-        raise StaleOutputError(f"{path} not found; run distributed-train first")
+        raise StaleOutputError(f"{path} not found; run {trained.name} first")
     model, ckpt = load_model(path)
     want, have = ckpt.get("data_fingerprint"), ds.fingerprint
     if want and have and want != have:
         raise StaleOutputError(
-            f"{path} was trained on data {str(want)[:12]} but outputs/stage-data holds {str(have)[:12]}; "
-            "re-run distributed-train (or stage-data with the training inputs)"
+            f"{path} was trained on data {str(want)[:12]} but {staged} holds {str(have)[:12]}; "
+            f"re-run {trained.name} (or {staged.name} with the training inputs)"
         )
     return ds, model, ckpt
 
@@ -185,9 +186,9 @@ def naive_predictions(ds: StagedDataset, rows: np.ndarray) -> dict[str, np.ndarr
     return out
 
 
-def run(cfg, ctx) -> dict:
+def run(cfg, ctx, *, staged: Path, trained: Path) -> dict:
     """The validate stage: metrics.json + breakdown.json; returns the headline metrics."""
-    ds, model, ckpt = load_staged(ctx)
+    ds, model, ckpt = load_staged(staged, trained, ctx.stage)
     device, reason = select_device(cfg.runtime.device)
     model.to(device)
     ctx.events.param("validate/device", f"{device} ({reason})")

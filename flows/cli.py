@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from enn_core.errors import EnnError
-from enn_core.paths import STAGES, Layout, find_root, project_root
+from enn_core.paths import Layout, find_root, project_root
+from enn_core.stages import FLOWS, PREDICTION, TRAINING, Flow, StageSpec, lookup
 
 COMMON_EPILOG = (
     "Config: defaults -> params.yaml -> --set overrides (docs/config.md lists every key). "
@@ -79,21 +80,21 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tasks.registry import HELP, PREDICTION_WORK
-
     parser = argparse.ArgumentParser(
         prog="enn", description="ENN training-and-prediction pipeline.", epilog=COMMON_EPILOG
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for stage in STAGES:
-        p = sub.add_parser(stage, help=HELP[stage], description=HELP[stage], epilog=COMMON_EPILOG)
+    variants = {s.name for s in PREDICTION}
+    for spec in TRAINING:
+        p = sub.add_parser(spec.name, help=spec.help, description=spec.help, epilog=COMMON_EPILOG)
         _common(p)
-        if stage in PREDICTION_WORK:
+        if spec.name in variants:
             p.add_argument(
                 "--pipeline",
-                choices=["training", "prediction"],
+                choices=list(FLOWS),
                 default="training",
-                help="Which pipeline's version of the stage to run (prediction/dvc.yaml passes prediction).",
+                help="Which pipeline's version of the stage to run "
+                "(prediction/dvc.yaml passes prediction).",
             )
     p = sub.add_parser(
         "run",
@@ -176,21 +177,18 @@ def ui_command(cfg, root: Path, port: int | None) -> int:
             time.sleep(3600)
 
 
-def run_stage_command(
-    stage: str, config: Path, root: Path, overrides: list[str], pipeline: str = "training"
-) -> int:
+def run_stage_command(spec: StageSpec, config: Path, root: Path, overrides: list[str]) -> int:
     from enn_core.config import load_config
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
 
     cfg = load_config(config, overrides)
     group = dvc_group()
-    name = f"dvc repro ({stage})" if group else f"enn {stage}"
-    with pipeline_session(cfg, root, name, group=group, pipeline=pipeline) as session:
-        result = execute_stage(stage, cfg, session)
-    print(
-        f"{stage}: done in {result.seconds:.1f} s -> {Layout.for_root(root, cfg.runtime.work_dir).output(stage)}"
-    )
+    name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
+    with pipeline_session(cfg, root, name, group=group) as session:
+        result = execute_stage(spec, cfg, session)
+    out = spec.output_dir(Layout.for_root(root, cfg.runtime.work_dir))
+    print(f"{spec.name}: done in {result.seconds:.1f} s -> {out}")
     return 0
 
 
@@ -229,7 +227,7 @@ def run_flow_command(
             )
             return 130
     for stage, r in results.items():
-        print(f"{stage:20s} {r['status']:8s} {r['seconds']:7.1f} s  {r['reason']}")
+        print(f"{stage:20s} {r.status:8s} {r.seconds:7.1f} s  {r.reason}")
     return 0
 
 
@@ -284,9 +282,8 @@ def _main(argv: list[str] | None) -> int:
             return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
         if args.command == "ui":
             return ui_command(cfg, root, args.port)
-        return run_stage_command(
-            args.command, config, root, args.overrides, getattr(args, "pipeline", "training")
-        )
+        flow: Flow = getattr(args, "pipeline", "training")
+        return run_stage_command(lookup(args.command, flow), config, root, args.overrides)
     except EnnError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

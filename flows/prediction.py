@@ -3,7 +3,7 @@
     stage-data (features-only, against the training manifest) -> predict -> collapse-check
 
 The same stage names as the training flow (one name everywhere), running the prediction
-pipeline's work functions (tasks/registry.py PREDICTION_WORK) over `prediction/params.yaml`,
+pipeline's stage specs (enn_core/stages/prediction.py) over `prediction/params.yaml`,
 whose outputs live in `prediction/outputs/<stage>/` and whose DVC pipeline is
 `prediction/dvc.yaml`. The model is a checkpoint path or a registered version
 (`models:/enn-model@champion`), resolved to a local folder by the task layer.
@@ -20,12 +20,10 @@ from prefect import flow, get_run_logger
 from prefect.states import State
 
 from enn_core.paths import project_root
-from flows.training import run_stages, select
-from tasks.collapse_check import collapse_check
-from tasks.predict import predict
-from tasks.stage_data import stage_data
+from enn_core.stages import up_to
+from flows.training import run_stages
+from tasks.runner import StageResult
 
-PREDICTION_TASKS = {"stage-data": stage_data, "predict": predict, "collapse-check": collapse_check}
 DEFAULT_CONFIG = "prediction/params.yaml"
 
 
@@ -35,7 +33,7 @@ def prediction(
     overrides: list[str] | None = None,
     model: str | None = None,
     until: str | None = None,
-) -> dict | State:
+) -> dict[str, StageResult] | State:
     """Stage new data, predict with `model` (default: predict.model of the config), check collapse
     (a Cancelled state when the flow run is cancelled: flows.training.run_stages)."""
     overrides = list(overrides or [])
@@ -52,9 +50,7 @@ def prediction(
         overrides.append(f"predict.model={local.relative_to(root)}")
     elif model:
         overrides.append(f"predict.model={model}")
-    return run_stages(
-        "prediction", config, overrides, select(PREDICTION_TASKS, until), pipeline="prediction"
-    )
+    return run_stages("prediction", config, overrides, up_to("prediction", until))
 
 
 if __name__ == "__main__":

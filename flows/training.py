@@ -27,43 +27,14 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
 from enn_core.config import load_config
-from enn_core.paths import STAGES, project_root
+from enn_core.paths import project_root
 from enn_core.stage import cancel_scope
+from enn_core.stages import StageSpec, up_to
 from flows.params_file import apply_overrides
 from tasks import dvc_state
-from tasks.collapse_check import collapse_check
-from tasks.distributed_train import distributed_train
-from tasks.export import export
-from tasks.predict import predict
-from tasks.prepare_checkpoint import prepare_checkpoint
+from tasks.prefect_task import stage_task
+from tasks.runner import StageResult
 from tasks.session import pipeline_session
-from tasks.stage_data import stage_data
-from tasks.validate import validate
-
-TRAINING_TASKS = {
-    "stage-data": stage_data,
-    "prepare-checkpoint": prepare_checkpoint,
-    "distributed-train": distributed_train,
-    "validate": validate,
-    "predict": predict,
-    "collapse-check": collapse_check,
-    "export": export,
-}
-assert tuple(TRAINING_TASKS) == STAGES
-
-
-def select(stages: dict, until: str | None) -> dict:
-    """The stages up to and including `until` (all when None)."""
-    if until is None:
-        return stages
-    if until not in stages:
-        from enn_core.errors import ConfigError
-
-        raise ConfigError(
-            f"--until {until!r} is not a stage of this flow; pick one of {list(stages)}"
-        )
-    names = list(stages)
-    return {k: stages[k] for k in names[: names.index(until) + 1]}
 
 
 class FlowRunCancelled(Exception):
@@ -112,8 +83,8 @@ def watch_cancellation(flow_run_id: str | None, poll_s: float = 1.0) -> Iterator
 
 
 def run_stages(
-    name: str, config: str, overrides: list[str] | None, stages: dict, pipeline: str = "training"
-) -> dict | State:
+    name: str, config: str, overrides: list[str] | None, stages: tuple[StageSpec, ...]
+) -> dict[str, StageResult] | State:
     """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled."""
     logger = get_run_logger()
     path = Path(config).resolve()
@@ -130,33 +101,29 @@ def run_stages(
             root / "params.yaml",
         )
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
-    results: dict[str, dict] = {}
+    results: dict[str, StageResult] = {}
     run_id = str(flow_run.get_id() or "") or None
     try:
         with (
-            pipeline_session(
-                cfg, root, name, run_id=run_id, tags=tags, pipeline=pipeline
-            ) as session,
+            pipeline_session(cfg, root, name, run_id=run_id, tags=tags) as session,
             watch_cancellation(run_id) as cancel,
             cancel_scope(cancel),
         ):
-            for stage, task_ in stages.items():
+            for spec in stages:
                 if cancel.is_set():
                     raise FlowRunCancelled(
-                        f"flow run cancelled before {stage}; no further stage ran"
+                        f"flow run cancelled before {spec.name}; no further stage ran"
                     )
-                opts = task_.with_options(timeout_seconds=cfg.runtime.task_timeout_s)
+                opts = stage_task(spec).with_options(timeout_seconds=cfg.runtime.task_timeout_s)
                 try:
-                    results[stage] = opts(str(path), session)
+                    result = results[spec.name] = opts(str(path), session)
                 except Exception as e:
                     if cancel.is_set():  # the stage failed because its workers were killed
                         raise FlowRunCancelled(
-                            f"flow run cancelled during {stage}; its workers were stopped"
+                            f"flow run cancelled during {spec.name}; its workers were stopped"
                         ) from e
                     raise
-                logger.info(
-                    "%s: %s (%s)", stage, results[stage]["status"], results[stage]["reason"]
-                )
+                logger.info("%s: %s (%s)", spec.name, result.status, result.reason)
     except FlowRunCancelled as e:
         logger.warning("%s", e)
         return Cancelled(message=str(e))
@@ -166,9 +133,9 @@ def run_stages(
 @flow(name="training", persist_result=False, log_prints=True)
 def training(
     config: str = "params.yaml", overrides: list[str] | None = None, until: str | None = None
-) -> dict | State:
+) -> dict[str, StageResult] | State:
     """Run the seven training stages (or those up to `until`); returns each stage's status."""
-    return run_stages("training", config, overrides, select(TRAINING_TASKS, until))
+    return run_stages("training", config, overrides, up_to("training", until))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from enn_core.paths import dvc_name
+from enn_core.stages import StageSpec
 
 
 def repo_root(root: Path) -> Path | None:
@@ -36,17 +36,18 @@ def owns(root: Path, config: str | Path) -> bool:
     return has_dvc(root) and Path(config).resolve() == (root / "params.yaml").resolve()
 
 
-def _target(root: Path, stage: str) -> tuple[Path, str]:
+def _target(root: Path, spec: StageSpec) -> tuple[Path, str]:
     repo = repo_root(root)
+    assert repo is not None, f"{root} is not inside a DVC repository"
     rel = os.path.relpath(root / "dvc.yaml", repo)
-    return repo, f"{rel}:{dvc_name(stage)}"
+    return repo, f"{rel}:{spec.dvc_name}"
 
 
-def stage_status(root: Path, stage: str) -> tuple[bool, str]:
+def stage_status(root: Path, spec: StageSpec) -> tuple[bool, str]:
     """(up_to_date, why). `why` names what changed, in DVC's words."""
     from dvc.repo import Repo
 
-    repo_dir, target = _target(root, stage)
+    repo_dir, target = _target(root, spec)
     with Repo(str(repo_dir)) as repo:
         status = repo.status(targets=[target])
     if not status:
@@ -54,9 +55,9 @@ def stage_status(root: Path, stage: str) -> tuple[bool, str]:
     return False, f"changed: {status}"
 
 
-def commit(root: Path, stage: str) -> None:
+def commit(root: Path, spec: StageSpec) -> None:
     from dvc.repo import Repo
 
-    repo_dir, target = _target(root, stage)
+    repo_dir, target = _target(root, spec)
     with Repo(str(repo_dir)) as repo:
         repo.commit(target, force=True)

@@ -7,13 +7,15 @@ config errors fail at once (`only_transient`).
 
 from __future__ import annotations
 
+import functools
 import json
 
-from prefect import task
+from prefect import Task, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from enn_core.config import load_config
 from enn_core.errors import TransientError
+from enn_core.stages import StageSpec
 from tasks import dvc_state
 from tasks.runner import PipelineSession, StageResult, execute_stage
 
@@ -29,9 +31,9 @@ def only_transient(task_, task_run, state) -> bool:
     return False
 
 
-def publish(stage: str, result: StageResult) -> None:
+def publish(result: StageResult) -> None:
     """A markdown summary and a table of headline numbers, per stage."""
-    key = f"{stage}-summary"
+    stage = result.stage
     lines = [
         f"# {stage}",
         "",
@@ -46,68 +48,68 @@ def publish(stage: str, result: StageResult) -> None:
             lines.append(f"- `{k}`: `{json.dumps(v, default=str)[:300]}`")
     if result.mlflow_run_id:
         lines.append(f"\nMLflow run: `{result.mlflow_run_id}`")
-    create_markdown_artifact(key=key, markdown="\n".join(lines), description=f"{stage} summary")
+    create_markdown_artifact(
+        key=f"{stage}-summary", markdown="\n".join(lines), description=f"{stage} summary"
+    )
     if rows:
         create_table_artifact(key=f"{stage}-table", table=rows, description=f"{stage} figures")
-    for name, table in (result.summary.get("tables") or {}).items():
-        create_table_artifact(
-            key=f"{stage}-{name}".replace("_", "-").lower(),
-            table=table,
-            description=f"{stage}: {name}",
-        )
 
 
-def publish_diagnostics(stage: str, session: PipelineSession) -> None:
-    """The stage's diagnostics record (written by the runner, also on failure) as an artifact."""
-    run_dir = session.layout.run_dir(session.run_id, stage)
+def publish_diagnostics(spec: StageSpec, session: PipelineSession) -> None:
+    """The stage's diagnostics record (written by the runner, also on failure) as an artifact,
+    and each table the stage recorded (collapse-check: every candidate and why)."""
+    run_dir = session.layout.run_dir(session.run_id, spec.name)
     md = run_dir / "diagnostics.md"
     if md.exists():
         create_markdown_artifact(
-            key=f"{stage}-diagnostics",
+            key=f"{spec.name}-diagnostics",
             markdown=md.read_text(),
-            description=f"{stage}: where a problem is (diagnostics record)",
+            description=f"{spec.name}: where a problem is (diagnostics record)",
         )
     diag = run_dir / "diagnostics.json"
-    rows = json.loads(diag.read_text()).get("candidates") if diag.exists() else None
-    # collapse-check: every candidate, how far it is from passing and why (also when all collapsed)
-    if rows:
-        create_table_artifact(
-            key=f"{stage}-candidates", table=rows, description=f"{stage}: candidates"
-        )
+    tables = json.loads(diag.read_text()).get("tables") or {} if diag.exists() else {}
+    for name, rows in tables.items():
+        if rows:
+            create_table_artifact(
+                key=f"{spec.name}-{name}".replace("_", "-").lower(),
+                table=rows,
+                description=f"{spec.name}: {name}",
+            )
 
 
-def run_stage(stage: str, config_path: str, session: PipelineSession) -> dict:
+def run_stage(spec: StageSpec, config_path: str, session: PipelineSession) -> StageResult:
     cfg = load_config(config_path)
     root = session.layout.root
     use_dvc = dvc_state.owns(root, config_path)
     if use_dvc:
-        fresh, why = dvc_state.stage_status(root, stage)
+        fresh, why = dvc_state.stage_status(root, spec)
         if fresh:
-            result = StageResult(stage, "skipped", why, {}, "", None, 0.0, 0.0)
-            publish(stage, result)
-            return result.to_dict()
+            result = StageResult(spec.name, "skipped", why, {}, "", None, 0.0, 0.0)
+            publish(result)
+            return result
     try:
-        result = execute_stage(stage, cfg, session)
+        result = execute_stage(spec, cfg, session)
     finally:
-        publish_diagnostics(stage, session)
+        publish_diagnostics(spec, session)
     if use_dvc:
-        dvc_state.commit(root, stage)
-    publish(stage, result)
-    return result.to_dict()
+        dvc_state.commit(root, spec)
+    publish(result)
+    return result
 
 
-def stage_task(stage: str):
-    """The Prefect task for `stage` (named by the stage: one name everywhere)."""
+@functools.cache
+def stage_task(spec: StageSpec) -> Task[[str, PipelineSession], StageResult]:
+    """The Prefect task of `spec`, named by the stage (one name everywhere)."""
 
     @task(
-        name=stage,
+        name=spec.name,
         retries=2,
         retry_delay_seconds=[1, 5],
         retry_condition_fn=only_transient,
         persist_result=False,
     )
-    def _task(config_path: str, session: PipelineSession) -> dict:
-        """Run the stage unless DVC says it is up to date (pipeline: session.pipeline)."""
-        return run_stage(stage, config_path, session)
+    def _task(config_path: str, session: PipelineSession) -> StageResult:
+        """Run the stage unless DVC says it is up to date."""
+        return run_stage(spec, config_path, session)
 
     return _task

@@ -52,7 +52,6 @@ def pipeline_session(
     run_id: str | None = None,
     tags: dict[str, str] | None = None,
     group: str | None = None,
-    pipeline: str = "training",
 ) -> Iterator[PipelineSession]:
     """Lock the work directory, open the MLflow parent run, and close it with the right status."""
     layout = Layout.for_root(root, cfg.runtime.work_dir)
@@ -72,7 +71,6 @@ def pipeline_session(
             tracker=tracker,
             parent_id=parent,
             tags={k: v for k, v in (tags or {}).items() if k.startswith(("enn.", "prefect."))},
-            pipeline=pipeline,
         )
         try:
             yield session

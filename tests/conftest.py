@@ -160,12 +160,9 @@ def make_project(
     )
     if stages is not None:  # a pipeline of only these stages (and what they need)
         shutil.rmtree(dest / "prediction")  # its deps name training stages that are not there
-        from enn_core.paths import dvc_name
-
         dvc = yaml.safe_load((dest / "dvc.yaml").read_text())
-        dvc["stages"] = {
-            k: v for k, v in dvc["stages"].items() if k in {dvc_name(s) for s in stages}
-        }
+        keep = {s.replace("-", "_") for s in stages}  # dvc.yaml's keys for these stage names
+        dvc["stages"] = {k: v for k, v in dvc["stages"].items() if k in keep}
         (dest / "dvc.yaml").write_text(yaml.safe_dump(dvc, sort_keys=False))
     extra = {"PREFECT_HOME": str(prefect_home)} if prefect_home else {}
     project = Project(dest, contained_env(dest, **extra))

@@ -7,6 +7,7 @@ Merge order: dataclass defaults -> params.yaml -> `--set key=value` overrides.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -52,17 +53,6 @@ class RunConfig:
     fault: FaultConfig = section(FaultConfig, "Fault injection (tests only).")
 
 
-# Which sections each stage reads: the README table and dvc.yaml's `params:` follow this.
-STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
-    "stage-data": ("data",),
-    "prepare-checkpoint": ("model", "checkpoint"),
-    "distributed-train": ("model", "train", "checkpoint"),
-    "validate": (),
-    "predict": ("data", "predict"),
-    "collapse-check": ("collapse",),
-    "export": ("export",),
-}
-
 FAULTS_ALLOWED_ENV = "ENN_ALLOW_FAULTS"
 
 
@@ -90,9 +80,16 @@ def load_config(
     return cfg
 
 
-def sections_of(cfg: RunConfig, stage: str) -> dict:
-    """The plain params a stage reads (its fingerprint input and its MLflow params)."""
-    return {s: to_plain(getattr(cfg, s)) for s in STAGE_SECTIONS[stage]}
+def sections_of(cfg: RunConfig, sections: Iterable[str]) -> dict:
+    """The plain params of `sections` (a stage's spec says which it reads: its MLflow params)."""
+    return {s: to_plain(getattr(cfg, s)) for s in sections}
+
+
+def replace_key(cfg: RunConfig, key: str, value: object) -> RunConfig:
+    """`cfg` with the value at `section.name` replaced (the config stays frozen)."""
+    section, name = key.split(".")
+    changed = dataclasses.replace(getattr(cfg, section), **{name: value})
+    return dataclasses.replace(cfg, **{section: changed})
 
 
 __all__ = [
@@ -107,13 +104,13 @@ __all__ = [
     "PredictConfig",
     "RunConfig",
     "RuntimeConfig",
-    "STAGE_SECTIONS",
     "SyntheticConfig",
     "TrackingConfig",
     "TrainConfig",
     "WorkbookLayout",
     "canonical_json",
     "load_config",
+    "replace_key",
     "sections_of",
     "to_plain",
 ]

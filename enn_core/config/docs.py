@@ -12,7 +12,8 @@ import sys
 import typing
 from pathlib import Path
 
-from enn_core.config import STAGE_SECTIONS, RunConfig
+from enn_core.config import RunConfig
+from enn_core.stages import TRAINING
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -52,9 +53,7 @@ def render() -> str:
         "| stage | sections |",
         "| --- | --- |",
     ]
-    out += [
-        f"| `{s}` | {', '.join(f'`{x}`' for x in secs)} |" for s, secs in STAGE_SECTIONS.items()
-    ]
+    out += [f"| `{s.name}` | {', '.join(f'`{x}`' for x in s.sections)} |" for s in TRAINING]
     hints = typing.get_type_hints(RunConfig)
     for f in dataclasses.fields(RunConfig):
         out += [

@@ -64,7 +64,7 @@ def run(cfg, ctx) -> dict[str, Any]:
     )
     ctx.events.param("data_content_hash", result["content_hash"])
     ctx.events.metrics({"data/rows": result["n_rows"], "data/seconds": result["seconds"]})
-    ctx.events.artifact(Path(result["path"]) / MANIFEST, "stage-data")
+    ctx.events.artifact(Path(result["path"]) / MANIFEST, ctx.stage)
     return result
 
 

@@ -7,7 +7,7 @@ grid of speeds. Speed = section base level
     + a seasonal month effect modulated per section,
     + a daily offset shared by the whole row, + cell noise.
 A model of the keys fits it to about the noise level; a per-cell mean is off by the group
-effects (tests check both). `enn_core.data.demo.stage_synthetic` stages a small copy for tests.
+effects (tests check both). `enn_core.stages.demo.stage_synthetic` stages a small copy for tests.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from enn_core.doctor.context import DoctorContext, gib
 from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError
+from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT
 
 
 def run(ctx: DoctorContext) -> list[Check]:
@@ -113,8 +114,8 @@ def consolidated(ctx: DoctorContext, rec: Recorder) -> None:
     found = [
         p
         for p in (
-            ctx.layout.output("prepare-checkpoint") / "init.pt",
-            ctx.layout.output("distributed-train") / "model.pt",
+            PREPARE_CHECKPOINT.output_dir(ctx.layout) / "init.pt",
+            DISTRIBUTED_TRAIN.output_dir(ctx.layout) / "model.pt",
         )
         if p.exists()
     ]
@@ -122,7 +123,8 @@ def consolidated(ctx: DoctorContext, rec: Recorder) -> None:
         rec.add(
             "consolidated",
             "skip",
-            "no init.pt or model.pt yet (run prepare-checkpoint / distributed-train)",
+            f"no init.pt or model.pt yet (run {PREPARE_CHECKPOINT.name} / "
+            f"{DISTRIBUTED_TRAIN.name})",
         )
         return
     fingerprint = _staged_fingerprint(ctx)

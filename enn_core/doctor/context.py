@@ -21,6 +21,7 @@ import torch
 from enn_core.config import RunConfig
 from enn_core.errors import EnnError
 from enn_core.paths import Layout
+from enn_core.stages import STAGE_DATA
 
 # Filesystems whose random reads are slow or whose semantics surprise memmaps and renames.
 NETWORK_FS = (
@@ -133,7 +134,7 @@ class DoctorContext:
 
     @property
     def staged_dir(self) -> Path:
-        return self.layout.output("stage-data")
+        return STAGE_DATA.output_dir(self.layout)
 
     def tempdir(self, prefix: str) -> Path:
         """A temporary directory removed by `close()`."""
@@ -169,7 +170,7 @@ class DoctorContext:
 
     def _synthetic(self) -> tuple[dict, np.ndarray, Path]:
         from enn_core.data.dataset import StagedDataset
-        from enn_core.data.demo import stage_synthetic
+        from enn_core.stages.demo import stage_synthetic
 
         root = self.tempdir("synthetic")
         (root / "params.yaml").write_text("{}\n")

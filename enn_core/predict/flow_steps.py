@@ -27,7 +27,7 @@ import numpy as np
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.collapse import measure_predictions, target_spread
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import CollapseError, StaleOutputError
+from enn_core.errors import CollapseError, ConfigError, StaleOutputError
 from enn_core.predict import stage
 
 REPORT = "report.json"
@@ -44,9 +44,37 @@ def with_inputs(cfg, *, input_dir: str | Path, model_path: str | Path):
     )
 
 
-def predict(cfg, ctx, *, input_dir: str | Path, model_path: str | Path) -> dict:
+def predict(
+    cfg, ctx, *, input_dir: str | Path, model_path: str | Path, calibration_name: str
+) -> dict:
     """The predict stage over a features-only staged dataset with a given model."""
-    return stage.run(with_inputs(cfg, input_dir=input_dir, model_path=model_path), ctx)
+    return stage.run(
+        with_inputs(cfg, input_dir=input_dir, model_path=model_path),
+        ctx,
+        staged=Path(input_dir),
+        model=None,
+        calibration=None,
+        calibration_name=calibration_name,
+    )
+
+
+def predict_new(cfg, ctx, *, staged: Path, calibration_name: str) -> dict:
+    """The prediction flow's predict: the features-only data this pipeline staged (`staged`),
+    with `predict.model` (a local path: the task layer resolves registry references)."""
+    if not cfg.predict.model:
+        raise ConfigError(
+            "predict.model is empty; give a consolidated checkpoint path or models:/NAME@ALIAS"
+        )
+    model = ctx.layout.resolve(cfg.predict.model)
+    return predict(cfg, ctx, input_dir=staged, model_path=model, calibration_name=calibration_name)
+
+
+def check_new(cfg, ctx, *, staged: Path, predictions: Path, training: Path) -> dict:
+    """The prediction flow's collapse-check: the new predictions against the spread of the
+    training targets staged in `training`."""
+    return check_predictions(
+        cfg, ctx, predictions_dir=predictions, input_dir=staged, training_data_dir=training
+    )
 
 
 def training_spread(
@@ -111,7 +139,7 @@ def check_predictions(
         {f"collapse/{k}": v for k, v in verdict["measures"].items() if isinstance(v, (int, float))}
     )
     ctx.events.param("collapse/released", report["released"])
-    ctx.events.artifact(out / REPORT, "collapse-check")
+    ctx.events.artifact(out / REPORT, ctx.stage)
     if verdict["collapsed"]:
         raise CollapseError(
             f"{out / REPORT}: predictions collapsed ({'; '.join(verdict['reasons'])}); held back in {out / HELD_DIR}"

@@ -38,14 +38,19 @@ class CalibrationChoice:
     fingerprint: str = "raw"  # hash of the calibration content (part of the parts' model key)
 
 
-def resolve_model_path(model: str, default: Path, root: Path) -> Path:
-    """`predict.model` (or the pipeline's model) as an existing local file."""
+def resolve_model_path(model: str, default: Path | None, root: Path) -> Path:
+    """`predict.model` (or the pipeline's model `default`) as an existing local file."""
     if model.startswith("models:/"):
         raise ConfigError(
             f"predict.model={model} is a registry URI; run through the task layer (enn run / the "
             "Prefect flow), which resolves it to a local path, or give the checkpoint path"
         )
+    if not model and default is None:
+        raise ConfigError(
+            "predict.model is empty; give a consolidated checkpoint path or models:/NAME@ALIAS"
+        )
     path = Path(model) if model else default
+    assert path is not None
     path = path if path.is_absolute() else root / path
     if not path.is_file():
         raise StaleOutputError(
@@ -54,14 +59,19 @@ def resolve_model_path(model: str, default: Path, root: Path) -> Path:
     return path
 
 
-def calibration_dirs(model_path: Path, explicit: str, pipeline_dir: Path, root: Path) -> list[Path]:
+def calibration_dirs(
+    model_path: Path, explicit: str, pipeline_dir: Path | None, sibling: str, root: Path
+) -> list[Path]:
     """Where collapse-check's output may be, in order: `predict.calibration_dir`, beside the model
-    (a registry download), the collapse-check output next to the model's stage output, this
-    pipeline's collapse-check output. The model's sha256 decides whether one applies."""
+    (a registry download), the collapse-check output (folder `sibling`) next to the model's
+    stage output, this pipeline's collapse-check output. The model's sha256 decides whether one
+    applies."""
     if explicit:
         p = Path(explicit)
         return [p if p.is_absolute() else root / p]
-    dirs = [model_path.parent, model_path.parent.parent / "collapse-check", pipeline_dir]
+    dirs = [model_path.parent, model_path.parent.parent / sibling]
+    if pipeline_dir is not None:
+        dirs.append(pipeline_dir)
     return list(dict.fromkeys(d.resolve() for d in dirs))
 
 

@@ -75,18 +75,27 @@ def _threads(cfg, world: int) -> int:
     return cfg.runtime.threads_per_worker or max(1, (os.cpu_count() or 1) // world)
 
 
-def run(cfg, ctx) -> dict:
-    """The predict stage (see the module docstring)."""
+def run(
+    cfg,
+    ctx,
+    *,
+    staged: Path,
+    model: Path | None,
+    calibration: Path | None,
+    calibration_name: str,
+) -> dict:
+    """The predict stage (see the module docstring) over the staged data `staged` (unless
+    `predict.input_dir` names features-only data), with `predict.model` or else `model`;
+    `calibration`: this pipeline's collapse-check output; `calibration_name`: the folder name
+    of a collapse-check output beside the model's stage output."""
     t0 = time.perf_counter()
     p = cfg.predict
     root = ctx.layout.root
     features_only = bool(p.input_dir)
-    data_dir = ctx.layout.resolve(p.input_dir) if features_only else ctx.output("stage-data")
+    data_dir = ctx.layout.resolve(p.input_dir) if features_only else staged
     ds = StagedDataset(data_dir)
-    model_path = model_io.resolve_model_path(
-        p.model, ctx.output("distributed-train") / MODEL_FILE, root
-    )
-    model, ckpt = load_model(model_path)
+    model_path = model_io.resolve_model_path(p.model, model, root)
+    net, ckpt = load_model(model_path)
     schema.check_schema(ds.manifest, ds.features, ckpt["data"], where=str(data_dir))
     index, selection = select_rows(ds, p.split, features_only)
     n_rows = ds.features.shape[0] if index is None else len(index)
@@ -97,7 +106,7 @@ def run(cfg, ctx) -> dict:
 
     model_sha = sha256_file(model_path)
     cal_dirs = model_io.calibration_dirs(
-        model_path, p.calibration_dir, ctx.output("collapse-check"), root
+        model_path, p.calibration_dir, calibration, calibration_name, root
     )
     choice = model_io.find_calibration(cal_dirs, model_sha, use=p.calibration == "auto")
     device, device_reason = select_device(cfg.runtime.device)
@@ -149,7 +158,7 @@ def run(cfg, ctx) -> dict:
         choice.candidate if choice.applied else "raw",
         choice.reason,
     )
-    predictor = model_io.prediction_path(model, choice).to(device) if world == 1 else None
+    predictor = model_io.prediction_path(net, choice).to(device) if world == 1 else None
     t_pred = time.perf_counter()
     stats = workers.run(jobs, predictor, cancel=ctx.cancel)
     seconds_predict = time.perf_counter() - t_pred
@@ -269,4 +278,4 @@ def _record(ctx, s: dict) -> None:
     if s["rows_per_second"]:
         ev.metric("predict/rows_per_second", s["rows_per_second"])
     for name in s["files"]:
-        ev.artifact(Path(s["output"]) / name, "predict")
+        ev.artifact(Path(s["output"]) / name, ctx.stage)

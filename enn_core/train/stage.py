@@ -55,12 +55,12 @@ def threads_per_worker(requested: int, world_size: int) -> int:
     return max(1, cores // world_size)
 
 
-def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
-    staged = ctx.output("stage-data")
-    init = ctx.output("prepare-checkpoint") / "init.pt"
-    for path, stage in ((staged / "manifest.json", "stage-data"), (init, "prepare-checkpoint")):
+def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[str, Any]:
+    """Train on the staged data (`staged`) from the initial checkpoint in `init`."""
+    init = init / "init.pt"
+    for path in (staged / "manifest.json", init):
         if not path.exists():
-            raise StaleOutputError(f"{path} is missing; run {stage} first")
+            raise StaleOutputError(f"{path} is missing; run {path.parent.name} first")
     world, why = resolve_world_size(cfg.runtime.world_size, cfg.runtime.device)
     threads = threads_per_worker(cfg.runtime.threads_per_worker, world)
     result_dir = ctx.run_dir / "result"
@@ -87,7 +87,7 @@ def run(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     total = cfg.train.epochs * max(1, -(-rows // cfg.train.batch_size)) if rows else None
     workers: dict[str, Any] = {}
     try:
-        with follow_heartbeat(ctx.run_dir, total, "distributed-train", ctx.progress):
+        with follow_heartbeat(ctx.run_dir, total, ctx.stage, ctx.progress):
             results = launch(
                 worker.main,
                 (str(job_path),),

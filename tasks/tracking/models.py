@@ -26,13 +26,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from enn_core.paths import Layout
+from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING
 
 ENN_DIR = "enn"  # folder inside the logged model holding the files predict and warm start load
-EXTRA_FILES = {
-    "distributed-train": ("model.pt",),
-    "collapse-check": ("calibration.json", "slope.npy", "intercept.npy", "report.json"),
-    "export": ("sidecar.json", "parity.json", "model.pt2"),
-}
 
 
 def _json(path: Path) -> dict:
@@ -42,7 +38,7 @@ def _json(path: Path) -> dict:
 def _input_example(layout: Layout) -> np.ndarray:
     from enn_core.data.dataset import StagedDataset
 
-    ds = StagedDataset(layout.output("stage-data"))
+    ds = StagedDataset(STAGE_DATA.output_dir(layout))
     rows = (
         np.asarray(ds.split("test"))[:2]
         if "test" in ds.manifest.get("splits", {})
@@ -53,7 +49,7 @@ def _input_example(layout: Layout) -> np.ndarray:
 
 def fingerprints(layout: Layout) -> dict[str, str]:
     """The dataset and split fingerprints a champion comparison must share."""
-    manifest = _json(layout.output("stage-data") / "manifest.json")
+    manifest = _json(STAGE_DATA.output_dir(layout) / "manifest.json")
     split = json.dumps(
         {"def": manifest.get("split_definition"), "sizes": manifest.get("splits")}, sort_keys=True
     )
@@ -106,14 +102,14 @@ def register_export(
     import onnx
     from mlflow.models import infer_signature
 
-    export_dir = layout.output("export")
+    export_dir = EXPORT.output_dir(layout)
     onnx_path = export_dir / "model.onnx"
     if not onnx_path.exists():
         return {
             "registered": False,
             "reason": f"{onnx_path} does not exist (ONNX export not produced)",
         }
-    report = _json(layout.output("collapse-check") / "report.json")
+    report = _json(COLLAPSE_CHECK.output_dir(layout) / "report.json")
     chosen = report.get("chosen_metrics") or {}
     val_mae = float(chosen.get("mae", float("nan")))
     naive_mae = chosen.get("naive_conditional_mae")
@@ -136,9 +132,9 @@ def register_export(
         )
         extra = model_dir / ENN_DIR
         extra.mkdir()
-        for stage, names in EXTRA_FILES.items():
-            for n in names:
-                src = layout.output(stage) / n
+        for spec in TRAINING:
+            for n in spec.bundle:
+                src = spec.output_dir(layout) / n
                 if src.exists():
                     shutil.copy2(src, extra / n)
         client.log_artifacts(run_id, str(model_dir), "model")
@@ -149,7 +145,7 @@ def register_export(
     except MlflowException:
         pass  # it exists already
     fp = fingerprints(layout)
-    train = _json(layout.output("distributed-train") / "metrics.json")
+    train = _json(DISTRIBUTED_TRAIN.output_dir(layout) / "metrics.json")
     trained = {
         "enn.world_size": str(train.get("world_size", "")),
         "enn.checkpoint_step": str(train.get("applied_steps", train.get("global_step", ""))),

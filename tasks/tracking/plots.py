@@ -18,11 +18,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from enn_core.paths import Layout  # noqa: E402
+from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT, STAGE_DATA  # noqa: E402
 
 
-def loss_curves(history_path: Path, out_png: Path) -> Path | None:
+def loss_curves(layout: Layout, out_dir: Path) -> list[Path]:
+    """Train and validation loss and the learning rate per epoch (distributed-train)."""
+    path = loss_curve_png(DISTRIBUTED_TRAIN.output_dir(layout) / "history.json", out_dir)
+    return [path] if path else []
+
+
+def loss_curve_png(history_path: Path, out_dir: Path) -> Path | None:
     if not history_path.exists():
         return None
+    out_png = out_dir / "loss_curves.png"
     history = json.loads(history_path.read_text())
     rows = history if isinstance(history, list) else history.get("epochs", [])
     if not rows:
@@ -50,12 +58,12 @@ def loss_curves(history_path: Path, out_png: Path) -> Path | None:
 def prediction_plots(layout: Layout, out_dir: Path, n_groups: int = 3) -> list[Path]:
     from enn_core.data.dataset import StagedDataset
 
-    pred_path = layout.output("predict") / "predictions.npy"
-    manifest_path = layout.output("predict") / "manifest.json"
+    pred_path = PREDICT.output_dir(layout) / "predictions.npy"
+    manifest_path = PREDICT.output_dir(layout) / "manifest.json"
     if not pred_path.exists():
         return []
     pred = np.load(pred_path, mmap_mode="r")
-    ds = StagedDataset(layout.output("stage-data"))
+    ds = StagedDataset(STAGE_DATA.output_dir(layout))
     if ds.labels is None:
         return []
     meta = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -93,3 +101,7 @@ def prediction_plots(layout: Layout, out_dir: Path, n_groups: int = 3) -> list[P
         fig.savefig(out[-1], dpi=80)
         plt.close(fig)
     return out
+
+
+# The plots a stage spec may name (`StageSpec.plots`): each takes the layout and a folder.
+PLOTS = {"loss_curves": loss_curves, "predictions": prediction_plots}

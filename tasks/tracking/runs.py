@@ -33,6 +33,7 @@ from enn_core.config import RunConfig
 from enn_core.errors import TransientError
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
+from enn_core.stages import STAGE_DATA, StageSpec
 
 TAG_PID = "enn.pid"
 TAG_PID_CREATED = "enn.pid_created"
@@ -170,7 +171,7 @@ class Tracker:
 
     def after_stage(
         self,
-        stage: str,
+        spec: StageSpec,
         run_id: str | None,
         layout: Layout,
         cfg: RunConfig,
@@ -182,25 +183,17 @@ class Tracker:
             return {}
         from tasks.tracking import models, plots
 
-        out = layout.output(stage)
+        out = spec.output_dir(layout)
         tags = {**lineage, **dvc_lineage(layout.root)}
         self.set_tags(run_id, tags)
-        for name in STAGE_ARTIFACTS.get(stage, ()):
+        for name in spec.artifacts:
             self.log_artifact(run_id, out / name)
         plot_dir = run_dir / "plots"
         plot_dir.mkdir(parents=True, exist_ok=True)
-        pngs = []
-        if stage == "distributed-train":
-            pngs = [
-                p
-                for p in [plots.loss_curves(out / "history.json", plot_dir / "loss_curves.png")]
-                if p
-            ]
-        elif stage == "predict":
-            pngs = plots.prediction_plots(layout, plot_dir)
-        for png in pngs:
-            self.log_artifact(run_id, png, "plots")
-        if stage == "export":
+        for kind in spec.plots:
+            for png in plots.PLOTS[kind](layout, plot_dir):
+                self.log_artifact(run_id, png, "plots")
+        if spec.registers_model:
             result = models.register_export(
                 self.client, run_id, layout, cfg.tracking.registered_model, tags
             )
@@ -228,17 +221,6 @@ class Tracker:
         return killed
 
 
-STAGE_ARTIFACTS = {
-    "stage-data": ("manifest.json",),
-    "prepare-checkpoint": ("init.json",),
-    "distributed-train": ("model.pt", "metrics.json", "history.json"),
-    "validate": ("metrics.json", "breakdown.json"),
-    "predict": ("manifest.json",),
-    "collapse-check": ("report.json", "calibration.json"),
-    "export": ("sidecar.json", "parity.json"),
-}
-
-
 def dvc_lineage(root: Path) -> dict[str, str]:
     """The DVC hash of the staged data, from dvc.lock (empty before stage-data is locked)."""
     import yaml
@@ -247,7 +229,7 @@ def dvc_lineage(root: Path) -> dict[str, str]:
     if not lock.exists():
         return {}
     stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
-    outs = stages.get("stage_data", {}).get("outs", [])
+    outs = stages.get(STAGE_DATA.dvc_name, {}).get("outs", [])
     return {"enn.dvc_staged_data_md5": str(outs[0].get("md5", ""))} if outs else {}
 
 

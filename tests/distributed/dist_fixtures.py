@@ -12,11 +12,10 @@ import torch
 
 from enn_core.config import RunConfig, load_config
 from enn_core.data.staging import run as stage_data
-from enn_core.init_checkpoint import run as init_checkpoint
 from enn_core.paths import Layout
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.stage import make_context
-from enn_core.train.stage import run as train_stage
+from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT, STAGE_DATA
 
 TINY = [
     "data.synthetic.n_months=4",
@@ -51,20 +50,20 @@ def make_project(root: Path) -> Layout:
     (root / "params.yaml").write_text("{}\n")
     layout = Layout.for_root(root)
     cfg = cfg_of()
-    stage_data(cfg, make_context(cfg, layout, "stage-data", "setup"))
-    init_checkpoint(cfg, make_context(cfg, layout, "prepare-checkpoint", "setup"))
+    stage_data(cfg, make_context(cfg, layout, STAGE_DATA, "setup"))
+    PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "setup"))
     return layout
 
 
 def run_train(layout: Layout, cfg: RunConfig) -> tuple[dict, Path]:
     """distributed-train through its stage function; returns (summary, run dir)."""
     run_id = uuid.uuid4().hex[:8]
-    ctx = make_context(cfg, layout, "distributed-train", run_id)
-    return train_stage(cfg, ctx), ctx.run_dir
+    ctx = make_context(cfg, layout, DISTRIBUTED_TRAIN, run_id)
+    return DISTRIBUTED_TRAIN.work(cfg, ctx), ctx.run_dir
 
 
 def outputs(layout: Layout) -> tuple[dict, dict[str, torch.Tensor]]:
-    out = layout.output("distributed-train")
+    out = DISTRIBUTED_TRAIN.output_dir(layout)
     history = json.loads((out / "history.json").read_text())
     ckpt = torch.load(out / "model.pt", weights_only=True)
     return history, ckpt["state_dict"]

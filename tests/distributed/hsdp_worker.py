@@ -16,6 +16,7 @@ from typing import Any
 from enn_core.config import RunConfig, to_plain
 from enn_core.paths import Layout
 from enn_core.runtime import dist
+from enn_core.stages import PREPARE_CHECKPOINT, STAGE_DATA
 from enn_core.train import worker
 
 
@@ -33,8 +34,8 @@ def write_job(
     run_dir.mkdir(parents=True, exist_ok=True)
     job = {
         "config": to_plain(cfg),
-        "staged": str(layout.output("stage-data")),
-        "init": str(layout.output("prepare-checkpoint") / "init.pt"),
+        "staged": str(STAGE_DATA.output_dir(layout)),
+        "init": str(PREPARE_CHECKPOINT.output_dir(layout) / "init.pt"),
         "run_dir": str(run_dir),
         "result_dir": str(result_dir),
         "threads": cfg.runtime.threads_per_worker or 1,

@@ -16,6 +16,7 @@ from dist_fixtures import alive, cfg_of, make_project, outputs, run_train, worke
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, WorkerError
 from enn_core.events import read_events
+from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA
 from enn_core.train.ckpt import COMMITTED, COMPLETE, committed
 from enn_core.train.fingerprint import fingerprint
 
@@ -58,7 +59,7 @@ def params(run_dir: Path) -> dict:
 def test_interrupted_run_resumes_at_the_exact_step_bit_identical(tiny_project, ref):
     with pytest.raises(Exception, match="injected fault"):
         run_train(tiny_project, cfg_of(*BASE, *fault("raise", "step", 7)))
-    staged = StagedDataset(tiny_project.output("stage-data")).fingerprint
+    staged = StagedDataset(STAGE_DATA.output_dir(tiny_project)).fingerprint
     root = tiny_project.checkpoints / fingerprint(cfg_of(*BASE), staged).digest
     assert [p.name for p in committed(root)][-1] == "step-00000006"  # 3 and 6 committed, keep 2
     summary, run_dir = run_train(tiny_project, cfg_of(*BASE))
@@ -77,7 +78,9 @@ def test_sigkilled_worker_restarts_from_checkpoint_bit_identical(tiny_project, r
     assert summary["checkpoint"]["resumed_from"].endswith("step-00000006")
     assert params(run_dir)["workers/restarts"] == 1
     # the stage's summary (the Prefect task's) and its metrics (dvc metrics) record it too
-    published = json.loads((tiny_project.output("distributed-train") / "metrics.json").read_text())
+    published = json.loads(
+        (DISTRIBUTED_TRAIN.output_dir(tiny_project) / "metrics.json").read_text()
+    )
     for record in (summary, published):
         assert record["restarts"] == 1 and sorted(record["rank_phases"]) == ["0", "1"], record
     assert_same(outputs(tiny_project)[1], ref)

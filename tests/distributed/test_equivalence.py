@@ -10,6 +10,8 @@ import pytest
 import torch
 from dist_fixtures import cfg_of, outputs, run_train
 
+from enn_core.stages import STAGE_DATA
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "train"))
 from train_fixtures import run_local  # noqa: E402
 
@@ -22,7 +24,9 @@ def test_two_workers_match_one_worker_with_accumulation_and_clipping(tiny_projec
     assert summary["wrap"] == "fsdp2" and summary["accumulation"] == 2
     history, state = outputs(tiny_project)
     ref, rt = run_local(
-        cfg_of(*extra, "runtime.world_size=1"), tiny_project.output("stage-data"), tmp_path / "ref"
+        cfg_of(*extra, "runtime.world_size=1"),
+        STAGE_DATA.output_dir(tiny_project),
+        tmp_path / "ref",
     )
     assert len(ref.step_losses) >= 20
     torch.testing.assert_close(

@@ -26,6 +26,7 @@ from enn_core.runtime.dist import mesh_layout
 from enn_core.runtime.heartbeat import heartbeat_path, read_heartbeats
 from enn_core.runtime.launch import Rendezvous, Watchdog, free_port, launch
 from enn_core.stage import make_context
+from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA
 from enn_core.train.ckpt import committed
 from enn_core.train.fingerprint import fingerprint
 from enn_core.train.stage import checkpoint_spec
@@ -46,8 +47,8 @@ def _result(result_dir) -> tuple[dict, dict]:
 
 def _checkpoint_spec(layout, cfg) -> dict:
     """distributed-train's DCP checkpoint directory for this config (fresh: nothing to resume)."""
-    ctx = make_context(cfg, layout, "distributed-train", uuid.uuid4().hex[:8])
-    data_hash = StagedDataset(layout.output("stage-data")).fingerprint
+    ctx = make_context(cfg, layout, DISTRIBUTED_TRAIN, uuid.uuid4().hex[:8])
+    data_hash = StagedDataset(STAGE_DATA.output_dir(layout)).fingerprint
     return checkpoint_spec(cfg, ctx, fingerprint(cfg, data_hash))
 
 

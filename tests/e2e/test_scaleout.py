@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enn_core.paths import STAGES
+from enn_core.stages import TRAINING
 from tests.conftest import Project, make_project
 from tests.e2e.test_daily_use import http
 
@@ -164,7 +164,7 @@ def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
                 "filter": f"tags.`prefect.flow_run_id` = '{run_id}'",
             },
         )["runs"]
-        assert {r["info"]["run_name"] for r in found} == {"training", *STAGES}
+        assert {r["info"]["run_name"] for r in found} == {"training", *(s.name for s in TRAINING)}
         assert {r["info"]["status"] for r in found} == {"FINISHED"}
         from mlflow.tracking import MlflowClient  # after flows: tasks/env.py contains it first
 

@@ -12,6 +12,7 @@ import pytest
 from enn_core.config import DataConfig, RunConfig, WorkbookLayout
 from enn_core.paths import Layout
 from enn_core.stage import make_context
+from enn_core.stages import STAGE_DATA
 
 SHARED_WORKBOOK = Path(__file__).resolve().parents[4] / "shared" / "data" / "expressway_speeds.xlsx"
 
@@ -21,7 +22,7 @@ def run_stage(root: Path, **data_fields) -> tuple[dict, Path]:
     from enn_core.data.staging import run
 
     cfg = dataclasses.replace(RunConfig(), data=DataConfig(**data_fields))
-    ctx = make_context(cfg, Layout.for_root(root), "stage-data", "t")
+    ctx = make_context(cfg, Layout.for_root(root), STAGE_DATA, "t")
     return run(cfg, ctx), ctx.output()
 
 

@@ -27,10 +27,11 @@ from enn_core.config import load_config
 from enn_core.data.staging import run
 from enn_core.paths import Layout
 from enn_core.stage import make_context
+from enn_core.stages import STAGE_DATA
 root, x, y = sys.argv[1:4]
 cfg = load_config(None, ["data.source=npy", f"data.path={x}", f"data.labels_path={y}", "data.chunk_rows=10",
                          "fault.kind=kill", "fault.phase=stage-data", "fault.step=2"], allow_faults=True)
-run(cfg, make_context(cfg, Layout.for_root(root), "stage-data", "killed"))
+run(cfg, make_context(cfg, Layout.for_root(root), STAGE_DATA, "killed"))
 """
 
 

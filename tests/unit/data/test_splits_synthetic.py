@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from enn_core.data.dataset import StagedDataset
-from enn_core.data.demo import small_config, stage_synthetic
+from enn_core.stages.demo import small_config, stage_synthetic
 
 
 def _splits(ds: StagedDataset) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.data.staging import stage_features
 from enn_core.paths import Layout
 from enn_core.stage import make_context
+from enn_core.stages import STAGE_DATA
 from tests.unit.data.conftest import SHARED_WORKBOOK, run_stage, write_workbook
 
 needs_shared = pytest.mark.skipif(
@@ -145,7 +146,7 @@ def test_second_layout_stages_by_params_alone(tmp_path):
     cfg = load_config(tmp_path / "params.yaml")
     from enn_core.data.staging import run
 
-    run(cfg, make_context(cfg, Layout.for_root(tmp_path), "stage-data", "t"))
+    run(cfg, make_context(cfg, Layout.for_root(tmp_path), STAGE_DATA, "t"))
     ds = StagedDataset(tmp_path / "outputs" / "stage-data")
     assert ds.labels.shape == (12, 2, 24)
     assert ds.manifest["label_axis_values"]["section"] == ["X~Y", "Y~Z"]

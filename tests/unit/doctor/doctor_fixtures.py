@@ -18,7 +18,7 @@ def make_config(*extra: str):
 
 
 def staged(root: Path) -> Path:
-    from enn_core.data.demo import stage_synthetic
+    from enn_core.stages.demo import stage_synthetic
 
     return stage_synthetic(root, n_months=4, n_daytypes=2, n_sections=4, n_hours=6)
 

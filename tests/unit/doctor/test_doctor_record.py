@@ -15,6 +15,7 @@ from enn_core.doctor.record import diagnostics, markdown, write
 from enn_core.events import EventLog
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.launch import write_error
+from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT
 from enn_core.telemetry import bottleneck_verdict, write_epoch
 
 
@@ -72,11 +73,9 @@ def test_empty_run_dir_gives_an_empty_record(tmp_path):
 @pytest.mark.parametrize("fault", ["nan", "oom"])
 def test_injected_fault_is_named_in_the_record(tmp_path, fault):
     from enn_core.config import load_config
-    from enn_core.data.demo import stage_synthetic
-    from enn_core.init_checkpoint import run as init_checkpoint
     from enn_core.paths import Layout
     from enn_core.stage import make_context
-    from enn_core.train.stage import run as train_stage
+    from enn_core.stages.demo import stage_synthetic
 
     tiny = [
         "data.synthetic.n_months=4",
@@ -101,9 +100,9 @@ def test_injected_fault_is_named_in_the_record(tmp_path, fault):
     (tmp_path / "params.yaml").write_text("{}\n")
     layout = Layout.for_root(tmp_path)
     stage_synthetic(tmp_path, n_months=4, n_daytypes=2, n_sections=4, n_hours=6)
-    init_checkpoint(cfg, make_context(cfg, layout, "prepare-checkpoint", "setup"))
-    ctx = make_context(cfg, layout, "distributed-train", "faulty")
-    train_stage(cfg, ctx)
+    PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "setup"))
+    ctx = make_context(cfg, layout, DISTRIBUTED_TRAIN, "faulty")
+    DISTRIBUTED_TRAIN.work(cfg, ctx)
     diag = diagnostics(ctx.run_dir)
     if fault == "nan":
         assert diag["nonfinite"][0]["step"] == 2 and diag["nonfinite"][0]["tensor"].startswith(

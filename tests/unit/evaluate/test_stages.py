@@ -10,17 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from enn_core import collapse, export, validate
+from enn_core import collapse
 from enn_core.checkpoint import save_consolidated
 from enn_core.config import ExportConfig, RunConfig
 from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
-from enn_core.data.demo import stage_synthetic
 from enn_core.errors import CollapseError, StaleOutputError
 from enn_core.events import read_events
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.stage import make_context
+from enn_core.stages import COLLAPSE_CHECK, EXPORT, VALIDATE
+from enn_core.stages.demo import stage_synthetic
 
 pytestmark = pytest.mark.timeout(180)
 MODEL_CFG = ModelConfig(preset="tabular", d_model=32, layers=1, embed_dim=4)
@@ -58,7 +59,7 @@ def _ctx(cfg, root, stage):
 def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
     cfg = _project(tmp_path, steps=0)
     # validate reports the numbers and flags both naive predictors the model does not beat
-    summary = validate.run(cfg, _ctx(cfg, tmp_path, "validate"))
+    summary = VALIDATE.work(cfg, _ctx(cfg, tmp_path, VALIDATE))
     metrics = json.loads((tmp_path / "outputs/validate/metrics.json").read_text())
     assert (
         metrics["test/worse_than_naive_conditional"] == 1.0
@@ -80,9 +81,9 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
     )
     assert any(e["type"] == "event" and e["name"] == "naive_not_beaten" for e in events)
 
-    ctx = _ctx(cfg, tmp_path, "collapse-check")
+    ctx = _ctx(cfg, tmp_path, COLLAPSE_CHECK)
     with pytest.raises(CollapseError, match="every candidate collapsed.*report: .*report.json"):
-        collapse.run(cfg, ctx)
+        COLLAPSE_CHECK.work(cfg, ctx)
     out = tmp_path / "outputs" / "collapse-check"
     assert (out / "FAILED").exists() and not (out / "calibration.json").exists()
     report = json.loads((out / "report.json").read_text())
@@ -92,19 +93,19 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
     with pytest.raises(
         CollapseError, match="FAILED: collapse-check found every candidate collapsed"
     ):
-        export.run(cfg, _ctx(cfg, tmp_path, "export"))
+        EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
     assert not (tmp_path / "outputs" / "export").exists()
 
 
 @pytest.mark.slow
 def test_trained_model_passes_and_exports_in_real_units(tmp_path):
     cfg = _project(tmp_path, steps=150)
-    validate.run(cfg, _ctx(cfg, tmp_path, "validate"))
+    VALIDATE.work(cfg, _ctx(cfg, tmp_path, VALIDATE))
     metrics = json.loads((tmp_path / "outputs/validate/metrics.json").read_text())
     assert all(isinstance(v, float) for v in metrics.values())  # flat: dvc metrics show reads it
     assert metrics["val/r2"] > 0.2 and metrics["test/worse_than_naive_cell_mean"] == 0.0
 
-    summary = collapse.run(cfg, _ctx(cfg, tmp_path, "collapse-check"))
+    summary = COLLAPSE_CHECK.work(cfg, _ctx(cfg, tmp_path, COLLAPSE_CHECK))
     assert summary["chosen"] == "raw"
     cal, meta = collapse.load_calibration(tmp_path / "outputs" / "collapse-check")
     assert cal.candidate == "raw" and meta["model_sha256"]
@@ -113,7 +114,7 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path):
     cfg = dataclasses.replace(
         cfg, export=ExportConfig(formats=("torch_export",), required=("torch_export",))
     )
-    export.run(cfg, _ctx(cfg, tmp_path, "export"))
+    EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
     out = tmp_path / "outputs" / "export"
     side = json.loads((out / "sidecar.json").read_text())
     ds = StagedDataset(tmp_path / "outputs" / "stage-data")
@@ -141,7 +142,7 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path):
         tmp_path / "outputs/distributed-train/model.pt"
     )
     with pytest.raises(StaleOutputError, match="re-run collapse-check"):
-        export.run(cfg, _ctx(cfg, tmp_path, "export"))
+        EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
     assert (
         json.loads((out / "sidecar.json").read_text()) == side
     )  # the previous export is untouched

@@ -39,20 +39,3 @@ def test_layering():
             if hit:
                 bad.append(f"{f.relative_to(ROOT)} imports {sorted(hit)}")
     assert not bad, "reverse dependency edges (flows -> tasks -> enn_core only):\n" + "\n".join(bad)
-
-
-def test_one_name_everywhere():
-    """Each stage: tasks/<module>.py, a Prefect task of that name, a dvc stage, a CLI subcommand."""
-    import yaml
-
-    from enn_core.paths import STAGES, dvc_name
-    from flows.cli import build_parser
-
-    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    for stage in STAGES:
-        mod = stage.replace("-", "_")
-        assert (ROOT / "tasks" / f"{mod}.py").exists(), stage
-        assert f'stage_task("{stage}")' in (ROOT / "tasks" / f"{mod}.py").read_text()
-        assert dvc_name(stage) in dvc
-        assert stage in sub.choices

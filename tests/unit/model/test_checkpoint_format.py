@@ -8,13 +8,13 @@ import pytest
 import torch
 from model_fixtures import make_features, make_manifest
 
-from enn_core import init_checkpoint
 from enn_core.checkpoint import FORMAT_VERSION, load_model, save_consolidated
 from enn_core.config import load_config
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.stage import make_context
+from enn_core.stages import PREPARE_CHECKPOINT
 
 
 def test_round_trip_weights_only(tmp_path, manifest, tiny_cfg):
@@ -63,35 +63,35 @@ def _ctx(tmp_path, overrides=()):
     staged.mkdir(parents=True, exist_ok=True)
     (staged / "manifest.json").write_text(json.dumps(make_manifest()))
     cfg = load_config(None, ["model.d_model=16", "model.heads=2", "model.layers=1", *overrides])
-    return cfg, make_context(cfg, Layout.for_root(tmp_path), "prepare-checkpoint", "r1")
+    return cfg, make_context(cfg, Layout.for_root(tmp_path), PREPARE_CHECKPOINT, "r1")
 
 
 def test_prepare_checkpoint_seeded_bit_identical(tmp_path):
     cfg, ctx = _ctx(tmp_path)
-    first = init_checkpoint.run(cfg, ctx)
+    first = PREPARE_CHECKPOINT.work(cfg, ctx)
     bytes1 = (ctx.output() / "init.pt").read_bytes()
-    second = init_checkpoint.run(cfg, ctx)
+    second = PREPARE_CHECKPOINT.work(cfg, ctx)
     assert (ctx.output() / "init.pt").read_bytes() == bytes1 and first["sha256"] == second["sha256"]
     info = json.loads((ctx.output() / "init.json").read_text())
     assert info["sha256"] == first["sha256"] and info["init_from"] == "fresh"
     cfg2, ctx2 = _ctx(tmp_path, ["model.init_seed=1"])
-    assert init_checkpoint.run(cfg2, ctx2)["sha256"] != first["sha256"]
+    assert PREPARE_CHECKPOINT.work(cfg2, ctx2)["sha256"] != first["sha256"]
     model, _ = load_model(ctx.output() / "init.pt")
     assert model.describe()["layers"] == 1
 
 
 def test_prepare_checkpoint_warm_start_and_errors(tmp_path):
     cfg, ctx = _ctx(tmp_path)
-    init_checkpoint.run(cfg, ctx)
+    PREPARE_CHECKPOINT.work(cfg, ctx)
     src = tmp_path / "prev.pt"
     src.write_bytes((ctx.output() / "init.pt").read_bytes())
     cfg_w, ctx_w = _ctx(tmp_path, ["checkpoint.init_from=prev.pt", "model.init_seed=5"])
     # model config differs (init_seed) -> refused with the fix named
     with pytest.raises(ConfigError, match="another model config"):
-        init_checkpoint.run(cfg_w, ctx_w)
+        PREPARE_CHECKPOINT.work(cfg_w, ctx_w)
     cfg_w, ctx_w = _ctx(tmp_path, ["checkpoint.init_from=prev.pt"])
-    assert init_checkpoint.run(cfg_w, ctx_w)["init_from"] == "prev.pt"
+    assert PREPARE_CHECKPOINT.work(cfg_w, ctx_w)["init_from"] == "prev.pt"
     (tmp_path / "outputs" / "stage-data" / "manifest.json").unlink()
     with pytest.raises(StaleOutputError, match="run stage-data first"):
-        init_checkpoint.run(cfg, ctx)
+        PREPARE_CHECKPOINT.work(cfg, ctx)
     assert (ctx.output() / "init.pt").exists()  # earlier output untouched

@@ -8,13 +8,13 @@ import shutil
 import numpy as np
 import pytest
 
-from enn_core import init_checkpoint
 from enn_core.config import load_config
 from enn_core.data import staging
 from enn_core.errors import CollapseError
 from enn_core.paths import Layout
 from enn_core.predict import flow_steps
 from enn_core.stage import make_context
+from enn_core.stages import COLLAPSE_CHECK, PREDICT, PREPARE_CHECKPOINT, STAGE_DATA
 
 BASE = [
     "model.d_model=16",
@@ -33,8 +33,8 @@ def project(tmp_path):
     (root / "params.yaml").write_text("{}\n")
     cfg = load_config(None, BASE)
     layout = Layout.for_root(root)
-    staging.run(cfg, make_context(cfg, layout, "stage-data", "r0"))
-    init_checkpoint.run(cfg, make_context(cfg, layout, "prepare-checkpoint", "r0"))
+    staging.run(cfg, make_context(cfg, layout, STAGE_DATA, "r0"))
+    PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "r0"))
     staging.stage_features(
         cfg.data, layout, root / "new", root / "outputs/stage-data/manifest.json"
     )
@@ -42,7 +42,7 @@ def project(tmp_path):
 
 
 def _check(root, cfg, layout, preds_dir):
-    ctx = make_context(cfg, layout, "collapse-check", "r1")
+    ctx = make_context(cfg, layout, COLLAPSE_CHECK, "r1")
     return flow_steps.check_predictions(
         cfg,
         ctx,
@@ -56,9 +56,10 @@ def test_predict_then_release_predictions_with_the_training_spread(project):
     root, cfg, layout = project
     s = flow_steps.predict(
         cfg,
-        make_context(cfg, layout, "predict", "r1"),
+        make_context(cfg, layout, PREDICT, "r1"),
         input_dir=root / "new",
         model_path=root / "outputs/prepare-checkpoint/init.pt",
+        calibration_name=COLLAPSE_CHECK.name,
     )
     assert s["input"].endswith("new") and s["n_rows"] == 504
     # Stand-in for a skilled model's output on this input: the staged labels themselves.
@@ -86,7 +87,7 @@ def test_collapsed_predictions_are_held_back_with_the_report(project):
     ) as e:
         _check(root, cfg, layout, preds_dir)
     assert "\n" not in str(e.value)
-    out = layout.output("collapse-check")
+    out = COLLAPSE_CHECK.output_dir(layout)
     assert (out / "HELD").is_file() and (out / "held/predictions.npy").is_file()
     assert not (out / "predictions.npy").exists()
     report = json.loads((out / "report.json").read_text())

@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from enn_core import init_checkpoint
 from enn_core.checkpoint import load_model
 from enn_core.collapse import Calibration, write_calibration
 from enn_core.config import load_config
@@ -22,9 +21,9 @@ from enn_core.data import staging
 from enn_core.errors import DataError
 from enn_core.fault import InjectedFault
 from enn_core.paths import Layout
-from enn_core.predict import stage
 from enn_core.predict.chunks import sha256_file
 from enn_core.stage import make_context
+from enn_core.stages import PREDICT, PREPARE_CHECKPOINT, STAGE_DATA
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = [
@@ -41,11 +40,11 @@ DRIVER = """
 import sys
 from enn_core.config import load_config
 from enn_core.paths import Layout
-from enn_core.predict import stage
 from enn_core.stage import make_context
+from enn_core.stages import PREDICT
 root, overrides = sys.argv[1], sys.argv[2:]
 cfg = load_config(None, overrides, allow_faults=True)
-stage.run(cfg, make_context(cfg, Layout.for_root(root), "predict", "r1"))
+PREDICT.work(cfg, make_context(cfg, Layout.for_root(root), PREDICT, "r1"))
 """
 
 
@@ -55,7 +54,7 @@ def _cfg(*overrides):
 
 def _run(root: Path, *overrides) -> dict:
     cfg = _cfg(*overrides)
-    return stage.run(cfg, make_context(cfg, Layout.for_root(root), "predict", "r1"))
+    return PREDICT.work(cfg, make_context(cfg, Layout.for_root(root), PREDICT, "r1"))
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +63,8 @@ def base_project(tmp_path_factory) -> Path:
     (root / "params.yaml").write_text("{}\n")
     cfg = _cfg()
     layout = Layout.for_root(root)
-    staging.run(cfg, make_context(cfg, layout, "stage-data", "r0"))
-    init_checkpoint.run(cfg, make_context(cfg, layout, "prepare-checkpoint", "r0"))
+    staging.run(cfg, make_context(cfg, layout, STAGE_DATA, "r0"))
+    PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "r0"))
     return root
 
 
@@ -148,13 +147,13 @@ def test_parts_of_another_model_are_discarded_with_a_message(project, caplog):
     fault = ["fault.kind=raise", "fault.phase=predict_chunk", "fault.step=1"]
     cfg = load_config(None, [*BASE, "predict.split=all", *fault], allow_faults=True)
     with pytest.raises(InjectedFault):
-        stage.run(cfg, make_context(cfg, layout, "predict", "r1"))
+        PREDICT.work(cfg, make_context(cfg, layout, PREDICT, "r1"))
     assert len(list(parts.glob("*.done"))) == 2
     other = _cfg("predict.split=all", "model.init_seed=7")
-    init_checkpoint.run(
-        other, make_context(other, layout, "prepare-checkpoint", "r2")
+    PREPARE_CHECKPOINT.work(
+        other, make_context(other, layout, PREPARE_CHECKPOINT, "r2")
     )  # new weights
-    s = stage.run(other, make_context(other, layout, "predict", "r2"))
+    s = PREDICT.work(other, make_context(other, layout, PREDICT, "r2"))
     assert "model_fingerprint" in s["discarded_parts"] and s["reused_parts"] == []
     assert "discarding parts" in caplog.text
     np.testing.assert_allclose(

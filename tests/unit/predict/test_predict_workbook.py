@@ -6,12 +6,11 @@ import numpy as np
 import openpyxl
 import pyarrow.parquet as pq
 
-from enn_core import init_checkpoint
 from enn_core.config import load_config
 from enn_core.data import staging
 from enn_core.paths import Layout
-from enn_core.predict import stage
 from enn_core.stage import make_context
+from enn_core.stages import PREDICT, PREPARE_CHECKPOINT, STAGE_DATA
 
 ENDS = [
     ("A", "B"),
@@ -56,9 +55,9 @@ def test_workbook_predictions_come_back_in_the_input_layout(tmp_path):
         ],
     )
     layout = Layout.for_root(tmp_path)
-    staging.run(cfg, make_context(cfg, layout, "stage-data", "r0"))
-    init_checkpoint.run(cfg, make_context(cfg, layout, "prepare-checkpoint", "r0"))
-    s = stage.run(cfg, make_context(cfg, layout, "predict", "r0"))
+    staging.run(cfg, make_context(cfg, layout, STAGE_DATA, "r0"))
+    PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "r0"))
+    s = PREDICT.work(cfg, make_context(cfg, layout, PREDICT, "r0"))
     out = tmp_path / "outputs/predict"
     assert "predictions.xlsx" in s["files"]
     pred = np.load(out / "predictions.npy")

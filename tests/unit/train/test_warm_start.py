@@ -16,11 +16,11 @@ import pytest
 import torch
 from train_fixtures import staged_dir, tiny_cfg
 
-from enn_core import init_checkpoint
 from enn_core.checkpoint import data_schema_differences, load_model, save_consolidated
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from enn_core.stage import make_context
+from enn_core.stages import PREPARE_CHECKPOINT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,8 +34,8 @@ def _project(root: Path, *data: str) -> Path:
 
 def _prepare(root: Path, *overrides: str) -> dict:
     cfg = tiny_cfg(*overrides)
-    ctx = make_context(cfg, Layout.for_root(root), "prepare-checkpoint", "r")
-    return init_checkpoint.run(cfg, ctx)
+    ctx = make_context(cfg, Layout.for_root(root), PREPARE_CHECKPOINT, "r")
+    return PREPARE_CHECKPOINT.work(cfg, ctx)
 
 
 def _trained_model_pt(root: Path, dest: Path, *model: str) -> Path:

@@ -1,6 +1,6 @@
 """Small staged datasets for tests and demos of the later stages.
 
-    from enn_core.data.demo import stage_synthetic
+    from enn_core.stages.demo import stage_synthetic
     path = stage_synthetic(tmp_path)                  # tmp_path/outputs/stage-data
     ds = StagedDataset(path)                          # 144 rows, labels [6, 8]
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.config import DataConfig, RunConfig, SyntheticConfig
-from enn_core.data.staging import run
 from enn_core.paths import Layout
 from enn_core.stage import make_context
+from enn_core.stages.stage_data import STAGE_DATA
 
 SMALL = {
     "n_months": 12,
@@ -46,6 +46,6 @@ def stage_synthetic(
     """Stage a small synthetic dataset under `root`; returns `root/outputs/stage-data`."""
     data = data or small_config(data_overrides, **synthetic)
     cfg = dataclasses.replace(RunConfig(), data=data)
-    ctx = make_context(cfg, Layout.for_root(root), "stage-data", run_id)
-    run(cfg, ctx)
+    ctx = make_context(cfg, Layout.for_root(root), STAGE_DATA, run_id)
+    STAGE_DATA.work(cfg, ctx)
     return ctx.output()

@@ -1,0 +1,37 @@
+"""collapse-check: the candidates side by side (raw, calibrated, fp32, per-sample), the
+cause of a collapse, the chosen prediction path (enn_core/collapse.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from enn_core.stages.distributed_train import DISTRIBUTED_TRAIN
+from enn_core.stages.spec import StageSpec
+from enn_core.stages.stage_data import STAGE_DATA
+
+if TYPE_CHECKING:
+    from enn_core.config import RunConfig
+    from enn_core.stage import StageContext
+
+
+def collapse_check(cfg: RunConfig, ctx: StageContext) -> Any:
+    from enn_core.collapse import run
+
+    return run(cfg, ctx, staged=ctx.input(STAGE_DATA), trained=ctx.input(DISTRIBUTED_TRAIN))
+
+
+COLLAPSE_CHECK = StageSpec(
+    key="collapse-check",
+    name="collapse-check",
+    flow="training",
+    help="Detect prediction collapse; compare raw, calibrated, fp32 and per-sample "
+    "candidates; choose one.",
+    work=collapse_check,
+    sections=("collapse",),
+    inputs=(STAGE_DATA, DISTRIBUTED_TRAIN),
+    code=("enn_core/collapse.py", "enn_core/validate.py", "enn_core/baselines.py"),
+    outputs=("report.json", "metrics.json"),
+    artifacts=("report.json", "calibration.json"),
+    metrics=True,
+    bundle=("calibration.json", "slope.npy", "intercept.npy", "report.json"),
+)

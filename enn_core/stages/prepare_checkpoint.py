@@ -1,0 +1,34 @@
+"""prepare-checkpoint: the initial checkpoint, seeded fresh or warm-started
+(enn_core/init_checkpoint.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from enn_core.stages.spec import StageSpec
+from enn_core.stages.stage_data import STAGE_DATA
+
+if TYPE_CHECKING:
+    from enn_core.config import RunConfig
+    from enn_core.stage import StageContext
+
+
+def prepare_checkpoint(cfg: RunConfig, ctx: StageContext) -> Any:
+    from enn_core.init_checkpoint import run
+
+    return run(cfg, ctx, staged=ctx.input(STAGE_DATA))
+
+
+PREPARE_CHECKPOINT = StageSpec(
+    key="prepare-checkpoint",
+    name="prepare-checkpoint",
+    flow="training",
+    help="Write the initial checkpoint: a seeded fresh start or a warm start.",
+    work=prepare_checkpoint,
+    sections=("model", "checkpoint"),
+    inputs=(STAGE_DATA,),
+    code=("enn_core/model", "enn_core/init_checkpoint.py", "enn_core/checkpoint.py"),
+    outputs=("init.pt", "init.json"),
+    artifacts=("init.json",),
+    model_refs=("checkpoint.init_from",),
+)

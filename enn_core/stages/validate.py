@@ -1,0 +1,34 @@
+"""validate: metrics in real units on the validation and test splits, against the naive
+predictors (enn_core/validate.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from enn_core.stages.distributed_train import DISTRIBUTED_TRAIN
+from enn_core.stages.spec import StageSpec
+from enn_core.stages.stage_data import STAGE_DATA
+
+if TYPE_CHECKING:
+    from enn_core.config import RunConfig
+    from enn_core.stage import StageContext
+
+
+def validate(cfg: RunConfig, ctx: StageContext) -> Any:
+    from enn_core.validate import run
+
+    return run(cfg, ctx, staged=ctx.input(STAGE_DATA), trained=ctx.input(DISTRIBUTED_TRAIN))
+
+
+VALIDATE = StageSpec(
+    key="validate",
+    name="validate",
+    flow="training",
+    help="Metrics on the validation and test splits in real units, against both naive predictors.",
+    work=validate,
+    inputs=(STAGE_DATA, DISTRIBUTED_TRAIN),
+    code=("enn_core/validate.py", "enn_core/baselines.py"),
+    outputs=("metrics.json", "breakdown.json"),
+    artifacts=("metrics.json", "breakdown.json"),
+    metrics=True,
+)
