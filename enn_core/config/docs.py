@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 
 from enn_core.config import STAGE_SECTIONS, RunConfig
+from enn_core.config.fields import field_help
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -35,7 +36,7 @@ def _rows(cls, prefix: str) -> list[str]:
         shown = json.dumps(
             list(default) if isinstance(default, tuple) else default, ensure_ascii=False
         )
-        help_ = f.metadata.get("help", "").replace("|", "\\|")
+        help_ = field_help(cls).get(f.name, "").replace("|", "\\|")
         rows.append(f"| `{key}` | `{_type_name(tp)}` | `{shown}` | {help_} |")
     return rows
 
@@ -61,7 +62,7 @@ def render() -> str:
             "",
             f"## `{f.name}`",
             "",
-            f.metadata.get("help", ""),
+            field_help(RunConfig).get(f.name, ""),
             "",
             "| key | type | default | meaning |",
             "| --- | --- | --- | --- |",
