@@ -217,17 +217,21 @@ class DataConfig:
             not self.folds or self.val_fold >= len(self.folds) or self.val_fold == self.test_fold
         ):
             raise ConfigError(
-                f"data.val_fold={self.val_fold} must name a declared fold other than data.test_fold, or be -1"
+                f"data.val_fold={self.val_fold} must name a declared fold other than "
+                "data.test_fold, or be -1"
             )
         if len(self.cyclic_starts) != len(self.cyclic):
             raise ConfigError(
-                f"data.cyclic_starts={list(self.cyclic_starts)} must give one first value per data.cyclic key"
+                f"data.cyclic_starts={list(self.cyclic_starts)} must give one first value per "
+                "data.cyclic key"
             )
         if len(self.cyclic_periods) != len(self.cyclic) or any(p < 2 for p in self.cyclic_periods):
             raise ConfigError(
-                f"data.cyclic_periods={list(self.cyclic_periods)} must give one period >= 2 per data.cyclic key {list(self.cyclic)}"
+                f"data.cyclic_periods={list(self.cyclic_periods)} must give one period >= 2 per "
+                f"data.cyclic key {list(self.cyclic)}"
             )
         if self.features_only and not self.training_manifest:
             raise ConfigError(
-                "data.features_only=true needs data.training_manifest (the staged training manifest.json)"
+                "data.features_only=true needs data.training_manifest "
+                "(the staged training manifest.json)"
             )

@@ -32,7 +32,8 @@ class DeployConfig:
     def __post_init__(self) -> None:
         if len(self.cron.split()) != 5:
             raise ConfigError(
-                f"deploy.cron={self.cron!r} needs 5 fields (minute hour day month weekday), e.g. '0 3 * * *'"
+                f"deploy.cron={self.cron!r} needs 5 fields (minute hour day month weekday), "
+                "e.g. '0 3 * * *'"
             )
         for name in ("prefect_port", "mlflow_port"):
             if not 0 <= getattr(self, name) < 65536:

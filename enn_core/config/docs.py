@@ -46,7 +46,8 @@ def render() -> str:
         "# Config reference",
         "",
         "Generated from the dataclasses in `enn_core/config/` by `python -m enn_core.config.docs`;",
-        "a test fails when this file is stale. Merge order: defaults -> `params.yaml` -> `--set key=value`.",
+        "a test fails when this file is stale. "
+        "Merge order: defaults -> `params.yaml` -> `--set key=value`.",
         "",
         "## Which sections each stage reads",
         "",

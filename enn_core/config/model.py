@@ -52,7 +52,8 @@ class ModelConfig:
         if self.d_model % self.heads:
             ok = [h for h in (1, 2, 4, 8, 16) if self.d_model % h == 0]
             raise ConfigError(
-                f"model.heads={self.heads} does not divide model.d_model={self.d_model}; pick heads in {ok}"
+                f"model.heads={self.heads} does not divide model.d_model={self.d_model}; "
+                f"pick heads in {ok}"
             )
         if not 0 <= self.dropout < 1:
             raise ConfigError(
@@ -60,7 +61,8 @@ class ModelConfig:
             )
         if not 0 <= self.feature_dropout < 1:
             raise ConfigError(
-                f"model.feature_dropout={self.feature_dropout} is outside [0, 1); use e.g. 0.0 or 0.2"
+                f"model.feature_dropout={self.feature_dropout} is outside [0, 1); "
+                "use e.g. 0.0 or 0.2"
             )
         if self.embed_dim < 1:
             raise ConfigError(f"model.embed_dim={self.embed_dim} must be >= 1 (e.g. 16)")

@@ -105,7 +105,8 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.world_size < 0:
             raise ConfigError(
-                f"runtime.world_size={self.world_size} is negative; use 0 (auto) or a positive count"
+                f"runtime.world_size={self.world_size} is negative; "
+                "use 0 (auto) or a positive count"
             )
         if self.threads_per_worker < 0:
             raise ConfigError("runtime.threads_per_worker must be >= 0 (0 = auto)")

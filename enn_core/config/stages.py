@@ -138,13 +138,15 @@ class CollapseConfig:
             )
         if not self.order or len(set(self.order)) != len(self.order):
             raise ConfigError(
-                f"collapse.order={list(self.order)} must list each candidate at most once and not be empty"
+                f"collapse.order={list(self.order)} must list each candidate at most once "
+                "and not be empty"
             )
         if self.calibration_slope_max <= 0:
             raise ConfigError("collapse.calibration_slope_max must be > 0 (e.g. 3.0)")
         if self.calibration_folds < 2 or self.batch_size < 2 or self.max_rows < 4:
             raise ConfigError(
-                "collapse.calibration_folds and collapse.batch_size must be >= 2, collapse.max_rows >= 4"
+                "collapse.calibration_folds and collapse.batch_size must be >= 2, "
+                "collapse.max_rows >= 4"
             )
         for name in ("max_flat_fraction", "max_broadcast_fraction"):
             if not 0 <= getattr(self, name) <= 1:
@@ -186,7 +188,8 @@ class ExportConfig:
         missing = [f for f in self.required if f not in self.formats]
         if missing:
             raise ConfigError(
-                f"export.required lists {missing} which export.formats does not; add them to formats"
+                f"export.required lists {missing} which export.formats does not; "
+                "add them to formats"
             )
         if not self.parity_batch_sizes or min(self.parity_batch_sizes) < 1:
             raise ConfigError("export.parity_batch_sizes must be a non-empty list of sizes >= 1")

@@ -86,14 +86,16 @@ class TrainConfig:
             raise ConfigError("train.epochs must be >= 1")
         if isinstance(self.micro_batch, str) and self.micro_batch != "auto":
             raise ConfigError(
-                f"train.micro_batch={self.micro_batch!r} is not valid; use a positive integer that divides "
-                "the per-rank batch, 0 (the whole per-rank batch) or auto (the largest that fits in memory)"
+                f"train.micro_batch={self.micro_batch!r} is not valid; use a positive integer "
+                "that divides the per-rank batch, 0 (the whole per-rank batch) or auto "
+                "(the largest that fits in memory)"
             )
         if self.batch_size < 1 or (isinstance(self.micro_batch, int) and self.micro_batch < 0):
             raise ConfigError("train.batch_size must be >= 1 and train.micro_batch >= 0 (or auto)")
         if not 0 <= self.memory_headroom < 1:
             raise ConfigError(
-                f"train.memory_headroom={self.memory_headroom} must be in [0, 1) (e.g. 0.2 keeps 20% free)"
+                f"train.memory_headroom={self.memory_headroom} must be in [0, 1) "
+                "(e.g. 0.2 keeps 20% free)"
             )
         if self.lr <= 0:
             raise ConfigError("train.lr must be > 0")
