@@ -15,15 +15,18 @@ from pathlib import Path
 from enn_core.config import STAGE_SECTIONS, RunConfig
 from enn_core.config.fields import field_help
 
+if typing.TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
-def _type_name(tp) -> str:
+def _type_name(tp: object) -> str:
     s = str(tp).replace("typing.", "")
     return getattr(tp, "__name__", s) if isinstance(tp, type) else s
 
 
-def _rows(cls, prefix: str) -> list[str]:
+def _rows(cls: type[DataclassInstance], prefix: str) -> list[str]:
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -32,7 +35,10 @@ def _rows(cls, prefix: str) -> list[str]:
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             rows.extend(_rows(tp, key + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = f.default
         shown = json.dumps(
             list(default) if isinstance(default, tuple) else default, ensure_ascii=False
         )

@@ -20,7 +20,7 @@ import inspect
 import textwrap
 from typing import TypeVar, dataclass_transform
 
-_C = TypeVar("_C", bound=type)
+_T = TypeVar("_T")
 
 
 def _immutable(value: object) -> bool:
@@ -60,7 +60,7 @@ def _check_defaults(cls: type) -> None:
     kw_only_default=True,
     field_specifiers=(dataclasses.field,),
 )
-def frozen(cls: _C) -> _C:
+def frozen(cls: type[_T]) -> type[_T]:
     """The decorator every config component uses: frozen and keyword-only, defaults immutable."""
     _check_defaults(cls)
     made = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
