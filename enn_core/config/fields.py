@@ -24,16 +24,13 @@ _T = TypeVar("_T")
 
 
 def _immutable(value: object) -> bool:
-    """Hashable means immutable enough for a shared default: a tuple of lists is not hashable."""
+    """Hashable means immutable enough for a shared default: a list, or a tuple of lists, is not;
+    a @frozen sub-section is when its own fields are."""
     try:
         hash(value)
     except TypeError:
         return False
     return True
-
-
-CONFIG_CLASSES: list[type] = []
-"""Every class `@frozen` has made, in definition order (the tests walk them)."""
 
 
 def _check_defaults(cls: type) -> None:
@@ -42,10 +39,10 @@ def _check_defaults(cls: type) -> None:
         value = cls.__dict__.get(name, dataclasses.MISSING)
         if isinstance(value, dataclasses.Field):
             factory = value.default_factory
-            if factory is not dataclasses.MISSING and factory not in CONFIG_CLASSES:
+            if factory is not dataclasses.MISSING and not _immutable(factory()):
                 raise TypeError(
-                    f"{cls.__qualname__}.{name}: default_factory={factory!r}; a config default is "
-                    "an immutable value, and a factory only makes a @frozen sub-section"
+                    f"{cls.__qualname__}.{name}: default_factory={factory!r} makes a mutable "
+                    "value; a factory only makes a @frozen sub-section"
                 )
             value = value.default
         if value is not dataclasses.MISSING and not _immutable(value):
@@ -63,9 +60,7 @@ def _check_defaults(cls: type) -> None:
 def frozen(cls: type[_T]) -> type[_T]:
     """The decorator every config component uses: frozen and keyword-only, defaults immutable."""
     _check_defaults(cls)
-    made = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-    CONFIG_CLASSES.append(made)
-    return made
+    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
 
 
 @functools.cache
