@@ -2,7 +2,7 @@
 
 Merge order: dataclass defaults -> params.yaml -> `--set key=value` overrides.
 `load_config()` is the only entry point; `docs/config.md` is generated from these classes
-(`python -m enn_core.config.docs`), and a test fails when it is stale.
+(`python -m enn_core.docs`), and a test fails when it is stale.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable
+from dataclasses import field
 from pathlib import Path
 
 from enn_core.config.data import DataConfig, SyntheticConfig, WorkbookLayout
 from enn_core.config.deploy import DeployConfig
 from enn_core.config.fault import FaultConfig
-from enn_core.config.fields import frozen, section
+from enn_core.config.fields import frozen
 from enn_core.config.loader import (
     build,
     canonical_json,
@@ -34,23 +35,38 @@ from enn_core.errors import ConfigError
 
 @frozen
 class RunConfig:
-    data: DataConfig = section(DataConfig, "stage-data: input and staging.")
-    model: ModelConfig = section(ModelConfig, "The ENN model.")
-    train: TrainConfig = section(
-        TrainConfig, "distributed-train: optimisation, precision, kernels, memory."
-    )
-    runtime: RuntimeConfig = section(
-        RuntimeConfig, "Workers, devices, timeouts (not part of result fingerprints)."
-    )
-    checkpoint: CheckpointConfig = section(
-        CheckpointConfig, "prepare-checkpoint and training checkpoints."
-    )
-    predict: PredictConfig = section(PredictConfig, "predict.")
-    collapse: CollapseConfig = section(CollapseConfig, "collapse-check.")
-    export: ExportConfig = section(ExportConfig, "export.")
-    tracking: TrackingConfig = section(TrackingConfig, "MLflow tracking.")
-    deploy: DeployConfig = section(DeployConfig, "Deployments, schedules and local servers.")
-    fault: FaultConfig = section(FaultConfig, "Fault injection (tests only).")
+    data: DataConfig = field(default_factory=DataConfig)
+    """stage-data: input and staging."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The ENN model."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """distributed-train: optimisation, precision, kernels, memory."""
+
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Workers, devices, timeouts (not part of result fingerprints)."""
+
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """prepare-checkpoint and training checkpoints."""
+
+    predict: PredictConfig = field(default_factory=PredictConfig)
+    """predict."""
+
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    """collapse-check."""
+
+    export: ExportConfig = field(default_factory=ExportConfig)
+    """export."""
+
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow tracking."""
+
+    deploy: DeployConfig = field(default_factory=DeployConfig)
+    """Deployments, schedules and local servers."""
+
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    """Fault injection (tests only)."""
 
 
 FAULTS_ALLOWED_ENV = "ENN_ALLOW_FAULTS"

@@ -3,25 +3,41 @@
 from __future__ import annotations
 
 import re
+from dataclasses import field
 from typing import Literal
 
-from enn_core.config.fields import frozen, opt, section
+from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
 
 @frozen
 class SyntheticConfig:
-    n_months: int = opt(12, "Values of the month key.")
-    n_daytypes: int = opt(7, "Values of the day-type key.")
-    n_directions: int = opt(2, "Values of the direction key.")
-    n_sections: int = opt(12, "Sections (first label axis).")
-    n_hours: int = opt(24, "Hours (second label axis).")
-    n_replicates: int = opt(3, "Replicate days per (month, day type, direction) group.")
-    noise: float = opt(2.0, "Noise std (label units).")
-    daily: float = opt(
-        1.5, "Std of the per-day offset (label units), shared by all cells of a row."
-    )
-    seed: int = opt(0, "Generator seed.")
+    n_months: int = 12
+    """Values of the month key."""
+
+    n_daytypes: int = 7
+    """Values of the day-type key."""
+
+    n_directions: int = 2
+    """Values of the direction key."""
+
+    n_sections: int = 12
+    """Sections (first label axis)."""
+
+    n_hours: int = 24
+    """Hours (second label axis)."""
+
+    n_replicates: int = 3
+    """Replicate days per (month, day type, direction) group."""
+
+    noise: float = 2.0
+    """Noise std (label units)."""
+
+    daily: float = 1.5
+    """Std of the per-day offset (label units), shared by all cells of a row."""
+
+    seed: int = 0
+    """Generator seed."""
 
     def __post_init__(self) -> None:
         sizes = (
@@ -40,29 +56,35 @@ class SyntheticConfig:
 
 @frozen
 class WorkbookLayout:
-    sheet_pattern: str = opt(
-        r"^(?P<month>\d{2})월 (?P<daytype>\S)요일$",
-        "Regex over sheet names; its named groups give key values (e.g. month, day type).",
-    )
-    row_keys: tuple[str, ...] = opt(
-        ("구간", "방향"), "Columns that key the rows inside a sheet (section, direction)."
-    )
-    section_column: str = opt("구간", "Column naming the section, as 'A-B'.")
-    direction_column: str = opt("방향", "Column giving the direction.")
-    direction_key: str = opt(
-        "direction", "Key name under which the direction column's value is a group key."
-    )
-    section_separator: str = opt("-", "Separator between a section's two ends.")
-    canonical_sections: bool = opt(
-        True, "Sort a section's two ends so both directions share one section order."
-    )
-    time_pattern: str = opt(
-        r"^(?P<hour>\d{2})시$", "Regex matching the time-axis columns; group 'hour' orders them."
-    )
-    group_keys: tuple[str, ...] = opt(
-        ("month", "daytype", "direction"), "Keys that make one sample (one label grid)."
-    )
-    ignore_columns: tuple[str, ...] = opt(("노선",), "Columns read and ignored (e.g. route name).")
+    sheet_pattern: str = r"^(?P<month>\d{2})월 (?P<daytype>\S)요일$"
+    """Regex over sheet names; its named groups give key values (e.g. month, day type)."""
+
+    row_keys: tuple[str, ...] = ("구간", "방향")
+    """Columns that key the rows inside a sheet (section, direction)."""
+
+    section_column: str = "구간"
+    """Column naming the section, as 'A-B'."""
+
+    direction_column: str = "방향"
+    """Column giving the direction."""
+
+    direction_key: str = "direction"
+    """Key name under which the direction column's value is a group key."""
+
+    section_separator: str = "-"
+    """Separator between a section's two ends."""
+
+    canonical_sections: bool = True
+    """Sort a section's two ends so both directions share one section order."""
+
+    time_pattern: str = r"^(?P<hour>\d{2})시$"
+    """Regex matching the time-axis columns; group 'hour' orders them."""
+
+    group_keys: tuple[str, ...] = ("month", "daytype", "direction")
+    """Keys that make one sample (one label grid)."""
+
+    ignore_columns: tuple[str, ...] = ("노선",)
+    """Columns read and ignored (e.g. route name)."""
 
     def __post_init__(self) -> None:
         for name in (self.section_column, self.direction_column):
@@ -85,69 +107,90 @@ class WorkbookLayout:
 
 @frozen
 class DataConfig:
-    source: Literal["synthetic", "npy", "npz", "csv", "parquet", "workbook"] = opt(
-        "synthetic", "Input kind."
-    )
-    path: str = opt(
-        "",
-        "Input file (features for npy; the table or workbook otherwise). Relative paths resolve from the project root.",
-    )
-    labels_path: str = opt("", "Labels .npy when source=npy.")
-    npz_features_key: str = opt("features", "Member of the .npz holding the features.")
-    npz_labels_key: str = opt("labels", "Member of the .npz holding the labels.")
-    feature_columns: tuple[str, ...] = opt(
-        (), "Feature columns (csv/parquet) or names (npy); empty = all non-label columns."
-    )
-    categorical: tuple[str, ...] = opt(
-        ("month", "daytype", "direction"),
-        "Features that get a vocabulary and an embedding (never z-scored).",
-    )
-    cyclic: tuple[str, ...] = opt(
-        ("month",), "Periodic keys encoded as sine/cosine (may also be categorical)."
-    )
-    cyclic_periods: tuple[int, ...] = opt(
-        (12,),
-        "Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7).",
-    )
-    cyclic_starts: tuple[int, ...] = opt(
-        (1,),
-        "First value of each cyclic key's period, in the order of data.cyclic (month 1, hour 0).",
-    )
-    label_columns: tuple[str, ...] = opt((), "Label columns (csv/parquet).")
-    label_shape: tuple[int, ...] = opt(
-        (), "Reshape labels to this shape (e.g. [39, 24]); empty = flat."
-    )
-    label_axes: tuple[str, ...] = opt(("section", "hour"), "Names of the label axes.")
-    nonfinite: Literal["error", "drop"] = opt(
-        "error",
-        "NaN/inf in features or labels: fail naming the first row and column, or drop the rows.",
-    )
-    features_only: bool = opt(
-        False,
-        "Stage new data against a training manifest (no labels), reusing its vocabularies and scaler.",
-    )
-    training_manifest: str = opt("", "Training manifest to stage against in features-only mode.")
-    chunk_rows: int = opt(65536, "Rows per read/write chunk.")
-    val_fraction: float = opt(0.15, "Validation share of the training rows (seeded).")
-    test_fraction: float = opt(0.15, "Test share of all rows when no folds are declared (seeded).")
-    split_seed: int = opt(0, "Seed of the split shuffle.")
-    fold_key: str = opt(
-        "", "Key whose values define group folds (e.g. month); empty = random splits."
-    )
-    folds: tuple[tuple[str, ...], ...] = opt(
-        (), "Fold definitions: each a list of fold_key values held out together."
-    )
-    test_fold: int = opt(0, "Index of the fold held out as the test split.")
-    val_fold: int = opt(
-        -1,
-        "Index of the fold held out as the validation split; -1 = a seeded val_fraction of the non-test rows.",
-    )
-    naive_keys: tuple[str, ...] = opt(
-        ("daytype", "direction"),
-        "Keys of the conditional naive predictor (mean of the same cell over training rows sharing them).",
-    )
-    synthetic: SyntheticConfig = section(SyntheticConfig, "Synthetic spatio-temporal generator.")
-    workbook: WorkbookLayout = section(WorkbookLayout, "Spatio-temporal workbook layout.")
+    source: Literal["synthetic", "npy", "npz", "csv", "parquet", "workbook"] = "synthetic"
+    """Input kind."""
+
+    path: str = ""
+    """Input file (features for npy; the table or workbook otherwise). Relative paths resolve from
+    the project root."""
+
+    labels_path: str = ""
+    """Labels .npy when source=npy."""
+
+    npz_features_key: str = "features"
+    """Member of the .npz holding the features."""
+
+    npz_labels_key: str = "labels"
+    """Member of the .npz holding the labels."""
+
+    feature_columns: tuple[str, ...] = ()
+    """Feature columns (csv/parquet) or names (npy); empty = all non-label columns."""
+
+    categorical: tuple[str, ...] = ("month", "daytype", "direction")
+    """Features that get a vocabulary and an embedding (never z-scored)."""
+
+    cyclic: tuple[str, ...] = ("month",)
+    """Periodic keys encoded as sine/cosine (may also be categorical)."""
+
+    cyclic_periods: tuple[int, ...] = (12,)
+    """Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7)."""
+
+    cyclic_starts: tuple[int, ...] = (1,)
+    """First value of each cyclic key's period, in the order of data.cyclic (month 1, hour 0)."""
+
+    label_columns: tuple[str, ...] = ()
+    """Label columns (csv/parquet)."""
+
+    label_shape: tuple[int, ...] = ()
+    """Reshape labels to this shape (e.g. [39, 24]); empty = flat."""
+
+    label_axes: tuple[str, ...] = ("section", "hour")
+    """Names of the label axes."""
+
+    nonfinite: Literal["error", "drop"] = "error"
+    """NaN/inf in features or labels: fail naming the first row and column, or drop the rows."""
+
+    features_only: bool = False
+    """Stage new data against a training manifest (no labels), reusing its vocabularies and
+    scaler."""
+
+    training_manifest: str = ""
+    """Training manifest to stage against in features-only mode."""
+
+    chunk_rows: int = 65536
+    """Rows per read/write chunk."""
+
+    val_fraction: float = 0.15
+    """Validation share of the training rows (seeded)."""
+
+    test_fraction: float = 0.15
+    """Test share of all rows when no folds are declared (seeded)."""
+
+    split_seed: int = 0
+    """Seed of the split shuffle."""
+
+    fold_key: str = ""
+    """Key whose values define group folds (e.g. month); empty = random splits."""
+
+    folds: tuple[tuple[str, ...], ...] = ()
+    """Fold definitions: each a list of fold_key values held out together."""
+
+    test_fold: int = 0
+    """Index of the fold held out as the test split."""
+
+    val_fold: int = -1
+    """Index of the fold held out as the validation split; -1 = a seeded val_fraction of the
+    non-test rows."""
+
+    naive_keys: tuple[str, ...] = ("daytype", "direction")
+    """Keys of the conditional naive predictor (mean of the same cell over training rows sharing
+    them)."""
+
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    """Synthetic spatio-temporal generator."""
+
+    workbook: WorkbookLayout = field(default_factory=WorkbookLayout)
+    """Spatio-temporal workbook layout."""
 
     def __post_init__(self) -> None:
         if self.source != "synthetic" and not self.path:
@@ -174,17 +217,21 @@ class DataConfig:
             not self.folds or self.val_fold >= len(self.folds) or self.val_fold == self.test_fold
         ):
             raise ConfigError(
-                f"data.val_fold={self.val_fold} must name a declared fold other than data.test_fold, or be -1"
+                f"data.val_fold={self.val_fold} must name a declared fold other than "
+                "data.test_fold, or be -1"
             )
         if len(self.cyclic_starts) != len(self.cyclic):
             raise ConfigError(
-                f"data.cyclic_starts={list(self.cyclic_starts)} must give one first value per data.cyclic key"
+                f"data.cyclic_starts={list(self.cyclic_starts)} must give one first value per "
+                "data.cyclic key"
             )
         if len(self.cyclic_periods) != len(self.cyclic) or any(p < 2 for p in self.cyclic_periods):
             raise ConfigError(
-                f"data.cyclic_periods={list(self.cyclic_periods)} must give one period >= 2 per data.cyclic key {list(self.cyclic)}"
+                f"data.cyclic_periods={list(self.cyclic_periods)} must give one period >= 2 per "
+                f"data.cyclic key {list(self.cyclic)}"
             )
         if self.features_only and not self.training_manifest:
             raise ConfigError(
-                "data.features_only=true needs data.training_manifest (the staged training manifest.json)"
+                "data.features_only=true needs data.training_manifest "
+                "(the staged training manifest.json)"
             )

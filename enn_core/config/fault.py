@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from enn_core.config.fields import frozen, opt
+from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
 FaultKind = Literal["none", "raise", "transient", "hang", "delay", "kill", "nan", "oom"]
@@ -13,26 +13,28 @@ FaultKind = Literal["none", "raise", "transient", "hang", "delay", "kill", "nan"
 
 @frozen
 class FaultConfig:
-    kind: FaultKind = opt(
-        "none",
-        "What to inject. Tests only: a non-'none' kind is refused unless ENN_ALLOW_FAULTS=1.",
-    )
-    phase: str = opt(
-        "",
-        "Named phase where it fires (e.g. stage-data, bootstrap, first_forward, step, checkpoint, predict_chunk).",
-    )
-    step: int = opt(
-        -1, "Step (or chunk) index where it fires; -1 means the first time the phase is reached."
-    )
-    rank: int = opt(-1, "Rank where it fires; -1 means every rank.")
-    seconds: float = opt(3600.0, "Duration of a hang or delay.")
-    times: int = opt(
-        1, "How many times it fires (a transient fault that succeeds on retry uses 1)."
-    )
-    marker_dir: str = opt(
-        "",
-        "Directory where fired faults are counted across processes and retries; empty = the run directory.",
-    )
+    kind: FaultKind = "none"
+    """What to inject. Tests only: a non-'none' kind is refused unless ENN_ALLOW_FAULTS=1."""
+
+    phase: str = ""
+    """Named phase where it fires (e.g. stage-data, bootstrap, first_forward, step, checkpoint,
+    predict_chunk)."""
+
+    step: int = -1
+    """Step (or chunk) index where it fires; -1 means the first time the phase is reached."""
+
+    rank: int = -1
+    """Rank where it fires; -1 means every rank."""
+
+    seconds: float = 3600.0
+    """Duration of a hang or delay."""
+
+    times: int = 1
+    """How many times it fires (a transient fault that succeeds on retry uses 1)."""
+
+    marker_dir: str = ""
+    """Directory where fired faults are counted across processes and retries; empty = the run
+    directory."""
 
     def __post_init__(self) -> None:
         if self.times < 1:

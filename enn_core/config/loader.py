@@ -21,11 +21,16 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from enn_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T", bound="DataclassInstance")
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -45,7 +50,7 @@ def all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _dataclass_of(tp: Any) -> type | None:
+def _dataclass_of(tp: Any) -> type[DataclassInstance] | None:
     return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
 
 
@@ -59,51 +64,69 @@ def _unknown_key_error(key: str, root: type, where: str) -> ConfigError:
 def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     """Check (and gently coerce) a YAML value against a type annotation."""
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{where}: {key}={value!r} does not fit {tp}")
+        return _coerce_union(value, tp, key, where)
     if origin is typing.Literal:
+        args = typing.get_args(tp)
         if value not in args:
             raise ConfigError(
                 f"{where}: {key}={value!r} is not one of {list(args)}; pick one of those"
             )
         return value
     if origin in (tuple, list, Sequence):
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(
-                f"{where}: {key} must be a list, got {value!r}; write it as [a, b, ...]"
-            )
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise ConfigError(f"{where}: {key} needs {len(args)} items, got {len(value)}")
-            return tuple(
-                _coerce(v, a, f"{key}[{i}]", where)
-                for i, (v, a) in enumerate(zip(value, args, strict=True))
-            )
-        inner = args[0] if args else Any
-        return tuple(_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value))
+        return _coerce_sequence(value, tp, key, where)
     if origin in (dict, Mapping):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
-        kt, vt = args if args else (Any, Any)
-        return types.MappingProxyType(
-            {
-                _coerce(k, kt, key, where): _coerce(v, vt, f"{key}.{k}", where)
-                for k, v in value.items()
-            }
+        return _coerce_mapping(value, tp, key, where)
+    return _coerce_scalar(value, tp, key, where)
+
+
+def _coerce_union(value: Any, tp: Any, key: str, where: str) -> Any:
+    """The first member the value fits (None only where the union has None)."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a, key, where)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{where}: {key}={value!r} does not fit {tp}")
+
+
+def _coerce_sequence(value: Any, tp: Any, key: str, where: str) -> tuple[Any, ...]:
+    """A YAML list -> a tuple (fixed-length tuples check their length and each item's type)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{where}: {key} must be a list, got {value!r}; write it as [a, b, ...]")
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(args) != len(value):
+            raise ConfigError(f"{where}: {key} needs {len(args)} items, got {len(value)}")
+        return tuple(
+            _coerce(v, a, f"{key}[{i}]", where)
+            for i, (v, a) in enumerate(zip(value, args, strict=True))
         )
+    inner = args[0] if args else Any
+    return tuple(_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value))
+
+
+def _coerce_mapping(value: Any, tp: Any, key: str, where: str) -> types.MappingProxyType[Any, Any]:
+    """A YAML mapping -> a read-only mapping, keys and values checked."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
+    args = typing.get_args(tp)
+    kt, vt = args if args else (Any, Any)
+    return types.MappingProxyType(
+        {_coerce(k, kt, key, where): _coerce(v, vt, f"{key}.{k}", where) for k, v in value.items()}
+    )
+
+
+def _coerce_scalar(value: Any, tp: Any, key: str, where: str) -> Any:
+    """bool, int, float (an int is widened) and str (a number is stringified); else as is."""
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -125,7 +148,9 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     return value
 
 
-def build(cls: type, data: Mapping[str, Any] | None, *, root: type, prefix: str = "", where: str):
+def build(
+    cls: type[_T], data: Mapping[str, Any] | None, *, root: type, prefix: str = "", where: str
+) -> _T:
     """Instantiate dataclass `cls` from a (possibly partial) mapping, recursing into sections."""
     data = dict(data or {})
     hints = _field_types(cls)

@@ -4,36 +4,47 @@ from __future__ import annotations
 
 from typing import Literal
 
-from enn_core.config.fields import frozen, opt
+from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
 
 @frozen
 class ModelConfig:
-    preset: Literal["spatiotemporal", "tabular"] = opt(
-        "spatiotemporal",
-        "Model preset: factorized section/hour attention over output-axis tokens, or a residual MLP.",
-    )
-    d_model: int = opt(64, "Width of tokens and hidden layers.")
-    heads: int = opt(4, "Attention heads (must divide d_model).")
-    layers: int = opt(
-        2, "Blocks (attention blocks for spatiotemporal, residual blocks for tabular)."
-    )
-    embed_dim: int = opt(16, "Embedding width of each categorical feature.")
-    dropout: float = opt(0.0, "Dropout probability.")
-    init_seed: int = opt(0, "Seed of the initial weights (prepare-checkpoint).")
-    conditioning: Literal["film", "cross", "film+cross"] = opt(
-        "film",
-        "spatiotemporal: how the sample's features condition the grid tokens: FiLM modulation of every block, cross-attention to context tokens, or both.",
-    )
-    context_tokens: int = opt(
-        4, "spatiotemporal: context tokens the grid cross-attends to (conditioning with 'cross')."
-    )
-    feature_dropout: float = opt(
-        0.0,
-        "Training only: probability of zeroing a whole feature's encoding per sample (what an unseen category looks like), so the model learns predictions that do not lean on one key.",
-    )
-    ffn_mult: int = opt(2, "Hidden width of the per-token MLP as a multiple of d_model.")
+    preset: Literal["spatiotemporal", "tabular"] = "spatiotemporal"
+    """Model preset: factorized section/hour attention over output-axis tokens, or a residual
+    MLP."""
+
+    d_model: int = 64
+    """Width of tokens and hidden layers."""
+
+    heads: int = 4
+    """Attention heads (must divide d_model)."""
+
+    layers: int = 2
+    """Blocks (attention blocks for spatiotemporal, residual blocks for tabular)."""
+
+    embed_dim: int = 16
+    """Embedding width of each categorical feature."""
+
+    dropout: float = 0.0
+    """Dropout probability."""
+
+    init_seed: int = 0
+    """Seed of the initial weights (prepare-checkpoint)."""
+
+    conditioning: Literal["film", "cross", "film+cross"] = "film"
+    """spatiotemporal: how the sample's features condition the grid tokens: FiLM modulation of every
+    block, cross-attention to context tokens, or both."""
+
+    context_tokens: int = 4
+    """spatiotemporal: context tokens the grid cross-attends to (conditioning with 'cross')."""
+
+    feature_dropout: float = 0.0
+    """Training only: probability of zeroing a whole feature's encoding per sample (what an unseen
+    category looks like), so the model learns predictions that do not lean on one key."""
+
+    ffn_mult: int = 2
+    """Hidden width of the per-token MLP as a multiple of d_model."""
 
     def __post_init__(self) -> None:
         if self.d_model < 1 or self.layers < 1 or self.heads < 1:
@@ -41,7 +52,8 @@ class ModelConfig:
         if self.d_model % self.heads:
             ok = [h for h in (1, 2, 4, 8, 16) if self.d_model % h == 0]
             raise ConfigError(
-                f"model.heads={self.heads} does not divide model.d_model={self.d_model}; pick heads in {ok}"
+                f"model.heads={self.heads} does not divide model.d_model={self.d_model}; "
+                f"pick heads in {ok}"
             )
         if not 0 <= self.dropout < 1:
             raise ConfigError(
@@ -49,7 +61,8 @@ class ModelConfig:
             )
         if not 0 <= self.feature_dropout < 1:
             raise ConfigError(
-                f"model.feature_dropout={self.feature_dropout} is outside [0, 1); use e.g. 0.0 or 0.2"
+                f"model.feature_dropout={self.feature_dropout} is outside [0, 1); "
+                "use e.g. 0.0 or 0.2"
             )
         if self.embed_dim < 1:
             raise ConfigError(f"model.embed_dim={self.embed_dim} must be >= 1 (e.g. 16)")

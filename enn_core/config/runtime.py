@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from enn_core.config.fields import frozen, opt
+from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
 
@@ -26,72 +26,87 @@ def check_rendezvous(nnodes: int, endpoint: str, rdzv_id: str) -> None:
 
 @frozen
 class RuntimeConfig:
-    work_dir: str = opt(
-        "work",
-        "Work directory (relative to the project root): Prefect home, MLflow store, run dirs, DVC site cache, train checkpoints. Git- and DVC-ignored.",
-    )
-    device: Literal["auto", "cpu", "cuda"] = opt(
-        "auto", "Device for training and prediction; auto picks cuda when available."
-    )
-    world_size: int = opt(0, "Number of worker processes; 0 means the number of GPUs, or 1 on CPU.")
-    threads_per_worker: int = opt(
-        0, "torch threads in each worker; 0 means cores // world_size (at least 1)."
-    )
-    start_method: Literal["spawn", "forkserver", "fork"] = opt(
-        "spawn", "Worker start method for the elastic launch."
-    )
-    seed: int = opt(0, "Global seed; each rank derives its own.")
-    deterministic: bool = opt(
-        True,
-        "torch.use_deterministic_algorithms and fixed threads, so a seed gives a bit-identical loss curve on CPU.",
-    )
-    max_restarts: int = opt(0, "Elastic restarts of the worker group after a failure or hang.")
-    hang_timeout_s: float = opt(
-        120.0,
-        "A rank whose heartbeat is older than this is declared hung; stacks are dumped and the attempt ends.",
-    )
-    spawn_budget_s: float = opt(
-        90.0,
-        "Phase budget: seconds a worker may take from launch to its first heartbeat (imports, spawn), on top of hang_timeout_s.",
-    )
-    compile_budget_s: float = opt(
-        300.0, "Phase budget of the compile phase (torch.compile is 20-30 s per graph cold on CPU)."
-    )
-    checkpoint_budget_s: float = opt(
-        300.0, "Phase budget of the checkpoint phase (gathering and writing the model)."
-    )
-    pg_timeout_s: float = opt(300.0, "Process-group timeout during bootstrap and the first step.")
-    pg_timeout_steady_s: float = opt(120.0, "Process-group timeout after the first step.")
-    task_timeout_s: float = opt(7200.0, "Prefect task timeout for a whole stage.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = opt(
-        "INFO", "Log level of the runtime."
-    )
-    progress: bool = opt(True, "Progress bars on long work (staging, training, prediction).")
-    nnodes: int = opt(
-        1,
-        "Machines in the training job; each runs `enn distributed-train` with the same rdzv_endpoint and rdzv_id and starts runtime.world_size workers (the job has nnodes x world_size ranks). The rendezvous picks the node of global rank 0, which writes model.pt.",
-    )
-    rdzv_endpoint: str = opt(
-        "",
-        "host:port of the c10d rendezvous every node joins (the host runs it: use one node's address); empty = a free loopback port (one node only).",
-    )
-    rdzv_id: str = opt(
-        "",
-        "Job id every node of a multi-node run passes (nodes with the same endpoint and id form one job); use a new id for each new job or retry. Empty = a fresh id per launch (one node only).",
-    )
-    rdzv_timeout_s: float = opt(
-        300.0,
-        "Seconds the nodes wait for each other at the rendezvous (the first node waits for the last to start).",
-    )
-    local_addr: str = opt(
-        "",
-        "Address the other nodes reach this node at (node 0 serves the workers' store on it); empty = this machine's hostname.",
-    )
+    work_dir: str = "work"
+    """Work directory (relative to the project root): Prefect home, MLflow store, run dirs, DVC site
+    cache, train checkpoints. Git- and DVC-ignored."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device for training and prediction; auto picks cuda when available."""
+
+    world_size: int = 0
+    """Number of worker processes; 0 means the number of GPUs, or 1 on CPU."""
+
+    threads_per_worker: int = 0
+    """torch threads in each worker; 0 means cores // world_size (at least 1)."""
+
+    start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
+    """Worker start method for the elastic launch."""
+
+    seed: int = 0
+    """Global seed; each rank derives its own."""
+
+    deterministic: bool = True
+    """torch.use_deterministic_algorithms and fixed threads, so a seed gives a bit-identical loss
+    curve on CPU."""
+
+    max_restarts: int = 0
+    """Elastic restarts of the worker group after a failure or hang."""
+
+    hang_timeout_s: float = 120.0
+    """A rank whose heartbeat is older than this is declared hung; stacks are dumped and the attempt
+    ends."""
+
+    spawn_budget_s: float = 90.0
+    """Phase budget: seconds a worker may take from launch to its first heartbeat (imports, spawn),
+    on top of hang_timeout_s."""
+
+    compile_budget_s: float = 300.0
+    """Phase budget of the compile phase (torch.compile is 20-30 s per graph cold on CPU)."""
+
+    checkpoint_budget_s: float = 300.0
+    """Phase budget of the checkpoint phase (gathering and writing the model)."""
+
+    pg_timeout_s: float = 300.0
+    """Process-group timeout during bootstrap and the first step."""
+
+    pg_timeout_steady_s: float = 120.0
+    """Process-group timeout after the first step."""
+
+    task_timeout_s: float = 7200.0
+    """Prefect task timeout for a whole stage."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of the runtime."""
+
+    progress: bool = True
+    """Progress bars on long work (staging, training, prediction)."""
+
+    nnodes: int = 1
+    """Machines in the training job; each runs `enn distributed-train` with the same rdzv_endpoint
+    and rdzv_id and starts runtime.world_size workers (the job has nnodes x world_size ranks). The
+    rendezvous picks the node of global rank 0, which writes model.pt."""
+
+    rdzv_endpoint: str = ""
+    """host:port of the c10d rendezvous every node joins (the host runs it: use one node's address);
+    empty = a free loopback port (one node only)."""
+
+    rdzv_id: str = ""
+    """Job id every node of a multi-node run passes (nodes with the same endpoint and id form one
+    job); use a new id for each new job or retry. Empty = a fresh id per launch (one node only)."""
+
+    rdzv_timeout_s: float = 300.0
+    """Seconds the nodes wait for each other at the rendezvous (the first node waits for the last to
+    start)."""
+
+    local_addr: str = ""
+    """Address the other nodes reach this node at (node 0 serves the workers' store on it); empty =
+    this machine's hostname."""
 
     def __post_init__(self) -> None:
         if self.world_size < 0:
             raise ConfigError(
-                f"runtime.world_size={self.world_size} is negative; use 0 (auto) or a positive count"
+                f"runtime.world_size={self.world_size} is negative; "
+                "use 0 (auto) or a positive count"
             )
         if self.threads_per_worker < 0:
             raise ConfigError("runtime.threads_per_worker must be >= 0 (0 = auto)")

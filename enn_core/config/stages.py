@@ -4,35 +4,40 @@ from __future__ import annotations
 
 from typing import Literal
 
-from enn_core.config.fields import frozen, opt
+from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
 
 @frozen
 class CheckpointConfig:
-    init_from: str = opt(
-        "",
-        "Warm start: a consolidated checkpoint path or models:/name@alias; empty = fresh seeded init.",
-    )
-    dir: str = opt(
-        "",
-        "Where distributed-train keeps its DCP checkpoints (one folder per fingerprint); empty = <work_dir>/checkpoints. Multi-node jobs need a directory every node sees (shared storage).",
-    )
-    every_steps: int = opt(0, "DCP save every N optimizer steps (0 = only at epoch ends).")
-    keep_last: int = opt(2, "Committed checkpoints kept (the best one is always kept).")
-    async_save: bool = opt(False, "Asynchronous DCP save on its own gloo group.")
-    resume: bool = opt(
-        True,
-        "Resume an interrupted run from the latest committed checkpoint with the same fingerprint (data hash, data/model/train config, torch version); false = start fresh, clearing them.",
-    )
-    resume_from: str = opt(
-        "",
-        "Resume from this checkpoint instead (a step-* directory under <work>/checkpoints/); refused with the difference named when its fingerprint differs, unless warm_start.",
-    )
-    warm_start: bool = opt(
-        False,
-        "With resume_from: take only its model weights (fresh optimizer, step 0), even when its fingerprint differs.",
-    )
+    init_from: str = ""
+    """Warm start: a consolidated checkpoint path or models:/name@alias; empty = fresh seeded
+    init."""
+
+    dir: str = ""
+    """Where distributed-train keeps its DCP checkpoints (one folder per fingerprint); empty =
+    <work_dir>/checkpoints. Multi-node jobs need a directory every node sees (shared storage)."""
+
+    every_steps: int = 0
+    """DCP save every N optimizer steps (0 = only at epoch ends)."""
+
+    keep_last: int = 2
+    """Committed checkpoints kept (the best one is always kept)."""
+
+    async_save: bool = False
+    """Asynchronous DCP save on its own gloo group."""
+
+    resume: bool = True
+    """Resume an interrupted run from the latest committed checkpoint with the same fingerprint
+    (data hash, data/model/train config, torch version); false = start fresh, clearing them."""
+
+    resume_from: str = ""
+    """Resume from this checkpoint instead (a step-* directory under <work>/checkpoints/); refused
+    with the difference named when its fingerprint differs, unless warm_start."""
+
+    warm_start: bool = False
+    """With resume_from: take only its model weights (fresh optimizer, step 0), even when its
+    fingerprint differs."""
 
     def __post_init__(self) -> None:
         if self.every_steps < 0 or self.keep_last < 1:
@@ -41,31 +46,35 @@ class CheckpointConfig:
 
 @frozen
 class PredictConfig:
-    split: str = opt("test", "Split to predict in the training flow (train, val, test, all).")
-    model: str = opt(
-        "",
-        "Model for the prediction flow: a consolidated checkpoint path or models:/name@alias; empty = this pipeline's model.",
-    )
-    input_dir: str = opt(
-        "",
-        "Features-only staged dataset for the prediction flow; empty = the training staged data.",
-    )
-    world_size: int = opt(
-        1, "Prediction workers (each loads the full model and predicts its own row range)."
-    )
-    chunk_rows: int = opt(4096, "Rows per written chunk.")
-    batch_size: int = opt(256, "Rows per forward pass.")
-    calibration: Literal["auto", "raw"] = opt(
-        "auto",
-        "auto = collapse-check's chosen prediction path when its calibration.json names this model (else raw); raw = never calibrate.",
-    )
-    calibration_dir: str = opt(
-        "",
-        "collapse-check output holding calibration.json; empty = beside the model, then outputs/collapse-check next to the model's stage output, then this pipeline's.",
-    )
-    xlsx: bool = opt(
-        True, "For workbook sources, also write predictions.xlsx in the input's layout."
-    )
+    split: str = "test"
+    """Split to predict in the training flow (train, val, test, all)."""
+
+    model: str = ""
+    """Model for the prediction flow: a consolidated checkpoint path or models:/name@alias; empty =
+    this pipeline's model."""
+
+    input_dir: str = ""
+    """Features-only staged dataset for the prediction flow; empty = the training staged data."""
+
+    world_size: int = 1
+    """Prediction workers (each loads the full model and predicts its own row range)."""
+
+    chunk_rows: int = 4096
+    """Rows per written chunk."""
+
+    batch_size: int = 256
+    """Rows per forward pass."""
+
+    calibration: Literal["auto", "raw"] = "auto"
+    """auto = collapse-check's chosen prediction path when its calibration.json names this model
+    (else raw); raw = never calibrate."""
+
+    calibration_dir: str = ""
+    """collapse-check output holding calibration.json; empty = beside the model, then
+    outputs/collapse-check next to the model's stage output, then this pipeline's."""
+
+    xlsx: bool = True
+    """For workbook sources, also write predictions.xlsx in the input's layout."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.chunk_rows < 1 or self.batch_size < 1:
@@ -76,49 +85,49 @@ class PredictConfig:
 
 @frozen
 class CollapseConfig:
-    median_ratio_min: float = opt(
-        0.5,
-        "Collapse when the median spread ratio (pred std / target std per output) is below this.",
-    )
-    p10_ratio_min: float = opt(0.3, "Collapse when the 10th percentile spread ratio is below this.")
-    flat_tolerance: float = opt(
-        1e-3,
-        "An output whose spread across samples is below this fraction of its target spread is flat.",
-    )
-    max_flat_fraction: float = opt(0.5, "Collapse when more than this fraction of outputs is flat.")
-    broadcast_tolerance: float = opt(
-        1e-6, "Two rows' outputs are identical when max |diff| <= this x label std."
-    )
-    max_broadcast_fraction: float = opt(
-        0.5,
-        "Collapse when more than this fraction of rows with distinct inputs shares its output with another such row.",
-    )
-    min_correlation: float = opt(
-        0.3,
-        "Calibrated candidate: median per-output correlation with the targets on held-out rows must reach this.",
-    )
-    calibration_slope_max: float = opt(
-        3.0, "Bound on the calibration slope (per output, in [0, max])."
-    )
-    calibration_folds: int = opt(
-        5,
-        "Cross-fitting folds over the validation rows: the calibrated candidate is judged on rows its affine was not fitted on.",
-    )
-    batch_size: int = opt(
-        64,
-        "Rows per forward pass of the batched candidates (batch-level broadcast shows at any size > 1).",
-    )
-    max_rows: int = opt(
-        2048,
-        "Validation rows the check uses; more are sampled (seeded) down to this, since the per-sample candidate runs one row at a time.",
-    )
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = opt(
-        "auto", "Precision of the raw candidate; auto = the precision the training run recorded."
-    )
-    order: tuple[str, ...] = opt(
-        ("raw", "calibrated", "fp32", "per_sample"),
-        "Candidate order; the first that passes is chosen.",
-    )
+    median_ratio_min: float = 0.5
+    """Collapse when the median spread ratio (pred std / target std per output) is below this."""
+
+    p10_ratio_min: float = 0.3
+    """Collapse when the 10th percentile spread ratio is below this."""
+
+    flat_tolerance: float = 1e-3
+    """An output whose spread across samples is below this fraction of its target spread is flat."""
+
+    max_flat_fraction: float = 0.5
+    """Collapse when more than this fraction of outputs is flat."""
+
+    broadcast_tolerance: float = 1e-6
+    """Two rows' outputs are identical when max |diff| <= this x label std."""
+
+    max_broadcast_fraction: float = 0.5
+    """Collapse when more than this fraction of rows with distinct inputs shares its output with
+    another such row."""
+
+    min_correlation: float = 0.3
+    """Calibrated candidate: median per-output correlation with the targets on held-out rows must
+    reach this."""
+
+    calibration_slope_max: float = 3.0
+    """Bound on the calibration slope (per output, in [0, max])."""
+
+    calibration_folds: int = 5
+    """Cross-fitting folds over the validation rows: the calibrated candidate is judged on rows its
+    affine was not fitted on."""
+
+    batch_size: int = 64
+    """Rows per forward pass of the batched candidates (batch-level broadcast shows at any size >
+    1)."""
+
+    max_rows: int = 2048
+    """Validation rows the check uses; more are sampled (seeded) down to this, since the per-sample
+    candidate runs one row at a time."""
+
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Precision of the raw candidate; auto = the precision the training run recorded."""
+
+    order: tuple[str, ...] = ("raw", "calibrated", "fp32", "per_sample")
+    """Candidate order; the first that passes is chosen."""
 
     def __post_init__(self) -> None:
         allowed = {"raw", "calibrated", "fp32", "per_sample"}
@@ -129,13 +138,15 @@ class CollapseConfig:
             )
         if not self.order or len(set(self.order)) != len(self.order):
             raise ConfigError(
-                f"collapse.order={list(self.order)} must list each candidate at most once and not be empty"
+                f"collapse.order={list(self.order)} must list each candidate at most once "
+                "and not be empty"
             )
         if self.calibration_slope_max <= 0:
             raise ConfigError("collapse.calibration_slope_max must be > 0 (e.g. 3.0)")
         if self.calibration_folds < 2 or self.batch_size < 2 or self.max_rows < 4:
             raise ConfigError(
-                "collapse.calibration_folds and collapse.batch_size must be >= 2, collapse.max_rows >= 4"
+                "collapse.calibration_folds and collapse.batch_size must be >= 2, "
+                "collapse.max_rows >= 4"
             )
         for name in ("max_flat_fraction", "max_broadcast_fraction"):
             if not 0 <= getattr(self, name) <= 1:
@@ -144,25 +155,28 @@ class CollapseConfig:
 
 @frozen
 class ExportConfig:
-    formats: tuple[str, ...] = opt(("torch_export", "onnx"), "Formats to export.")
-    required: tuple[str, ...] = opt(
-        ("torch_export", "onnx"),
-        "Formats whose failure fails the stage; an optional format is skipped only when its dependency is missing.",
-    )
-    opset: int = opt(18, "ONNX opset.")
-    parity_batch_sizes: tuple[int, ...] = opt(
-        (1, 37, 64), "Batch sizes checked for parity with eager."
-    )
-    parity_rel_tol: float = opt(
-        1e-4, "Parity: max |diff| <= tol x max(max |reference|, label std)."
-    )
-    example_batch: int = opt(
-        8,
-        "Rows of the example input used to trace the model (>= 2, so the batch dimension stays dynamic).",
-    )
-    units: str = opt(
-        "", "Unit of the labels, written to the sidecar (e.g. km/h); empty = 'label units'."
-    )
+    formats: tuple[str, ...] = ("torch_export", "onnx")
+    """Formats to export."""
+
+    required: tuple[str, ...] = ("torch_export", "onnx")
+    """Formats whose failure fails the stage; an optional format is skipped only when its dependency
+    is missing."""
+
+    opset: int = 18
+    """ONNX opset."""
+
+    parity_batch_sizes: tuple[int, ...] = (1, 37, 64)
+    """Batch sizes checked for parity with eager."""
+
+    parity_rel_tol: float = 1e-4
+    """Parity: max |diff| <= tol x max(max |reference|, label std)."""
+
+    example_batch: int = 8
+    """Rows of the example input used to trace the model (>= 2, so the batch dimension stays
+    dynamic)."""
+
+    units: str = ""
+    """Unit of the labels, written to the sidecar (e.g. km/h); empty = 'label units'."""
 
     def __post_init__(self) -> None:
         allowed = {"torch_export", "onnx"}
@@ -174,7 +188,8 @@ class ExportConfig:
         missing = [f for f in self.required if f not in self.formats]
         if missing:
             raise ConfigError(
-                f"export.required lists {missing} which export.formats does not; add them to formats"
+                f"export.required lists {missing} which export.formats does not; "
+                "add them to formats"
             )
         if not self.parity_batch_sizes or min(self.parity_batch_sizes) < 1:
             raise ConfigError("export.parity_batch_sizes must be a non-empty list of sizes >= 1")

@@ -4,66 +4,98 @@ from __future__ import annotations
 
 from typing import Literal
 
-from enn_core.config.fields import frozen, opt
+from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
 
 @frozen
 class TrainConfig:
-    epochs: int = opt(20, "Maximum epochs.")
-    batch_size: int = opt(
-        32, "Global batch size (rows per optimizer step, across ranks and accumulation)."
-    )
-    micro_batch: int | str = opt(
-        0,
-        "Rows per forward/backward per rank; 0 = global batch / world size (no accumulation); auto = the largest divisor of the per-rank batch that fits in memory (measured once before training, see enn_core/runtime/batch_probe.py).",
-    )
-    memory_headroom: float = opt(
-        0.2,
-        "Fraction of memory train.micro_batch=auto keeps free (of the free GPU memory; on CPU of MemAvailable shared by the host's ranks).",
-    )
-    lr: float = opt(3e-3, "Peak learning rate (AdamW).")
-    weight_decay: float = opt(0.01, "AdamW weight decay.")
-    warmup_steps: int = opt(20, "Linear warm-up steps before cosine decay.")
-    min_lr_ratio: float = opt(0.05, "Cosine floor as a fraction of lr.")
-    clip_norm: float = opt(1.0, "Gradient clipping norm; 0 disables.")
-    loss: Literal["mse", "huber", "student_t"] = opt("mse", "Loss in normalized units.")
-    huber_delta: float = opt(1.0, "Huber delta (normalized units).")
-    patience: int = opt(5, "Early stopping: epochs without validation improvement; 0 disables.")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = opt(
-        "auto", "Autocast precision; auto = bf16 on GPUs that support it, fp32 on CPU."
-    )
-    attention: Literal["auto", "math", "flash", "efficient", "cudnn"] = opt(
-        "auto", "Attention backend; auto probes candidates once."
-    )
-    compile: bool = opt(False, "torch.compile the model (falls back to eager on failure).")
-    max_nonfinite_steps: int = opt(3, "Consecutive non-finite steps before training stops.")
-    max_oom_backoffs: int = opt(4, "Out-of-memory back-offs before training stops.")
-    shuffle_block: int = opt(
-        1,
-        "Rows per contiguous block of the epoch shuffle (1 = row-level shuffle; larger reads big staged files in runs).",
-    )
-    eval_batch: int = opt(256, "Rows per validation forward on each rank.")
-    log_every: int = opt(
-        50,
-        "Steps between flushes of the per-step telemetry (data wait, compute, optimizer) to the events log.",
-    )
-    fsdp: bool = opt(True, "Shard with FSDP2 when world size > 1 (DDP-equivalent at world size 1).")
-    hsdp_replicas: int = opt(1, "HSDP replicate dimension (1 = plain FSDP).")
+    epochs: int = 20
+    """Maximum epochs."""
+
+    batch_size: int = 32
+    """Global batch size (rows per optimizer step, across ranks and accumulation)."""
+
+    micro_batch: int | str = 0
+    """Rows per forward/backward per rank; 0 = global batch / world size (no accumulation); auto =
+    the largest divisor of the per-rank batch that fits in memory (measured once before training,
+    see enn_core/runtime/batch_probe.py)."""
+
+    memory_headroom: float = 0.2
+    """Fraction of memory train.micro_batch=auto keeps free (of the free GPU memory; on CPU of
+    MemAvailable shared by the host's ranks)."""
+
+    lr: float = 3e-3
+    """Peak learning rate (AdamW)."""
+
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+
+    warmup_steps: int = 20
+    """Linear warm-up steps before cosine decay."""
+
+    min_lr_ratio: float = 0.05
+    """Cosine floor as a fraction of lr."""
+
+    clip_norm: float = 1.0
+    """Gradient clipping norm; 0 disables."""
+
+    loss: Literal["mse", "huber", "student_t"] = "mse"
+    """Loss in normalized units."""
+
+    huber_delta: float = 1.0
+    """Huber delta (normalized units)."""
+
+    patience: int = 5
+    """Early stopping: epochs without validation improvement; 0 disables."""
+
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Autocast precision; auto = bf16 on GPUs that support it, fp32 on CPU."""
+
+    attention: Literal["auto", "math", "flash", "efficient", "cudnn"] = "auto"
+    """Attention backend; auto probes candidates once."""
+
+    compile: bool = False
+    """torch.compile the model (falls back to eager on failure)."""
+
+    max_nonfinite_steps: int = 3
+    """Consecutive non-finite steps before training stops."""
+
+    max_oom_backoffs: int = 4
+    """Out-of-memory back-offs before training stops."""
+
+    shuffle_block: int = 1
+    """Rows per contiguous block of the epoch shuffle (1 = row-level shuffle; larger reads big
+    staged files in runs)."""
+
+    eval_batch: int = 256
+    """Rows per validation forward on each rank."""
+
+    log_every: int = 50
+    """Steps between flushes of the per-step telemetry (data wait, compute, optimizer) to the events
+    log."""
+
+    fsdp: bool = True
+    """Shard with FSDP2 when world size > 1 (DDP-equivalent at world size 1)."""
+
+    hsdp_replicas: int = 1
+    """HSDP replicate dimension (1 = plain FSDP)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise ConfigError("train.epochs must be >= 1")
         if isinstance(self.micro_batch, str) and self.micro_batch != "auto":
             raise ConfigError(
-                f"train.micro_batch={self.micro_batch!r} is not valid; use a positive integer that divides "
-                "the per-rank batch, 0 (the whole per-rank batch) or auto (the largest that fits in memory)"
+                f"train.micro_batch={self.micro_batch!r} is not valid; use a positive integer "
+                "that divides the per-rank batch, 0 (the whole per-rank batch) or auto "
+                "(the largest that fits in memory)"
             )
         if self.batch_size < 1 or (isinstance(self.micro_batch, int) and self.micro_batch < 0):
             raise ConfigError("train.batch_size must be >= 1 and train.micro_batch >= 0 (or auto)")
         if not 0 <= self.memory_headroom < 1:
             raise ConfigError(
-                f"train.memory_headroom={self.memory_headroom} must be in [0, 1) (e.g. 0.2 keeps 20% free)"
+                f"train.memory_headroom={self.memory_headroom} must be in [0, 1) "
+                "(e.g. 0.2 keeps 20% free)"
             )
         if self.lr <= 0:
             raise ConfigError("train.lr must be > 0")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from enn_core.config import docs
+from enn_core import docs
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_config_reference_is_fresh():
     assert docs.DOC.read_text() == docs.render(), (
-        "docs/config.md is stale: run python -m enn_core.config.docs"
+        "docs/config.md is stale: run python -m enn_core.docs"
     )
 
 

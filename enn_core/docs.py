@@ -1,7 +1,8 @@
-"""Generate the config reference (docs/config.md) from the dataclasses.
+"""Generate the config reference (docs/config.md) from the config dataclasses and the stage
+registry (which sections each stage reads).
 
-python -m enn_core.config.docs            # rewrite docs/config.md
-python -m enn_core.config.docs --check    # exit 1 when docs/config.md is stale (a test runs this)
+python -m enn_core.docs            # rewrite docs/config.md
+python -m enn_core.docs --check    # exit 1 when docs/config.md is stale (a test runs this)
 """
 
 from __future__ import annotations
@@ -13,17 +14,21 @@ import typing
 from pathlib import Path
 
 from enn_core.config import RunConfig
+from enn_core.config.fields import field_help
 from enn_core.stages import TRAINING
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+if typing.TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 
-def _type_name(tp) -> str:
+def _type_name(tp: object) -> str:
     s = str(tp).replace("typing.", "")
     return getattr(tp, "__name__", s) if isinstance(tp, type) else s
 
 
-def _rows(cls, prefix: str) -> list[str]:
+def _rows(cls: type[DataclassInstance], prefix: str) -> list[str]:
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -32,11 +37,14 @@ def _rows(cls, prefix: str) -> list[str]:
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             rows.extend(_rows(tp, key + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = f.default
         shown = json.dumps(
             list(default) if isinstance(default, tuple) else default, ensure_ascii=False
         )
-        help_ = f.metadata.get("help", "").replace("|", "\\|")
+        help_ = field_help(cls).get(f.name, "").replace("|", "\\|")
         rows.append(f"| `{key}` | `{_type_name(tp)}` | `{shown}` | {help_} |")
     return rows
 
@@ -45,8 +53,9 @@ def render() -> str:
     out = [
         "# Config reference",
         "",
-        "Generated from the dataclasses in `enn_core/config/` by `python -m enn_core.config.docs`;",
-        "a test fails when this file is stale. Merge order: defaults -> `params.yaml` -> `--set key=value`.",
+        "Generated from the dataclasses in `enn_core/config/` by `python -m enn_core.docs`;",
+        "a test fails when this file is stale. "
+        "Merge order: defaults -> `params.yaml` -> `--set key=value`.",
         "",
         "## Which sections each stage reads",
         "",
@@ -60,7 +69,7 @@ def render() -> str:
             "",
             f"## `{f.name}`",
             "",
-            f.metadata.get("help", ""),
+            field_help(RunConfig).get(f.name, ""),
             "",
             "| key | type | default | meaning |",
             "| --- | --- | --- | --- |",
@@ -73,7 +82,7 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not DOC.exists() or DOC.read_text() != text:
-            print(f"{DOC} is stale; run: python -m enn_core.config.docs", file=sys.stderr)
+            print(f"{DOC} is stale; run: python -m enn_core.docs", file=sys.stderr)
             return 1
         return 0
     DOC.write_text(text)
