@@ -7,8 +7,10 @@ lists, str, numbers, None only):
      "data": {feature_specs, label_shape, label_axes, label_axis_values, label_stats,
               row_keys, naive_keys}, "data_fingerprint": str, "torch_version": str, "meta": {...}}
 
-Written atomically (temp file + rename). predict, export, validate, collapse-check and
-resume load it with `load_model(path) -> (model in eval mode, checkpoint dict)`.
+Written atomically (temp file + rename). In memory it is a `Checkpoint` record (its `data` a
+`DataSpec`); the dict above exists only in the file. predict, export, validate,
+collapse-check and warm start load it with `load_model(path) -> (model in eval mode,
+Checkpoint)`; `read_checkpoint(path)` checks the format version and every field.
 `model_config_differences`, `data_schema_differences` and `state_dict_differences` name what
 keeps a checkpoint from fitting this run (`model.d_model is 32 there, 64 here`), for refusals
 such as prepare-checkpoint's warm start; `capped` joins them for a one-line message.
@@ -20,6 +22,7 @@ import json
 import pickle
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,91 @@ def data_spec(manifest: Mapping) -> dict:
     return plain({k: manifest.get(k) for k in DATA_KEYS})
 
 
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model knows of its data: the inputs it reads and the labels it predicts."""
+
+    feature_specs: tuple[Mapping[str, Any], ...]
+    label_shape: tuple[int, ...]
+    label_axes: tuple[str, ...] = ()
+    label_axis_values: Mapping[str, list[str]] = field(default_factory=dict)
+    label_stats: Mapping[str, Any] = field(default_factory=dict)
+    row_keys: tuple[str, ...] = ()
+    naive_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> DataSpec:
+        """From a manifest or a checkpoint's `data` mapping (absent optional keys: empty)."""
+        return cls(
+            feature_specs=tuple(data.get("feature_specs") or ()),
+            label_shape=tuple(int(s) for s in data.get("label_shape") or ()),
+            label_axes=tuple(data.get("label_axes") or ()),
+            label_axis_values=dict(data.get("label_axis_values") or {}),
+            label_stats=dict(data.get("label_stats") or {}),
+            row_keys=tuple(data.get("row_keys") or ()),
+            naive_keys=tuple(data.get("naive_keys") or ()),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The file form (lists, plain dicts): also what the model builder reads."""
+        return plain({k: getattr(self, k) for k in DATA_KEYS})
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A consolidated checkpoint in memory (see the module docstring for the file form)."""
+
+    state_dict: dict[str, torch.Tensor]
+    model_config: Mapping[str, Any]
+    data: DataSpec
+    data_fingerprint: str = ""
+    torch_version: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_file(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "state_dict": self.state_dict,
+            "model_config": dict(self.model_config),
+            "data": self.data.as_dict(),
+            "data_fingerprint": self.data_fingerprint,
+            "torch_version": self.torch_version,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_file(cls, raw: object, where: str) -> Checkpoint:
+        """The record of a loaded file's dict; a wrong version or a missing part is refused."""
+        if not isinstance(raw, dict) or "format_version" not in raw:
+            raise StaleOutputError(
+                f"{where}: not a consolidated checkpoint (no format_version); re-create it with "
+                "save_consolidated"
+            )
+        if raw["format_version"] != FORMAT_VERSION:
+            raise StaleOutputError(
+                f"{where}: checkpoint format_version={raw['format_version']} but this code reads "
+                f"{FORMAT_VERSION}; re-run the stage that wrote it with this version"
+            )
+        for key in ("state_dict", "model_config", "data"):
+            if not isinstance(raw.get(key), dict):
+                raise StaleOutputError(
+                    f"{where}: checkpoint lacks {key!r}; re-create it with save_consolidated"
+                )
+        bad = [k for k, v in raw["state_dict"].items() if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise StaleOutputError(
+                f"{where}: state_dict[{bad[0]!r}] is not a tensor; re-create the checkpoint"
+            )
+        return cls(
+            state_dict=raw["state_dict"],
+            model_config=raw["model_config"],
+            data=DataSpec.of(raw["data"]),
+            data_fingerprint=str(raw.get("data_fingerprint") or ""),
+            torch_version=str(raw.get("torch_version") or ""),
+            meta=dict(raw.get("meta") or {}),
+        )
+
+
 def _strip(name: str) -> str:
     for p in _WRAPPER_PREFIXES:
         name = name.replace(p, "")
@@ -93,16 +181,15 @@ def make_checkpoint(
     model_cfg: ModelConfig,
     manifest: Mapping,
     meta: Mapping | None = None,
-) -> dict:
-    return {
-        "format_version": FORMAT_VERSION,
-        "state_dict": consolidated_state_dict(model),
-        "model_config": plain(model_cfg),
-        "data": data_spec(manifest),
-        "data_fingerprint": str(manifest.get("content_hash") or ""),
-        "torch_version": str(torch.__version__),
-        "meta": plain(dict(meta or {})),
-    }
+) -> Checkpoint:
+    return Checkpoint(
+        state_dict=consolidated_state_dict(model),
+        model_config=plain(model_cfg),
+        data=DataSpec.of(data_spec(manifest)),
+        data_fingerprint=str(manifest.get("content_hash") or ""),
+        torch_version=str(torch.__version__),
+        meta=plain(dict(meta or {})),
+    )
 
 
 def save_consolidated(
@@ -116,11 +203,11 @@ def save_consolidated(
     path = Path(path)
     ckpt = make_checkpoint(model, model_cfg, manifest, meta)
     with atomic_file(path, "wb") as f:
-        torch.save(ckpt, f)
+        torch.save(ckpt.to_file(), f)
     return path
 
 
-def read_checkpoint(path: str | Path) -> dict:
+def read_checkpoint(path: str | Path) -> Checkpoint:
     """Load and check a consolidated checkpoint (weights_only: no code runs on load)."""
     path = Path(path)
     if not path.is_file():
@@ -133,45 +220,32 @@ def read_checkpoint(path: str | Path) -> dict:
         raise StaleOutputError(
             f"{path}: not a readable consolidated checkpoint ({str(e).splitlines()[0]}); re-create it"
         ) from e
-    if not isinstance(ckpt, dict) or "format_version" not in ckpt:
-        raise StaleOutputError(
-            f"{path}: not a consolidated checkpoint (no format_version); re-create it with save_consolidated"
-        )
-    if ckpt["format_version"] != FORMAT_VERSION:
-        raise StaleOutputError(
-            f"{path}: checkpoint format_version={ckpt['format_version']} but this code reads {FORMAT_VERSION}; "
-            "re-run the stage that wrote it with this version"
-        )
-    for key in ("state_dict", "model_config", "data"):
-        if key not in ckpt:
-            raise StaleOutputError(
-                f"{path}: checkpoint lacks {key!r}; re-create it with save_consolidated"
-            )
-    return ckpt
+    return Checkpoint.from_file(ckpt, str(path))
 
 
-def model_from_checkpoint(ckpt: Mapping, where: str = "checkpoint") -> ENN:
+def model_from_checkpoint(ckpt: Checkpoint, where: str = "checkpoint") -> ENN:
     """Rebuild the model from the stored config and data spec, then load the weights."""
     try:
-        cfg = build(ModelConfig, ckpt["model_config"], root=ModelConfig, where=where)
+        cfg = build(ModelConfig, ckpt.model_config, root=ModelConfig, where=where)
     except ConfigError as e:
         raise StaleOutputError(
             f"{where}: stored model_config no longer valid ({e}); re-create the checkpoint"
         ) from e
-    data = dict(ckpt["data"])
+    data = ckpt.data.as_dict()
     # Label statistics come from the state dict's buffers; per-cell stat files need no data dir.
     data["label_stats"] = {"mean": 0.0, "std": 1.0}
     model = build_model(cfg, data)
-    missing, unexpected = model.load_state_dict(ckpt["state_dict"], strict=False)
-    if missing or unexpected:
+    if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise StaleOutputError(
-            f"{where}: weights do not fit the stored config (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}); re-create the checkpoint"
+            f"{where}: its weights do not fit the model its config describes: {capped(diffs)}; "
+            "re-create the checkpoint"
         )
+    model.load_state_dict(ckpt.state_dict, strict=True)
     return model
 
 
-def load_model(path: str | Path) -> tuple[ENN, dict]:
-    """(model in eval mode on CPU, checkpoint dict) from a consolidated checkpoint file."""
+def load_model(path: str | Path) -> tuple[ENN, Checkpoint]:
+    """(model in eval mode on CPU, Checkpoint) from a consolidated checkpoint file."""
     ckpt = read_checkpoint(path)
     return model_from_checkpoint(ckpt, where=str(path)).eval(), ckpt
 

@@ -7,6 +7,7 @@ enn_core never imports mlflow. A stage (or rank 0 of a distributed job) appends 
     {"type": "param",  "name": "precision", "value": "fp32"}
     {"type": "event",  "name": "oom_backoff", "fields": {...}}
     {"type": "artifact", "path": "/abs/path", "artifact_path": "plots"}
+    {"type": "table", "name": "candidates", "rows": [{...}, ...]}
 
 Lines are flushed as written, so a reader can follow a live job.
 """
@@ -55,6 +56,10 @@ class EventLog:
 
     def event(self, name: str, **fields: Any) -> None:
         self._write({"type": "event", "name": name, "fields": fields})
+
+    def table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """A table for the run's diagnostics record (and its Prefect table artifact)."""
+        self._write({"type": "table", "name": name, "rows": rows})
 
     def artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self._write(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import math
 import platform
 import re
@@ -41,16 +40,22 @@ import torch
 from torch.export import Dim
 
 from enn_core.atomic import atomic_dir, write_json
-from enn_core.collapse import (
-    REPORT_FILE,
+from enn_core.collapse.report import read_report
+from enn_core.config import ExportConfig, RunConfig
+from enn_core.errors import ExportError
+from enn_core.inference import (
+    CALIBRATION_FILE,
+    MODEL_FILE,
     Calibration,
     PredictionPath,
     check_model_matches,
-    file_sha256,
+    label_std,
     load_calibration,
+    load_trained,
+    sha256_file,
 )
-from enn_core.errors import ExportError
-from enn_core.validate import load_staged
+from enn_core.stage import StageContext
+from enn_core.summaries import ExportSummary
 
 SIDECAR_VERSION = 1
 INPUT_NAME, OUTPUT_NAME = "features", "prediction"
@@ -66,12 +71,11 @@ def missing_dependencies(fmt: str) -> list[str]:
     return [m for m in DEPENDENCIES[fmt] if importlib.util.find_spec(m) is None]
 
 
-def refuse_batch_dependent(cal: Calibration, report: Mapping | None = None) -> None:
-    """A per-sample candidate means the batched model is wrong: no dynamic-batch artifact."""
+def refuse_batch_dependent(cal: Calibration, bd: float | None = None) -> None:
+    """A per-sample candidate means the batched model is wrong: no dynamic-batch artifact
+    (`bd`: the report's batch dependence, batched vs batch-size-1 outputs / label std)."""
     if cal.candidate != "per_sample":
         return
-    cause = (report or {}).get("cause", {})
-    bd = cause.get("batch_dependence")
     detail = (
         f" (batched vs batch-size-1 outputs differ by {bd:.3g} x label std)"
         if bd is not None
@@ -248,7 +252,7 @@ def export_all(
         results[fmt] = {
             "status": "ok",
             "file": FILES[fmt],
-            "sha256": file_sha256(target),
+            "sha256": sha256_file(target),
             "parity": parity,
         }
     return results
@@ -283,8 +287,13 @@ def versions() -> dict[str, str]:
     return out
 
 
-def build_sidecar(
-    data: Mapping, cal: Calibration, cfg, results: Mapping, ident: Mapping, exported_precision: str
+def build_sidecar(  # noqa: PLR0913 - the sidecar's parts, each from another source
+    data: Mapping,
+    cal: Calibration,
+    cfg: ExportConfig,
+    results: Mapping,
+    ident: Mapping,
+    exported_precision: str,
 ) -> dict:
     """What a user needs to call the artifacts: inputs, outputs, units, opset, versions, provenance."""
     specs = list(data.get("feature_specs") or [])
@@ -331,32 +340,30 @@ def build_sidecar(
     }
 
 
-def run(cfg, ctx, *, staged: Path, trained: Path, calibration: Path) -> dict:
-    """The export stage; raises ExportError (writing nothing into outputs/export) on failure."""
-    ds, model, ckpt = load_staged(staged, trained, ctx.stage)
-    collapse_dir = calibration
-    cal, cal_meta = load_calibration(collapse_dir)
-    report_path = collapse_dir / REPORT_FILE
-    report = json.loads(report_path.read_text()) if report_path.exists() else None
-    refuse_batch_dependent(cal, report)
-    model_path = trained / "model.pt"
-    check_model_matches(cal_meta, model_path, str(collapse_dir / "calibration.json"))
+def run(
+    cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path, calibration: Path
+) -> ExportSummary:
+    """The export stage; raises ExportError (writing nothing into its output) on failure."""
+    ds, model, ckpt = load_trained(staged, trained, ctx.stage)
+    cal, cal_meta = load_calibration(calibration)
+    report = read_report(calibration)
+    refuse_batch_dependent(cal, report.cause.batch_dependence if report else None)
+    model_path = trained / MODEL_FILE
+    check_model_matches(cal_meta, model_path, str(calibration / CALIBRATION_FILE))
     exported = replace(cal, precision="fp32")  # autocast is not part of an exported graph
     path = PredictionPath(model.float(), exported).eval()
     heldout_rows = np.sort(
         np.concatenate([np.asarray(ds.split("val")), np.asarray(ds.split("test"))])
     )
     heldout = np.asarray(ds.features[heldout_rows], dtype=np.float32)
-    train = np.asarray(ds.split("train"))
-    label_std = float(np.std(np.asarray(ds.labels[train], dtype=np.float64)))
     ident = {
         "data_fingerprint": ds.fingerprint,
-        "model_sha256": file_sha256(model_path),
+        "model_sha256": sha256_file(model_path),
         "heldout_rows": int(len(heldout)),
     }
     with atomic_dir(ctx.output()) as tmp:
         try:
-            results = export_all(path, heldout, tmp, cfg.export, label_std)
+            results = export_all(path, heldout, tmp, cfg.export, label_std(ds))
         except ExportError as e:
             write_json(Path(ctx.run_dir) / "export-failure.json", {"error": str(e)})
             ctx.events.event("export_failed", error=str(e))
@@ -375,7 +382,7 @@ def run(cfg, ctx, *, staged: Path, trained: Path, calibration: Path) -> dict:
         write_json(tmp / "metrics.json", metrics)
         write_json(
             tmp / "sidecar.json",
-            build_sidecar(ckpt["data"], cal, cfg.export, results, ident, "fp32"),
+            build_sidecar(ckpt.data.as_dict(), cal, cfg.export, results, ident, "fp32"),
         )
     out = ctx.output()
     ctx.events.metrics(metrics)
@@ -388,8 +395,9 @@ def run(cfg, ctx, *, staged: Path, trained: Path, calibration: Path) -> dict:
     for k, v in results.items():
         if v["status"] == "skipped":
             ctx.logger.warning("export %s skipped: %s", k, v["reason"])
-    return {
-        "formats": {k: v["status"] for k, v in results.items()},
-        "sidecar": str(out / "sidecar.json"),
-        "parity": {k: v.get("worst") for k, v in parity.items()},
-    }
+    return ExportSummary(
+        output=str(out),
+        formats={k: v["status"] for k, v in results.items()},
+        sidecar=str(out / "sidecar.json"),
+        parity={k: v.get("worst") for k, v in parity.items()},
+    )

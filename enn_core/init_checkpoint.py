@@ -15,7 +15,6 @@ data fingerprint, meta) and whether it was trained on the same data.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,10 +33,13 @@ from enn_core.checkpoint import (
     save_consolidated,
     state_dict_differences,
 )
+from enn_core.config import RunConfig
+from enn_core.data.hashing import sha256_file
 from enn_core.data.manifest import FORMAT_VERSION as DATA_FORMAT_VERSION
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model import build_model
 from enn_core.stage import StageContext
+from enn_core.summaries import InitSummary
 
 MANIFEST_VERSION = DATA_FORMAT_VERSION  # the staged manifest format this code reads
 
@@ -58,14 +60,6 @@ def read_manifest(staged: Path) -> dict:
             f"{path}: manifest format_version={manifest.get('format_version')} but this code reads {MANIFEST_VERSION}; re-run stage-data"
         )
     return manifest
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 FRESH_START = "start fresh (checkpoint.init_from: '')"
@@ -137,16 +131,16 @@ def warm_start(cfg, manifest: Mapping, source: str, layout, model: torch.nn.Modu
     ours_data = data_spec(manifest)
     _refuse_mismatch(
         source,
-        model_config_differences(ckpt["model_config"], plain(cfg.model)),
-        data_schema_differences(ckpt["data"], ours_data),
+        model_config_differences(ckpt.model_config, plain(cfg.model)),
+        data_schema_differences(ckpt.data.as_dict(), ours_data),
     )
-    if diffs := state_dict_differences(ckpt["state_dict"], model.state_dict()):
+    if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise ConfigError(
             f"checkpoint.init_from={source}: its weights do not load into this model: {capped(diffs)}; "
             f"re-create it with this code or {FRESH_START}"
         )
-    model.load_state_dict(ckpt["state_dict"], strict=True)
-    theirs_fp = str(ckpt.get("data_fingerprint") or "")
+    model.load_state_dict(ckpt.state_dict, strict=True)
+    theirs_fp = ckpt.data_fingerprint
     ours_fp = str(manifest.get("content_hash") or "")
     registry = path.parent / "SOURCE"  # written by the task layer's registry download
     return {
@@ -156,12 +150,12 @@ def warm_start(cfg, manifest: Mapping, source: str, layout, model: torch.nn.Modu
         "registry_uri": registry.read_text().strip() if registry.is_file() else None,
         "data_fingerprint": theirs_fp,
         "same_data": bool(theirs_fp) and theirs_fp == ours_fp,
-        "torch_version": str(ckpt.get("torch_version") or ""),
-        "meta": _scalars(ckpt.get("meta") or {}),
+        "torch_version": ckpt.torch_version,
+        "meta": _scalars(ckpt.meta),
     }
 
 
-def run(cfg, ctx: StageContext, *, staged: Path) -> dict:
+def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
     """Build (or warm-start) the model and write init.pt + init.json atomically.
 
     Every check runs before anything is written: a refused warm start leaves the previous
@@ -191,14 +185,16 @@ def run(cfg, ctx: StageContext, *, staged: Path) -> dict:
         }
         write_json(tmp / "init.json", summary)
     _record(ctx, cfg, summary)
-    return {
-        "path": str(ctx.output() / "init.pt"),
-        **{
-            k: summary[k]
-            for k in ("sha256", "init_seed", "init_from", "warm_start", "data_fingerprint")
-        },
-        "parameters": summary["model"]["parameters"],
-    }
+    return InitSummary(
+        output=str(ctx.output()),
+        path=str(ctx.output() / "init.pt"),
+        sha256=summary["sha256"],
+        init_seed=summary["init_seed"],
+        init_from=summary["init_from"],
+        warm_start=summary["warm_start"],
+        data_fingerprint=summary["data_fingerprint"],
+        parameters=summary["model"]["parameters"],
+    )
 
 
 def _record(ctx: StageContext, cfg, summary: dict) -> None:

@@ -41,7 +41,10 @@ def publish(result: StageResult) -> None:
         "",
     ]
     rows = []
-    for k, v in sorted(result.summary.items()):
+    fields = result.summary.as_dict() if result.summary is not None else {}
+    if result.registry:
+        fields["registry"] = dict(result.registry)
+    for k, v in sorted(fields.items()):
         if isinstance(v, (int, float, str, bool)) or v is None:
             rows.append({"name": k, "value": v})
         else:
@@ -84,7 +87,7 @@ def run_stage(spec: StageSpec, config_path: str, session: PipelineSession) -> St
     if use_dvc:
         fresh, why = dvc_state.stage_status(root, spec)
         if fresh:
-            result = StageResult(spec.name, "skipped", why, {}, "", None, 0.0, 0.0)
+            result = StageResult(spec.name, "skipped", why, None, "", None, 0.0, 0.0)
             publish(result)
             return result
     try:

@@ -32,6 +32,7 @@ from enn_core.fault import FaultInjector
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
 from enn_core.stages import StageSpec
+from enn_core.summaries import StageSummary
 
 if TYPE_CHECKING:
     from tasks.tracking import Tracker
@@ -55,11 +56,12 @@ class StageResult:
     stage: str
     status: Literal["ran", "skipped"]
     reason: str
-    summary: Mapping[str, Any]
+    summary: StageSummary | None  # None when skipped
     run_dir: str
     mlflow_run_id: str | None
     seconds: float
     work_seconds: float
+    registry: Mapping[str, Any] | None = None  # the registered model (a registering stage)
 
 
 def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
@@ -104,6 +106,7 @@ def execute_stage(spec: StageSpec, cfg: RunConfig, session: PipelineSession) -> 
     cfg = resolve_model_refs(spec, cfg, run_dir)
     params = sections_of(cfg, spec.sections)
     tracker = session.tracker
+    registry: Mapping[str, Any] | None = None
     child_cm = (
         tracker.child(spec.name, session.parent_id, run_dir, params, session.tags)
         if tracker
@@ -116,7 +119,7 @@ def execute_stage(spec: StageSpec, cfg: RunConfig, session: PipelineSession) -> 
         error: BaseException | None = None
         try:
             ctx.faults.at(spec.name)  # the stage's name is a fault phase (tests: raise, hang...)
-            summary = _plain_summary(spec.work(cfg, ctx))
+            summary = as_summary(spec.work(cfg, ctx))
         except BaseException as e:
             error = e
             raise
@@ -127,7 +130,7 @@ def execute_stage(spec: StageSpec, cfg: RunConfig, session: PipelineSession) -> 
         if out.is_dir():
             write_json(out / "params.json", params)  # the resolved params beside the outputs
         publish_metrics(spec, layout)
-        write_json(run_dir / "result.json", dict(summary))
+        write_json(run_dir / "result.json", summary.as_dict())
         if tracker:
             tracker.log_artifact(child_id, run_dir / "result.json")
             tracker.set_tags(child_id, {"enn.work_seconds": f"{work_seconds:.3f}"})
@@ -136,10 +139,8 @@ def execute_stage(spec: StageSpec, cfg: RunConfig, session: PipelineSession) -> 
                 for k, v in session.tags.items()
                 if k.startswith(("enn.git", "prefect.flow_run"))
             }
-            lineage.update(lineage_of(summary))
+            lineage.update(summary.lineage())
             registry = tracker.after_stage(spec, child_id, layout, cfg, lineage, run_dir)
-            if registry:
-                summary = {**summary, "registry": registry}
     return StageResult(
         spec.name,
         "ran",
@@ -149,11 +150,28 @@ def execute_stage(spec: StageSpec, cfg: RunConfig, session: PipelineSession) -> 
         child_id,
         time.perf_counter() - t0,
         work_seconds,
+        registry or None,
     )
 
 
-def _plain_summary(summary: Any) -> dict[str, Any]:
-    return dict(summary or {})
+def as_summary(result: Any) -> StageSummary:
+    """The work's summary record (a stage that still returns a mapping gets a generic one)."""
+    if isinstance(result, StageSummary):
+        return result
+    return MappingSummary(output=str(result.get("output", "")), fields=dict(result or {}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MappingSummary(StageSummary):
+    """A work function's plain mapping (distributed-train's summary: the workers' record)."""
+
+    fields: Mapping[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+    def lineage(self) -> dict[str, str]:
+        return lineage_of(self.fields)
 
 
 def write_diagnostics(

@@ -122,3 +122,13 @@ def hash_files(paths: list[Path], stop: threading.Event | None = None, block: in
                     return ""
                 h.update(chunk)
     return named(h)
+
+
+def sha256_file(path: str | Path, block: int = 1 << 22) -> str:
+    """The sha256 hex digest of a file (models, calibration and prediction files are named by
+    it: a reader checks the file it was made for)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from enn_core.atomic import atomic_dir, write_json
-from enn_core.config import DataConfig
+from enn_core.config import DataConfig, RunConfig
 from enn_core.data import hashing, splits
 from enn_core.data.encode import Encoder
 from enn_core.data.manifest import (
@@ -42,6 +42,8 @@ from enn_core.data.workbook import WorkbookSource
 from enn_core.data.writer import ChunkWriter
 from enn_core.errors import DataError
 from enn_core.paths import Layout
+from enn_core.stage import StageContext
+from enn_core.summaries import StagedSummary
 
 SUFFIXES = {
     "npy": (".npy",),
@@ -52,7 +54,7 @@ SUFFIXES = {
 }
 
 
-def run(cfg, ctx) -> dict[str, Any]:
+def run(cfg: RunConfig, ctx: StageContext) -> StagedSummary:
     """The stage-data stage: stage `cfg.data` into `ctx.output()`."""
     result = stage(
         cfg.data,
@@ -65,7 +67,14 @@ def run(cfg, ctx) -> dict[str, Any]:
     ctx.events.param("data_content_hash", result["content_hash"])
     ctx.events.metrics({"data/rows": result["n_rows"], "data/seconds": result["seconds"]})
     ctx.events.artifact(Path(result["path"]) / MANIFEST, ctx.stage)
-    return result
+    return StagedSummary(
+        output=result["path"],
+        n_rows=result["n_rows"],
+        splits=result["splits"],
+        content_hash=result["content_hash"],
+        mode=result["mode"],
+        seconds=result["seconds"],
+    )
 
 
 def stage_features(

@@ -65,6 +65,8 @@ def diagnostics(run_dir: str | Path) -> dict[str, Any]:
         "workers": workers,
         "errors": errors,
         "stacks": stacks,
+        "tables": {r["name"]: r["rows"] for r in recs if r.get("type") == "table"},
+        "stage_error": None,
     }
 
 
@@ -87,6 +89,8 @@ def write(run_dir: str | Path, diag: dict[str, Any]) -> Path:
 def headline(diag: dict[str, Any]) -> list[str]:
     """One line per finding, most actionable first."""
     out = []
+    if err := diag.get("stage_error"):
+        out.append(f"stage failed: {err['type']}: {err['message']}")
     for e in diag["errors"][:1]:
         step = f" step {e['step']}" if e.get("step") is not None else ""
         out.append(
@@ -135,4 +139,17 @@ def markdown(diag: dict[str, Any]) -> str:
             f"| {r} | {w['phase']} | {w['step']} | {w['attempt']} |"
             for r, w in diag["workers"].items()
         ]
+    for name, rows in (diag.get("tables") or {}).items():
+        if rows:
+            lines += ["", f"### {name.replace('_', ' ').capitalize()}", "", _table(rows)]
     return "\n".join(lines) + "\n"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = list(rows[0])
+    head = "| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols) + "\n"
+    return head + "".join("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |\n" for r in rows)
+
+
+def _cell(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v).replace("|", "/"))

@@ -23,7 +23,6 @@ hand, and keeping them is never correct. The message names both fingerprints.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from enn_core.atomic import write_json
+from enn_core.data.hashing import sha256_file
 from enn_core.errors import StaleOutputError
 
 FORMAT_VERSION = 1
@@ -73,14 +73,6 @@ class PartsPlan:
 def parts_of_worker(n_parts: int, rank: int, world_size: int) -> range:
     """The contiguous block of parts worker `rank` computes (sizes differ by at most one)."""
     return range(rank * n_parts // world_size, (rank + 1) * n_parts // world_size)
-
-
-def sha256_file(path: Path, block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class PartStore:

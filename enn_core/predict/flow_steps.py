@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from enn_core.atomic import atomic_dir, write_json
-from enn_core.collapse import measure_predictions, target_spread
+from enn_core.collapse.measures import measure_predictions, target_spread
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import CollapseError, ConfigError, StaleOutputError
 from enn_core.predict import stage
+from enn_core.summaries import CheckSummary, PredictSummary
 
 REPORT = "report.json"
 HELD_MARKER = "HELD"
@@ -46,7 +47,7 @@ def with_inputs(cfg, *, input_dir: str | Path, model_path: str | Path):
 
 def predict(
     cfg, ctx, *, input_dir: str | Path, model_path: str | Path, calibration_name: str
-) -> dict:
+) -> PredictSummary:
     """The predict stage over a features-only staged dataset with a given model."""
     return stage.run(
         with_inputs(cfg, input_dir=input_dir, model_path=model_path),
@@ -58,7 +59,7 @@ def predict(
     )
 
 
-def predict_new(cfg, ctx, *, staged: Path, calibration_name: str) -> dict:
+def predict_new(cfg, ctx, *, staged: Path, calibration_name: str) -> PredictSummary:
     """The prediction flow's predict: the features-only data this pipeline staged (`staged`),
     with `predict.model` (a local path: the task layer resolves registry references)."""
     if not cfg.predict.model:
@@ -69,7 +70,7 @@ def predict_new(cfg, ctx, *, staged: Path, calibration_name: str) -> dict:
     return predict(cfg, ctx, input_dir=staged, model_path=model, calibration_name=calibration_name)
 
 
-def check_new(cfg, ctx, *, staged: Path, predictions: Path, training: Path) -> dict:
+def check_new(cfg, ctx, *, staged: Path, predictions: Path, training: Path) -> CheckSummary:
     """The prediction flow's collapse-check: the new predictions against the spread of the
     training targets staged in `training`."""
     return check_predictions(
@@ -100,7 +101,7 @@ def check_predictions(
     predictions_dir: str | Path,
     input_dir: str | Path,
     training_data_dir: str | Path,
-) -> dict:
+) -> CheckSummary:
     """Collapse verdict for new-data predictions; releases them or holds them back with the report."""
     predictions_dir = Path(predictions_dir)
     pred_file = predictions_dir / "predictions.npy"
@@ -144,9 +145,6 @@ def check_predictions(
         raise CollapseError(
             f"{out / REPORT}: predictions collapsed ({'; '.join(verdict['reasons'])}); held back in {out / HELD_DIR}"
         )
-    return {
-        "output": str(out),
-        "released": True,
-        "report": str(out / REPORT),
-        "measures": verdict["measures"],
-    }
+    return CheckSummary(
+        output=str(out), released=True, report=str(out / REPORT), measures=verdict["measures"]
+    )

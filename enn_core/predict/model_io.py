@@ -19,12 +19,15 @@ from pathlib import Path
 import torch
 
 from enn_core.checkpoint import load_model
-from enn_core.collapse import CALIBRATION_FILE, FAILED_MARKER, PredictionPath, load_calibration
 from enn_core.errors import ConfigError, StaleOutputError
-from enn_core.predict.chunks import sha256_file
-
-# The key under which collapse-check's calibration.json names the model file it was chosen for.
-MODEL_KEY = "model_sha256"
+from enn_core.inference import (
+    CALIBRATION_FILE,
+    FAILED_MARKER,
+    MODEL_KEY,
+    PredictionPath,
+    load_calibration,
+    sha256_file,
+)
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,13 @@ import torch
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.checkpoint import load_model
 from enn_core.data.dataset import StagedDataset
+from enn_core.data.hashing import sha256_file
 from enn_core.errors import ConfigError, DataError
+from enn_core.inference import resolve_device
 from enn_core.predict import model_io, outputs, schema, workers
 from enn_core.predict.assemble import assemble
-from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore, sha256_file
-from enn_core.validate import select_device
+from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore
+from enn_core.summaries import PredictSummary
 
 MODEL_FILE = "model.pt"
 SPLITS = ("train", "val", "test", "all")
@@ -96,7 +98,7 @@ def run(
     ds = StagedDataset(data_dir)
     model_path = model_io.resolve_model_path(p.model, model, root)
     net, ckpt = load_model(model_path)
-    schema.check_schema(ds.manifest, ds.features, ckpt["data"], where=str(data_dir))
+    schema.check_schema(ds.manifest, ds.features, ckpt.data.as_dict(), where=str(data_dir))
     index, selection = select_rows(ds, p.split, features_only)
     n_rows = ds.features.shape[0] if index is None else len(index)
     if n_rows == 0:
@@ -109,8 +111,8 @@ def run(
         model_path, p.calibration_dir, calibration, calibration_name, root
     )
     choice = model_io.find_calibration(cal_dirs, model_sha, use=p.calibration == "auto")
-    device, device_reason = select_device(cfg.runtime.device)
-    label_shape = tuple(int(s) for s in ckpt["data"]["label_shape"])
+    device, device_reason = resolve_device(cfg.runtime.device)
+    label_shape = ckpt.data.label_shape
     plan = PartsPlan(
         n_rows=n_rows,
         rows_per_part=p.chunk_rows,
@@ -193,15 +195,22 @@ def run(
     write_json(ctx.run_dir / "predict_summary.json", summary)
     _record(ctx, summary)
     shutil.rmtree(store.root, ignore_errors=True)
-    return summary
+    return PredictSummary(
+        **{
+            **summary,
+            "shape": tuple(summary["shape"]),
+            "computed_parts": tuple(computed),
+            "reused_parts": tuple(reused),
+        }
+    )
 
 
 def _write_outputs(cfg, ctx, ds, data_dir, store: PartStore, index, ckpt, choice) -> dict:
     """predictions.npy, .parquet, (.xlsx) and manifest.json, as one atomic directory."""
-    data = ckpt["data"]
-    label_shape = list(data["label_shape"])
-    axes = list(data.get("label_axes") or [])
-    axis_values = dict(data.get("label_axis_values") or {})
+    data = ckpt.data
+    label_shape = list(data.label_shape)
+    axes = list(data.label_axes)
+    axis_values = dict(data.label_axis_values)
     rows = np.arange(ds.features.shape[0], dtype=np.int64) if index is None else index
     keys = _row_keys(data_dir, ds, rows)
     source = dict(ds.manifest.get("source") or {})

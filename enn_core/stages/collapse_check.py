@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def collapse_check(cfg: RunConfig, ctx: StageContext) -> Any:
-    from enn_core.collapse import run
+    from enn_core.collapse.stage import run
 
     return run(cfg, ctx, staged=ctx.input(STAGE_DATA), trained=ctx.input(DISTRIBUTED_TRAIN))
 
@@ -29,7 +29,12 @@ COLLAPSE_CHECK = StageSpec(
     work=collapse_check,
     sections=("collapse",),
     inputs=(STAGE_DATA, DISTRIBUTED_TRAIN),
-    code=("enn_core/collapse.py", "enn_core/validate.py", "enn_core/baselines.py"),
+    code=(
+        "enn_core/collapse",
+        "enn_core/inference.py",
+        "enn_core/metrics.py",
+        "enn_core/baselines.py",
+    ),
     outputs=("report.json", "metrics.json"),
     artifacts=("report.json", "calibration.json"),
     metrics=True,

@@ -69,7 +69,7 @@ PREDICT_NEW_DATA = StageSpec(
     work=predict_new_data,
     sections=("data", "predict"),
     inputs=(STAGE_NEW_DATA,),
-    code=("enn_core/predict",),
+    code=("enn_core/predict", "enn_core/inference.py"),
     outputs=PREDICT.outputs,
     artifacts=PREDICT.artifacts,
     model_refs=("predict.model",),
@@ -84,7 +84,7 @@ CHECK_NEW_PREDICTIONS = StageSpec(
     work=check_new_predictions,
     sections=("collapse",),
     inputs=(STAGE_NEW_DATA, PREDICT_NEW_DATA),
-    code=("enn_core/collapse.py", "enn_core/predict"),
+    code=("enn_core/collapse", "enn_core/predict"),
     outputs=("report.json",),
     artifacts=("report.json",),
 )

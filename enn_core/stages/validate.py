@@ -27,7 +27,12 @@ VALIDATE = StageSpec(
     help="Metrics on the validation and test splits in real units, against both naive predictors.",
     work=validate,
     inputs=(STAGE_DATA, DISTRIBUTED_TRAIN),
-    code=("enn_core/validate.py", "enn_core/baselines.py"),
+    code=(
+        "enn_core/validate.py",
+        "enn_core/metrics.py",
+        "enn_core/inference.py",
+        "enn_core/baselines.py",
+    ),
     outputs=("metrics.json", "breakdown.json"),
     artifacts=("metrics.json", "breakdown.json"),
     metrics=True,

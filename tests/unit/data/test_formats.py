@@ -30,7 +30,7 @@ def test_npy_stages_values_exactly(tmp_path):
     np.testing.assert_array_equal(ds.features, np.load(x))
     np.testing.assert_array_equal(ds.labels, np.load(y))
     assert not ds.features.flags.writeable
-    assert result["n_rows"] == 50 and sum(ds.manifest["splits"].values()) == 50
+    assert result.n_rows == 50 and sum(ds.manifest["splits"].values()) == 50
     assert ds.manifest["feature_names"] == ["f0", "f1", "f2", "f3"]
     ds.verify()
 

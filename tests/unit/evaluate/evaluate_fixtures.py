@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from enn_core.collapse import CheckRows
+from enn_core.collapse.candidates import CheckRows
 from enn_core.config import CollapseConfig
 
 N_MONTHS, N_DAYS, N_DIRS, N_SECTIONS, N_HOURS = 6, 4, 2, 3, 4

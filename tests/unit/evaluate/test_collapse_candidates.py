@@ -17,52 +17,43 @@ from evaluate_fixtures import (
     collapse_cfg,
 )
 
-from enn_core.collapse import (
-    PredictionPath,
-    check_candidates,
-    column_std,
-    measure_predictions,
-    target_spread,
-)
+from enn_core.collapse.candidates import check_candidates
+from enn_core.collapse.measures import column_std, measure_predictions, target_spread
+from enn_core.inference import PredictionPath
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def test_constant_model_fails_every_candidate():
     report, cal = check_candidates(Constant(), check_rows(), collapse_cfg(), "fp32")
-    assert cal is None and report["status"] == "failed" and report["chosen"] is None
-    raw = report["candidates"]["raw"]
-    assert raw["measures"]["spread_median"] == 0.0 and raw["measures"]["broadcast_fraction"] == 1.0
-    assert raw["distance"] > 0.9  # far from passing, and the report says how far
-    assert report["candidates"]["fp32"]["status"] == "not_applicable"
-    assert "every candidate collapsed" in report["why"]
+    assert cal is None and report.status == "failed" and report.chosen is None
+    raw = report.candidates["raw"]
+    assert raw.measures["spread_median"] == 0.0 and raw.measures["broadcast_fraction"] == 1.0
+    assert raw.distance > 0.9  # far from passing, and the report says how far
+    assert report.candidates["fp32"].status == "not_applicable"
+    assert "every candidate collapsed" in report.why
 
 
 def test_healthy_model_passes_raw():
     report, cal = check_candidates(Generator(), check_rows(), collapse_cfg(), "fp32")
-    assert report["chosen"] == "raw" and cal.candidate == "raw" and cal.slope is None
-    m = report["candidates"]["raw"]["measures"]
+    assert report.chosen == "raw" and cal.candidate == "raw" and cal.slope is None
+    m = report.candidates["raw"].measures
     assert (
         m["spread_median"] > 0.9
         and m["broadcast_fraction"] == 0.0
         and m["correlation_median"] > 0.9
     )
-    assert not report["cause"]["batch_dependent"]
-    assert (
-        report["chosen_metrics"]["val/mae"] < report["chosen_metrics"]["val/naive_conditional_mae"]
-    )
+    assert not report.cause.batch_dependent
+    assert report.chosen_metrics["val/mae"] < report.chosen_metrics["val/naive_conditional_mae"]
 
 
 def test_batch_broadcast_bug_is_caught_and_per_sample_wins():
     report, cal = check_candidates(BatchBroadcast(), check_rows(), collapse_cfg(), "fp32")
-    raw = report["candidates"]["raw"]
-    assert raw["status"] == "failed" and raw["measures"]["broadcast_fraction"] == 1.0
-    assert report["candidates"]["calibrated"]["status"] == "failed"  # nothing to stretch
-    assert report["chosen"] == "per_sample" and cal.candidate == "per_sample"
-    assert (
-        report["cause"]["batch_dependent"]
-        and "batch-level broadcast" in report["cause"]["diagnosis"]
-    )
+    raw = report.candidates["raw"]
+    assert raw.status == "failed" and raw.measures["broadcast_fraction"] == 1.0
+    assert report.candidates["calibrated"].status == "failed"  # nothing to stretch
+    assert report.chosen == "per_sample" and cal.candidate == "per_sample"
+    assert report.cause.batch_dependent and "batch-level broadcast" in report.cause.diagnosis
     # the chosen path really is correct row by row, whatever the batch
     x = torch.from_numpy(check_rows().features)
     with torch.no_grad():
@@ -72,15 +63,15 @@ def test_batch_broadcast_bug_is_caught_and_per_sample_wins():
 def test_compressed_model_is_rescued_by_calibration():
     rows = check_rows()
     report, cal = check_candidates(Compressed(), rows, collapse_cfg(), "fp32")
-    assert report["candidates"]["raw"]["status"] == "failed"
-    assert report["chosen"] == "calibrated" and cal.slope is not None
-    c = report["candidates"]["calibrated"]
+    assert report.candidates["raw"].status == "failed"
+    assert report.chosen == "calibrated" and cal.slope is not None
+    c = report.candidates["calibrated"]
     assert (
-        c["measures"]["correlation_median"] > 0.9
-        and c["measures"]["mae"] < c["measures"]["naive_conditional_mae"]
+        c.measures["correlation_median"] > 0.9
+        and c.measures["mae"] < c.measures["naive_conditional_mae"]
     )
-    assert 2.0 < c["slope"]["median"] < 3.0
-    assert "under-dispersed" in report["cause"]["diagnosis"]
+    assert 2.0 < c.slope["median"] < 3.0
+    assert "under-dispersed" in report.cause.diagnosis
     # the calibrated path (fitted on all validation rows) undoes the compression
     with torch.no_grad():
         got = PredictionPath(Compressed(), cal)(torch.from_numpy(rows.features)).numpy()
@@ -92,29 +83,26 @@ def test_flat_model_is_not_rescued_by_calibration():
         report, cal = check_candidates(
             Flat(), check_rows(), collapse_cfg(calibration_slope_max=slope_max), "fp32"
         )
-        assert cal is None and report["status"] == "failed"
-        c = report["candidates"]["calibrated"]
-        failing = {x["measure"] for x in c["criteria"] if not x["ok"]}
-        assert c["status"] == "failed" and {"spread_median", "correlation_median"} <= failing
-        assert report["candidates"]["raw"]["measures"]["flat_fraction"] == 1.0
-        assert "collapsed" in report["cause"]["diagnosis"]
+        assert cal is None and report.status == "failed"
+        c = report.candidates["calibrated"]
+        failing = {x.measure for x in c.criteria if not x.ok}
+        assert c.status == "failed" and {"spread_median", "correlation_median"} <= failing
+        assert report.candidates["raw"].measures["flat_fraction"] == 1.0
+        assert "collapsed" in report.cause.diagnosis
 
 
 def test_reduced_precision_collapse_is_rescued_by_fp32():
     report, cal = check_candidates(Quantized(), check_rows(), collapse_cfg(), "bf16")
-    assert report["candidates"]["raw"]["status"] == "failed"
-    assert report["chosen"] == "fp32" and cal.precision == "fp32"
-    assert (
-        report["cause"]["precision_effect"] > 0.1
-        and "reduced precision" in report["cause"]["diagnosis"]
-    )
+    assert report.candidates["raw"].status == "failed"
+    assert report.chosen == "fp32" and cal.precision == "fp32"
+    assert report.cause.precision_effect > 0.1 and "reduced precision" in report.cause.diagnosis
 
 
 def test_order_decides_between_passing_candidates():
     report, cal = check_candidates(
         Generator(), check_rows(), collapse_cfg(order=("per_sample", "raw")), "fp32"
     )
-    assert report["candidates"]["raw"]["status"] == "passed" and report["chosen"] == "per_sample"
+    assert report.candidates["raw"].status == "passed" and report.chosen == "per_sample"
 
 
 def test_measure_without_targets_uses_training_spread():

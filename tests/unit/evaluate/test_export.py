@@ -13,9 +13,10 @@ import torch
 from evaluate_fixtures import BatchBroadcast, Compressed, Generator, check_rows, dataset
 
 from enn_core import export as export_mod
-from enn_core.collapse import Calibration, PredictionPath, fit_affine
+from enn_core.collapse.measures import fit_affine
 from enn_core.config import ExportConfig
 from enn_core.errors import ExportError
+from enn_core.inference import Calibration, PredictionPath
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -141,11 +142,10 @@ def test_per_sample_candidate_is_refused_naming_batch_dependence(tmp_path):
     path = PredictionPath(BatchBroadcast(), Calibration("per_sample"))
     with pytest.raises(ExportError, match="batch-dependent"):
         export_mod.export_all(path, _heldout(), tmp_path, ExportConfig(), label_std=5.0)
-    report = {"cause": {"batch_dependence": 0.83, "batch_dependent": True}}
     with pytest.raises(
         ExportError, match=r"batch-dependent \(batched vs batch-size-1 outputs differ by 0.83"
     ):
-        export_mod.refuse_batch_dependent(Calibration("per_sample"), report)
+        export_mod.refuse_batch_dependent(Calibration("per_sample"), 0.83)
     assert not list(tmp_path.iterdir())
 
 

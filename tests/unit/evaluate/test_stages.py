@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from enn_core import collapse
 from enn_core.checkpoint import save_consolidated
 from enn_core.config import ExportConfig, RunConfig
 from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import CollapseError, StaleOutputError
 from enn_core.events import read_events
+from enn_core.inference import load_calibration
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.stage import make_context
@@ -65,7 +65,7 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
         metrics["test/worse_than_naive_conditional"] == 1.0
         and metrics["val/worse_than_naive_cell_mean"] == 1.0
     )
-    assert metrics["test/mae"] > metrics["test/naive_conditional_mae"] and summary["flags"]
+    assert metrics["test/mae"] > metrics["test/naive_conditional_mae"] and summary.flags
     breakdown = json.loads((tmp_path / "outputs/validate/breakdown.json").read_text())
     assert (
         len(breakdown["splits"]["test"]["model"]["hour"]) == 8
@@ -88,7 +88,8 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
     assert (out / "FAILED").exists() and not (out / "calibration.json").exists()
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "failed" and report["candidates"]["raw"]["distance"] > 0
-    assert json.loads((ctx.run_dir / "report.json").read_text())["status"] == "failed"
+    tables = [e for e in read_events(ctx.run_dir) if e["type"] == "table"]  # diagnostics record
+    assert {r["candidate"]: r["status"] for r in tables[-1]["rows"]}["raw"] == "failed"
     assert json.loads((out / "metrics.json").read_text())["collapse/passed"] == 0.0
     with pytest.raises(
         CollapseError, match="FAILED: collapse-check found every candidate collapsed"
@@ -106,8 +107,8 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path):
     assert metrics["val/r2"] > 0.2 and metrics["test/worse_than_naive_cell_mean"] == 0.0
 
     summary = COLLAPSE_CHECK.work(cfg, _ctx(cfg, tmp_path, COLLAPSE_CHECK))
-    assert summary["chosen"] == "raw"
-    cal, meta = collapse.load_calibration(tmp_path / "outputs" / "collapse-check")
+    assert summary.chosen == "raw"
+    cal, meta = load_calibration(tmp_path / "outputs" / "collapse-check")
     assert cal.candidate == "raw" and meta["model_sha256"]
 
     # ONNX parity is covered by test_export.py; one ONNX export costs ~5 s of this tier's budget

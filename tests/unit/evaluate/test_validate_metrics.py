@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from enn_core.validate import axis_breakdown, evaluate_split, finite_or_none, regression_metrics
+from enn_core.metrics import axis_breakdown, evaluate_split, finite_or_none, regression_metrics
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -71,11 +71,11 @@ def test_prepare_checkpoint_seeded_bit_identical(tmp_path):
     first = PREPARE_CHECKPOINT.work(cfg, ctx)
     bytes1 = (ctx.output() / "init.pt").read_bytes()
     second = PREPARE_CHECKPOINT.work(cfg, ctx)
-    assert (ctx.output() / "init.pt").read_bytes() == bytes1 and first["sha256"] == second["sha256"]
+    assert (ctx.output() / "init.pt").read_bytes() == bytes1 and first.sha256 == second.sha256
     info = json.loads((ctx.output() / "init.json").read_text())
-    assert info["sha256"] == first["sha256"] and info["init_from"] == "fresh"
+    assert info["sha256"] == first.sha256 and info["init_from"] == "fresh"
     cfg2, ctx2 = _ctx(tmp_path, ["model.init_seed=1"])
-    assert PREPARE_CHECKPOINT.work(cfg2, ctx2)["sha256"] != first["sha256"]
+    assert PREPARE_CHECKPOINT.work(cfg2, ctx2).sha256 != first.sha256
     model, _ = load_model(ctx.output() / "init.pt")
     assert model.describe()["layers"] == 1
 
@@ -90,7 +90,7 @@ def test_prepare_checkpoint_warm_start_and_errors(tmp_path):
     with pytest.raises(ConfigError, match="another model config"):
         PREPARE_CHECKPOINT.work(cfg_w, ctx_w)
     cfg_w, ctx_w = _ctx(tmp_path, ["checkpoint.init_from=prev.pt"])
-    assert PREPARE_CHECKPOINT.work(cfg_w, ctx_w)["init_from"] == "prev.pt"
+    assert PREPARE_CHECKPOINT.work(cfg_w, ctx_w).init_from == "prev.pt"
     (tmp_path / "outputs" / "stage-data" / "manifest.json").unlink()
     with pytest.raises(StaleOutputError, match="run stage-data first"):
         PREPARE_CHECKPOINT.work(cfg, ctx)

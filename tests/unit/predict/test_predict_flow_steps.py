@@ -61,14 +61,12 @@ def test_predict_then_release_predictions_with_the_training_spread(project):
         model_path=root / "outputs/prepare-checkpoint/init.pt",
         calibration_name=COLLAPSE_CHECK.name,
     )
-    assert s["input"].endswith("new") and s["n_rows"] == 504
+    assert s.input.endswith("new") and s.n_rows == 504
     # Stand-in for a skilled model's output on this input: the staged labels themselves.
     preds_dir = root / "outputs/predict"
     np.save(preds_dir / "predictions.npy", np.load(root / "outputs/stage-data/labels.npy"))
     summary, out = _check(root, cfg, layout, preds_dir)
-    assert (
-        summary["released"] and (out / "predictions.npy").is_file() and not (out / "HELD").exists()
-    )
+    assert summary.released and (out / "predictions.npy").is_file() and not (out / "HELD").exists()
     report = json.loads((out / "report.json").read_text())
     assert report["collapsed"] is False and 0.9 < report["measures"]["spread_median"] < 1.1
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from enn_core.checkpoint import load_model
-from enn_core.collapse import Calibration, write_calibration
 from enn_core.config import load_config
 from enn_core.data import staging
+from enn_core.data.hashing import sha256_file
 from enn_core.errors import DataError
 from enn_core.fault import InjectedFault
+from enn_core.inference import Calibration, write_calibration
 from enn_core.paths import Layout
-from enn_core.predict.chunks import sha256_file
 from enn_core.stage import make_context
 from enn_core.stages import PREDICT, PREPARE_CHECKPOINT, STAGE_DATA
 
@@ -88,7 +88,7 @@ def test_predicts_a_split_in_real_units_with_keyed_parquet(project):
     out = project / "outputs/predict"
     test_rows = np.load(project / "outputs/stage-data/splits/test.npy")
     pred = np.load(out / "predictions.npy")
-    assert pred.shape == (len(test_rows), 4, 6) and s["n_rows"] == len(test_rows)
+    assert pred.shape == (len(test_rows), 4, 6) and s.n_rows == len(test_rows)
     np.testing.assert_allclose(pred, _model_predict(project, test_rows), rtol=1e-5, atol=1e-4)
     table = pq.read_table(out / "predictions.parquet").to_pandas()
     keys = (
@@ -104,7 +104,7 @@ def test_predicts_a_split_in_real_units_with_keyed_parquet(project):
         and "collapse-check" in manifest["calibration"]["reason"]
     )
     assert manifest["files"]["predictions.npy"] == sha256_file(out / "predictions.npy")
-    assert s["computed_parts"] == list(range(s["n_parts"])) and s["reused_parts"] == []
+    assert s.computed_parts == tuple(range(s.n_parts)) and s.reused_parts == ()
     assert not (project / "work/predict-parts/predict").exists()  # parts removed once published
 
 
@@ -131,14 +131,12 @@ def test_killed_after_chunk_k_resumes_bit_identical(project, tmp_path):
     assert done == [f"part-{k:05d}.done" for k in range(5)]
 
     s = _run(project, "predict.split=all")
-    assert s["reused_parts"] == [0, 1, 2, 3, 4] and s["computed_parts"] == list(
-        range(5, s["n_parts"])
-    )
-    assert s["discarded_parts"] is None
+    assert s.reused_parts == (0, 1, 2, 3, 4) and s.computed_parts == tuple(range(5, s.n_parts))
+    assert s.discarded_parts is None
     for name in ("predictions.npy", "predictions.parquet"):
         a = (project / "outputs/predict" / name).read_bytes()
         assert a == (reference / "outputs/predict" / name).read_bytes(), name
-    assert s["rows_computed"] == s["n_rows"] - 5 * 40
+    assert s.rows_computed == s.n_rows - 5 * 40
 
 
 def test_parts_of_another_model_are_discarded_with_a_message(project, caplog):
@@ -154,7 +152,7 @@ def test_parts_of_another_model_are_discarded_with_a_message(project, caplog):
         other, make_context(other, layout, PREPARE_CHECKPOINT, "r2")
     )  # new weights
     s = PREDICT.work(other, make_context(other, layout, PREDICT, "r2"))
-    assert "model_fingerprint" in s["discarded_parts"] and s["reused_parts"] == []
+    assert "model_fingerprint" in s.discarded_parts and s.reused_parts == ()
     assert "discarding parts" in caplog.text
     np.testing.assert_allclose(
         np.load(project / "outputs/predict/predictions.npy"),
@@ -171,7 +169,7 @@ def test_two_workers_equal_one(project, tmp_path):
     shutil.copytree(project, one)
     _run(one, "predict.split=all")
     s = _run(project, "predict.split=all", "predict.world_size=2")
-    assert s["world_size"] == 2 and s["computed_parts"] == list(range(s["n_parts"]))
+    assert s.world_size == 2 and s.computed_parts == tuple(range(s.n_parts))
     a = np.load(project / "outputs/predict/predictions.npy")
     np.testing.assert_array_equal(a, np.load(one / "outputs/predict/predictions.npy"))
 
@@ -189,7 +187,7 @@ def test_calibration_applies_only_to_its_model(project):
         {"model_sha256": sha256_file(model_path)},
     )
     s = _run(project, "predict.split=all")
-    assert s["calibration"]["applied"] and s["calibration"]["candidate"] == "calibrated"
+    assert s.calibration["applied"] and s.calibration["candidate"] == "calibrated"
     pred = np.load(project / "outputs/predict/predictions.npy")
     np.testing.assert_allclose(pred, raw * 0.5 + 10.0, rtol=1e-5, atol=1e-4)
 
@@ -198,8 +196,8 @@ def test_calibration_applies_only_to_its_model(project):
     )
     s = _run(project, "predict.split=all")
     assert (
-        not s["calibration"]["applied"]
-        and "was made for model 000000000000" in s["calibration"]["reason"]
+        not s.calibration["applied"]
+        and "was made for model 000000000000" in s.calibration["reason"]
     )
     np.testing.assert_allclose(
         np.load(project / "outputs/predict/predictions.npy"), raw, rtol=1e-5, atol=1e-4
@@ -213,7 +211,7 @@ def test_features_only_input_and_schema_refusal(project):
         cfg.data, layout, project / "new", project / "outputs/stage-data/manifest.json"
     )
     s = _run(project, "predict.input_dir=new")
-    assert s["selection"] == "all rows of the features-only dataset"
+    assert s.selection == "all rows of the features-only dataset"
     pred = np.load(project / "outputs/predict/predictions.npy")
     np.testing.assert_allclose(pred, _model_predict(project), rtol=1e-5, atol=1e-4)
     before = sha256_file(project / "outputs/predict/predictions.npy")

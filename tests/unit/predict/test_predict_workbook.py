@@ -59,7 +59,7 @@ def test_workbook_predictions_come_back_in_the_input_layout(tmp_path):
     PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "r0"))
     s = PREDICT.work(cfg, make_context(cfg, layout, PREDICT, "r0"))
     out = tmp_path / "outputs/predict"
-    assert "predictions.xlsx" in s["files"]
+    assert "predictions.xlsx" in s.files
     pred = np.load(out / "predictions.npy")
     table = pq.read_table(out / "predictions.parquet").to_pandas()
     src = openpyxl.load_workbook(tmp_path / "speeds.xlsx", read_only=True)

@@ -21,6 +21,7 @@ from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from enn_core.stage import make_context
 from enn_core.stages import PREPARE_CHECKPOINT
+from enn_core.summaries import InitSummary
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +33,7 @@ def _project(root: Path, *data: str) -> Path:
     return root
 
 
-def _prepare(root: Path, *overrides: str) -> dict:
+def _prepare(root: Path, *overrides: str) -> InitSummary:
     cfg = tiny_cfg(*overrides)
     ctx = make_context(cfg, Layout.for_root(root), PREPARE_CHECKPOINT, "r")
     return PREPARE_CHECKPOINT.work(cfg, ctx)
@@ -76,13 +77,13 @@ def test_warm_start_copies_weights_and_records_source(tmp_path, source):
     assert set(mine) == set(theirs)
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
     warm = json.loads((root / "outputs/prepare-checkpoint/init.json").read_text())["warm_start"]
-    assert warm == got["warm_start"]
+    assert warm == got.warm_start
     assert warm["init_from"] == str(source) and warm["path"] == str(source)
     assert warm["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
-    assert warm["same_data"] is True and warm["data_fingerprint"] == got["data_fingerprint"]
+    assert warm["same_data"] is True and warm["data_fingerprint"] == got.data_fingerprint
     assert warm["meta"] == {"stage": "distributed-train", "epochs_run": 3, "global_step": 42}
-    assert ckpt["meta"]["init_from"] == str(source)
-    assert ckpt["meta"]["init_source_sha256"] == warm["sha256"]
+    assert ckpt.meta["init_from"] == str(source)
+    assert ckpt.meta["init_source_sha256"] == warm["sha256"]
 
 
 def test_folder_source_other_compatible_data_recorded(tmp_path, source):
@@ -92,15 +93,15 @@ def test_folder_source_other_compatible_data_recorded(tmp_path, source):
     (download / "SOURCE").write_text("models:/enn-model@champion\n")  # as materialize writes it
     root = _project(tmp_path / "now", "data.synthetic.seed=7")  # same schema, other values
     got = _prepare(root, "checkpoint.init_from=../registry-download")  # relative to the root
-    warm = got["warm_start"]
+    warm = got.warm_start
     assert warm["path"] == str((download / "model.pt").resolve())
     assert (
         warm["init_from"] == "../registry-download" and warm["meta"]["stage"] == "distributed-train"
     )
     assert warm["registry_uri"] == "models:/enn-model@champion"
-    assert warm["same_data"] is False and warm["data_fingerprint"] != got["data_fingerprint"]
+    assert warm["same_data"] is False and warm["data_fingerprint"] != got.data_fingerprint
     fresh = _prepare(root)
-    assert fresh["warm_start"] is None and fresh["init_from"] == "fresh"
+    assert fresh.warm_start is None and fresh.init_from == "fresh"
 
 
 def test_model_config_mismatch_names_every_field(tmp_path, source):

@@ -1,0 +1,158 @@
+"""The collapse-check stage: find prediction collapse and its cause, and never hide it.
+
+ENN-PyTorch shipped one 39 x 24 map repeated for all 168 groups. This stage measures the
+model's predictions on the validation rows (enn_core/collapse/measures.py), compares the
+candidate prediction paths side by side (candidates.py) and records the choice.
+
+Outputs (its output folder, replaced atomically as one directory):
+- passed: `report.json` (every candidate, how far each was from passing, the cause, the chosen
+  candidate's validation metrics), `calibration.json` (+ `slope.npy`/`intercept.npy` for the
+  calibrated candidate), `metrics.json`.
+- all collapsed: `report.json` and a `FAILED` marker, no `calibration.json`; then the stage raises
+  CollapseError. A previous passing output is replaced, so export (which requires
+  calibration.json and refuses on FAILED) can never ship a stale calibration.
+
+The candidates table also goes into the run's diagnostics record (a `table` event).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from enn_core.atomic import atomic_dir, write_json
+from enn_core.collapse.candidates import CheckRows, check_candidates, run_precision
+from enn_core.collapse.report import REPORT_FILE, CollapseReport
+from enn_core.config import RunConfig
+from enn_core.errors import CollapseError, StaleOutputError
+from enn_core.inference import (
+    CALIBRATION_FILE,
+    FAILED_MARKER,
+    MODEL_FILE,
+    label_std,
+    load_trained,
+    resolve_device,
+    sha256_file,
+    write_calibration,
+)
+from enn_core.metrics import naive_predictions
+from enn_core.stage import StageContext
+from enn_core.summaries import CollapseSummary
+
+MEASURES = (
+    "spread_median",
+    "spread_p10",
+    "flat_fraction",
+    "broadcast_fraction",
+    "correlation_median",
+    "mae",
+)
+
+
+def flat_metrics(report: CollapseReport) -> dict[str, float]:
+    """Numbers for `dvc metrics show` and MLflow: pass/fail, each candidate's measures, the
+    choice."""
+    out = {"collapse/passed": float(report.status == "passed")}
+    for name, c in report.candidates.items():
+        if c.status == "not_applicable":
+            continue
+        vals = {**c.measures, "distance": c.distance}
+        for key in (*MEASURES, "distance"):
+            v = vals.get(key)
+            if v is not None and math.isfinite(v):
+                out[f"collapse/{name}/{key}"] = float(v)
+    for k, v in (report.chosen_metrics or {}).items():
+        if math.isfinite(v):
+            out[f"collapse/chosen/{k}"] = float(v)
+    return out
+
+
+def candidate_rows(report: CollapseReport) -> list[dict[str, object]]:
+    """One row per candidate, in the order they are tried: status, how far from passing, the
+    measures and what failed (the diagnostics record, the Prefect table)."""
+    tried = [n for n in report.order if n in report.candidates]
+    rows = []
+    for name in tried + [n for n in report.candidates if n not in tried]:
+        c = report.candidates[name]
+        failed = ", ".join(k.measure for k in c.criteria if not k.ok)
+        rows.append(
+            {
+                "candidate": name,
+                "status": c.status,
+                "distance": c.distance if c.status != "not_applicable" else None,
+                **{k: c.measures.get(k) for k in MEASURES},
+                "failed": failed or c.reason,
+            }
+        )
+    return rows
+
+
+def check_rows(ds_path: Path, trained: Path, stage: str, max_rows: int) -> tuple:
+    """(dataset, model, checkpoint, CheckRows) of the validation rows (sampled to max_rows)."""
+    ds, model, ckpt = load_trained(ds_path, trained, stage)
+    val = np.asarray(ds.split("val"))
+    if len(val) > max_rows:  # the per-sample candidate runs one row at a time
+        val = np.sort(np.random.default_rng(0).choice(val, max_rows, replace=False))
+    if len(val) < 2:
+        raise StaleOutputError(
+            f"splits/val.npy has {len(val)} rows; {stage} needs >= 2: re-run "
+            f"{ds_path.name} with a larger data.val_fraction"
+        )
+    manifest = ds.manifest
+    rows = CheckRows(
+        features=np.asarray(ds.features[val], dtype=np.float32),
+        target=np.asarray(ds.labels[val]),
+        naive=naive_predictions(ds, val),
+        label_std=label_std(ds),
+        axes=tuple(manifest.get("label_axes") or ()),
+        axis_values=manifest.get("label_axis_values") or {},
+    )
+    return ds, model, ckpt, rows
+
+
+def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> CollapseSummary:
+    """The collapse-check stage; raises CollapseError (after writing the report) when all
+    candidates collapse."""
+    ds, model, ckpt, rows = check_rows(staged, trained, ctx.stage, cfg.collapse.max_rows)
+    device, dev_reason = resolve_device(cfg.runtime.device)
+    model.to(device)
+    precision, prec_reason = run_precision(cfg.collapse.precision, ckpt)
+    report, cal = check_candidates(model, rows, cfg.collapse, precision, device)
+    ident = {"model_sha256": sha256_file(trained / MODEL_FILE), "data_fingerprint": ds.fingerprint}
+    report = CollapseReport(
+        **{
+            **vars(report),
+            **ident,
+            "precision_reason": prec_reason,
+            "device": f"{device} ({dev_reason})",
+        }
+    )
+    metrics = flat_metrics(report)
+    with atomic_dir(ctx.output()) as tmp:
+        write_json(tmp / REPORT_FILE, report.to_json())
+        write_json(tmp / "metrics.json", metrics)
+        if cal is None:
+            (tmp / FAILED_MARKER).write_text(report.why + "\n")
+        else:
+            write_calibration(tmp, cal, ident)
+    out = ctx.output()
+    ctx.events.table("candidates", candidate_rows(report))
+    ctx.events.artifact(out / REPORT_FILE)
+    ctx.events.param("collapse/chosen", report.chosen or "none")
+    ctx.events.metrics(metrics)
+    if cal is None:
+        ctx.events.event("collapse", why=report.why, diagnosis=report.cause.diagnosis)
+        raise CollapseError(
+            f"{ctx.stage}: {report.why}; diagnosis: {report.cause.diagnosis}; "
+            f"report: {out / REPORT_FILE}"
+        )
+    ctx.logger.info("%s chose %s: %s", ctx.stage, report.chosen, report.why)
+    return CollapseSummary(
+        output=str(out),
+        chosen=str(report.chosen),
+        report=str(out / REPORT_FILE),
+        calibration=str(out / CALIBRATION_FILE),
+        why=report.why,
+    )

@@ -1,0 +1,26 @@
+"""The one device resolver: `runtime.device` (auto, cpu, cuda) to a torch device and a reason.
+
+Stages that run in this process (validate, collapse-check, predict, export) ask for local rank
+0; each distributed worker asks for its own local rank. The choice is recorded with its reason.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from enn_core.errors import ConfigError
+
+
+def resolve_device(requested: str, local_rank: int = 0) -> tuple[torch.device, str]:
+    """(device, why) for `runtime.device`; asking for CUDA without a visible device is refused."""
+    has_cuda = torch.cuda.is_available()
+    if requested == "cuda" and not has_cuda:
+        raise ConfigError(
+            "runtime.device=cuda but no CUDA device is visible; set runtime.device=auto or cpu"
+        )
+    if requested == "cuda" or (requested == "auto" and has_cuda):
+        why = "runtime.device=cuda" if requested == "cuda" else "a CUDA device is visible"
+        return torch.device("cuda", local_rank), why
+    if requested == "auto":
+        return torch.device("cpu"), "runtime.device=auto and no CUDA device"
+    return torch.device("cpu"), f"runtime.device={requested}"

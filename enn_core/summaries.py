@@ -1,0 +1,122 @@
+"""What each stage's work returns: a small frozen record of paths, hashes and headline numbers.
+
+Tasks hand these records to each other (pass paths, not payloads); JSON only at the file
+boundary: the runner writes `as_dict()` to the run directory's `result.json`, Prefect shows
+`headline()` as the stage's table, and `lineage()` tags the stage's MLflow run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Scalar = str | int | float | bool | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSummary:
+    """The base every stage summary extends: the stage's output folder."""
+
+    output: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def headline(self) -> dict[str, Scalar]:
+        """Its scalar fields (the Prefect table, the CLI's closing line)."""
+        return {k: v for k, v in self.as_dict().items() if isinstance(v, Scalar)}
+
+    def lineage(self) -> dict[str, str]:
+        """MLflow tags: what produced the model (world size, checkpoint step), when known."""
+        return {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagedSummary(StageSummary):
+    """stage-data: the staged dataset's headline (its manifest holds the rest)."""
+
+    n_rows: int
+    splits: Mapping[str, int]
+    content_hash: str
+    mode: str
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitSummary(StageSummary):
+    """prepare-checkpoint: the initial checkpoint and where its weights came from."""
+
+    path: str
+    sha256: str
+    init_seed: int
+    init_from: str
+    warm_start: Mapping[str, Any] | None
+    data_fingerprint: str
+    parameters: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateSummary(StageSummary):
+    """validate: the headline metrics in real units and the naive predictors not beaten."""
+
+    metrics_file: str
+    breakdown: str
+    flags: tuple[str, ...]
+    val_mae: float
+    test_mae: float
+    test_rmse: float
+    test_r2: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictSummary(StageSummary):
+    """predict: what was predicted, with which model and prediction path, and how fast."""
+
+    n_rows: int
+    shape: tuple[int, ...]
+    files: Mapping[str, str]
+    model: str
+    model_sha256: str
+    input: str
+    selection: str
+    calibration: Mapping[str, Any]
+    device: str
+    device_reason: str
+    world_size: int
+    n_parts: int
+    computed_parts: tuple[int, ...]
+    reused_parts: tuple[int, ...]
+    rows_computed: int
+    discarded_parts: str
+    rows_per_second: float | None
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollapseSummary(StageSummary):
+    """collapse-check: the chosen candidate and why."""
+
+    chosen: str
+    report: str
+    calibration: str
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSummary(StageSummary):
+    """export: each format's status, the sidecar and each format's parity gap."""
+
+    formats: Mapping[str, str]
+    sidecar: str
+    parity: Mapping[str, float | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckSummary(StageSummary):
+    """The prediction flow's collapse-check: released, with the report's measures."""
+
+    released: bool
+    report: str
+    measures: Mapping[str, Any] = field(default_factory=dict)
