@@ -97,8 +97,8 @@ def ran(tmp_path_factory) -> Ran:
         result.outputs["flow"] = project.run("enn", "run", timeout=1200).stdout
         result.outputs["repro1"] = project.run("dvc", "repro", timeout=600).stdout
         result.outputs["repro2"] = project.run("dvc", "repro", timeout=600).stdout
-        # a code change in validate.py: dvc repro runs validate, collapse-check and export
-        with open(project.root / "enn_core" / "validate.py", "a") as f:
+        # a change in the inference code: dvc repro runs validate, predict, collapse-check, export
+        with open(project.root / "enn_core" / "inference.py", "a") as f:
             f.write("\n# touched by the test\n")
         result.outputs["repro3"] = project.run("dvc", "repro", timeout=900).stdout
         result.outputs["predict_flow"] = project.run(
@@ -171,7 +171,7 @@ def test_dvc_repro_after_the_flow_does_nothing_twice(ran):
 
 
 def test_dvc_repro_runs_the_evaluation_stages_and_the_prediction_pipeline(ran):
-    for stage in ("validate", "collapse_check", "export"):
+    for stage in ("validate", "predict", "collapse_check", "export"):
         assert f"Running stage '{stage}'" in ran.outputs["repro3"], ran.outputs["repro3"]
     assert "Running stage 'stage_data'" not in ran.outputs["repro3"]
     for stage in ("predict", "collapse_check"):
