@@ -1,6 +1,5 @@
 """flows: the Prefect flows (the pipeline DAG), deployments, and the `enn` command.
 
-Importing `tasks` first contains the environment before prefect is imported.
+Importing it has no side effects: `enn` (cli.py) contains the environment (tasks/env.py)
+before it imports prefect or mlflow.
 """
-
-import tasks  # noqa: F401  (contains the environment: tasks/env.py)

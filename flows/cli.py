@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from enn_core.config import RunConfig
 from enn_core.errors import EnnError
 from enn_core.paths import Layout, find_root, project_root
 from enn_core.stages import FLOWS, PREDICTION, TRAINING, Flow, StageSpec, lookup
@@ -158,10 +159,9 @@ def _config_path(args: argparse.Namespace) -> Path:
     return find_root() / "params.yaml"
 
 
-def ui_command(cfg, root: Path, port: int | None) -> int:
+def ui_command(cfg: RunConfig, layout: Layout, port: int | None) -> int:
     from flows.servers import mlflow_server
 
-    layout = Layout.for_root(root, cfg.runtime.work_dir)
     uri = cfg.tracking.uri or layout.mlflow_uri
     with mlflow_server(
         uri,
@@ -177,49 +177,38 @@ def ui_command(cfg, root: Path, port: int | None) -> int:
             time.sleep(3600)
 
 
-def run_stage_command(spec: StageSpec, config: Path, root: Path, overrides: list[str]) -> int:
-    from enn_core.config import load_config
+def run_stage_command(spec: StageSpec, cfg: RunConfig, config: Path, layout: Layout) -> int:
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
 
-    cfg = load_config(config, overrides)
     group = dvc_group()
     name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
-    with pipeline_session(cfg, root, name, group=group) as session:
-        result = execute_stage(spec, cfg, session)
-    out = spec.output_dir(Layout.for_root(root, cfg.runtime.work_dir))
-    print(f"{spec.name}: done in {result.seconds:.1f} s -> {out}")
+    with pipeline_session(cfg, config, layout, name, group=group) as session:
+        result = execute_stage(spec, session)
+    print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
     return 0
 
 
-def run_flow_command(
-    flow: str,
-    config: Path,
-    root: Path,
-    overrides: list[str],
-    until: str | None,
-    model: str | None = None,
-) -> int:
+def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
     from prefect.exceptions import CancelledRun
 
-    from enn_core.config import load_config
+    from flows.training import preloaded
     from tasks.lock import pipeline_lock
 
-    layout = Layout.for_root(root, load_config(config, overrides).runtime.work_dir)
-    with pipeline_lock(
-        layout.lock_file, f"enn run --flow {flow}"
-    ):  # fail fast, before Prefect starts
+    flow, overrides = args.flow, args.overrides
+    # the lock first: a second run fails fast, before Prefect starts
+    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"), preloaded(config, cfg):
         try:
             if flow == "prediction":
                 from flows.prediction import prediction
 
                 results = prediction(
-                    config=str(config), overrides=overrides, model=model, until=until
+                    config=str(config), overrides=overrides, model=args.model, until=args.until
                 )
             else:
                 from flows.training import training
 
-                results = training(config=str(config), overrides=overrides, until=until)
+                results = training(config=str(config), overrides=overrides, until=args.until)
         except CancelledRun as e:
             print(
                 f"cancelled: {str(e).splitlines()[0] if str(e) else 'the flow run was cancelled'}",
@@ -229,6 +218,23 @@ def run_flow_command(
     for stage, r in results.items():
         print(f"{stage:20s} {r.status:8s} {r.seconds:7.1f} s  {r.reason}")
     return 0
+
+
+def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
+    if args.command == "run":
+        return run_flow_command(args, cfg, config, layout)
+    if args.command == "deploy":
+        from flows.deploy import deploy
+
+        return deploy(cfg, config, layout.root / "prediction" / "params.yaml")
+    if args.command == "doctor":
+        from enn_core.doctor import main as doctor_main
+
+        return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
+    if args.command == "ui":
+        return ui_command(cfg, layout, args.port)
+    flow: Flow = getattr(args, "pipeline", "training")
+    return run_stage_command(lookup(args.command, flow), cfg, config, layout)
 
 
 def wait_for_agents(timeout_s: float = 60.0) -> None:
@@ -263,27 +269,13 @@ def _main(argv: list[str] | None) -> int:
     root = project_root(config)  # an overlay under configs/ runs in the project, not in configs/
     try:
         from enn_core.config import load_config
-        from tasks.env import contain
+        from tasks.env import contain, project_layout
 
-        cfg = load_config(
-            config, args.overrides
-        )  # validate early: bad config fails before any work
-        contain(Layout.for_root(root, cfg.runtime.work_dir), override=False)
-        if args.command == "run":
-            return run_flow_command(args.flow, config, root, args.overrides, args.until, args.model)
-        if args.command == "deploy":
-            from flows.deploy import deploy
-
-            return deploy(cfg, config, root / "prediction" / "params.yaml")
-        if args.command == "doctor":
-            from enn_core.doctor import main as doctor_main
-
-            layout = Layout.for_root(root, cfg.runtime.work_dir)
-            return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
-        if args.command == "ui":
-            return ui_command(cfg, root, args.port)
-        flow: Flow = getattr(args, "pipeline", "training")
-        return run_stage_command(lookup(args.command, flow), config, root, args.overrides)
+        # The config, loaded and validated once for this process (bad config fails before
+        # any work); then the environment, before anything imports prefect or mlflow.
+        cfg = load_config(config, args.overrides)
+        layout = contain(project_layout(root, cfg.runtime.work_dir))
+        return dispatch(args, cfg, config, layout)
     except EnnError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -19,6 +19,13 @@ def apply_overrides(path: Path, overrides: list[str]) -> list[str]:
     if not overrides:
         return []
     load_config(path, overrides)  # validates keys and values before touching the file
+    return write_overrides(path, overrides)
+
+
+def write_overrides(path: Path, overrides: list[str]) -> list[str]:
+    """Write overrides that were already validated (a loaded config holds them) into `path`."""
+    if not overrides:
+        return []
     yaml = YAML()
     yaml.preserve_quotes = True
     doc = yaml.load(path.read_text()) or {}

@@ -40,11 +40,11 @@ def prediction(
     if model and model.startswith(("models:/", "runs:/")):
         # A registry reference cannot be hashed by DVC: download that version next to the
         # pipeline (prediction/model/) and predict from the local copy, which DVC tracks.
-        from enn_core.config import load_config
+        from flows.training import load_once
         from tasks.tracking.models import materialize
 
         root = project_root(config)
-        uri = load_config(Path(config), overrides).tracking.uri  # an MLflow server, when set
+        uri = load_once(Path(config).resolve(), overrides).tracking.uri  # an MLflow server
         local = materialize(model, root / "model", uri or None)
         get_run_logger().info("model %s -> %s", model, local)
         overrides.append(f"predict.model={local.relative_to(root)}")

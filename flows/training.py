@@ -18,6 +18,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from uuid import UUID
 
@@ -26,12 +27,13 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
-from enn_core.config import load_config
+from enn_core.config import RunConfig, load_config
 from enn_core.paths import project_root
 from enn_core.stage import cancel_scope
 from enn_core.stages import StageSpec, up_to
-from flows.params_file import apply_overrides
+from flows.params_file import write_overrides
 from tasks import dvc_state
+from tasks.env import TOOLS, contain, project_layout
 from tasks.prefect_task import stage_task
 from tasks.runner import StageResult
 from tasks.session import pipeline_session
@@ -82,16 +84,38 @@ def watch_cancellation(flow_run_id: str | None, poll_s: float = 1.0) -> Iterator
         watcher.join(5.0)
 
 
+_PRELOADED: ContextVar[tuple[Path, RunConfig] | None] = ContextVar("enn_preloaded", default=None)
+
+
+@contextlib.contextmanager
+def preloaded(config: Path, cfg: RunConfig) -> Iterator[None]:
+    """Flows called inside this block use `cfg` (which `enn run` loaded and validated, its
+    overrides included) for `config` instead of loading it again: once per process."""
+    token = _PRELOADED.set((Path(config).resolve(), cfg))
+    try:
+        yield
+    finally:
+        _PRELOADED.reset(token)
+
+
+def load_once(path: Path, overrides: list[str]) -> RunConfig:
+    """The run's config: the one `preloaded` holds for `path`, else loaded (and validated) here."""
+    held = _PRELOADED.get()
+    return held[1] if held is not None and held[0] == path else load_config(path, overrides)
+
+
 def run_stages(
     name: str, config: str, overrides: list[str] | None, stages: tuple[StageSpec, ...]
 ) -> dict[str, StageResult] | State:
     """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled."""
     logger = get_run_logger()
     path = Path(config).resolve()
-    for change in apply_overrides(path, list(overrides or [])):
+    cfg = load_once(path, list(overrides or []))
+    for change in write_overrides(path, list(overrides or [])):
         logger.info("params: %s", change)
-    cfg = load_config(path)
     root = project_root(path)
+    # A worker-started flow run: tool settings before mlflow is imported (the CLI did it already)
+    layout = contain(project_layout(root, cfg.runtime.work_dir), groups=(TOOLS,))
     if dvc_state.has_dvc(root) and not dvc_state.owns(root, path):
         logger.warning(
             "%s is not this pipeline's params.yaml (%s): DVC, whose dvc.yaml reads that "
@@ -105,7 +129,7 @@ def run_stages(
     run_id = str(flow_run.get_id() or "") or None
     try:
         with (
-            pipeline_session(cfg, root, name, run_id=run_id, tags=tags) as session,
+            pipeline_session(cfg, path, layout, name, run_id=run_id, tags=tags) as session,
             watch_cancellation(run_id) as cancel,
             cancel_scope(cancel),
         ):
@@ -116,7 +140,7 @@ def run_stages(
                     )
                 opts = stage_task(spec).with_options(timeout_seconds=cfg.runtime.task_timeout_s)
                 try:
-                    result = results[spec.name] = opts(str(path), session)
+                    result = results[spec.name] = opts(session)
                 except Exception as e:
                     if cancel.is_set():  # the stage failed because its workers were killed
                         raise FlowRunCancelled(

@@ -1,10 +1,6 @@
-"""tasks: one module per stage (a thin Prefect task over one enn_core function), the stage
-runner shared by the CLI and the flows, and the one MLflow helper (tracking.py).
+"""tasks: the Prefect side of the stages (one task per stage spec, tasks/prefect_task.py), the
+stage runner shared by the CLI and the flows (runner.py), DVC's staleness (dvc_state.py) and
+the one MLflow helper (tracking/).
 
-Importing this package first contains the environment (tasks/env.py), before prefect or
-mlflow can be imported by any submodule.
+Importing it has no side effects; the entry points contain the environment (env.py) first.
 """
-
-from tasks.env import contain
-
-contain()

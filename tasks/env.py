@@ -1,9 +1,11 @@
 """Keep every tool offline and inside the project's work directory.
 
 `contain(layout)` must run before prefect or mlflow is first imported (both read their
-settings at import time). `tasks/__init__.py` calls it for the layout found from the
-current directory, so any `import tasks...` is contained; the CLI calls it again once it
-knows the config's work directory.
+settings at import time). Importing a module never calls it: the entry points do, explicitly.
+`enn` (flows/cli.py) calls it before importing anything of Prefect or MLflow, once it has
+loaded the config; a flow run that a Prefect worker started (prefect is imported by then)
+calls it for the tool settings only (`groups=("tools",)`, before mlflow is imported); the
+worker's own Prefect settings are the worker's environment (docs/scale-out.md).
 
 What it sets (the README lists them):
 - telemetry off: DO_NOT_TRACK=true, PREFECT_SERVER_ANALYTICS_ENABLED=false,
@@ -20,8 +22,10 @@ import os
 import sys
 from pathlib import Path
 
-from enn_core.paths import ENV_WORK_DIR, Layout, find_root
+from enn_core.paths import ENV_WORK_DIR, Layout
 
+PREFECT = "prefect"  # settings Prefect reads when it is imported
+TOOLS = "tools"  # MLflow, DVC, git and telemetry: read when those are imported or run
 FORCED = {
     "DO_NOT_TRACK": "true",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -31,11 +35,26 @@ FORCED = {
 }
 
 
-def contained_env(layout: Layout) -> dict[str, str]:
+def contained_env(layout: Layout, groups: tuple[str, ...] = (PREFECT, TOOLS)) -> dict[str, str]:
     """The environment variables that keep the tools offline and under `layout.work`."""
+    out = dict(FORCED)
+    if PREFECT in groups:
+        out.update(prefect_env(layout))
+    if TOOLS in groups:
+        out.update(
+            {
+                "MLFLOW_TRACKING_URI": layout.mlflow_uri,
+                "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+                "DVC_SITE_CACHE_DIR": str(layout.dvc_site_cache),
+                "GIT_PYTHON_REFRESH": "quiet",
+            }
+        )
+    return out
+
+
+def prefect_env(layout: Layout) -> dict[str, str]:
     prefect = layout.prefect_home
     return {
-        **FORCED,
         "PREFECT_HOME": str(prefect),
         "PREFECT_LOCAL_STORAGE_PATH": str(prefect / "storage"),
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
@@ -43,10 +62,6 @@ def contained_env(layout: Layout) -> dict[str, str]:
         "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.5",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PREFECT_UI_ENABLED": "false",
-        "MLFLOW_TRACKING_URI": layout.mlflow_uri,
-        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
-        "DVC_SITE_CACHE_DIR": str(layout.dvc_site_cache),
-        "GIT_PYTHON_REFRESH": "quiet",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "enn",
     }
 
@@ -54,17 +69,9 @@ def contained_env(layout: Layout) -> dict[str, str]:
 _OURS: set[str] = set()  # keys this module set (a later, better-informed call may change them)
 
 
-def guess_layout() -> Layout:
-    """The layout of the nearest params.yaml, with its `runtime.work_dir` (read cheaply)."""
-    import yaml
-
-    root = find_root()
-    work_dir = "work"
-    try:
-        data = yaml.safe_load((root / "params.yaml").read_text()) or {}
-        work_dir = str((data.get("runtime") or {}).get("work_dir") or "work")
-    except (OSError, yaml.YAMLError, AttributeError):
-        pass  # no or unreadable params: the CLI reports it when it loads the config
+def project_layout(root: Path, work_dir: str) -> Layout:
+    """The layout of the project at `root` with `runtime.work_dir`; under a DVC experiment in a
+    temporary copy, the work directory stays the parent repository's."""
     follow_experiment_parent(root, work_dir)
     return Layout.for_root(root, work_dir)
 
@@ -85,14 +92,17 @@ def follow_experiment_parent(root: Path, work_dir: str) -> None:
     os.environ[ENV_WORK_DIR] = str((Path(parent) / root.relative_to(repo) / work_dir).resolve())
 
 
-def contain(layout: Layout | None = None, *, override: bool = False) -> Layout:
-    """Apply `contained_env` to os.environ. Values the user exported are kept (unless
-    `override`); values an earlier call of this function set are replaced."""
-    layout = layout or guess_layout()
+def contain(
+    layout: Layout, *, override: bool = False, groups: tuple[str, ...] = (PREFECT, TOOLS)
+) -> Layout:
+    """Apply `contained_env` to os.environ and create the work directory. Values the user
+    exported are kept (unless `override`); values an earlier call of this function set are
+    replaced."""
     layout.work.mkdir(parents=True, exist_ok=True)
-    already = [m for m in ("prefect", "mlflow") if m in sys.modules]
+    watched = ("prefect", "mlflow") if PREFECT in groups else ("mlflow",)
+    already = [m for m in watched if m in sys.modules]
     changed = []
-    for key, value in contained_env(layout).items():
+    for key, value in contained_env(layout, groups).items():
         if key in FORCED or override or key not in os.environ or key in _OURS:
             if key not in FORCED:
                 _OURS.add(key)

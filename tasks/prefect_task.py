@@ -13,7 +13,6 @@ import json
 from prefect import Task, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from enn_core.config import load_config
 from enn_core.errors import TransientError
 from enn_core.stages import StageSpec
 from tasks import dvc_state
@@ -80,10 +79,9 @@ def publish_diagnostics(spec: StageSpec, session: PipelineSession) -> None:
             )
 
 
-def run_stage(spec: StageSpec, config_path: str, session: PipelineSession) -> StageResult:
-    cfg = load_config(config_path)
+def run_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
     root = session.layout.root
-    use_dvc = dvc_state.owns(root, config_path)
+    use_dvc = dvc_state.owns(root, session.config)
     if use_dvc:
         fresh, why = dvc_state.stage_status(root, spec)
         if fresh:
@@ -91,7 +89,7 @@ def run_stage(spec: StageSpec, config_path: str, session: PipelineSession) -> St
             publish(result)
             return result
     try:
-        result = execute_stage(spec, cfg, session)
+        result = execute_stage(spec, session)
     finally:
         publish_diagnostics(spec, session)
     if use_dvc:
@@ -101,7 +99,7 @@ def run_stage(spec: StageSpec, config_path: str, session: PipelineSession) -> St
 
 
 @functools.cache
-def stage_task(spec: StageSpec) -> Task[[str, PipelineSession], StageResult]:
+def stage_task(spec: StageSpec) -> Task[[PipelineSession], StageResult]:
     """The Prefect task of `spec`, named by the stage (one name everywhere)."""
 
     @task(
@@ -111,8 +109,8 @@ def stage_task(spec: StageSpec) -> Task[[str, PipelineSession], StageResult]:
         retry_condition_fn=only_transient,
         persist_result=False,
     )
-    def _task(config_path: str, session: PipelineSession) -> StageResult:
+    def _task(session: PipelineSession) -> StageResult:
         """Run the stage unless DVC says it is up to date."""
-        return run_stage(spec, config_path, session)
+        return run_stage(spec, session)
 
     return _task

@@ -42,6 +42,12 @@ log = logging.getLogger("enn")
 
 @dataclass
 class PipelineSession:
+    """What the stages of one pipeline run share: its config (loaded once), the config file it
+    came from (DVC owns staleness only for the pipeline's params.yaml), layout, run id, tracker
+    and MLflow parent run."""
+
+    cfg: RunConfig
+    config: Path
     layout: Layout
     run_id: str
     tracker: Tracker | None = None  # None when tracking is off
@@ -95,8 +101,9 @@ def check_inputs(spec: StageSpec, layout: Layout) -> None:
         )
 
 
-def execute_stage(spec: StageSpec, cfg: RunConfig, session: PipelineSession) -> StageResult:
+def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
     t0 = time.perf_counter()
+    cfg = session.cfg
     layout = session.layout
     run_dir = layout.run_dir(session.run_id, spec.name)
     run_dir.mkdir(parents=True, exist_ok=True)

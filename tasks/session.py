@@ -46,15 +46,18 @@ def dvc_group() -> str | None:
 @contextlib.contextmanager
 def pipeline_session(
     cfg: RunConfig,
-    root: Path,
+    config: Path,
+    layout: Layout,
     name: str,
     *,
     run_id: str | None = None,
     tags: dict[str, str] | None = None,
     group: str | None = None,
 ) -> Iterator[PipelineSession]:
-    """Lock the work directory, open the MLflow parent run, and close it with the right status."""
-    layout = Layout.for_root(root, cfg.runtime.work_dir)
+    """Lock the work directory, open the MLflow parent run, and close it with the right status.
+
+    `cfg` is the run's config, loaded once from `config` by the entry point."""
+    root = layout.root
     with pipeline_lock(layout.lock_file, name):
         tracker = None
         if cfg.tracking.enabled:
@@ -66,6 +69,8 @@ def pipeline_session(
         run_id = run_id or (group or new_run_id())
         parent = tracker.start_parent(name, tags or {}, group=group) if tracker else None
         session = PipelineSession(
+            cfg=cfg,
+            config=Path(config).resolve(),
             layout=layout,
             run_id=run_id,
             tracker=tracker,
