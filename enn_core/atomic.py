@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -21,7 +21,7 @@ OLD_PREFIX = ".old-"
 
 def clean_stale(target: Path) -> list[Path]:
     """Remove temporary siblings of `target` left by a killed run whose process is gone."""
-    removed = []
+    removed: list[Path] = []
     parent = target.parent
     if not parent.exists():
         return removed
@@ -72,7 +72,7 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_file(target: str | Path, mode: str = "w") -> Iterator[Any]:
+def atomic_file(target: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(

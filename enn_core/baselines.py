@@ -15,17 +15,23 @@ or a 2-D array whose columns follow `key_names`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from enn_core.errors import DataError
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    # Key columns: the staged row_keys DataFrame, a mapping name -> column, or a 2-D array.
+    KeyColumns: TypeAlias = pd.DataFrame | Mapping[str, Sequence[object] | np.ndarray] | np.ndarray
+
 MEDIAN_RATIO_MIN = 0.5
 P10_RATIO_MIN = 0.3
 
 
-def _key_rows(keys: Any, key_names: Sequence[str], n: int) -> list[tuple]:
+def _key_rows(keys: KeyColumns, key_names: Sequence[str], n: int) -> list[tuple[Any, ...]]:
     """Rows of key values as tuples, from a DataFrame, a mapping of columns or a 2-D array."""
     if isinstance(keys, np.ndarray):
         arr = keys.reshape(len(keys), -1)
@@ -37,7 +43,8 @@ def _key_rows(keys: Any, key_names: Sequence[str], n: int) -> list[tuple]:
         missing = [k for k in key_names if k not in available]
         if missing:
             raise DataError(
-                f"row keys lack columns {missing} (have {available}); fix data.naive_keys or re-run stage-data"
+                f"row keys lack columns {missing} (have {available}); "
+                "fix data.naive_keys or re-run stage-data"
             )
         cols = [np.asarray(keys[k]) for k in key_names]
     if any(len(c) != n for c in cols):
@@ -66,14 +73,14 @@ class ConditionalNaive:
 
     def __init__(self, key_names: Sequence[str]) -> None:
         self.key_names = tuple(key_names)
-        self.group_means: dict[tuple, np.ndarray] = {}
+        self.group_means: dict[tuple[Any, ...], np.ndarray] = {}
         self.fallback: np.ndarray | None = None
 
-    def fit(self, labels: np.ndarray, keys: Any) -> ConditionalNaive:
+    def fit(self, labels: np.ndarray, keys: KeyColumns) -> ConditionalNaive:
         labels = np.asarray(labels, dtype=np.float64)
         rows = _key_rows(keys, self.key_names, len(labels))
         self.fallback = cell_mean(labels)
-        groups: dict[tuple, int] = {}
+        groups: dict[tuple[Any, ...], int] = {}
         idx = np.fromiter(
             (groups.setdefault(r, len(groups)) for r in rows), dtype=np.int64, count=len(rows)
         )
@@ -85,7 +92,7 @@ class ConditionalNaive:
         self.group_means = {k: means[i] for k, i in groups.items()}
         return self
 
-    def predict(self, keys: Any, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def predict(self, keys: KeyColumns, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(predictions [n, *shape], fell_back [n] bool: key combination unseen in training)."""
         if self.fallback is None:
             raise RuntimeError("ConditionalNaive.predict before fit")
@@ -103,8 +110,8 @@ class ConditionalNaive:
 
 def conditional_naive_predict(
     train_labels: np.ndarray,
-    train_keys: Any,
-    eval_keys: Any,
+    train_keys: KeyColumns,
+    eval_keys: KeyColumns,
     key_names: Sequence[str],
     n_eval: int | None = None,
 ) -> np.ndarray:
@@ -124,7 +131,8 @@ def spread_ratio(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
     target = np.asarray(target, dtype=np.float64)
     if pred.shape != target.shape or pred.ndim < 1 or len(pred) < 2:
         raise DataError(
-            f"spread_ratio needs pred and target of the same shape with >= 2 rows; got {pred.shape} and {target.shape}"
+            "spread_ratio needs pred and target of the same shape with >= 2 rows; "
+            f"got {pred.shape} and {target.shape}"
         )
     ps = pred.reshape(len(pred), -1).std(axis=0)
     ts = target.reshape(len(target), -1).std(axis=0)
@@ -138,12 +146,14 @@ def collapse_stats(
     median_min: float = MEDIAN_RATIO_MIN,
     p10_min: float = P10_RATIO_MIN,
 ) -> dict[str, Any]:
-    """{median_ratio, p10_ratio, collapsed, n_outputs, n_flat_targets}: collapse = median < median_min or p10 < p10_min."""
+    """{median_ratio, p10_ratio, collapsed, n_outputs, n_flat_targets}:
+    collapse = median < median_min or p10 < p10_min."""
     ratio = spread_ratio(pred, target)
     valid = ratio[np.isfinite(ratio)]
     if valid.size == 0:
         raise DataError(
-            "collapse_stats: every target output is constant across samples; the spread ratio is undefined"
+            "collapse_stats: every target output is constant across samples; "
+            "the spread ratio is undefined"
         )
     median, p10 = float(np.median(valid)), float(np.percentile(valid, 10))
     return {

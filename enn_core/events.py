@@ -32,7 +32,7 @@ class EventLog:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.enabled = enabled and self.run_dir is not None
         self._lock = threading.Lock()
-        if self.enabled:
+        if self.enabled and self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.path = self.run_dir / EVENTS_FILE
 

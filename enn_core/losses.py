@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,9 @@ from torch import nn
 
 from enn_core.errors import ConfigError
 from enn_core.runtime.precision import fp32_region
+
+if TYPE_CHECKING:
+    from enn_core.config.train import TrainConfig
 
 
 class _FP32Loss(nn.Module):
@@ -73,7 +77,7 @@ class StudentTNLL(_FP32Loss):
         return nll.mean()
 
 
-def make_loss(train_cfg, df: float = 4.0) -> nn.Module:
+def make_loss(train_cfg: TrainConfig, df: float = 4.0) -> nn.Module:
     """The loss named by train.loss (huber uses train.huber_delta)."""
     if train_cfg.loss == "mse":
         return MSELoss()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,7 @@ class StagedDataset:
             arr = self._open({"file": f"splits/{name}.npy", "dtype": "int64", "shape": [size]})
             self._splits[name] = arr
 
-    def _stale(self, what: str) -> None:
+    def _stale(self, what: str) -> NoReturn:
         raise StaleOutputError(f"{self.path}: {what}; re-run stage-data")
 
     def _open(self, spec: dict[str, Any]) -> np.ndarray:
@@ -50,7 +50,8 @@ class StagedDataset:
             self._stale(f"{spec['file']} is unreadable ({e})")
         if list(arr.shape) != list(spec["shape"]) or str(arr.dtype) != spec["dtype"]:
             self._stale(
-                f"{spec['file']} is {arr.dtype}{list(arr.shape)} but the manifest says {spec['dtype']}{list(spec['shape'])}"
+                f"{spec['file']} is {arr.dtype}{list(arr.shape)} "
+                f"but the manifest says {spec['dtype']}{list(spec['shape'])}"
             )
         return arr
 
@@ -108,8 +109,9 @@ class StagedDataset:
             self._stale("staged files do not match their content hash")
 
 
-def _data_hash(arr: np.ndarray, h, rows: int = 1 << 16):
-    """`h` updated with an array's C-ordered data bytes, as the staging writer hashes them."""
+def _data_hash(arr: np.ndarray, h: Any, rows: int = 1 << 16) -> Any:
+    """`h` updated with an array's C-ordered data bytes, as the staging writer hashes them
+    (`h`: a hashing.hasher_for hasher, hashlib's or the untyped blake3's)."""
     for s in range(0, arr.shape[0], rows):
-        h.update(memoryview(np.ascontiguousarray(arr[s : s + rows])).cast("B"))
+        h.update(np.ascontiguousarray(arr[s : s + rows]).data.cast("B"))
     return h

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 import pandas as pd
 
@@ -30,7 +32,9 @@ def value_key(v: object) -> str:
 
 
 class Encoder:
-    def __init__(self, names: list[str], cfg: DataConfig, frozen: list[dict] | None = None) -> None:
+    def __init__(
+        self, names: list[str], cfg: DataConfig, frozen: list[dict[str, Any]] | None = None
+    ) -> None:
         self.names = names
         self.fixed = frozen is not None
         if frozen is not None:
@@ -50,8 +54,8 @@ class Encoder:
         self.passthrough = all(s["kind"] == "continuous" for s in self.specs)
 
     @staticmethod
-    def _spec(name: str, cfg: DataConfig) -> dict:
-        spec: dict = {"name": name}
+    def _spec(name: str, cfg: DataConfig) -> dict[str, Any]:
+        spec: dict[str, Any] = {"name": name}
         if name in cfg.cyclic:
             spec["cyclic_period"] = int(cfg.cyclic_periods[cfg.cyclic.index(name)])
             start = int(cfg.cyclic_starts[cfg.cyclic.index(name)])
@@ -73,8 +77,9 @@ class Encoder:
             return chunk.x
         n = chunk.rows
         out = np.empty((n, len(self.specs)), np.float64)
+        cols = cast("dict[str, np.ndarray]", chunk.cols)  # a chunk without x has named columns
         for j, spec in enumerate(self.specs):
-            col = chunk.x[:, j] if chunk.x is not None else chunk.cols[spec["name"]]
+            col = chunk.x[:, j] if chunk.x is not None else cols[spec["name"]]
             if spec["kind"] == "continuous":
                 out[:, j] = col
             elif "cyclic_period" in spec:
@@ -83,7 +88,7 @@ class Encoder:
                 out[:, j] = self._codes(spec, col, chunk, file)
         return out
 
-    def _missing(self, spec: dict, col: np.ndarray, chunk: Chunk, file: str) -> None:
+    def _missing(self, spec: dict[str, Any], col: np.ndarray, chunk: Chunk, file: str) -> None:
         bad = np.flatnonzero(pd.isna(col))
         if bad.size:
             raise DataError(
@@ -91,7 +96,7 @@ class Encoder:
                 "fill it (or set data.nonfinite=drop for numeric features)"
             )
 
-    def _cyclic(self, spec: dict, col: np.ndarray, chunk: Chunk, file: str) -> np.ndarray:
+    def _cyclic(self, spec: dict[str, Any], col: np.ndarray, chunk: Chunk, file: str) -> np.ndarray:
         self._missing(spec, col, chunk, file)
         if col.dtype.kind in "OUS":
             self.width[spec["name"]] = max(
@@ -103,19 +108,21 @@ class Encoder:
         if bad.size:
             i = int(bad[0])
             raise DataError(
-                f"{file} {chunk.where(i)} column {spec['name']!r}: value {col[i]!r} is outside its period "
+                f"{file} {chunk.where(i)} column {spec['name']!r}: "
+                f"value {col[i]!r} is outside its period "
                 f"[{start}, {start + period - 1}]; fix the value or data.cyclic_periods"
             )
         if spec["kind"] == "categorical":
             if not np.all(num == np.round(num)):
                 i = int(np.flatnonzero(num != np.round(num))[0])
                 raise DataError(
-                    f"{file} {chunk.where(i)} column {spec['name']!r}: {col[i]!r} is not a whole value"
+                    f"{file} {chunk.where(i)} column {spec['name']!r}: "
+                    f"{col[i]!r} is not a whole value"
                 )
             return num - start
         return num
 
-    def _codes(self, spec: dict, col: np.ndarray, chunk: Chunk, file: str) -> np.ndarray:
+    def _codes(self, spec: dict[str, Any], col: np.ndarray, chunk: Chunk, file: str) -> np.ndarray:
         if col.dtype.kind in "fc" or col.dtype == object:
             self._missing(spec, col, chunk, file)
         uniq, first, inv = np.unique(col, return_index=True, return_inverse=True)
@@ -127,15 +134,16 @@ class Encoder:
                 if self.fixed:
                     i = int(first[u])
                     raise DataError(
-                        f"{file} {chunk.where(i)} column {spec['name']!r}: value {key!r} is not in the training "
-                        f"vocabulary {spec['vocab'][:12]}; use values the model was trained on, or retrain"
+                        f"{file} {chunk.where(i)} column {spec['name']!r}: "
+                        f"value {key!r} is not in the training vocabulary {spec['vocab'][:12]}; "
+                        "use values the model was trained on, or retrain"
                     )
                 index[key] = len(index)
                 spec["vocab"].append(key)
             codes[u] = index[key]
         return codes[inv.reshape(-1)]
 
-    def final_specs(self) -> list[dict]:
+    def final_specs(self) -> list[dict[str, Any]]:
         """Feature specs for the manifest (continuous stats are added by the caller)."""
         out = []
         for spec in self.specs:

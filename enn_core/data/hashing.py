@@ -27,7 +27,7 @@ import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import blake3
 
@@ -35,7 +35,17 @@ ALGORITHM = "blake3"
 _B2 = "blake2b-256"
 _B2_TREE = "blake2b-256-tree1m"
 _B2_LEAF = 1 << 20
-_B2_TREE_PARAMS = {
+
+
+class _TreeParams(TypedDict):
+    digest_size: int
+    fanout: int
+    depth: int
+    leaf_size: int
+    inner_size: int
+
+
+_B2_TREE_PARAMS: _TreeParams = {
     "digest_size": 32,
     "fanout": 0,
     "depth": 2,
@@ -60,7 +70,7 @@ class _Blake2bTree:
 
     def __init__(self) -> None:
         self._digests: list[bytes] = []
-        self._leaf: Any = None
+        self._leaf: hashlib.blake2b | None = None
         self._fill = 0
 
     def update(self, view: memoryview) -> None:

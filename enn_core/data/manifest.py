@@ -63,9 +63,11 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     if version != FORMAT_VERSION:
         if isinstance(version, int) and version > FORMAT_VERSION:
             raise StaleOutputError(
-                f"{path}: format_version {version} is newer than this code reads ({FORMAT_VERSION}); upgrade enn"
+                f"{path}: format_version {version} is newer than this code reads "
+                f"({FORMAT_VERSION}); upgrade enn"
             )
         raise StaleOutputError(
-            f"{path}: format_version {version} but this code reads {FORMAT_VERSION}; re-run stage-data"
+            f"{path}: format_version {version} but this code reads {FORMAT_VERSION}; "
+            "re-run stage-data"
         )
     return manifest

@@ -14,9 +14,10 @@ import struct
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 
 from enn_core.data import hashing
 from enn_core.errors import DataError
@@ -41,18 +42,17 @@ def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 class NpyWriter:
     """Append rows of `tail_shape` to `path`; `close()` fixes the header and fsyncs."""
 
-    def __init__(
-        self, path: str | Path, dtype: np.dtype | str, tail_shape: tuple[int, ...]
-    ) -> None:
+    def __init__(self, path: str | Path, dtype: npt.DTypeLike, tail_shape: tuple[int, ...]) -> None:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self.tail_shape = tuple(int(d) for d in tail_shape)
         self.rows = 0
         self._hash = hashing.new()
-        self._src = None  # the source's own hasher, once its bytes differ from the staged ones
+        # the source's own hasher (BLAKE3, untyped), once its bytes differ from the staged ones
+        self._src: Any = None
         self._src_seen = False
         self._pool = ThreadPoolExecutor(max_workers=1)
-        self._pending: Future | None = None  # the previous chunk's hashing
+        self._pending: Future[None] | None = None  # the previous chunk's hashing
         self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed in close()
         self._f.write(_header(self.dtype, (0, *self.tail_shape)))
 
@@ -65,7 +65,8 @@ class NpyWriter:
         if chunk.shape[1:] != self.tail_shape:
             raise ValueError(f"chunk shape {chunk.shape} does not match rows of {self.tail_shape}")
         arr = np.ascontiguousarray(chunk, dtype=self.dtype)
-        view = memoryview(arr).cast("B")
+        # = memoryview(arr); numpy's stubs make ndarray a Buffer only on Python >= 3.12
+        view = arr.data.cast("B")
         src = None
         if raw is not None:
             self._src_seen = True
@@ -76,7 +77,7 @@ class NpyWriter:
                 and raw.dtype == arr.dtype
             )
             if not same or self._src is not None:
-                src = memoryview(raw).cast("B")
+                src = raw.data.cast("B")
         self._wait()  # one chunk hashing at a time: memory stays at two chunks
         if src is not None and self._src is None:
             self._src = self._hash.copy()
@@ -118,7 +119,9 @@ class NpyWriter:
         self._f.close()
 
 
-def _hash_chunk(h, view: memoryview, src_h, src: memoryview | None) -> None:
+def _hash_chunk(h: Any, view: memoryview, src_h: Any, src: memoryview | None) -> None:
+    """Feed the staged hasher and, when the input's bytes differ, the input's (BLAKE3 hashers:
+    the blake3 package ships no types)."""
     h.update(view)
     if src is not None:
         src_h.update(src)
@@ -131,7 +134,7 @@ def write_npy(path: str | Path, arr: np.ndarray) -> str:
     return w.close()
 
 
-def read_header(f: BinaryIO, where: str) -> tuple[tuple[int, ...], np.dtype, bool]:
+def read_header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype, bool]:
     """Shape, dtype and fortran flag of the .npy stream at `f` (refuses object arrays)."""
     try:
         version = np.lib.format.read_magic(f)
@@ -143,8 +146,8 @@ def read_header(f: BinaryIO, where: str) -> tuple[tuple[int, ...], np.dtype, boo
         raise DataError(f"{where}: not a valid .npy array ({e}); save it with numpy.save") from e
     if dtype.hasobject:
         raise DataError(
-            f"{where}: holds an object array, which needs pickle and is refused; save a numeric array "
-            "(e.g. arr.astype('float32'))"
+            f"{where}: holds an object array, which needs pickle and is refused; "
+            "save a numeric array (e.g. arr.astype('float32'))"
         )
     if dtype.kind not in "biuf":
         raise DataError(
@@ -153,7 +156,9 @@ def read_header(f: BinaryIO, where: str) -> tuple[tuple[int, ...], np.dtype, boo
     return tuple(shape), dtype, fortran
 
 
-def npz_member(path: Path, key: str) -> tuple[zipfile.ZipFile, BinaryIO, tuple[int, ...], np.dtype]:
+def npz_member(
+    path: Path, key: str
+) -> tuple[zipfile.ZipFile, IO[bytes], tuple[int, ...], np.dtype]:
     """Open member `key` of an .npz for streaming reads (stored or deflated)."""
     try:
         zf = zipfile.ZipFile(path)
@@ -163,7 +168,8 @@ def npz_member(path: Path, key: str) -> tuple[zipfile.ZipFile, BinaryIO, tuple[i
     if key not in names:
         zf.close()
         raise DataError(
-            f"{path}: has no array {key!r} (it has {names}); set data.npz_features_key / npz_labels_key"
+            f"{path}: has no array {key!r} (it has {names}); "
+            "set data.npz_features_key / npz_labels_key"
         )
     f = zf.open(f"{key}.npy")
     shape, dtype, fortran = read_header(f, f"{path}[{key}]")
@@ -175,7 +181,7 @@ def npz_member(path: Path, key: str) -> tuple[zipfile.ZipFile, BinaryIO, tuple[i
     return zf, f, shape, dtype
 
 
-def read_rows(f: BinaryIO, dtype: np.dtype, tail: tuple[int, ...], n: int) -> np.ndarray:
+def read_rows(f: IO[bytes], dtype: np.dtype, tail: tuple[int, ...], n: int) -> np.ndarray:
     """Read `n` rows from a stream positioned inside an npy payload."""
     itemsize = dtype.itemsize * int(np.prod(tail, dtype=np.int64))
     buf = f.read(n * itemsize)

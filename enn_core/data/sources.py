@@ -9,9 +9,11 @@ in the input for error messages. Readers never hold more than a chunk of the inp
 from __future__ import annotations
 
 import csv
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Protocol, cast
 
 import numpy as np
 
@@ -53,6 +55,20 @@ class SourceInfo:
     )  # input files hashed whole (arrays: data hashed)
 
 
+class Source(Protocol):
+    """What stage-data reads from: every reader below (and the synthetic generator)."""
+
+    info: SourceInfo
+
+    def chunks(self) -> Iterator[Chunk]: ...
+
+    def close(self) -> None: ...
+
+
+# An array input: (a memmap, or an .npz member's stream, or None when empty; shape; dtype)
+_ArraySpec = tuple[np.memmap | IO[bytes] | None, tuple[int, ...], np.dtype]
+
+
 def reshape_labels(y: np.ndarray, cfg: DataConfig, where: str) -> tuple[int, ...]:
     """The per-row label shape after the declared reshape (data.label_shape)."""
     tail = tuple(y.shape[1:]) or (1,)
@@ -61,8 +77,9 @@ def reshape_labels(y: np.ndarray, cfg: DataConfig, where: str) -> tuple[int, ...
     want = tuple(cfg.label_shape)
     if int(np.prod(want)) != int(np.prod(tail)):
         raise DataError(
-            f"{where}: labels have {int(np.prod(tail))} values per row {list(tail)} but data.label_shape="
-            f"{list(want)} needs {int(np.prod(want))}; fix data.label_shape or the label columns"
+            f"{where}: labels have {int(np.prod(tail))} values per row {list(tail)} "
+            f"but data.label_shape={list(want)} needs {int(np.prod(want))}; "
+            "fix data.label_shape or the label columns"
         )
     return want
 
@@ -72,7 +89,9 @@ class ArraySource:
 
     def __init__(self, cfg: DataConfig, x_path: Path, y_path: Path | None, npz: bool) -> None:
         self.cfg = cfg
-        self._closers: list = []
+        self._closers: list[zipfile.ZipFile] = []
+        self._x: _ArraySpec
+        self._y: _ArraySpec | None
         if npz:
             zf, fx, xs, xd = npz_member(x_path, cfg.npz_features_key)
             self._closers.append(zf)
@@ -94,7 +113,8 @@ class ArraySource:
         names = list(cfg.feature_columns) or [f"f{i}" for i in range(nf)]
         if len(names) != nf:
             raise DataError(
-                f"{xname}: {nf} feature columns but data.feature_columns names {len(names)}; fix the list"
+                f"{xname}: {nf} feature columns but data.feature_columns names {len(names)}; "
+                "fix the list"
             )
         label_shape = None
         if self._y is not None:
@@ -115,7 +135,7 @@ class ArraySource:
             n_rows=n,
         )
 
-    def _open_npy(self, path: Path):
+    def _open_npy(self, path: Path) -> _ArraySpec:
         with open(path, "rb") as f:
             shape, dtype, fortran = read_header(f, str(path))
             offset = f.tell()
@@ -130,7 +150,7 @@ class ArraySource:
         )
         return (mm, shape, dtype)
 
-    def _rows(self, spec, start: int, n: int) -> np.ndarray:
+    def _rows(self, spec: _ArraySpec, start: int, n: int) -> np.ndarray:
         src, shape, dtype = spec
         if isinstance(src, np.memmap) or src is None:
             arr = src[start : start + n] if src is not None else np.empty((0, *shape[1:]), dtype)
@@ -145,10 +165,15 @@ class ArraySource:
             x = self._rows(self._x, start, c)
             x = x.reshape(c, -1)
             y = None
-            if self._y is not None:
-                y = self._rows(self._y, start, c).reshape((c, *self.info.label_shape))
+            if self._y is not None:  # labels: their shape was checked in __init__
+                label_shape = cast(tuple[int, ...], self.info.label_shape)
+                y = self._rows(self._y, start, c).reshape((c, *label_shape))
             keys = {k: x[:, self.info.feature_names.index(k)] for k in self.info.row_keys}
-            yield Chunk(start=start, x=x, y=y, keys=keys, where=lambda i, s=start: f"row {s + i}")
+
+            def where(i: int, s: int = start) -> str:
+                return f"row {s + i}"
+
+            yield Chunk(start=start, x=x, y=y, keys=keys, where=where)
 
     def close(self) -> None:
         for c in self._closers:
@@ -157,7 +182,7 @@ class ArraySource:
 
 def header_columns(
     path: Path, names: list[str], cfg: DataConfig, features_only: bool
-) -> tuple[list, list]:
+) -> tuple[list[str], list[str]]:
     """Feature and label columns of a table, checked for duplicates and absent names."""
     where = str(path)
     dup = sorted({c for c in names if names.count(c) > 1})

@@ -13,6 +13,7 @@ a pass after staging does it. A last pass writes `splits/<name>.npy`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -33,7 +34,8 @@ def fold_codes(cfg: DataConfig, keys: dict[str, np.ndarray], n: int, file: str) 
         return codes
     if cfg.fold_key not in keys:
         raise DataError(
-            f"{file}: data.fold_key {cfg.fold_key!r} is not a row key of the input ({sorted(keys)}); fix it"
+            f"{file}: data.fold_key {cfg.fold_key!r} is not a row key of the input "
+            f"({sorted(keys)}); fix it"
         )
     test = {value_key(v) for v in cfg.folds[cfg.test_fold]}
     val = {value_key(v) for v in cfg.folds[cfg.val_fold]} if cfg.val_fold >= 0 else set()
@@ -170,8 +172,8 @@ def accumulate(
         if cont:
             xb = x[r]
             fx.add(xb if all_cont else xb[:, cont])
-        if fy is not None:
-            fy.add(y[r].reshape(-1, 1))
+        if fy is not None:  # given with the labels y
+            fy.add(cast(np.ndarray, y)[r].reshape(-1, 1))
 
 
 def finish(
@@ -179,7 +181,7 @@ def finish(
     codes: np.ndarray,
     features: np.ndarray,
     labels: np.ndarray | None,
-    stats: tuple | None,
+    stats: tuple[Moments, Moments | None, list[int]] | None,
     need_train: bool = True,
 ) -> tuple[dict[str, int], dict[str, str]]:
     """Write splits/<name>.npy (and, when `stats` = (fx, fy, cont), accumulate train rows)."""
@@ -196,6 +198,7 @@ def finish(
     sizes = {name: w.rows for name, w in zip(NAMES, writers, strict=True)}
     if need_train and sizes["train"] == 0:
         raise DataError(
-            f"{out.name}: no training rows are left after the splits; fix data.folds or the fractions"
+            f"{out.name}: no training rows are left after the splits; "
+            "fix data.folds or the fractions"
         )
     return sizes, hashes

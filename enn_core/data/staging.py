@@ -20,12 +20,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from enn_core.atomic import atomic_dir, write_json
-from enn_core.config import DataConfig, RunConfig
+from enn_core.config import DataConfig, RunConfig, SyntheticConfig
 from enn_core.data import hashing, splits
 from enn_core.data.encode import Encoder
 from enn_core.data.manifest import (
@@ -35,15 +35,19 @@ from enn_core.data.manifest import (
     content_hash,
     read_manifest,
 )
-from enn_core.data.sources import ArraySource
+from enn_core.data.sources import ArraySource, Source, SourceInfo
 from enn_core.data.synthetic import SyntheticSource
 from enn_core.data.tables import CsvSource, ParquetSource
 from enn_core.data.workbook import WorkbookSource
 from enn_core.data.writer import ChunkWriter
 from enn_core.errors import DataError
 from enn_core.paths import Layout
-from enn_core.stage import StageContext
 from enn_core.summaries import StagedSummary
+
+if TYPE_CHECKING:
+    from enn_core.events import EventLog
+    from enn_core.fault import FaultInjector
+    from enn_core.stage import StageContext
 
 SUFFIXES = {
     "npy": (".npy",),
@@ -79,7 +83,7 @@ def run(cfg: RunConfig, ctx: StageContext) -> StagedSummary:
 
 def stage_features(
     data: DataConfig, layout: Layout, target: str | Path, training_manifest: str | Path
-) -> dict:
+) -> dict[str, Any]:
     """Stage new inputs (no labels) against a training manifest, reusing its encodings."""
     data = dataclasses.replace(data, features_only=True, training_manifest=str(training_manifest))
     return stage(data, layout, Path(target))
@@ -91,21 +95,23 @@ def _input(layout: Layout, raw: str, what: str) -> Path:
         gone = next((a for a in reversed(p.parents) if not a.exists()), None)
         hint = f" (directory {gone} is absent)" if gone else ""
         raise DataError(
-            f"{what}={raw!r}: expected the input at {p}, which does not exist{hint}; put it there or fix {what}"
+            f"{what}={raw!r}: expected the input at {p}, which does not exist{hint}; "
+            f"put it there or fix {what}"
         )
     if not p.is_file():
         raise DataError(f"{what}={raw!r}: {p} is not a file; point {what} at the input file")
     return p
 
 
-def open_source(data: DataConfig, layout: Layout):
+def open_source(data: DataConfig, layout: Layout) -> Source:
     """The reader for data.source, with paths and formats checked."""
     if data.source == "synthetic":
         return SyntheticSource(data)
     path = _input(layout, data.path, "data.path")
     if path.suffix.lower() not in SUFFIXES[data.source]:
         raise DataError(
-            f"{path}: unknown format {path.suffix or '(no suffix)'!r} for data.source={data.source}; expected "
+            f"{path}: unknown format {path.suffix or '(no suffix)'!r} "
+            f"for data.source={data.source}; expected "
             f"{' or '.join(SUFFIXES[data.source])}, or set data.source to the file's kind"
         )
     if data.source in ("npy", "npz"):
@@ -113,7 +119,8 @@ def open_source(data: DataConfig, layout: Layout):
         if not data.features_only:
             if data.source == "npy" and not data.labels_path:
                 raise DataError(
-                    f"{path}: data.labels_path is empty; name the labels .npy (or set data.features_only)"
+                    f"{path}: data.labels_path is empty; "
+                    "name the labels .npy (or set data.features_only)"
                 )
             labels = (
                 path
@@ -133,10 +140,10 @@ def stage(
     layout: Layout,
     target: str | Path,
     *,
-    events=None,
-    faults=None,
+    events: EventLog | None = None,
+    faults: FaultInjector | None = None,
     progress: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Stage `data` into `target` atomically; returns a summary with the manifest's headline."""
     t0 = time.perf_counter()
     target = Path(target)
@@ -172,18 +179,25 @@ def _output_error(e: OSError, target: Path) -> DataError:
     where = e.filename or target.parent
     if e.errno == errno.ENOSPC:
         return DataError(
-            f"{where}: no space left on the output device; free space under {target.parent} and re-run"
+            f"{where}: no space left on the output device; "
+            f"free space under {target.parent} and re-run"
         )
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return DataError(
-            f"{where}: output directory is not writable ({e.strerror}); make {target.parent} writable"
+            f"{where}: output directory is not writable ({e.strerror}); "
+            f"make {target.parent} writable"
         )
     return DataError(f"{where}: cannot write the staged data ({e.strerror}); check {target.parent}")
 
 
 def _write(
-    data: DataConfig, source, tmp: Path, training: dict | None, faults, progress: bool = True
-) -> dict:
+    data: DataConfig,
+    source: Source,
+    tmp: Path,
+    training: dict[str, Any] | None,
+    faults: FaultInjector | None,
+    progress: bool = True,
+) -> dict[str, Any]:
     info = source.info
     frozen = training["feature_specs"] if training else None
     enc = Encoder(info.feature_names, data, frozen)
@@ -232,15 +246,25 @@ def _write(
     return manifest
 
 
-def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
+def _manifest(
+    data: DataConfig,
+    info: SourceInfo,
+    writer: ChunkWriter,
+    specs: list[dict[str, Any]],
+    sizes: dict[str, int],
+    files: dict[str, dict[str, Any]],
+    fy: splits.Moments | None,
+    training: dict[str, Any] | None,
+) -> dict[str, Any]:
     labelled = writer.has_labels
     if training:
         label_meta = {
             k: training.get(k)
             for k in ("label_shape", "label_axes", "label_axis_values", "label_stats")
         }
-    else:
-        shape = list(info.label_shape)
+    else:  # training data: labels were staged, and their statistics gathered (fy)
+        shape = list(cast(tuple[int, ...], info.label_shape))
+        fy = cast(splits.Moments, fy)
         axes = (
             list(data.label_axes)
             if len(data.label_axes) == len(shape)
@@ -313,5 +337,5 @@ def _manifest(data, info, writer, specs, sizes, files, fy, training) -> dict:
     }
 
 
-def _plain(obj) -> dict:
+def _plain(obj: SyntheticConfig) -> dict[str, Any]:
     return dataclasses.asdict(obj)

@@ -108,23 +108,22 @@ class SyntheticSource:
         per = max(1, self.cfg.chunk_rows // self.syn.n_replicates)
         start = 0
         for g0 in range(0, len(self.groups), per):
-            keys, ys = [], []
+            keys: list[tuple[str, str, str]] = []
+            ys: list[np.ndarray] = []
             for g in range(g0, min(g0 + per, len(self.groups))):
-                k, y = self._rows(g)
+                k, yg = self._rows(g)
                 keys += k
-                ys.append(y)
+                ys.append(yg)
             cols = {
                 name: np.array([k[i] for k in keys], dtype=object)
                 for i, name in enumerate(self.info.feature_names)
             }
             y = None if self.cfg.features_only else np.concatenate(ys)
-            yield Chunk(
-                start=start,
-                cols=cols,
-                y=y,
-                keys=dict(cols),
-                where=lambda i, s=start: f"row {s + i}",
-            )
+
+            def where(i: int, s: int = start) -> str:
+                return f"row {s + i}"
+
+            yield Chunk(start=start, cols=cols, y=y, keys=dict(cols), where=where)
             start += len(keys)
 
     def close(self) -> None:

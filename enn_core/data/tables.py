@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,9 @@ from enn_core.data.sources import Chunk, SourceInfo, csv_header, header_columns,
 from enn_core.errors import DataError
 
 
-def numeric_column(values: np.ndarray, name: str, where, file: Path) -> np.ndarray:
+def numeric_column(
+    values: np.ndarray, name: str, where: Callable[[int], str], file: Path
+) -> np.ndarray:
     """float64 view of a column, or an error naming the first non-numeric cell."""
     if values.dtype.kind in "biuf":
         return values.astype(np.float64, copy=False)
@@ -54,8 +57,10 @@ class _TableSource:
             inputs=[path],
         )
 
-    def _chunk(self, get, n: int, start: int, where) -> Chunk:
-        cols = {}
+    def _chunk(
+        self, get: Callable[[str], np.ndarray], n: int, start: int, where: Callable[[int], str]
+    ) -> Chunk:
+        cols: dict[str, np.ndarray] = {}
         for c in self.feats:
             v = get(c)
             cols[c] = (
@@ -65,10 +70,11 @@ class _TableSource:
             )
         y = None
         if self.labels:
-            y = np.empty((n, len(self.labels)), np.float64)
+            flat = np.empty((n, len(self.labels)), np.float64)
             for j, c in enumerate(self.labels):
-                y[:, j] = numeric_column(get(c), c, where, self.path)
-            y = y.reshape((n, *self.info.label_shape))
+                flat[:, j] = numeric_column(get(c), c, where, self.path)
+            # label columns give the label shape (__init__)
+            y = flat.reshape((n, *cast(tuple[int, ...], self.info.label_shape)))
         keys = {k: cols[k] for k in self.info.row_keys}
         return Chunk(start=start, cols=cols, y=y, keys=keys, where=where)
 
@@ -96,10 +102,13 @@ class CsvSource(_TableSource):
             for df in reader:
                 n = len(df)
 
+                def get(c: str, d: pd.DataFrame = df) -> np.ndarray:
+                    return d[c].to_numpy()
+
                 def where(i: int, s: int = start) -> str:
                     return f"line {s + i + 2}"
 
-                yield self._chunk(lambda c, d=df: d[c].to_numpy(), n, start, where)
+                yield self._chunk(get, n, start, where)
                 start += n
         except pd.errors.ParserError as e:
             msg = str(e).strip().splitlines()[-1].split("C error: ")[-1]

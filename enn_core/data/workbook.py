@@ -15,6 +15,7 @@ import re
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from xml.etree.ElementTree import ParseError
 
 import numpy as np
@@ -22,12 +23,12 @@ import openpyxl
 import openpyxl.xml
 from defusedxml import DefusedXmlException
 
-from enn_core.config import DataConfig
+from enn_core.config import DataConfig, WorkbookLayout
 from enn_core.data.sources import Chunk, SourceInfo
 from enn_core.errors import DataError
 
 
-def canonical_section(raw: object, layout, where: str) -> str:
+def canonical_section(raw: object, layout: WorkbookLayout, where: str) -> str:
     text = str(raw).strip() if raw is not None else ""
     parts = [p.strip() for p in text.split(layout.section_separator)]
     if len(parts) != 2 or not all(parts):
@@ -40,16 +41,32 @@ def canonical_section(raw: object, layout, where: str) -> str:
     return layout.section_separator.join(parts)
 
 
-def _safe_rows(rows: Iterator[tuple], where: str) -> Iterator[tuple]:
+# A sheet row as openpyxl reads it: one cell value (number, text, date or None) per column
+Row = tuple[Any, ...]
+
+
+def _safe_rows(rows: Iterator[Row], where: str) -> Iterator[Row]:
     """Rows of a read-only sheet, whose XML is parsed lazily: unsafe or broken XML -> DataError."""
     try:
         yield from rows
     except DefusedXmlException as e:
         raise DataError(
-            f"{where}: refused unsafe XML ({type(e).__name__}); do not stage this file, re-save it from a trusted tool"
+            f"{where}: refused unsafe XML ({type(e).__name__}); do not stage this file, "
+            "re-save it from a trusted tool"
         ) from e
     except ParseError as e:
         raise DataError(f"{where}: malformed sheet XML ({e}); re-save the workbook") from e
+
+
+def _hour_values(row: Row, header: Row, times: list[tuple[str, int]], at: str) -> list[float]:
+    """A data row's values in the hour columns (an empty cell is NaN); `at` names the row."""
+    vals = []
+    for _, j in times:
+        v = row[j] if j < len(row) else None
+        if v is not None and not isinstance(v, (int, float)):
+            raise DataError(f"{at} column {header[j]!r}: non-numeric value {v!r}; fix the cell")
+        vals.append(np.nan if v is None else float(v))
+    return vals
 
 
 class WorkbookSource:
@@ -68,8 +85,9 @@ class WorkbookSource:
         missing = [k for k in self.lay.group_keys if k not in known]
         if missing:
             raise DataError(
-                f"{path}: group key {missing[0]!r} is neither a named group of data.workbook.sheet_pattern "
-                f"nor data.workbook.direction_key; fix data.workbook.group_keys"
+                f"{path}: group key {missing[0]!r} is neither a named group of "
+                "data.workbook.sheet_pattern nor data.workbook.direction_key; "
+                "fix data.workbook.group_keys"
             )
         try:
             self.wb = openpyxl.load_workbook(path, read_only=True, data_only=True)
@@ -89,8 +107,7 @@ class WorkbookSource:
         self.sheets = self._parse_names()
         self.sections: list[str] = []
         self.hours: list[str] = []
-        first = self._read_sheet(self.sheets[0][0], first=True)
-        self._first = first
+        self._first = self._read_sheet(self.sheets[0][0], first=True)
         label_shape = (len(self.sections), len(self.hours)) if self.labels else None
         self.info = SourceInfo(
             kind="workbook",
@@ -106,7 +123,8 @@ class WorkbookSource:
         )
 
     def _parse_names(self) -> list[tuple[str, dict[str, str]]]:
-        out, seen = [], {}
+        out: list[tuple[str, dict[str, str]]] = []
+        seen: dict[tuple[tuple[str, str], ...], str] = {}
         for name in self.wb.sheetnames:
             m = self.sheet_re.match(name)
             if not m:
@@ -118,7 +136,8 @@ class WorkbookSource:
             ident = tuple((g, keys[g]) for g in self.lay.group_keys if g in keys)
             if ident in seen:
                 raise DataError(
-                    f"{self.path} sheets {seen[ident]!r} and {name!r}: duplicate group keys {keys}; "
+                    f"{self.path} sheets {seen[ident]!r} and {name!r}: "
+                    f"duplicate group keys {keys}; "
                     "remove one sheet or fix data.workbook.sheet_pattern"
                 )
             seen[ident] = name
@@ -127,7 +146,7 @@ class WorkbookSource:
             raise DataError(f"{self.path}: the workbook has no sheets; add data sheets")
         return out
 
-    def _columns(self, sheet: str, header: tuple) -> tuple[int, int, list[tuple[str, int]]]:
+    def _columns(self, sheet: str, header: Row) -> tuple[int, int, list[tuple[str, int]]]:
         lay, where = self.lay, f"{self.path} sheet {sheet!r}"
         names = [str(h).strip() if h is not None else "" for h in header]
         dup = sorted({n for n in names if n and names.count(n) > 1})
@@ -140,17 +159,20 @@ class WorkbookSource:
                 times.append((m.group("hour"), j))
             elif n not in lay.row_keys and n not in lay.ignore_columns and n:
                 raise DataError(
-                    f"{where} column {n!r}: not in the layout; add it to data.workbook.ignore_columns "
+                    f"{where} column {n!r}: not in the layout; "
+                    "add it to data.workbook.ignore_columns "
                     "or fix data.workbook.time_pattern / row_keys"
                 )
         for col in lay.row_keys:
             if col not in names:
                 raise DataError(
-                    f"{where}: missing column {col!r} (data.workbook.row_keys); fix the sheet or the layout"
+                    f"{where}: missing column {col!r} (data.workbook.row_keys); "
+                    "fix the sheet or the layout"
                 )
         if not times and self.labels:
             raise DataError(
-                f"{where}: no hour columns matching data.workbook.time_pattern {lay.time_pattern!r}; "
+                f"{where}: no hour columns matching "
+                f"data.workbook.time_pattern {lay.time_pattern!r}; "
                 "add them, or set data.features_only=true to stage new inputs"
             )
         times.sort(key=lambda t: int(t[0]) if t[0].isdigit() else t[0])
@@ -164,7 +186,18 @@ class WorkbookSource:
         if header is None:
             raise DataError(f"{where}: empty sheet; add the header and data rows")
         si, di, times = self._columns(sheet, header)
-        hours = [h for h, _ in times]
+        self._check_hours([h for h, _ in times], first, where)
+        cells, order = self._read_cells(rows, header, si, di, times, where)
+        if not cells:
+            raise DataError(f"{where}: empty table (no data rows); add data rows")
+        if first:
+            self.sections = order
+        if not self.labels:
+            return {d: np.empty((0,)) for d in cells}
+        return {d: self._grid(d, cells, where) for d in cells}
+
+    def _check_hours(self, hours: list[str], first: bool, where: str) -> None:
+        """The first sheet sets the hour columns; every later sheet must have the same."""
         if first:
             self.hours = hours
         elif self.labels and hours != self.hours:
@@ -172,7 +205,19 @@ class WorkbookSource:
             raise DataError(
                 f"{where}: hour columns differ from the first sheet (hour {gone[0]}); fix the sheet"
             )
-        cells: dict[str, dict[str, list]] = {}
+
+    def _read_cells(
+        self,
+        rows: Iterator[Row],
+        header: Row,
+        si: int,
+        di: int,
+        times: list[tuple[str, int]],
+        where: str,
+    ) -> tuple[dict[str, dict[str, list[float]]], list[str]]:
+        """({direction: {section: hour values}} of the data rows, sections in order of first
+        appearance)."""
+        cells: dict[str, dict[str, list[float]]] = {}
         order: list[str] = []
         for r, row in enumerate(rows, start=2):
             if row is None or all(v is None for v in row):
@@ -181,46 +226,37 @@ class WorkbookSource:
             d = str(row[di]).strip() if row[di] is not None else ""
             if not d:
                 raise DataError(
-                    f"{where} row {r} column {self.lay.direction_column!r}: empty direction; fill it"
+                    f"{where} row {r} column {self.lay.direction_column!r}: "
+                    "empty direction; fill it"
                 )
             per = cells.setdefault(d, {})
             if sec in per:
                 raise DataError(
                     f"{where} row {r}: duplicate section {sec!r} in direction {d!r}; remove the row"
                 )
-            vals = []
-            for _, j in times:
-                v = row[j] if j < len(row) else None
-                if v is not None and not isinstance(v, (int, float)):
-                    raise DataError(
-                        f"{where} row {r} column {header[j]!r}: non-numeric value {v!r}; fix the cell"
-                    )
-                vals.append(np.nan if v is None else float(v))
-            per[sec] = vals
+            per[sec] = _hour_values(row, header, times, f"{where} row {r}")
             if sec not in order:
                 order.append(sec)
-        if not cells:
-            raise DataError(f"{where}: empty table (no data rows); add data rows")
-        if first:
-            self.sections = order
-        if not self.labels:
-            return {d: np.empty((0,)) for d in cells}
-        grids = {}
-        for d, per in cells.items():
-            for sec in self.sections:
-                if sec not in per:
-                    other = next((o for o in cells if sec in cells[o]), None)
-                    how = f"present only in direction {other!r}" if other else "missing"
-                    raise DataError(
-                        f"{where}: section {sec!r} is {how}, not in {d!r}; every section needs both directions"
-                    )
-            extra = [s for s in per if s not in self.sections]
-            if extra:
+        return cells, order
+
+    def _grid(self, d: str, cells: dict[str, dict[str, list[float]]], where: str) -> np.ndarray:
+        """Direction d's [sections, hours] grid, in the first sheet's section order."""
+        per = cells[d]
+        for sec in self.sections:
+            if sec not in per:
+                other = next((o for o in cells if sec in cells[o]), None)
+                how = f"present only in direction {other!r}" if other else "missing"
                 raise DataError(
-                    f"{where}: section {extra[0]!r} is not in the first sheet; sheets must share sections"
+                    f"{where}: section {sec!r} is {how}, not in {d!r}; "
+                    "every section needs both directions"
                 )
-            grids[d] = np.array([per[s] for s in self.sections], dtype=np.float64)
-        return grids
+        extra = [s for s in per if s not in self.sections]
+        if extra:
+            raise DataError(
+                f"{where}: section {extra[0]!r} is not in the first sheet; "
+                "sheets must share sections"
+            )
+        return np.array([per[s] for s in self.sections], dtype=np.float64)
 
     def chunks(self) -> Iterator[Chunk]:
         row = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -20,9 +21,12 @@ from enn_core.config import DataConfig
 from enn_core.data import splits
 from enn_core.data.encode import Encoder, value_key
 from enn_core.data.npyio import NpyWriter
-from enn_core.data.sources import SourceInfo
+from enn_core.data.sources import Chunk, Source, SourceInfo
 from enn_core.errors import DataError
 from enn_core.progress import bar
+
+if TYPE_CHECKING:
+    from enn_core.fault import FaultInjector
 
 NARROW_KINDS = {
     np.dtype(t) for t in ("float16", "float32", "int8", "int16", "uint8", "uint16", "bool")
@@ -74,6 +78,7 @@ def _key_strings(col: np.ndarray) -> pa.Array:
 
 class ChunkWriter:
     codes_file = ".codes.npy"
+    source_hash: str | None  # the input files' hash, set by staging once they are hashed
 
     def __init__(
         self,
@@ -82,7 +87,7 @@ class ChunkWriter:
         info: SourceInfo,
         enc: Encoder,
         file: str,
-        faults,
+        faults: FaultInjector | None,
         progress: bool = True,
     ) -> None:
         self.progress = progress  # a chunk bar on a terminal (enn_core.progress)
@@ -95,13 +100,20 @@ class ChunkWriter:
             faults,
         )
         self.has_labels = info.label_shape is not None
-        self._x = self._y = self._codes = self._keys = None
+        # this pass's writers (None between passes)
+        self._x: NpyWriter | None = None
+        self._y: NpyWriter | None = None
+        self._codes: NpyWriter | None = None
+        self._keys: Any = None  # a pq.ParquetWriter (pyarrow has no types), at the first chunk
         self._stats_pool = ThreadPoolExecutor(max_workers=1)
-        self._stats: Future | None = None
-        self.dtypes = {"features": np.float32, "labels": np.float32}
+        self._stats: Future[None] | None = None
+        self.dtypes: dict[str, type[np.float32] | type[np.float64]] = {
+            "features": np.float32,
+            "labels": np.float32,
+        }
         self.dtype_reason = "float32: the data fits float32's range"
 
-    def run(self, source) -> None:
+    def run(self, source: Source) -> None:
         try:
             while True:
                 try:
@@ -117,26 +129,27 @@ class ChunkWriter:
         finally:
             self._stats_pool.shutdown()
 
-    def _pass(self, source) -> None:
+    def _pass(self, source: Source) -> None:
         self.rows = self.dropped = 0
         self.stream = splits.streaming(self.cfg, self.info.n_rows)
         self.cont = [j for j, s in enumerate(self.enc.specs) if s["kind"] == "continuous"]
         self.fx = splits.Moments(len(self.cont))
         self.fy = splits.Moments(1) if self.has_labels else None
-        self._x = NpyWriter(
+        self._x = x_w = NpyWriter(
             self.out / "features.npy", self.dtypes["features"], (len(self.info.feature_names),)
         )
-        self._y = (
-            NpyWriter(self.out / "labels.npy", self.dtypes["labels"], self.info.label_shape)
+        label_shape = cast(tuple[int, ...], self.info.label_shape)  # read only with labels
+        self._y = y_w = (
+            NpyWriter(self.out / "labels.npy", self.dtypes["labels"], label_shape)
             if self.has_labels
             else None
         )
-        self._codes = NpyWriter(self.out / self.codes_file, np.int8, ())
+        self._codes = codes_w = NpyWriter(self.out / self.codes_file, np.int8, ())
         with bar(None, "stage-data", self.progress, unit="chunk") as pbar:
             for i, chunk in enumerate(source.chunks()):
                 if self.faults is not None:
                     self.faults.at("stage-data", step=i)
-                self._chunk(chunk)
+                self._chunk(chunk, x_w, y_w, codes_w)
                 pbar.update(1)
         if self.rows == 0:
             what = (
@@ -146,13 +159,13 @@ class ChunkWriter:
             )
             raise DataError(f"{self.file}: empty table ({what}); give it data rows")
         self._hashes = {
-            "features.npy": self._x.close(),
-            "labels.npy": self._y.close() if self._y else None,
+            "features.npy": x_w.close(),
+            "labels.npy": y_w.close() if y_w else None,
         }
-        self.array_hashes = {"features": self._x.source_hash()}
-        if self._y is not None:
-            self.array_hashes["labels"] = self._y.source_hash()
-        self._codes.close(sync=False)  # scratch: deleted before the directory is renamed
+        self.array_hashes = {"features": x_w.source_hash()}
+        if y_w is not None:
+            self.array_hashes["labels"] = y_w.source_hash()
+        codes_w.close(sync=False)  # scratch: deleted before the directory is renamed
         self._stats_wait()
         self._keys.close()
         _fsync(self.out / "row_keys.parquet")  # like every file of the staged directory
@@ -174,7 +187,10 @@ class ChunkWriter:
             self._keys.close()
         self._x = self._y = self._codes = self._keys = None
 
-    def _chunk(self, chunk) -> None:
+    def _chunk(
+        self, chunk: Chunk, x_w: NpyWriter, y_w: NpyWriter | None, codes_w: NpyWriter
+    ) -> None:
+        """Encode, check and append one chunk with this pass's writers (features, labels, codes)."""
         if chunk.rows == 0:
             return
         x = self.enc.encode(chunk, self.file)
@@ -194,13 +210,13 @@ class ChunkWriter:
         if self.stream is not None and not self.cfg.folds:
             codes = self.stream.take(chunk.rows)
         array = chunk.x is not None  # an array input: hash its data as it passes (the source hash)
-        self._x.write(x, raw=chunk.x if array else None)
-        if self._y is not None:
-            self._y.write(y, raw=chunk.y if array else None)
+        x_w.write(x, raw=chunk.x if array else None)
+        if y_w is not None:
+            y_w.write(cast(np.ndarray, y), raw=chunk.y if array else None)  # labels: y is set
         rows = np.arange(chunk.start, chunk.start + chunk.rows, dtype=np.int64)
         keys = chunk.keys if keep is None else {k: v[keep] for k, v in chunk.keys.items()}
         rows = rows if keep is None else rows[keep]
-        self._codes.write(codes if keep is None else codes[keep])
+        codes_w.write(codes if keep is None else codes[keep])
         if self.stream is not None:  # splits known while staging: accumulate train rows now
             train = np.flatnonzero((codes if keep is None else codes[keep]) == splits.TRAIN)
             self._stats_wait()  # at most one chunk's statistics in flight (memory: two chunks)
@@ -224,7 +240,7 @@ class ChunkWriter:
         self._keys.write_table(table)
         self.rows += len(rows)
 
-    def _finite(self, chunk, x: np.ndarray, y: np.ndarray | None) -> np.ndarray | None:
+    def _finite(self, chunk: Chunk, x: np.ndarray, y: np.ndarray | None) -> np.ndarray | None:
         """None when every value is finite; else the rows to keep (drop) or an error."""
         bx = _first_nonfinite(x)
         by = _first_nonfinite(y) if y is not None else None
@@ -233,10 +249,11 @@ class ChunkWriter:
         if self.cfg.nonfinite == "error":
             if bx is not None and (by is None or bx[0] <= by[0]):
                 r, col = bx[0], f"feature {self.info.feature_names[bx[1]]!r}"
-            else:
+            elif by is not None:  # not both None (returned above)
                 r, col = by[0], self._label_name(by[1])
             raise DataError(
-                f"{self.file} {chunk.where(r)} {col}: NaN or infinite value; fix the input or set data.nonfinite=drop"
+                f"{self.file} {chunk.where(r)} {col}: NaN or infinite value; "
+                "fix the input or set data.nonfinite=drop"
             )
         ok = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
         if y is not None:
@@ -247,13 +264,16 @@ class ChunkWriter:
     def _label_name(self, j: int) -> str:
         if self.info.label_name is not None:
             return self.info.label_name(j)
-        return f"label {list(np.unravel_index(j, self.info.label_shape))}"
+        shape = cast(tuple[int, ...], self.info.label_shape)  # named only when there are labels
+        return f"label {list(np.unravel_index(j, shape))}"
 
-    def files(self) -> dict[str, dict]:
+    def files(self) -> dict[str, dict[str, Any]]:
+        """Manifest entries of the staged arrays (after `run`: the last pass's writers)."""
+        x_w = cast(NpyWriter, self._x)
         out = {
             "features.npy": {
-                "dtype": str(np.dtype(self._x.dtype)),
-                "shape": list(self._x.shape),
+                "dtype": str(np.dtype(x_w.dtype)),
+                "shape": list(x_w.shape),
                 "hash": self._hashes["features.npy"],
             }
         }

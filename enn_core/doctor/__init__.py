@@ -55,7 +55,8 @@ def parse_only(only: str | Sequence[str] | None) -> list[str] | None:
     unknown = [n for n in names if n not in LAYERS]
     if unknown or not names:
         raise ConfigError(
-            f"doctor --only {','.join(names) or '(empty)'}: unknown layer(s) {unknown}; use some of {','.join(LAYERS)}"
+            f"doctor --only {','.join(names) or '(empty)'}: unknown layer(s) {unknown}; "
+            f"use some of {','.join(LAYERS)}"
         )
     return names
 
@@ -90,7 +91,8 @@ def _run_layer(name: str, ctx: DoctorContext) -> list[Check]:
                 "unexpected error",
                 "fail",
                 f"{type(e).__name__}: {first}",
-                "a defect in this check or an environment it does not know: report it with this line",
+                "a defect in this check or an environment it does not know: "
+                "report it with this line",
                 round(time.perf_counter() - t0, 3),
             )
         ]

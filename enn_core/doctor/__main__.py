@@ -1,5 +1,5 @@
-"""`python -m enn_core.doctor [--config params.yaml] [--set k=v] [--quick] [--json] [--only data,model]`:
-the doctor without the CLI package (the same body `enn doctor` calls)."""
+"""`python -m enn_core.doctor [--config params.yaml] [--set k=v] [--quick] [--json]
+[--only data,model]`: the doctor without the CLI package (the same body `enn doctor` calls)."""
 
 from __future__ import annotations
 

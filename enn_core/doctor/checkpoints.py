@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -22,6 +23,9 @@ from enn_core.doctor.context import DoctorContext, gib
 from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError
 from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE
 
 
 def run(ctx: DoctorContext) -> list[Check]:
@@ -32,6 +36,7 @@ def run(ctx: DoctorContext) -> list[Check]:
 
 
 def _state(ctx: DoctorContext) -> dict[str, torch.Tensor]:
+    model: torch.nn.Module
     try:
         model = ctx.model()
     except EnnError:  # the model layer reports it; round-trip a small stand-in module's state
@@ -60,7 +65,7 @@ def dcp_round_trip(rec: Recorder, parent: Path, state: dict[str, torch.Tensor]) 
             try:
                 dcp.save({"model": state, "step": torch.tensor(7)}, checkpoint_id=str(where))
                 save_s = t()
-                back = {
+                back: STATE_DICT_TYPE = {
                     "model": {k: torch.zeros_like(v) for k, v in state.items()},
                     "step": torch.tensor(0),
                 }
@@ -71,7 +76,8 @@ def dcp_round_trip(rec: Recorder, parent: Path, state: dict[str, torch.Tensor]) 
                     "dcp round trip",
                     "fail",
                     f"DCP save/load in {where} failed: {first}",
-                    "the training checkpoint directory (runtime.work_dir/checkpoints) must be writable with free space",
+                    "the training checkpoint directory (runtime.work_dir/checkpoints) "
+                    "must be writable with free space",
                     t(),
                     path=str(where),
                 )
@@ -137,7 +143,10 @@ def consolidated(ctx: DoctorContext, rec: Recorder) -> None:
                 continue
             secs = t()
         theirs = ckpt.get("data_fingerprint")
-        detail = f"{path}: format v{ckpt['format_version']}, {len(ckpt['state_dict'])} tensors, torch {ckpt.get('torch_version')}"
+        detail = (
+            f"{path}: format v{ckpt['format_version']}, {len(ckpt['state_dict'])} tensors, "
+            f"torch {ckpt.get('torch_version')}"
+        )
         if fingerprint and theirs and theirs != fingerprint:
             rec.add(
                 path.name,

@@ -11,9 +11,10 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ from enn_core.config import RunConfig
 from enn_core.errors import EnnError
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA
+
+if TYPE_CHECKING:
+    from enn_core.model.enn import ENN
 
 # Filesystems whose random reads are slow or whose semantics surprise memmaps and renames.
 NETWORK_FS = (
@@ -147,13 +151,13 @@ class DoctorContext:
             shutil.rmtree(d, ignore_errors=True)
         self._tmp.clear()
 
-    def sample(self) -> tuple[dict, np.ndarray, Path, str]:
+    def sample(self) -> tuple[dict[str, Any], np.ndarray, Path, str]:
         """(manifest, a few feature rows, data dir, 'staged' | 'synthetic (why)'), cached."""
         if "sample" not in self.shared:
             self.shared["sample"] = self._load_sample()
         return self.shared["sample"]
 
-    def _load_sample(self) -> tuple[dict, np.ndarray, Path, str]:
+    def _load_sample(self) -> tuple[dict[str, Any], np.ndarray, Path, str]:
         from enn_core.data.dataset import StagedDataset
 
         why = "no staged data"
@@ -168,7 +172,7 @@ class DoctorContext:
                 why = f"staged data unusable ({str(e).splitlines()[0][:120]})"
         return (*self._synthetic(), f"synthetic manifest ({why})")
 
-    def _synthetic(self) -> tuple[dict, np.ndarray, Path]:
+    def _synthetic(self) -> tuple[dict[str, Any], np.ndarray, Path]:
         from enn_core.data.dataset import StagedDataset
         from enn_core.stages.demo import stage_synthetic
 
@@ -179,7 +183,7 @@ class DoctorContext:
         ds = StagedDataset(path)
         return ds.manifest, np.array(ds.features[:SAMPLE_ROWS], dtype=np.float32), path
 
-    def model(self) -> torch.nn.Module:
+    def model(self) -> ENN:
         """The configured model built for the sample's manifest (raises the build error)."""
         if "model" not in self.shared:
             from enn_core.model import build_model
@@ -199,7 +203,7 @@ class DoctorContext:
 
 
 @contextlib.contextmanager
-def _quiet_logs():
+def _quiet_logs() -> Iterator[None]:
     """Staging logs progress at INFO; the doctor's table is the output."""
     import logging
 

@@ -15,12 +15,16 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
 
-from enn_core.doctor.context import DoctorContext, free_bytes, gib, mount_of
+from enn_core.doctor.context import DoctorContext, Mount, free_bytes, gib, mount_of
 from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError
+
+if TYPE_CHECKING:
+    from enn_core.data.dataset import StagedDataset
 
 SHM = Path("/dev/shm")
 MIN_SHM_FREE = 1 << 30  # below this, DataLoader workers and shared tensors risk a Bus error
@@ -28,6 +32,18 @@ MIN_FREE = 1 << 30  # free space below which a place gets a warning
 QUICK_HASH_LIMIT = 256 << 20  # --quick skips re-hashing staged data larger than this
 PROBE_BYTES = 1 << 20
 BLOCK_ROWS = 1 << 16
+
+
+class PlaceFacts(TypedDict):
+    """The measurements of one `fs <place>` line (its report data)."""
+
+    path: str
+    fstype: str
+    mountpoint: str
+    free_bytes: int
+    total_bytes: int
+    kind: str
+    writable: NotRequired[bool]  # after the write probe
 
 
 def run(ctx: DoctorContext) -> list[Check]:
@@ -72,7 +88,7 @@ def _user() -> str:
         return str(os.getuid())
 
 
-def staged(ctx: DoctorContext, rec: Recorder):
+def staged(ctx: DoctorContext, rec: Recorder) -> StagedDataset | None:
     from enn_core.data.dataset import StagedDataset
 
     path = ctx.staged_dir
@@ -109,14 +125,14 @@ def staged(ctx: DoctorContext, rec: Recorder):
     return ds
 
 
-def _staged_bytes(ds) -> int:
+def _staged_bytes(ds: StagedDataset | None) -> int:
     if ds is None:
         return 0
     arrays = [ds.features] + ([ds.labels] if ds.labels is not None else [])
     return int(sum(a.nbytes for a in arrays))
 
 
-def content_hash(ctx: DoctorContext, rec: Recorder, ds) -> None:
+def content_hash(ctx: DoctorContext, rec: Recorder, ds: StagedDataset) -> None:
     size = _staged_bytes(ds)
     if ctx.quick and size > QUICK_HASH_LIMIT:
         rec.add(
@@ -136,7 +152,8 @@ def content_hash(ctx: DoctorContext, rec: Recorder, ds) -> None:
                 "content hash",
                 "fail",
                 msg,
-                "the staged files changed after staging (or the manifest was edited): re-run `enn stage-data`",
+                "the staged files changed after staging (or the manifest was edited): "
+                "re-run `enn stage-data`",
                 t(),
             )
             return
@@ -165,7 +182,7 @@ def count_nonfinite(arr: np.ndarray, rows: int = BLOCK_ROWS) -> tuple[int, int |
     return total, first
 
 
-def nonfinite(rec: Recorder, ds) -> None:
+def nonfinite(rec: Recorder, ds: StagedDataset) -> None:
     with rec.timer() as t:
         found = {"features": count_nonfinite(ds.features)}
         if ds.labels is not None:
@@ -178,7 +195,8 @@ def nonfinite(rec: Recorder, ds) -> None:
             "non-finite",
             "fail",
             f"NaN/Inf values: {detail} ({where})",
-            "fix the input rows, or re-run `enn stage-data` with data.nonfinite=error to find them (drop to skip them)",
+            "fix the input rows, or re-run `enn stage-data` with data.nonfinite=error "
+            "to find them (drop to skip them)",
             t(),
             counts={k: n for k, (n, _) in found.items()},
         )
@@ -186,7 +204,7 @@ def nonfinite(rec: Recorder, ds) -> None:
         rec.add("non-finite", "ok", f"NaN/Inf values: {detail}", seconds=t())
 
 
-def memmaps(rec: Recorder, ds) -> None:
+def memmaps(rec: Recorder, ds: StagedDataset) -> None:
     """Every array opens as a read-only memmap; read the first rows of each and time it."""
     names = sorted(ds.manifest.get("files", {})) or ["features.npy"]
     read = 0
@@ -249,7 +267,7 @@ def location(rec: Recorder, place: str, path: Path, need: int = 0) -> None:
     mnt = mount_of(path)
     free, total = free_bytes(path)
     where = f"{path} on {mnt.fstype} ({mnt.mountpoint}), {gib(free)} free of {gib(total)}"
-    facts = {
+    facts: PlaceFacts = {
         "path": str(path),
         "fstype": mnt.fstype,
         "mountpoint": mnt.mountpoint,
@@ -329,10 +347,13 @@ def _nearest_dir(path: Path) -> Path:
     return p
 
 
-def _write_fix(place: str, mnt) -> str:
+def _write_fix(place: str, mnt: Mount) -> str:
     why = "it is mounted read-only" if mnt.read_only else "check its free space and permissions"
     if place in ("temp", "TMPDIR"):
-        return f"set TMPDIR to a writable directory with free space ({why}); torch.compile, DCP and exports write there"
+        return (
+            f"set TMPDIR to a writable directory with free space ({why}); "
+            "torch.compile, DCP and exports write there"
+        )
     if place == "work":
         return f"set runtime.work_dir (or ENN_WORK_DIR) to a writable directory ({why})"
     return f"make {mnt.mountpoint} writable or move the directory ({why})"
@@ -356,7 +377,9 @@ def shm(rec: Recorder, path: Path) -> None:
             "warn",
             detail
             + f" (under {gib(MIN_SHM_FREE)}: a full /dev/shm kills workers with a Bus error)",
-            "raise the shared-memory size (docker --shm-size, k8s emptyDir medium: Memory sizeLimit) or remove stale files there",
+            "raise the shared-memory size "
+            "(docker --shm-size, k8s emptyDir medium: Memory sizeLimit) "
+            "or remove stale files there",
             free_bytes=free,
             total_bytes=total,
         )

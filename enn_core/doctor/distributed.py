@@ -9,6 +9,8 @@ timeout, fork in a threaded process, more threads than cores).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 import torch.distributed as dist
 
@@ -17,6 +19,14 @@ from enn_core.doctor.report import Check, Recorder
 from enn_core.train.stage import resolve_world_size, threads_per_worker
 
 LONG_TIMEOUT_S = 1800.0  # gloo's default: a stuck collective is noticed after 30 minutes
+
+
+class WorldFacts(TypedDict):
+    """The measurements of the world size line (its report data)."""
+
+    world_size: int
+    threads: int
+    cores: int
 
 
 def run(ctx: DoctorContext) -> list[Check]:
@@ -47,7 +57,10 @@ def backend(ctx: DoctorContext, rec: Recorder) -> None:
     gloo = dist.is_gloo_available()
     if ctx.device.type == "cuda":
         nccl = dist.is_nccl_available()
-        detail = f"cuda:nccl (NCCL {'available' if nccl else 'MISSING'}) + cpu:gloo control lane (gloo {'available' if gloo else 'MISSING'})"
+        detail = (
+            f"cuda:nccl (NCCL {'available' if nccl else 'MISSING'}) + cpu:gloo control lane "
+            f"(gloo {'available' if gloo else 'MISSING'})"
+        )
         if not (nccl and gloo):
             rec.add("backend", "fail", detail, "install a CUDA torch build with NCCL and gloo")
             return
@@ -76,10 +89,11 @@ def world(ctx: DoctorContext, rec: Recorder) -> None:
     threads = threads_per_worker(rt.threads_per_worker, n)
     cores = cpu_count()
     detail = (
-        f"{n} worker(s) ({why}), {threads} thread(s) each on {cores} core(s); start method {rt.start_method}; "
+        f"{n} worker(s) ({why}), {threads} thread(s) each on {cores} core(s); "
+        f"start method {rt.start_method}; "
         f"max_restarts {rt.max_restarts}"
     )
-    facts = {"world_size": n, "threads": threads, "cores": cores}
+    facts: WorldFacts = {"world_size": n, "threads": threads, "cores": cores}
     gpus = torch.cuda.device_count() if ctx.device.type == "cuda" else 0
     if ctx.device.type == "cuda" and n > gpus:
         rec.add(
@@ -112,8 +126,9 @@ def world(ctx: DoctorContext, rec: Recorder) -> None:
 def timeouts(ctx: DoctorContext, rec: Recorder) -> None:
     rt = ctx.cfg.runtime
     detail = (
-        f"process group {rt.pg_timeout_s:.0f} s during bootstrap and first step, {rt.pg_timeout_steady_s:.0f} s "
-        f"after; hang watchdog {rt.hang_timeout_s:.0f} s; stage {rt.task_timeout_s:.0f} s"
+        f"process group {rt.pg_timeout_s:.0f} s during bootstrap and first step, "
+        f"{rt.pg_timeout_steady_s:.0f} s after; hang watchdog {rt.hang_timeout_s:.0f} s; "
+        f"stage {rt.task_timeout_s:.0f} s"
     )
     facts = {
         k: getattr(rt, k)

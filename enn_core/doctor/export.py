@@ -76,7 +76,8 @@ def export_parity(
         secs = t()
     tol = rel_tol * max(ref_max, label_std)
     detail = (
-        f"dynamic batch exported in {secs:.1f} s from {source}; parity max |diff| {worst:.3g} at batch "
+        f"dynamic batch exported in {secs:.1f} s from {source}; "
+        f"parity max |diff| {worst:.3g} at batch "
         f"sizes {sizes} (tolerance {tol:.3g})"
     )
     if worst > tol:
@@ -112,7 +113,8 @@ def onnx_deps(rec: Recorder, ctx: DoctorContext) -> None:
             "onnx",
             "fail",
             f"required format onnx needs {missing}, not installed",
-            f"pip install -c constraints.txt {' '.join(missing)}, or remove onnx from export.required",
+            f"pip install -c constraints.txt {' '.join(missing)}, "
+            "or remove onnx from export.required",
         )
     else:
         rec.add(

@@ -11,6 +11,9 @@ works (or why not).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from enn_core.doctor.context import DoctorContext
@@ -22,6 +25,7 @@ from enn_core.runtime.kernels import candidates, choose_attention, maybe_compile
 
 def run(ctx: DoctorContext, *, compile_backend: str = "inductor") -> list[Check]:
     rec = Recorder("kernels")
+    model: torch.nn.Module | None
     try:
         model = ctx.model()
     except EnnError as e:
@@ -84,7 +88,8 @@ def attention(ctx: DoctorContext, rec: Recorder, model: torch.nn.Module | None) 
             "attention",
             "warn",
             f"fallback: {detail}",
-            f"{first} failed its probe ({probes.get(first)}); check the torch/CUDA build or the head size "
+            f"{first} failed its probe ({probes.get(first)}); "
+            "check the torch/CUDA build or the head size "
             f"(d_model/heads={ctx.cfg.model.d_model // ctx.cfg.model.heads})",
             secs,
             backend=decision.backend,
@@ -116,7 +121,10 @@ def run_forced(ctx: DoctorContext, model: torch.nn.Module, backend: str) -> tupl
 
 
 def compile_check(
-    ctx: DoctorContext, rec: Recorder, model: torch.nn.Module, backend="inductor"
+    ctx: DoctorContext,
+    rec: Recorder,
+    model: torch.nn.Module,
+    backend: str | Callable[..., Any] = "inductor",
 ) -> None:
     _, rows, _, _ = ctx.sample()
     example = torch.from_numpy(rows).to(ctx.device)

@@ -7,11 +7,17 @@ none (the detail says which).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
 
 from enn_core.doctor.context import DoctorContext
 from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError
+
+if TYPE_CHECKING:
+    from enn_core.model.enn import ENN
 
 
 def run(ctx: DoctorContext) -> list[Check]:
@@ -47,8 +53,8 @@ def run(ctx: DoctorContext) -> list[Check]:
 def forward(
     ctx: DoctorContext,
     rec: Recorder,
-    model: torch.nn.Module,
-    rows,
+    model: ENN,
+    rows: np.ndarray,
     label_shape: list[int],
     source: str,
 ) -> None:
@@ -65,7 +71,8 @@ def forward(
                 "forward",
                 "fail",
                 f"forward on {len(rows)} rows of {source} raised {type(e).__name__}: {first}",
-                "the features do not fit the model's encoder: re-stage the data or rebuild the checkpoint",
+                "the features do not fit the model's encoder: "
+                "re-stage the data or rebuild the checkpoint",
                 t(),
             )
             return

@@ -43,7 +43,7 @@ def probe_dtype(name: str, device: torch.device) -> tuple[bool, str]:
         return False, str(e).splitlines()[0][:120]
     err = float((out.detach().float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
     finite = bool(torch.isfinite(out).all()) and all(
-        bool(torch.isfinite(p.grad).all()) for p in layer.parameters()
+        p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in layer.parameters()
     )
     if not finite or err > TOLERANCE[name]:
         return False, f"autocast {name}: relative error {err:.2g} or non-finite"
@@ -103,7 +103,8 @@ def decision(ctx: DoctorContext, rec: Recorder) -> None:
             "decision",
             "warn",
             detail + f"; {d.name} is emulated on this CPU",
-            "set train.precision=fp32 (or auto) on this machine: emulated autocast is slower than fp32",
+            "set train.precision=fp32 (or auto) on this machine: "
+            "emulated autocast is slower than fp32",
             precision=d.name,
         )
     elif d.name == "fp16":

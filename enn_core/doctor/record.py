@@ -100,7 +100,8 @@ def headline(diag: dict[str, Any]) -> list[str]:
         out.append(f"stack dumps of a hung job: {', '.join(diag['stacks'])}")
     for e in diag["nonfinite"][:1]:
         out.append(
-            f"non-finite {e.get('tensor') or 'value'} at step {e.get('step')} on rank {e.get('rank')} "
+            f"non-finite {e.get('tensor') or 'value'} at step {e.get('step')} "
+            f"on rank {e.get('rank')} "
             f"({len(diag['nonfinite'])} skipped step(s))"
         )
     for e in diag["oom_backoffs"]:

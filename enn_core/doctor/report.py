@@ -111,7 +111,8 @@ class Report:
         n = self.counts()
         verdict = "FAILED" if self.exit_code else "passed"
         lines.append(
-            f"doctor {verdict}: {n['ok']} ok, {n['warn']} warn, {n['fail']} fail, {n['skip']} skipped "
+            f"doctor {verdict}: {n['ok']} ok, {n['warn']} warn, {n['fail']} fail, "
+            f"{n['skip']} skipped "
             f"on {self.device} in {self.seconds:.1f} s" + (" (--quick)" if self.quick else "")
         )
         return "\n".join(lines)

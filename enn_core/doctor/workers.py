@@ -22,7 +22,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -31,8 +31,20 @@ from enn_core.doctor.context import DoctorContext, cpu_count
 from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError, WorkerError
 
+if TYPE_CHECKING:
+    from enn_core.runtime.dist import DistEnv
+
 MAX_TIMEOUT_S = 60.0
 PHASE = "doctor_allreduce"
+
+
+class ReduceResult(TypedDict):
+    """One worker's all-reduce: the sum it got (NaN when the lanes disagree), lanes, time."""
+
+    rank: int
+    sum: float
+    lanes: list[str]
+    reduce_s: float
 
 
 def worker_count(ctx: DoctorContext) -> tuple[int, str]:
@@ -79,15 +91,18 @@ def run(ctx: DoctorContext) -> list[Check]:
     lanes = results[0]["lanes"]
     reduce_ms = max(v["reduce_s"] for v in results.values()) * 1e3
     detail = (
-        f"{n} workers ({why}; {ctx.cfg.runtime.start_method}) started through the elastic launcher; "
-        f"all-reduce on {'+'.join(lanes)} in {reduce_ms:.0f} ms; {secs:.1f} s in all (timeout {timeout:.0f} s)"
+        f"{n} workers ({why}; {ctx.cfg.runtime.start_method}) "
+        "started through the elastic launcher; "
+        f"all-reduce on {'+'.join(lanes)} in {reduce_ms:.0f} ms; "
+        f"{secs:.1f} s in all (timeout {timeout:.0f} s)"
     )
     if wrong:
         rec.add(
             "all-reduce",
             "fail",
             f"{detail}; wrong sums {wrong} (expected {want})",
-            "the collective backend returned wrong results: check the torch build and network interface",
+            "the collective backend returned wrong results: "
+            "check the torch build and network interface",
             secs,
         )
     else:
@@ -110,7 +125,8 @@ def _run_parent(ctx: DoctorContext) -> str | None:
 def _fix(msg: str, run_dir: Path) -> str:
     if "hung in phase" in msg or "waiting for it" in msg:
         return (
-            f"that rank never reached the all-reduce: read its stack in {run_dir / 'stacks'} and its log in "
+            "that rank never reached the all-reduce: "
+            f"read its stack in {run_dir / 'stacks'} and its log in "
             f"{run_dir / 'logs'}; raise runtime.pg_timeout_steady_s only if it was merely slow"
         )
     return (
@@ -120,7 +136,7 @@ def _fix(msg: str, run_dir: Path) -> str:
 
 def start_and_reduce(
     cfg: RunConfig, device: str, n: int, run_dir: Path, timeout_s: float
-) -> dict[int, dict]:
+) -> dict[int, ReduceResult]:
     """Launch `n` workers that all-reduce once; {rank: result}. Raises WorkerError naming a rank."""
     from enn_core.runtime.launch import launch
 
@@ -153,7 +169,7 @@ def start_and_reduce(
     return results
 
 
-def worker(spec_path: str) -> dict[str, Any]:
+def worker(spec_path: str) -> ReduceResult:
     """One worker: bootstrap, heartbeat, all-reduce rank+1 on each lane; errors recorded."""
     from enn_core.config.loader import build
     from enn_core.fault import FaultInjector
@@ -188,7 +204,7 @@ def worker(spec_path: str) -> dict[str, Any]:
         shutdown()
 
 
-def _reduce(env) -> dict[str, Any]:
+def _reduce(env: DistEnv) -> ReduceResult:
     import torch.distributed as dist
 
     t0 = time.perf_counter()

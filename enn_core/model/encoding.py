@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,11 +55,12 @@ def floor_std(std: float, scale: float = 1.0) -> float:
     return float(std) if math.isfinite(std) and std > floor else floor
 
 
-def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
+def parse_feature_specs(specs: Sequence[Mapping[str, Any]]) -> FeatureLayout:
     """Validate the manifest's feature_specs and group the columns by encoding."""
     if not specs:
         raise DataError(
-            "manifest feature_specs is empty; the model needs at least one feature (re-run stage-data)"
+            "manifest feature_specs is empty; "
+            "the model needs at least one feature (re-run stage-data)"
         )
     cont, cmean, cstd, cat, vsz, cyc, per, off, names = [], [], [], [], [], [], [], [], []
     for i, spec in enumerate(specs):
@@ -66,13 +68,15 @@ def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
         kind = spec.get("kind")
         if kind not in KINDS:
             raise DataError(
-                f"manifest feature_specs[{i}] ({name}): kind={kind!r}; expected one of {KINDS} (re-run stage-data)"
+                f"manifest feature_specs[{i}] ({name}): kind={kind!r}; "
+                f"expected one of {KINDS} (re-run stage-data)"
             )
         names.append(name)
         if kind == "continuous":
             if "mean" not in spec or "std" not in spec:
                 raise DataError(
-                    f"manifest feature_specs[{i}] ({name}): continuous feature lacks mean/std (re-run stage-data)"
+                    f"manifest feature_specs[{i}] ({name}): "
+                    "continuous feature lacks mean/std (re-run stage-data)"
                 )
             cont.append(i)
             cmean.append(float(spec["mean"]))
@@ -81,14 +85,16 @@ def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
             vocab = spec.get("vocab")
             if not vocab:
                 raise DataError(
-                    f"manifest feature_specs[{i}] ({name}): categorical feature has no vocab (re-run stage-data)"
+                    f"manifest feature_specs[{i}] ({name}): "
+                    "categorical feature has no vocab (re-run stage-data)"
                 )
             cat.append(i)
             vsz.append(len(vocab))
         period = spec.get("cyclic_period")
         if kind == "cyclic" and not period:
             raise DataError(
-                f"manifest feature_specs[{i}] ({name}): kind=cyclic needs cyclic_period > 0 (re-run stage-data)"
+                f"manifest feature_specs[{i}] ({name}): "
+                "kind=cyclic needs cyclic_period > 0 (re-run stage-data)"
             )
         if period:
             if float(period) <= 0:
@@ -114,6 +120,16 @@ def parse_feature_specs(specs: Sequence[Mapping]) -> FeatureLayout:
 class FeatureEncoder(nn.Module):
     """Raw features [B, F] -> encoded vector [B, out_dim] (float32) and per-feature tokens."""
 
+    # Buffers (register_buffer below), declared so they type as tensors, not Tensor | Module.
+    cont_idx: torch.Tensor
+    cat_idx: torch.Tensor
+    cyc_idx: torch.Tensor
+    cont_mean: torch.Tensor
+    cont_std: torch.Tensor
+    cyc_offset: torch.Tensor
+    cyc_freq: torch.Tensor
+    vocab_sizes: torch.Tensor
+
     def __init__(self, layout: FeatureLayout, embed_dim: int, feature_dropout: float = 0.0) -> None:
         super().__init__()
         self.layout = layout
@@ -131,12 +147,13 @@ class FeatureEncoder(nn.Module):
         )
         self.register_buffer("vocab_sizes", idx(layout.vocab_sizes), persistent=False)
         # One extra row per table: codes outside the vocabulary ("unknown").
-        self.embeddings = nn.ModuleList(nn.Embedding(v + 1, embed_dim) for v in layout.vocab_sizes)
+        embeddings = [nn.Embedding(v + 1, embed_dim) for v in layout.vocab_sizes]
         # Zero init: a category the training rows never had (e.g. a held-out month, whose
         # code exists because the vocabulary spans the period) stays neutral instead of
         # feeding a random vector; seen categories move away from zero with their gradients.
-        for emb in self.embeddings:
+        for emb in embeddings:
             nn.init.zeros_(emb.weight)
+        self.embeddings = nn.ModuleList(embeddings)
         self.out_dim = (
             len(layout.continuous) + embed_dim * len(layout.categorical) + 2 * len(layout.cyclic)
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,9 +38,17 @@ class ENN(nn.Module):
     """Base: feature encoder, label statistics, predict(); presets implement `trunk`."""
 
     preset = "base"
+    # Declared for the type checker: buffers registered below, blocks set by each preset.
+    label_mean: torch.Tensor
+    label_std: torch.Tensor
+    blocks: nn.ModuleList
 
     def __init__(
-        self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray
+        self,
+        cfg: ModelConfig,
+        manifest: Mapping[str, Any],
+        label_mean: np.ndarray,
+        label_std: np.ndarray,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -72,7 +81,7 @@ class ENN(nn.Module):
         """Raw features [B, F] -> real label units [B, *label_shape]."""
         return self.denormalize(self.forward(x))
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """A JSON-able summary for logs and run records."""
         lay = self.encoder.layout
         return {
@@ -99,7 +108,11 @@ class TabularENN(ENN):
     preset = "tabular"
 
     def __init__(
-        self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray
+        self,
+        cfg: ModelConfig,
+        manifest: Mapping[str, Any],
+        label_mean: np.ndarray,
+        label_std: np.ndarray,
     ) -> None:
         super().__init__(cfg, manifest, label_mean, label_std)
         d = cfg.d_model
@@ -120,7 +133,11 @@ class SpatioTemporalENN(ENN):
     preset = "spatiotemporal"
 
     def __init__(
-        self, cfg: ModelConfig, manifest: Mapping, label_mean: np.ndarray, label_std: np.ndarray
+        self,
+        cfg: ModelConfig,
+        manifest: Mapping[str, Any],
+        label_mean: np.ndarray,
+        label_std: np.ndarray,
     ) -> None:
         super().__init__(cfg, manifest, label_mean, label_std)
         d = cfg.d_model
@@ -157,7 +174,7 @@ class SpatioTemporalENN(ENN):
 
 
 def label_statistics(
-    manifest: Mapping, data_dir: str | Path | None = None
+    manifest: Mapping[str, Any], data_dir: str | Path | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Label mean/std broadcast to label_shape, std floored; per-cell files when declared."""
     shape = tuple(int(s) for s in manifest["label_shape"])
@@ -190,7 +207,7 @@ def label_statistics(
     return mean.astype(np.float32), np.asarray(floors, dtype=np.float32)
 
 
-def check_fit(cfg: ModelConfig, manifest: Mapping) -> None:
+def check_fit(cfg: ModelConfig, manifest: Mapping[str, Any]) -> None:
     """Config x data checks that only make sense together; messages name the fix."""
     for key in ("label_shape", "feature_specs"):
         if key not in manifest:
@@ -204,12 +221,15 @@ def check_fit(cfg: ModelConfig, manifest: Mapping) -> None:
         raise ConfigError(f"model.preset={cfg.preset!r} is unknown; use one of {list(PRESETS)}")
     if cfg.preset == "spatiotemporal" and len(shape) != 2:
         raise ConfigError(
-            f"model.preset=spatiotemporal needs a 2-D label_shape [sections, hours] but the data has {shape}; "
+            "model.preset=spatiotemporal needs a 2-D label_shape [sections, hours] "
+            f"but the data has {shape}; "
             "set data.label_shape to two axes or use model.preset=tabular"
         )
 
 
-def build_model(cfg: ModelConfig, manifest: Mapping, *, data_dir: str | Path | None = None) -> ENN:
+def build_model(
+    cfg: ModelConfig, manifest: Mapping[str, Any], *, data_dir: str | Path | None = None
+) -> ENN:
     """The model for `manifest`'s data, initialised from `cfg.init_seed` (global RNG untouched)."""
     check_fit(cfg, manifest)
     mean, std = label_statistics(manifest, data_dir)

@@ -152,7 +152,7 @@ class SpatioTemporalBlock(nn.Module):
         mods = self.ada(F.gelu(c)).chunk(6, dim=-1) if self.ada is not None else None
         x = x + self.attn_section(self._in(0, x, mods))
         x = x + self.attn_hour(self._in(1, x, mods))
-        if self.cross is not None and ctx is not None:
+        if self.cross is not None and self.cross_norm is not None and ctx is not None:
             x = x + self.cross(self.cross_norm(x), ctx)
         return x + self.mlp(self._in(2, x, mods))
 

@@ -49,7 +49,7 @@ import gc
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import numpy as np
 import torch
@@ -57,9 +57,29 @@ import torch.distributed as dist
 from torch import nn
 
 from enn_core.errors import TrainingError
-from enn_core.runtime.memory import MIB, divisors, is_oom, measure_peak, memory_budget
+from enn_core.runtime.memory import (
+    MIB,
+    PeakReading,
+    divisors,
+    is_oom,
+    measure_peak,
+    memory_budget,
+)
+
+if TYPE_CHECKING:
+    from enn_core.runtime.dist import DistEnv
 
 SampleFn = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+AutocastFn = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+class _Trial(TypedDict, total=False):
+    """One candidate of the trial method: out of memory (`result`), or its measured peak."""
+
+    micro_batch: int
+    result: str
+    peak_bytes: int
+    need_bytes: int
 
 
 @dataclass(frozen=True)
@@ -68,9 +88,9 @@ class MicroBatchChoice:
 
     micro_batch: int
     reason: str
-    measured: dict = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)  # JSON-able figures
 
-    def as_record(self) -> dict:
+    def as_record(self) -> dict[str, int | str]:
         return {
             "micro_batch": self.micro_batch,
             "micro_batch_reason": self.reason,
@@ -102,7 +122,7 @@ def sample_from_staged(
     return sample
 
 
-def choose_micro_batch(
+def choose_micro_batch(  # noqa: PLR0913  the trainer's and tests' keyword API, kept as it is
     model: nn.Module,
     loss_fn: nn.Module,
     sample: SampleFn,
@@ -110,7 +130,7 @@ def choose_micro_batch(
     device: torch.device | str,
     *,
     headroom: float = 0.2,
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    autocast: AutocastFn = contextlib.nullcontext,
     distributed: bool = False,
     local_world_size: int = 1,
     method: Literal["auto", "trial", "fit"] = "auto",
@@ -140,7 +160,7 @@ def choose_micro_batch(
         budget, budget_how = int(budget_bytes), "given budget"
     probe = _Probe(model, loss_fn, sample, device, autocast)
     extra, extra_how = _unseen_bytes(probe, per_rank_batch, device)
-    facts = {
+    facts: dict[str, Any] = {
         "method": method,
         "per_rank": per_rank_batch,
         "budget_bytes": budget,
@@ -158,7 +178,14 @@ def choose_micro_batch(
 class _Probe:
     """One forward+backward of n rows, measured, as enn_core.train.step runs it."""
 
-    def __init__(self, model, loss_fn, sample, device, autocast) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: nn.Module,
+        sample: SampleFn,
+        device: torch.device,
+        autocast: AutocastFn,
+    ) -> None:
         self.model, self.loss_fn, self.sample = model, loss_fn, sample
         self.device, self.autocast = device, autocast
         self.params = [*model.parameters(), *loss_fn.parameters()]
@@ -169,7 +196,7 @@ class _Probe:
         # the step's weighted loss sum: the per-row loss (fp32) times the real rows
         (self.loss_fn(pred.float(), y) * x.shape[0]).backward()
 
-    def peak(self, n: int):
+    def peak(self, n: int) -> PeakReading:
         x, y = self.sample(n)  # before the measurement: reading rows is not the step's work
         try:
             return measure_peak(lambda: self.step(x, y), self.device)
@@ -198,7 +225,7 @@ class _Probe:
             for p, g in zip(self.params, grads, strict=True):
                 p.grad = g
             torch.set_rng_state(rng)
-            if cuda:
+            if cuda_rng is not None:  # saved above on CUDA only
                 torch.cuda.set_rng_state(cuda_rng, self.device)
                 torch.cuda.empty_cache()
 
@@ -223,10 +250,10 @@ def _unseen_bytes(probe: _Probe, per_rank: int, device: torch.device) -> tuple[i
 
 
 def _by_trial(
-    probe: _Probe, per_rank: int, budget: int, extra: int, facts: dict
+    probe: _Probe, per_rank: int, budget: int, extra: int, facts: dict[str, Any]
 ) -> MicroBatchChoice:
     """Largest first; the first candidate that runs and stays within the budget wins."""
-    trials = []
+    trials: list[_Trial] = []
     for m in reversed(divisors(per_rank)):
         reading = None
         try:
@@ -253,19 +280,25 @@ def _by_trial(
             )
             return MicroBatchChoice(m, why, facts)
     raise TrainingError(
-        f"train.micro_batch=auto: even a micro-batch of 1 row runs out of memory on {probe.device}; "
-        "use a smaller model (model.d_model, model.layers), train.precision=bf16, or more ranks"
+        "train.micro_batch=auto: even a micro-batch of 1 row runs out of memory "
+        f"on {probe.device}; use a smaller model (model.d_model, model.layers), "
+        "train.precision=bf16, or more ranks"
     )
 
 
-def _trial_text(t: dict) -> str:
+def _trial_text(t: _Trial) -> str:
     if "need_bytes" in t:
         return f"{t['micro_batch']} ({t['need_bytes'] / MIB:.1f} MiB, over)"
     return f"{t['micro_batch']} (out of memory)"
 
 
 def _by_fit(
-    probe: _Probe, per_rank: int, budget: int, extra: int, facts: dict, probe_rows: int
+    probe: _Probe,
+    per_rank: int,
+    budget: int,
+    extra: int,
+    facts: dict[str, Any],
+    probe_rows: int,
 ) -> MicroBatchChoice:
     """Peak at two sizes -> fixed + per-row bytes -> the largest divisor predicted to fit."""
     b = min(per_rank, max(2, probe_rows))
@@ -293,13 +326,14 @@ def _by_fit(
     why = (
         f"auto (fit): {m} of per-rank {per_rank} {verdict}: {pb.how} at {a} and {b} rows = "
         f"{pa.bytes / MIB:.2f} and {pb.bytes / MIB:.2f} MiB -> {slope / MIB:.3f} MiB/row{note} + "
-        f"{fixed / MIB:.2f} MiB fixed, + {facts['unseen']} -> predicted {predicted[m] / MIB:.1f} MiB "
+        f"{fixed / MIB:.2f} MiB fixed, + {facts['unseen']} -> "
+        f"predicted {predicted[m] / MIB:.1f} MiB "
         f"vs budget {budget / MIB:.1f} MiB ({facts['budget']})"
     )
     return MicroBatchChoice(m, why, facts)
 
 
-def agree_min(value: int, env) -> int:
+def agree_min(value: int, env: DistEnv) -> int:
     """The smallest `value` over all ranks, on every rank (identity at world size 1).
 
     `env` is enn_core.runtime.dist.DistEnv; a CPU float64 tensor, so it travels on the gloo
@@ -311,7 +345,7 @@ def agree_min(value: int, env) -> int:
     return int(t.item())
 
 
-def agree_choice(choice: MicroBatchChoice, env) -> MicroBatchChoice:
+def agree_choice(choice: MicroBatchChoice, env: DistEnv) -> MicroBatchChoice:
     """Every rank takes the smallest micro-batch any rank chose (a collective: all ranks call)."""
     m = agree_min(choice.micro_batch, env)
     if m == choice.micro_batch:

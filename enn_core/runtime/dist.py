@@ -30,7 +30,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ import torch.distributed as dist
 from torch import nn
 
 from enn_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 # Variables a previous distributed job (or a parent torchrun) may leave in the launcher's
 # environment; the launcher removes them so each worker sees only what its agent sets.
@@ -72,7 +75,7 @@ class DistEnv:
     device: torch.device
     backend: str
     restart: int  # the job's attempt, agreed across ranks (see _agreed_restart)
-    mesh: Any  # torch.distributed.device_mesh.DeviceMesh
+    mesh: DeviceMesh | None  # None without a process group (local_env)
 
     @property
     def is_main(self) -> bool:
@@ -243,7 +246,7 @@ def apply_parallelism(
     param_dtype: torch.dtype | None = None,
     compile: bool = False,
     fsdp: bool = True,
-) -> tuple[nn.Module, dict]:
+) -> tuple[nn.Module, dict[str, Any]]:
     """Wrap a plain model for this job; returns (model, record of what was applied).
 
     The order is fixed (torchtitan's): 1. move to the device; 2. compile each block (so the
@@ -271,7 +274,8 @@ def apply_parallelism(
         if dist.get_debug_level() == dist.DebugLevel.DETAIL:
             # torch 2.13 on gloo: DDP's construction logger segfaults on a DETAIL-wrapped group
             raise ConfigError(
-                "train.fsdp=false (DDP) crashes under TORCH_DISTRIBUTED_DEBUG=DETAIL in torch 2.13; "
+                "train.fsdp=false (DDP) crashes under TORCH_DISTRIBUTED_DEBUG=DETAIL "
+                "in torch 2.13; "
                 "unset TORCH_DISTRIBUTED_DEBUG or use train.fsdp=true"
             )
         return DistributedDataParallel(model, device_ids=ids), record
@@ -286,21 +290,29 @@ def apply_parallelism(
         if param_dtype
         else MixedPrecisionPolicy()
     )
-    for block in model.blocks:
+    for block in _blocks(model):
         fully_shard(block, mesh=env.mesh, mp_policy=mp)
     fully_shard(model, mesh=env.mesh, mp_policy=mp)
     if hasattr(model, "predict"):  # predict() calls forward directly: give it the root hooks
         register_fsdp_forward_method(model, "predict")
     record["wrap"] = "hsdp" if hsdp else "fsdp2"
-    record["mesh"] = "x".join(str(n) for n in env.mesh.shape)
+    # a distributed env has the mesh bootstrap() built
+    record["mesh"] = "x".join(str(n) for n in cast("DeviceMesh", env.mesh).shape)
     record["param_dtype"] = str(param_dtype or torch.float32).replace("torch.", "")
     return model, record
 
 
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    """The model's `blocks` (the ENN presets' nn.ModuleList, enn_core.model.enn)."""
+    return cast(nn.ModuleList, model.blocks)
+
+
 def _compile_blocks(model: nn.Module) -> str:
     try:
-        for i, block in enumerate(model.blocks):
-            model.blocks[i] = torch.compile(block)
+        blocks = _blocks(model)
+        for i, block in enumerate(blocks):
+            # torch.compile of a module returns an OptimizedModule; its stubs say "a callable"
+            blocks[i] = cast(nn.Module, torch.compile(block))
     except (RuntimeError, AssertionError) as e:  # noqa: B014 - Dynamo raises either
         return f"eager (compile failed: {str(e).splitlines()[0][:120]})"
     return "blocks"

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 HEARTBEATS = "heartbeats"
 STACKS = "stacks"
@@ -40,15 +40,15 @@ def stack_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / STACKS / f"rank-{rank}.txt"
 
 
-def _write_atomic(path: Path, record: dict) -> None:
+def _write_atomic(path: Path, record: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
 
 
-def read_heartbeats(run_dir: Path) -> dict[int, dict]:
+def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:
     """Every rank's latest heartbeat (a file caught mid-replace is skipped this round)."""
-    out: dict[int, dict] = {}
+    out: dict[int, dict[str, Any]] = {}
     d = Path(run_dir) / HEARTBEATS
     if not d.is_dir():
         return out
@@ -64,7 +64,9 @@ def read_heartbeats(run_dir: Path) -> dict[int, dict]:
 class Heartbeat:
     """The worker side. `phase()` from the main thread; a daemon thread keeps the file fresh."""
 
-    def __init__(self, run_dir: str | Path, rank: int, attempt: int = 0, interval: float = 1.0):
+    def __init__(
+        self, run_dir: str | Path, rank: int, attempt: int = 0, interval: float = 1.0
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.interval = interval
@@ -82,15 +84,16 @@ class Heartbeat:
         self._write_lock = threading.Lock()  # the main thread and the beating thread both write
         self._stop = threading.Event()
         self._main_ident = threading.main_thread().ident
-        self._stack_file = None
+        self._stack_file: TextIO | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> Heartbeat:
         """Register the stack-dump signal and start the beating thread."""
         sp = stack_path(self.run_dir, self.rank)
         sp.parent.mkdir(parents=True, exist_ok=True)
-        self._stack_file = open(sp, "w")  # noqa: SIM115 - kept open for faulthandler
-        faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True, chain=False)
+        stack_file = open(sp, "w")  # noqa: SIM115 - kept open for faulthandler
+        self._stack_file = stack_file
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
         self._beat()
         self._thread = threading.Thread(target=self._run, name="enn-heartbeat", daemon=True)
         self._thread.start()
@@ -134,7 +137,8 @@ class Heartbeat:
             _write_atomic(self.path, rec)
 
     def _main_frame(self) -> dict[str, Any]:
-        frame = sys._current_frames().get(self._main_ident)
+        ident = self._main_ident
+        frame = sys._current_frames().get(ident) if ident is not None else None
         if frame is None:
             return {"frame": "", "in_collective": False}
         code = frame.f_code

@@ -16,7 +16,9 @@ ran. `maybe_compile(model, enabled, example)` compiles and falls back to eager o
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import torch
 from torch import nn
@@ -24,6 +26,9 @@ from torch.nn.attention import sdpa_kernel
 
 from enn_core.errors import ConfigError
 from enn_core.model.layers import BACKENDS, set_attention_backend
+
+if TYPE_CHECKING:
+    from enn_core.config.train import TrainConfig
 
 CPU_CANDIDATES = ("flash", "math")
 CUDA_CANDIDATES = ("flash", "efficient", "cudnn", "math")
@@ -34,13 +39,21 @@ CUDA_ONLY = {
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 
+class ProbeResult(TypedDict):
+    """One backend's probe: whether it passed, why not, and its error against the reference."""
+
+    ok: bool
+    error: str | None
+    max_abs_err: float | None
+
+
 @dataclass(frozen=True)
 class AttentionDecision:
     backend: str
     reason: str
-    probes: dict[str, dict] = field(default_factory=dict)
+    probes: dict[str, ProbeResult] = field(default_factory=dict)
 
-    def as_record(self) -> dict:
+    def as_record(self) -> dict[str, str | dict[str, ProbeResult]]:
         return {
             "attention": self.backend,
             "attention_reason": self.reason,
@@ -71,7 +84,7 @@ def probe_backend(
     heads: int = 4,
     head_dim: int = 16,
     length: int = 24,
-) -> dict:
+) -> ProbeResult:
     """Forward + backward of one backend on random inputs: {ok, error, max_abs_err}."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (
@@ -83,7 +96,7 @@ def probe_backend(
         out.float().square().sum().backward()
     except RuntimeError as e:
         return {"ok": False, "error": str(e).splitlines()[0][:200], "max_abs_err": None}
-    grads_finite = all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+    grads_finite = all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
     if not bool(torch.isfinite(out).all()) or not grads_finite:
         return {"ok": False, "error": "non-finite output or gradient", "max_abs_err": None}
     err = float(
@@ -107,7 +120,7 @@ def candidates(device: torch.device) -> tuple[tuple[str, ...], dict[str, str]]:
 
 
 def choose_attention(
-    train_cfg,
+    train_cfg: TrainConfig,
     device: torch.device | str,
     dtype: torch.dtype = torch.float32,
     heads: int = 4,
@@ -116,7 +129,7 @@ def choose_attention(
     """Probe candidates once; the first that passes wins (or the forced one, which must pass)."""
     device = torch.device(device)
     order, excluded = candidates(device)
-    probes: dict[str, dict] = {
+    probes: dict[str, ProbeResult] = {
         n: {"ok": False, "error": f"excluded: {why}", "max_abs_err": None}
         for n, why in excluded.items()
     }
@@ -124,29 +137,36 @@ def choose_attention(
     if forced != "auto":
         if forced in excluded:
             raise ConfigError(
-                f"train.attention={forced} is {excluded[forced]}; use train.attention=auto, flash or math"
+                f"train.attention={forced} is {excluded[forced]}; "
+                "use train.attention=auto, flash or math"
             )
         probes[forced] = probe_backend(forced, device, dtype, heads, head_dim)
         if not probes[forced]["ok"]:
             raise ConfigError(
-                f"train.attention={forced} failed its probe on {device.type} ({probes[forced]['error']}); use train.attention=auto or math"
+                f"train.attention={forced} failed its probe on {device.type} "
+                f"({probes[forced]['error']}); use train.attention=auto or math"
             )
         return AttentionDecision(forced, f"train.attention={forced} (probe passed)", probes)
     for name in order:
         probes[name] = probe_backend(name, device, dtype, heads, head_dim)
         if probes[name]["ok"]:
             failed = [f"{n}: {probes[n]['error']}" for n in order[: order.index(name)]]
-            why = f"auto: first of {list(order)} to pass the probe on {device.type}/{str(dtype).removeprefix('torch.')}"
+            why = (
+                f"auto: first of {list(order)} to pass the probe on "
+                f"{device.type}/{str(dtype).removeprefix('torch.')}"
+            )
             return AttentionDecision(
                 name, why + (f" (failed: {'; '.join(failed)})" if failed else ""), probes
             )
     raise ConfigError(
-        f"no attention backend passed its probe on {device}: {probes}; check the torch build or set train.attention=math"
+        f"no attention backend passed its probe on {device}: {probes}; "
+        "check the torch build or set train.attention=math"
     )
 
 
 def apply_attention(decision: AttentionDecision | None) -> None:
-    """Make the model run attention inside sdpa_kernel([decision.backend]) (None: torch's choice)."""
+    """Make the model run attention inside sdpa_kernel([decision.backend])
+    (None: torch's choice)."""
     set_attention_backend(decision.backend if decision is not None else None)
 
 
@@ -156,7 +176,7 @@ class CompileDecision:
     reason: str
     backend: str = "inductor"
 
-    def as_record(self) -> dict:
+    def as_record(self) -> dict[str, bool | str]:
         return {
             "compile": self.compiled,
             "compile_reason": self.reason,
@@ -165,7 +185,10 @@ class CompileDecision:
 
 
 def maybe_compile(
-    model: nn.Module, enabled: bool, example: torch.Tensor | None = None, backend="inductor"
+    model: nn.Module,
+    enabled: bool,
+    example: torch.Tensor | None = None,
+    backend: str | Callable[..., Any] = "inductor",
 ) -> tuple[nn.Module, CompileDecision]:
     """torch.compile the model, or keep it eager, with the reason.
 
@@ -176,7 +199,8 @@ def maybe_compile(
     if not enabled:
         return model, CompileDecision(False, "train.compile=false (eager)", label)
     try:
-        compiled = torch.compile(model, backend=backend)
+        # torch.compile of a module returns an OptimizedModule; its stubs say only "a callable"
+        compiled = cast(nn.Module, torch.compile(model, backend=backend))
         if example is not None:
             was_training = model.training
             model.eval()  # dropout off, so compiled and eager outputs are comparable

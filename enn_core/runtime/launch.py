@@ -79,7 +79,8 @@ class Verdict:
         who = f"rank {self.rank}" if self.rank is not None else "a worker of this node"
         return (
             f"{who} hung in phase {self.phase}{step} (no progress for {self.silent_s:.0f} s, "
-            f"at {self.frame or 'unknown frame'}){peers}; stacks of every rank in {run_dir / 'stacks'}"
+            f"at {self.frame or 'unknown frame'}){peers}; "
+            f"stacks of every rank in {run_dir / 'stacks'}"
         )
 
 
@@ -141,9 +142,9 @@ class Rendezvous:
         )
 
 
-def launch(
+def launch(  # noqa: PLR0913  the stages' and tests' keyword API, kept as it is
     fn: Callable[..., Any],
-    args: tuple,
+    args: tuple[Any, ...],
     *,
     nprocs: int,
     run_dir: str | Path,
@@ -200,14 +201,14 @@ class _Job:
 
     def __init__(
         self,
-        fn,
-        args,
-        nprocs,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        nprocs: int,
         run_dir: Path,
         max_restarts: int,
         start_method: str,
         rdzv: Rendezvous,
-    ):
+    ) -> None:
         self.fn, self.args, self.nprocs, self.run_dir = fn, args, nprocs, run_dir
         self.max_restarts, self.start_method, self.rdzv = max_restarts, start_method, rdzv
         self.endpoint, self.run_id = rdzv.resolved()
@@ -341,7 +342,7 @@ class Watchdog:
         *,
         local_only: bool = False,
         rendezvous_s: float = 0.0,
-    ):
+    ) -> None:
         self.run_dir, self.nprocs = run_dir, nprocs
         self.hang_timeout_s, self.budgets = hang_timeout_s, budgets
         self.local_only, self.rendezvous_s = local_only, rendezvous_s
@@ -353,7 +354,7 @@ class Watchdog:
         and its spawn budget runs from now."""
         self.min_attempt, self.attempt_started = self.newest_attempt + 1, time.time()
 
-    def _current(self, beats: dict[int, dict]) -> dict[int, dict]:
+    def _current(self, beats: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         if beats:
             self.newest_attempt = max(
                 self.newest_attempt, *(int(h.get("attempt", 0)) for h in beats.values())
@@ -410,7 +411,7 @@ class Watchdog:
         return Verdict(None, "spawn", None, silent_s, frame)
 
 
-def dump_stacks(run_dir: Path, beats: dict[int, dict], wait_s: float = 3.0) -> None:
+def dump_stacks(run_dir: Path, beats: dict[int, dict[str, Any]], wait_s: float = 3.0) -> None:
     """SIGUSR1 to every rank (faulthandler writes its stacks), then wait for the files."""
     for h in beats.values():
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -444,7 +445,7 @@ def write_error(
     path.write_text(json.dumps(rec))
 
 
-def read_errors(run_dir: Path) -> list[dict]:
+def read_errors(run_dir: Path) -> list[dict[str, Any]]:
     recs = []
     for p in sorted((Path(run_dir) / ERRORS).glob("rank-*.json")):
         with contextlib.suppress(OSError, json.JSONDecodeError):
@@ -468,7 +469,8 @@ def worker_error(run_dir: Path, cause: BaseException | None, watchdog: Watchdog)
         cls = cls if isinstance(cls, type) and issubclass(cls, errors.EnnError) else WorkerError
         step = f" step {rec['step']}" if rec.get("step") is not None else ""
         return cls(
-            f"rank {rec['rank']} failed in phase {rec['phase']}{step}: {rec['type']}: {rec['message']} (logs in {run_dir / 'logs'})"
+            f"rank {rec['rank']} failed in phase {rec['phase']}{step}: {rec['type']}: "
+            f"{rec['message']} (logs in {run_dir / 'logs'})"
         )
     died = _died_without_record(run_dir, cause, {r["rank"] for r in recs})
     if died is not None:

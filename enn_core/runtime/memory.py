@@ -60,15 +60,16 @@ class MemoryGovernor:
 
     plan: Plan
     max_backoffs: int
-    history: list[dict] = field(default_factory=list)
+    history: list[dict[str, int | str]] = field(default_factory=list)
 
     def back_off(self, *, epoch: int, step: int, reason: str) -> Plan:
         """Halve the micro-batch (same global batch); TrainingError when no room is left."""
         old = self.plan
         if len(self.history) >= self.max_backoffs or old.micro_batch <= 1:
             raise TrainingError(
-                f"out of memory at epoch {epoch} step {step} with micro_batch={old.micro_batch} after "
-                f"{len(self.history)} back-offs (limit train.max_oom_backoffs={self.max_backoffs}); "
+                f"out of memory at epoch {epoch} step {step} with micro_batch={old.micro_batch} "
+                f"after {len(self.history)} back-offs "
+                f"(limit train.max_oom_backoffs={self.max_backoffs}); "
                 f"lower train.batch_size or set train.micro_batch to a smaller divisor of the "
                 f"per-rank batch {old.per_rank}, or use train.precision=bf16"
             )

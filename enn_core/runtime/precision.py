@@ -17,10 +17,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from enn_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from enn_core.config.train import TrainConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -33,7 +37,7 @@ class PrecisionDecision:
     use_grad_scaler: bool
     device_type: str
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         """The autocast context of the forward pass (a no-op for fp32)."""
         if self.name == "fp32":
             return contextlib.nullcontext()
@@ -43,7 +47,7 @@ class PrecisionDecision:
         """A gradient scaler for fp16, None otherwise."""
         return torch.amp.GradScaler(self.device_type) if self.use_grad_scaler else None
 
-    def as_record(self) -> dict:
+    def as_record(self) -> dict[str, str | bool]:
         return {
             "precision": self.name,
             "precision_reason": self.reason,
@@ -75,7 +79,7 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags or "AMX" in str(cap)
 
 
-def choose_precision(train_cfg, device: torch.device | str) -> PrecisionDecision:
+def choose_precision(train_cfg: TrainConfig, device: torch.device | str) -> PrecisionDecision:
     """fp32 / bf16 / fp16 from train.precision and what the device supports, with the reason."""
     device = torch.device(device)
     asked = train_cfg.precision
@@ -84,7 +88,8 @@ def choose_precision(train_cfg, device: torch.device | str) -> PrecisionDecision
     if device.type != "cpu":
         if asked not in ("auto", "fp32"):
             raise ConfigError(
-                f"train.precision={asked} on device {device}: only fp32 is supported there; set train.precision=fp32"
+                f"train.precision={asked} on device {device}: only fp32 is supported there; "
+                "set train.precision=fp32"
             )
         return PrecisionDecision(
             "fp32", torch.float32, f"device {device.type}: fp32 only", False, device.type

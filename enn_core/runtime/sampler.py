@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast, overload
 
 import numpy as np
 
@@ -81,11 +82,14 @@ def make_plan(
         if auto_micro_batch is None:
             raise ConfigError(
                 "train.micro_batch=auto was not resolved before planning (the worker calls "
-                "enn_core.runtime.batch_probe.choose_micro_batch); set train.micro_batch to an integer"
+                "enn_core.runtime.batch_probe.choose_micro_batch); "
+                "set train.micro_batch to an integer"
             )
         micro_batch = auto_micro_batch
     per_rank = batch_size // max(world_size, 1)
-    return Plan(global_batch=batch_size, world_size=world_size, micro_batch=micro_batch or per_rank)
+    # TrainConfig admits no string but "auto", resolved above: an int from here on
+    micro = cast(int, micro_batch)
+    return Plan(global_batch=batch_size, world_size=world_size, micro_batch=micro or per_rank)
 
 
 class GlobalBlockSampler:
@@ -93,7 +97,7 @@ class GlobalBlockSampler:
 
     def __init__(
         self, train_rows: np.ndarray, global_batch: int, *, seed: int, shuffle_block: int = 1
-    ):
+    ) -> None:
         if len(train_rows) == 0:
             raise ConfigError("the training split is empty; re-run stage-data with training rows")
         if shuffle_block < 1:
@@ -142,11 +146,17 @@ class GlobalBlockSampler:
         """Real (non-padding) rows of global batch `step`: the loss divisor on every rank."""
         return int(min(self.global_batch, len(self.train_rows) - step * self.global_batch))
 
-    def state(self, epoch: int, step: int) -> dict:
+    def state(self, epoch: int, step: int) -> dict[str, int]:
         """The resumable position: global, so valid at any world size."""
         return {"epoch": epoch, "step": step, "seed": self.seed, "global_batch": self.global_batch}
 
 
+@overload
+def read_rows(
+    features: np.ndarray, labels: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def read_rows(features: np.ndarray, labels: None, rows: np.ndarray) -> tuple[np.ndarray, None]: ...
 def read_rows(
     features: np.ndarray, labels: np.ndarray | None, rows: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -169,7 +179,7 @@ def micro_batches(
 ) -> list[Batch]:
     """Cut a rank's slice into micro-batches, each read with one gather."""
     x, y = read_rows(features, labels, rows)
-    out = []
+    out: list[Batch] = []
     for lo in range(0, len(rows), micro_batch):
         sl = slice(lo, lo + micro_batch)
         out.append(Batch(features=x[sl], labels=y[sl], weights=weights[sl], rows=rows[sl]))
