@@ -29,7 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from enn_core.paths import STAGES
+from enn_core.stages import TRAINING
+
+STAGES = tuple(s.name for s in TRAINING)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +59,9 @@ def _instrument(timings: dict) -> None:
             try:
                 return fn(*args, **kwargs)
             finally:
-                per = timings.setdefault(at if isinstance(at, str) else str(args[at]), {})
+                key = at if isinstance(at, str) else args[at]
+                key = getattr(key, "name", getattr(key, "stage", key))  # a spec or a result
+                per = timings.setdefault(str(key), {})
                 per[component] = per.get(component, 0.0) + time.perf_counter() - t0
 
         setattr(owner, attr, timed)
@@ -75,7 +79,10 @@ def child(runs: int) -> None:
     """Run in the temp project (cwd, PYTHONPATH): `runs` training flows, one JSON line each."""
     import asyncio
 
-    from flows.training import training  # contains the environment first (tasks/env.py)
+    from tasks.env import contain, project_layout
+
+    contain(project_layout(Path.cwd(), "work"))  # as `enn` does, before prefect is imported
+    from flows.training import training
 
     timings: dict[str, dict[str, float]] = {}
     _instrument(timings)
@@ -88,7 +95,7 @@ def child(runs: int) -> None:
             return_state=True,
         )
         flow_s = time.perf_counter() - t0
-        results = state.result()
+        results = {k: {"work_seconds": r.work_seconds} for k, r in state.result().items()}
         ends = asyncio.run(_task_ends(state.state_details.flow_run_id))
         logged = timings.get("export", {}).get("model logging", 0.0)
         parts = {k: v for k, v in timings.items() if k in STAGES}

@@ -21,6 +21,17 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The test process is an entry point too: telemetry off before any test imports prefect
+    or mlflow in-process (tasks/env.py's FORCED values; each project's commands get their own
+    contained environment through `contained_env`)."""
+    from tasks.env import FORCED
+
+    os.environ.update(FORCED)
+
+
 COPIED = (
     "enn_core",
     "tasks",

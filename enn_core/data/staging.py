@@ -45,8 +45,6 @@ from enn_core.paths import Layout
 from enn_core.summaries import StagedSummary
 
 if TYPE_CHECKING:
-    from enn_core.events import EventLog
-    from enn_core.fault import FaultInjector
     from enn_core.stage import StageContext
 
 SUFFIXES = {
@@ -60,14 +58,7 @@ SUFFIXES = {
 
 def run(cfg: RunConfig, ctx: StageContext) -> StagedSummary:
     """The stage-data stage: stage `cfg.data` into `ctx.output()`."""
-    result = stage(
-        cfg.data,
-        ctx.layout,
-        ctx.output(),
-        events=ctx.events,
-        faults=ctx.faults,
-        progress=ctx.progress,
-    )
+    result = stage(cfg.data, ctx.layout, ctx.output(), ctx=ctx)
     ctx.events.param("data_content_hash", result["content_hash"])
     ctx.events.metrics({"data/rows": result["n_rows"], "data/seconds": result["seconds"]})
     ctx.events.artifact(Path(result["path"]) / MANIFEST, ctx.stage)
@@ -140,11 +131,10 @@ def stage(
     layout: Layout,
     target: str | Path,
     *,
-    events: EventLog | None = None,
-    faults: FaultInjector | None = None,
-    progress: bool = True,
+    ctx: StageContext | None = None,
 ) -> dict[str, Any]:
-    """Stage `data` into `target` atomically; returns a summary with the manifest's headline."""
+    """Stage `data` into `target` atomically; returns a summary with the manifest's headline.
+    `ctx`: the stage run's context (events, fault phases, progress), None outside a stage."""
     t0 = time.perf_counter()
     target = Path(target)
     training = None
@@ -155,15 +145,15 @@ def stage(
     source = open_source(data, layout)
     try:
         with atomic_dir(_writable(target)) as tmp:
-            manifest = _write(data, source, tmp, training, faults, progress)
+            manifest = _write(data, source, tmp, training, ctx)
     except OSError as e:
         raise _output_error(e, target) from e
     finally:
         source.close()
     manifest_summary = {k: manifest[k] for k in ("n_rows", "splits", "content_hash", "mode")}
     out = {"path": str(target), **manifest_summary, "seconds": round(time.perf_counter() - t0, 3)}
-    if events is not None:
-        events.event("staged", **out)
+    if ctx is not None:
+        ctx.events.event("staged", **out)
     return out
 
 
@@ -195,14 +185,13 @@ def _write(
     source: Source,
     tmp: Path,
     training: dict[str, Any] | None,
-    faults: FaultInjector | None,
-    progress: bool = True,
+    ctx: StageContext | None,
 ) -> dict[str, Any]:
     info = source.info
     frozen = training["feature_specs"] if training else None
     enc = Encoder(info.feature_names, data, frozen)
     file = str(info.path or "synthetic")
-    writer = ChunkWriter(tmp, data, info, enc, file, faults, progress)
+    writer = ChunkWriter(tmp, data, info, enc, file, ctx)
     stop = threading.Event()  # a failed run does not wait for the whole input to be hashed
     with ThreadPoolExecutor(max_workers=1) as pool:  # hash the input while staging it
         src_hash = pool.submit(hashing.hash_files, info.inputs, stop) if info.inputs else None

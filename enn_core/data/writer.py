@@ -26,7 +26,7 @@ from enn_core.errors import DataError
 from enn_core.progress import bar
 
 if TYPE_CHECKING:
-    from enn_core.fault import FaultInjector
+    from enn_core.stage import StageContext
 
 NARROW_KINDS = {
     np.dtype(t) for t in ("float16", "float32", "int8", "int16", "uint8", "uint16", "bool")
@@ -87,18 +87,11 @@ class ChunkWriter:
         info: SourceInfo,
         enc: Encoder,
         file: str,
-        faults: FaultInjector | None,
-        progress: bool = True,
+        ctx: StageContext | None = None,
     ) -> None:
-        self.progress = progress  # a chunk bar on a terminal (enn_core.progress)
-        self.out, self.cfg, self.info, self.enc, self.file, self.faults = (
-            out,
-            cfg,
-            info,
-            enc,
-            file,
-            faults,
-        )
+        # a stage run's context: its fault phase (the stage name, per chunk) and progress bar
+        self.ctx = ctx
+        self.out, self.cfg, self.info, self.enc, self.file = out, cfg, info, enc, file
         self.has_labels = info.label_shape is not None
         # this pass's writers (None between passes)
         self._x: NpyWriter | None = None
@@ -145,10 +138,12 @@ class ChunkWriter:
             else None
         )
         self._codes = codes_w = NpyWriter(self.out / self.codes_file, np.int8, ())
-        with bar(None, "stage-data", self.progress, unit="chunk") as pbar:
+        ctx = self.ctx
+        label, progress = (ctx.stage, ctx.progress) if ctx is not None else ("staging", False)
+        with bar(None, label, progress, unit="chunk") as pbar:
             for i, chunk in enumerate(source.chunks()):
-                if self.faults is not None:
-                    self.faults.at("stage-data", step=i)
+                if ctx is not None:
+                    ctx.faults.at(ctx.stage, step=i)
                 self._chunk(chunk, x_w, y_w, codes_w)
                 pbar.update(1)
         if self.rows == 0:

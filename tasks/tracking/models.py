@@ -19,14 +19,15 @@ import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 
 from enn_core.paths import Layout
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 ENN_DIR = "enn"  # folder inside the logged model holding the files predict and warm start load
 
@@ -71,7 +72,7 @@ def _decide_champion(
         )
     try:
         current = client.get_model_version_by_alias(name, "champion")
-    except MlflowException:
+    except mlflow_error():
         return True, "no champion yet"
     tags = current.tags
     if any(tags.get(k) != v for k, v in fp.items()):
@@ -142,7 +143,7 @@ def register_export(
         client.create_registered_model(
             registered_model, description="ENN exported prediction path (real units)."
         )
-    except MlflowException:
+    except mlflow_error():
         pass  # it exists already
     fp = fingerprints(layout)
     train = _json(DISTRIBUTED_TRAIN.output_dir(layout) / "metrics.json")
@@ -215,3 +216,10 @@ def resolve_model_uri(uri: str, dest: Path, tracking_uri: str | None = None) -> 
             f"{uri}: no {ENN_DIR}/model.pt in the registered model; re-run export to register it"
         )
     return local
+
+
+def mlflow_error() -> type[Exception]:
+    """MLflow's exception class (mlflow is imported when tracking runs, not with this module)."""
+    from mlflow.exceptions import MlflowException
+
+    return MlflowException

@@ -10,15 +10,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import ModuleType
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # no display; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from enn_core.paths import Layout
+from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT, STAGE_DATA
 
-from enn_core.paths import Layout  # noqa: E402
-from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT, STAGE_DATA  # noqa: E402
+
+def _pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg backend (no display), imported when a plot is drawn:
+    importing this module has no side effects (pyplot builds a font cache on first import)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # must precede pyplot
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def loss_curves(layout: Layout, out_dir: Path) -> list[Path]:
@@ -28,6 +36,7 @@ def loss_curves(layout: Layout, out_dir: Path) -> list[Path]:
 
 
 def loss_curve_png(history_path: Path, out_dir: Path) -> Path | None:
+    plt = _pyplot()
     if not history_path.exists():
         return None
     out_png = out_dir / "loss_curves.png"
@@ -56,6 +65,7 @@ def loss_curve_png(history_path: Path, out_dir: Path) -> Path | None:
 
 
 def prediction_plots(layout: Layout, out_dir: Path, n_groups: int = 3) -> list[Path]:
+    plt = _pyplot()
     from enn_core.data.dataset import StagedDataset
 
     pred_path = PREDICT.output_dir(layout) / "predictions.npy"

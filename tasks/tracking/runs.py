@@ -22,14 +22,18 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mlflow
 import psutil
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
 
 from enn_core.config import RunConfig
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+# mlflow is imported inside the functions that use it: importing this module has no side
+# effects (`import mlflow` writes its telemetry state and an environment variable unless the
+# entry point contained the environment first, tasks/env.py).
 from enn_core.errors import TransientError
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
@@ -83,6 +87,9 @@ class Tracker:
             return
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or layout.mlflow_uri
         layout.mlflow_dir.mkdir(parents=True, exist_ok=True)
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
         mlflow.set_tracking_uri(uri)
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
@@ -142,6 +149,8 @@ class Tracker:
         run_id = self.client.create_run(
             self.experiment_id, run_name=stage, tags=all_tags
         ).info.run_id
+        from mlflow.entities import Param
+
         flat = _flatten(params)
         self.client.log_batch(run_id, params=[Param(k, v[:MAX_PARAM_LEN]) for k, v in flat.items()])
         forwarder = EventForwarder(self.client, run_id, run_dir)
@@ -272,6 +281,8 @@ class EventForwarder:
             self.flush()
 
     def flush(self) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
         if not self.path.exists():
             return
         with open(self.path, encoding="utf-8") as f:

@@ -166,7 +166,7 @@ def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
         )["runs"]
         assert {r["info"]["run_name"] for r in found} == {"training", *(s.name for s in TRAINING)}
         assert {r["info"]["status"] for r in found} == {"FINISHED"}
-        from mlflow.tracking import MlflowClient  # after flows: tasks/env.py contains it first
+        from mlflow.tracking import MlflowClient  # telemetry off: tests/conftest.py
 
         client = MlflowClient(tracking_uri=url, registry_uri=url)
         champion = client.get_model_version_by_alias("enn-model", "champion")

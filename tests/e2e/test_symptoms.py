@@ -105,17 +105,21 @@ import sys
 import time
 from pathlib import Path
 
-import tasks  # noqa: F401  (contains the environment before prefect is imported)
+from tasks.env import contain, project_layout
+
+contain(project_layout(Path.cwd(), "work"))  # the entry point's first step, before prefect
+
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, FlowRunFilter, FlowRunFilterId, TaskRunFilter
 
-from flows.training import TRAINING_TASKS, run_stages
+from enn_core.stages import lookup
+from flows.training import run_stages
 
 
 @flow(name="symptom", persist_result=False)
 def symptom(stages: list, overrides: list) -> dict:
-    return run_stages("symptom", "params.yaml", overrides, {s: TRAINING_TASKS[s] for s in stages})
+    return run_stages("symptom", "params.yaml", overrides, tuple(lookup(s) for s in stages))
 
 
 def constant_model():
@@ -232,8 +236,7 @@ def provoked(tmp_path_factory, prefect_home_shared) -> Provoked:
     assert set(results) == {item["name"] for item in PLAN}, out.stdout[-3000:]
     assert results["baseline"]["state"] == "COMPLETED", results["baseline"]["message"]
     print(" ".join(f"{k} {v['seconds']} s;" for k, v in results.items()))
-    # imported after make_project, which imports tasks (tasks/env.py contains the env first)
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # telemetry off: tests/conftest.py
 
     uri = f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
     return Provoked(project, results, MlflowClient(tracking_uri=uri), tmp / "downloads")
