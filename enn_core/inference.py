@@ -77,6 +77,8 @@ class PredictionPath(nn.Module):
         if self.has_affine:
             slope = torch.as_tensor(np.asarray(cal.slope), dtype=torch.float32)
             intercept = torch.as_tensor(np.asarray(cal.intercept), dtype=torch.float32)
+            self.slope: torch.Tensor
+            self.intercept: torch.Tensor
             self.register_buffer("slope", slope)
             self.register_buffer("intercept", intercept)
 
@@ -122,7 +124,7 @@ def label_std(ds: StagedDataset) -> float:
     """The standard deviation of the training rows' labels (float64): the scale that parity
     tolerances and the broadcast check are relative to."""
     train = np.asarray(ds.split("train"))
-    return float(np.std(np.asarray(ds.labels[train], dtype=np.float64)))
+    return float(np.std(np.asarray(ds.targets[train], dtype=np.float64)))
 
 
 def load_trained(staged: Path, trained: Path, stage: str) -> tuple[StagedDataset, ENN, Checkpoint]:

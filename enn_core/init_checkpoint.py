@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,6 +39,7 @@ from enn_core.data.hashing import sha256_file
 from enn_core.data.manifest import FORMAT_VERSION as DATA_FORMAT_VERSION
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model import build_model
+from enn_core.paths import Layout
 from enn_core.stage import StageContext
 from enn_core.summaries import InitSummary
 
@@ -65,7 +67,7 @@ def read_manifest(staged: Path) -> dict:
 FRESH_START = "start fresh (checkpoint.init_from: '')"
 
 
-def resolve_source(source: str, layout) -> Path:
+def resolve_source(source: str, layout: Layout) -> Path:
     """`checkpoint.init_from` as an existing consolidated checkpoint file (a folder -> its model.pt)."""
     if source.startswith(("models:/", "runs:/")):
         raise ConfigError(
@@ -115,7 +117,9 @@ def _scalars(meta: Mapping) -> dict:
     return {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) or v is None}
 
 
-def warm_start(cfg, manifest: Mapping, source: str, layout, model: torch.nn.Module) -> dict:
+def warm_start(
+    cfg: RunConfig, manifest: Mapping, source: str, layout: Layout, model: torch.nn.Module
+) -> dict[str, Any]:
     """Load a compatible consolidated checkpoint into `model` (strictly); return what was used.
 
     Refuses (ConfigError, differences named) another model config, another data schema
@@ -171,48 +175,51 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
         "init_from": source or "fresh",
         **({"init_source_sha256": warm["sha256"]} if warm else {}),
     }
+    described = model.describe()
     with atomic_dir(ctx.output()) as tmp:
         save_consolidated(tmp / "init.pt", model, cfg.model, manifest, meta)
-        summary = {
+        summary = InitSummary(
+            output=str(ctx.output()),
+            path=str(ctx.output() / "init.pt"),
+            sha256=sha256_file(tmp / "init.pt"),
+            init_seed=cfg.model.init_seed,
+            init_from=source or "fresh",
+            warm_start=warm,
+            data_fingerprint=str(manifest.get("content_hash") or ""),
+            parameters=int(described["parameters"]),
+        )
+        record = {
             "format_version": FORMAT_VERSION,
             "checkpoint": "init.pt",
-            "sha256": sha256_file(tmp / "init.pt"),
-            "init_seed": cfg.model.init_seed,
-            "init_from": source or "fresh",
-            "warm_start": warm,
-            "data_fingerprint": str(manifest.get("content_hash") or ""),
-            "model": model.describe(),
+            **{k: v for k, v in summary.as_dict().items() if k not in ("output", "path")},
+            "model": described,
         }
-        write_json(tmp / "init.json", summary)
+        del record["parameters"]
+        write_json(tmp / "init.json", record)
     _record(ctx, cfg, summary)
-    return InitSummary(
-        output=str(ctx.output()),
-        path=str(ctx.output() / "init.pt"),
-        sha256=summary["sha256"],
-        init_seed=summary["init_seed"],
-        init_from=summary["init_from"],
-        warm_start=summary["warm_start"],
-        data_fingerprint=summary["data_fingerprint"],
-        parameters=summary["model"]["parameters"],
-    )
+    return summary
 
 
-def _record(ctx: StageContext, cfg, summary: dict) -> None:
+def _record(ctx: StageContext, cfg: RunConfig, summary: InitSummary) -> None:
     """Params for the tracker (through the events file) and one log line."""
     ctx.events.param("model_preset", cfg.model.preset)
-    ctx.events.param("model_parameters", summary["model"]["parameters"])
-    ctx.events.param("init_from", summary["init_from"])
-    warm = summary["warm_start"]
+    ctx.events.param("model_parameters", summary.parameters)
+    ctx.events.param("init_from", summary.init_from)
+    warm = summary.warm_start
     if warm:
         for key in ("path", "sha256", "data_fingerprint", "same_data", "registry_uri"):
             ctx.events.param(f"init_source_{key}", warm[key])
         ctx.events.param("init_source_stage", warm["meta"].get("stage"))
-    ctx.logger.info(
-        "prepare-checkpoint: %s, %d parameters, sha256 %s, %s",
-        cfg.model.preset,
-        summary["model"]["parameters"],
-        summary["sha256"][:12],
+    how = (
         f"warm start from {warm['path']} ({'same' if warm['same_data'] else 'other'} data)"
         if warm
-        else f"fresh (init_seed {summary['init_seed']})",
+        else f"fresh (init_seed {summary.init_seed})"
+    )
+    ctx.logger.info(
+        "%s: %s, %d parameters, sha256 %s, %s",
+        ctx.stage,
+        cfg.model.preset,
+        summary.parameters,
+        summary.sha256[:12],
+        how,
     )

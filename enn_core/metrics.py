@@ -100,7 +100,7 @@ def naive_predictions(ds: StagedDataset, rows: np.ndarray) -> dict[str, np.ndarr
 
     The conditional one needs the manifest's `naive_keys` (absent: only the per-cell mean)."""
     train = np.asarray(ds.split("train"))
-    y_train = np.asarray(ds.labels[train])
+    y_train = np.asarray(ds.targets[train])
     out: dict[str, np.ndarray] = {}
     names = list(ds.manifest.get("naive_keys") or [])
     if names:

@@ -51,7 +51,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
                 f"splits/{split}.npy is empty; re-run stage-data with a non-empty {split} split"
             )
         pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size, device)
-        target = np.asarray(ds.labels[rows])
+        target = np.asarray(ds.targets[rows])
         m, b, f = evaluate_split(
             split, pred, target, naive_predictions(ds, rows), axes, axis_values
         )

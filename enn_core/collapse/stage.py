@@ -17,6 +17,7 @@ The candidates table also goes into the run's diagnostics record (a `table` even
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -25,7 +26,10 @@ import numpy as np
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.collapse.candidates import CheckRows, check_candidates, run_precision
 from enn_core.collapse.report import REPORT_FILE, CollapseReport
+from enn_core.checkpoint import Checkpoint
 from enn_core.config import RunConfig
+from enn_core.data.dataset import StagedDataset
+from enn_core.model.enn import ENN
 from enn_core.errors import CollapseError, StaleOutputError
 from enn_core.inference import (
     CALIBRATION_FILE,
@@ -69,7 +73,7 @@ def flat_metrics(report: CollapseReport) -> dict[str, float]:
     return out
 
 
-def candidate_rows(report: CollapseReport) -> list[dict[str, object]]:
+def candidate_rows(report: CollapseReport) -> list[dict[str, str | float | None]]:
     """One row per candidate, in the order they are tried: status, how far from passing, the
     measures and what failed (the diagnostics record, the Prefect table)."""
     tried = [n for n in report.order if n in report.candidates]
@@ -89,7 +93,9 @@ def candidate_rows(report: CollapseReport) -> list[dict[str, object]]:
     return rows
 
 
-def check_rows(ds_path: Path, trained: Path, stage: str, max_rows: int) -> tuple:
+def check_rows(
+    ds_path: Path, trained: Path, stage: str, max_rows: int
+) -> tuple[StagedDataset, ENN, Checkpoint, CheckRows]:
     """(dataset, model, checkpoint, CheckRows) of the validation rows (sampled to max_rows)."""
     ds, model, ckpt = load_trained(ds_path, trained, stage)
     val = np.asarray(ds.split("val"))
@@ -103,7 +109,7 @@ def check_rows(ds_path: Path, trained: Path, stage: str, max_rows: int) -> tuple
     manifest = ds.manifest
     rows = CheckRows(
         features=np.asarray(ds.features[val], dtype=np.float32),
-        target=np.asarray(ds.labels[val]),
+        target=np.asarray(ds.targets[val]),
         naive=naive_predictions(ds, val),
         label_std=label_std(ds),
         axes=tuple(manifest.get("label_axes") or ()),
@@ -121,13 +127,12 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Co
     precision, prec_reason = run_precision(cfg.collapse.precision, ckpt)
     report, cal = check_candidates(model, rows, cfg.collapse, precision, device)
     ident = {"model_sha256": sha256_file(trained / MODEL_FILE), "data_fingerprint": ds.fingerprint}
-    report = CollapseReport(
-        **{
-            **vars(report),
-            **ident,
-            "precision_reason": prec_reason,
-            "device": f"{device} ({dev_reason})",
-        }
+    report = dataclasses.replace(
+        report,
+        model_sha256=ident["model_sha256"],
+        data_fingerprint=ident["data_fingerprint"],
+        precision_reason=prec_reason,
+        device=f"{device} ({dev_reason})",
     )
     metrics = flat_metrics(report)
     with atomic_dir(ctx.output()) as tmp:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from enn_core.data import hashing
 from enn_core.data.manifest import content_hash, file_hash, read_manifest
-from enn_core.errors import StaleOutputError
+from enn_core.errors import DataError, StaleOutputError
 
 
 class StagedDataset:
@@ -59,6 +59,16 @@ class StagedDataset:
     def fingerprint(self) -> str:
         """The content hash of features, labels and splits (changes when the data does)."""
         return self.manifest["content_hash"]
+
+    @property
+    def targets(self) -> np.ndarray:
+        """The labels of a training dataset; features-only data is refused, named."""
+        if self.labels is None:
+            raise DataError(
+                f"{self.path} is features-only (no labels); stage the training data with its "
+                "label columns"
+            )
+        return self.labels
 
     @property
     def n_rows(self) -> int:

@@ -115,7 +115,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def consolidated(ctx: DoctorContext, rec: Recorder) -> None:
-    from enn_core.checkpoint import read_checkpoint
+    from enn_core.checkpoint import FORMAT_VERSION, read_checkpoint
 
     found = [
         p
@@ -142,10 +142,10 @@ def consolidated(ctx: DoctorContext, rec: Recorder) -> None:
                 rec.add(f"{path.name}", "fail", str(e), "re-run the stage that wrote it", t())
                 continue
             secs = t()
-        theirs = ckpt.get("data_fingerprint")
+        theirs = ckpt.data_fingerprint
         detail = (
-            f"{path}: format v{ckpt['format_version']}, {len(ckpt['state_dict'])} tensors, "
-            f"torch {ckpt.get('torch_version')}"
+            f"{path}: format v{FORMAT_VERSION}, {len(ckpt.state_dict)} tensors, "
+            f"torch {ckpt.torch_version}"
         )
         if fingerprint and theirs and theirs != fingerprint:
             rec.add(

@@ -29,7 +29,7 @@ def run(ctx: DoctorContext) -> list[Check]:
                 "torch.export", "skip", f"no model to export (model build failed: {str(e)[:120]})"
             )
         else:
-            from enn_core.collapse import PredictionPath
+            from enn_core.inference import PredictionPath
 
             manifest, rows, _, source = ctx.sample()
             label_std = float((manifest.get("label_stats") or {}).get("std") or 1.0)
