@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -189,26 +190,45 @@ def run_stage_command(spec: StageSpec, cfg: RunConfig, config: Path, layout: Lay
     return 0
 
 
-def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
-    from prefect.exceptions import CancelledRun
+@contextlib.contextmanager
+def prefect_api(layout: Layout) -> Iterator[str]:
+    """The Prefect API a flow run reports to: PREFECT_API_URL when set, else a temporary one
+    that enn starts in its own session (a terminal's Ctrl-C must not kill it mid-run) and
+    stops when it exits. Set before prefect is imported, which reads it then."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    from flows.servers import temporary_prefect_api
 
-    from flows.training import preloaded
+    api = temporary_prefect_api(layout.work / "logs" / "prefect-api.log")
+    logging.getLogger("enn").info("Prefect API: %s (temporary: it stops with this run)", api)
+    os.environ["PREFECT_API_URL"] = api
+    yield api
+
+
+def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
     from tasks.lock import pipeline_lock
 
     flow, overrides = args.flow, args.overrides
     # the lock first: a second run fails fast, before Prefect starts
-    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"), preloaded(config, cfg):
+    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"), prefect_api(layout):
+        from prefect.exceptions import CancelledRun
+
+        from flows.training import preloaded
+
         try:
             if flow == "prediction":
                 from flows.prediction import prediction
 
-                results = prediction(
-                    config=str(config), overrides=overrides, model=args.model, until=args.until
-                )
+                with preloaded(config, cfg):
+                    results = prediction(
+                        config=str(config), overrides=overrides, model=args.model, until=args.until
+                    )
             else:
                 from flows.training import training
 
-                results = training(config=str(config), overrides=overrides, until=args.until)
+                with preloaded(config, cfg):
+                    results = training(config=str(config), overrides=overrides, until=args.until)
         except CancelledRun as e:
             print(
                 f"cancelled: {str(e).splitlines()[0] if str(e) else 'the flow run was cancelled'}",
@@ -265,6 +285,11 @@ def _main(argv: list[str] | None) -> int:
     )
     for noisy in ("httpx", "httpcore", "alembic", "mlflow.store.db.utils"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # torchelastic logs each worker's exit with a traceback, also when enn stopped the
+    # workers itself (Ctrl-C, cancel); enn reports failures with the rank and phase instead,
+    # and each rank's log is in the run directory. --verbose shows them.
+    if not args.verbose:
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     config = _config_path(args)
     root = project_root(config)  # an overlay under configs/ runs in the project, not in configs/
     try:

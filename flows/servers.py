@@ -1,10 +1,18 @@
-"""Local servers on loopback: `prefect server start` (for schedules) and `mlflow server`
-(the UI). Each runs in its own process session and is stopped with its whole process group,
-so nothing is orphaned (FIELD_NOTES: a SIGKILLed parent otherwise leaves children behind)."""
+"""Local servers on loopback: Prefect's temporary API for `enn run`, `prefect server start` (for
+schedules) and `mlflow server` (the UI).
+
+Each runs in its own process session: Ctrl-C in a terminal signals the whole foreground
+process group, and a server in that group would die with the first SIGINT while `enn` still
+needs it to record the interrupted run (FIELD_NOTES). The kernel kills each with its parent
+(`PR_SET_PDEATHSIG`), so a SIGKILLed `enn` leaves no server behind, and `stop_group` ends the
+whole group when `enn` exits normally."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
+import importlib.util
 import os
 import signal
 import socket
@@ -40,6 +48,12 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen, log: Path) -> No
     raise TransientError(f"{url} did not answer within {timeout:.0f} s; log: {log}")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the process that started it dies."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     if proc.poll() is not None:
         return
@@ -53,19 +67,79 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait(timeout=grace)
 
 
-@contextlib.contextmanager
-def local_server(cmd: list[str], env: dict[str, str], health_url: str, log: Path) -> Iterator[None]:
-    """Run `cmd` in its own process session, wait until `health_url` answers, stop the group."""
+def start_server(
+    cmd: list[str], env: dict[str, str], health_url: str, log: Path, timeout_s: float = 180
+) -> subprocess.Popen:
+    """Run `cmd` in its own process session and wait until `health_url` answers."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as f:
         proc = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, before exec
         )
     try:
-        wait_http(health_url, 180, proc, log)
+        wait_http(health_url, timeout_s, proc, log)
+    except BaseException:
+        stop_group(proc)
+        raise
+    return proc
+
+
+@contextlib.contextmanager
+def local_server(
+    cmd: list[str], env: dict[str, str], health_url: str, log: Path, timeout_s: float = 180
+) -> Iterator[None]:
+    """`start_server`, stopping its whole process group when the block ends."""
+    proc = start_server(cmd, env, health_url, log, timeout_s)
+    try:
         yield
     finally:
         stop_group(proc)
+
+
+def temporary_prefect_api(log: Path, timeout_s: float = 120.0) -> str:
+    """The API Prefect's own temporary mode serves (its app factory, UI off, ephemeral), on a
+    free loopback port in its own session; returns its URL. Prefect would start the same
+    server as a child in enn's process group, where a terminal's Ctrl-C kills it mid-run.
+
+    It lives until this process exits: Prefect sends its last logs and events from its
+    exit hooks (threading's, which run before atexit's), then the atexit hook registered
+    here stops the server; the kernel stops it if this process is killed."""
+    spec = importlib.util.find_spec("prefect")
+    assert spec is not None and spec.origin is not None, "prefect is a dependency"
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    env.pop("PREFECT_API_URL", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        str(Path(spec.origin).parent.parent),
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
+    ]
+    api = f"http://127.0.0.1:{port}/api"
+    proc = start_server(cmd, env, f"{api}/health", log, timeout_s)
+    atexit.register(stop_group, proc)
+    return api
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from enn_core.config import RunConfig
 from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
 from tasks.runner import PipelineSession
+from tasks.tracking.runs import ended_status
 
 
 def new_run_id() -> str:
@@ -81,7 +82,7 @@ def pipeline_session(
             yield session
         except BaseException as e:
             if tracker:
-                tracker.end(parent, "FAILED", f"{type(e).__name__}: {e}")
+                tracker.end(parent, ended_status(e), f"{type(e).__name__}: {e}")
             raise
         if tracker:
             tracker.end(parent, "FINISHED")

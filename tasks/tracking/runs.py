@@ -159,10 +159,10 @@ class Tracker:
             yield run_id
         except BaseException as e:
             forwarder.stop()
-            msg = f"{type(e).__name__}: {e}"
-            self.end(run_id, "FAILED", msg)
+            msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            self.end(run_id, ended_status(e), msg)
             if parent_id and not isinstance(e, TransientError):  # a transient error may be retried
-                self.end(parent_id, "FAILED", f"stage {stage} failed: {msg}")
+                self.end(parent_id, ended_status(e), f"stage {stage} failed: {msg}")
             raise
         forwarder.stop()
         self.end(run_id, "FINISHED")
@@ -228,6 +228,12 @@ class Tracker:
             self.client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
         return killed
+
+
+def ended_status(error: BaseException) -> str:
+    """MLflow's status of a run that `error` ended: KILLED when the user interrupted it (Ctrl-C,
+    SIGTERM, a cancelled flow run), FAILED otherwise."""
+    return "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
 
 
 def dvc_lineage(root: Path) -> dict[str, str]:

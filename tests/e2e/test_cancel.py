@@ -1,5 +1,10 @@
 """Stopping a run from outside ends every process it started, within a generous deadline.
 
+- Ctrl-C in a terminal (the pseudo-terminal's line discipline signals the whole foreground
+  process group, workers included): `enn` exits 130 within 10 s with one line, the flow run
+  ends Crashed in Prefect (whose temporary API `enn` keeps in its own session), the MLflow
+  runs KILLED.
+- SIGKILL of `enn` itself: the kernel ends the temporary API and the workers with it.
 - The flow run is cancelled through the Prefect API (`prefect flow-run cancel`, against the
   temporary server `enn run` started): the flow run ends Cancelled, `enn` exits 130.
 - SIGTERM to `enn run` (Prefect's engine owns SIGTERM during a flow) and to `enn
@@ -15,9 +20,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pty
 import re
 import signal
 import subprocess
+import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -118,6 +127,121 @@ def assert_all_gone(procs: list[psutil.Process], enn: subprocess.Popen, log: Pat
     assert len(procs) >= 2, f"expected the workers among enn's children, saw {procs}"
 
 
+def start_in_terminal(p: Project, *args: str) -> tuple[subprocess.Popen, int, list[bytes]]:
+    """`enn` as a terminal runs it: a session of its own whose controlling terminal is a
+    pseudo-terminal, its process group in the foreground. Returns the process, the terminal's
+    master end and the bytes read from it (a thread keeps reading)."""
+    for old in (p.root / "work" / "runs").glob("*/distributed-train/heartbeats/*.json"):
+        old.unlink()
+    master, slave = pty.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        ["enn", *args],
+        cwd=p.root,
+        env={**p.env, "TERM": "xterm"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=controlling_terminal,  # noqa: PLW1509 - setsid and the terminal, before exec
+    )
+    os.close(slave)
+    seen: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every process holding the terminal is gone
+                return
+            if not chunk:
+                return
+            seen.append(chunk)
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, master, seen
+
+
+def prefect_flow_run_states(p: Project) -> list[str]:
+    """The state of each flow run in the project's Prefect database, newest first, read
+    through Prefect's client (a temporary API over the project's PREFECT_HOME)."""
+    code = (
+        "import asyncio\n"
+        "from prefect.client.orchestration import get_client\n"
+        "from prefect.client.schemas.sorting import FlowRunSort\n"
+        "async def main():\n"
+        "    async with get_client() as c:\n"
+        "        runs = await c.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=5)\n"
+        "        print(' '.join(r.state.type.value for r in runs))\n"
+        "asyncio.run(main())\n"
+    )
+    env = {k: v for k, v in p.env.items() if k != "PREFECT_API_URL"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=p.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.split()
+
+
+def test_ctrl_c_in_a_terminal_exits_130_within_10_s_and_records_the_run(proj):
+    tracked = [*LONG[:4], "--set", "tracking.enabled=true"]  # MLflow on (--set persists)
+    proc, master, seen = start_in_terminal(proj, "run", "--until", "distributed-train", *tracked)
+    log = proj.root / "terminal.log"
+    try:
+        _, procs = wait_training(proj, proc, log)
+        os.write(master, b"\x03")  # Ctrl-C, as a person types it
+        t0 = time.monotonic()
+        proc.wait(timeout=STOP_S)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        time.sleep(0.5)
+        os.close(master)
+        log.write_bytes(b"".join(seen))
+    # what a person reads: colour and cursor codes are not text
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", log.read_text(errors="replace"))
+    print(f"enn exited {took:.1f} s after Ctrl-C")
+    assert proc.returncode == 130, text[-3000:]
+    assert took < 10, f"{took:.1f} s from Ctrl-C to exit:\n{text[-3000:]}"
+    assert "Traceback" not in text and "ConnectError" not in text, text[-3000:]
+    assert text.rstrip().splitlines()[-1].strip() == "interrupted", text[-1000:]
+    assert_all_gone(procs, proc, log)
+    assert_lock_free(proj)
+    assert prefect_flow_run_states(proj)[0] in ("CRASHED", "CANCELLED")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{proj.root / 'work' / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("enn").experiment_id
+    parent = client.search_runs([exp], "tags.`enn.kind` = 'pipeline'", max_results=1)[0]
+    children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    status = {r.info.run_name: r.info.status for r in children}
+    assert parent.info.status == "KILLED" and status["distributed-train"] == "KILLED", status
+
+
+def test_sigkill_of_enn_leaves_no_process(proj):
+    proc, log = start(proj, "run", "--until", "distributed-train", *LONG)
+    _, procs = wait_training(proj, proc, log)
+    assert any("uvicorn" in " ".join(q.cmdline()) for q in procs), "no temporary Prefect API"
+    proc.kill()
+    proc.wait(timeout=STOP_S)
+    end = time.time() + 10
+    while survivors(procs) and time.time() < end:
+        time.sleep(0.2)
+    left = [f"{q.pid} {' '.join(q.cmdline())[:100]}" for q in survivors(procs)]
+    for q in survivors(procs):
+        q.kill()
+    assert left == [], f"processes left behind after SIGKILL of enn: {left}"
+
+
 def assert_lock_free(p: Project) -> None:
     fd = os.open(p.root / "work" / "pipeline.lock", os.O_RDWR)
     try:
@@ -131,9 +255,9 @@ def test_cancelling_the_flow_run_ends_every_worker(proj):
     proc, log = start(proj, "run", "--until", "distributed-train", *LONG)
     run_dir, procs = wait_training(proj, proc, log)
     flow_run_id = run_dir.parent.name  # the run directory is named by the flow run id
-    url = re.search(r"Starting temporary server on (http://\S+)", log.read_text())
-    assert url, f"no temporary Prefect server in the log:\n{log.read_text()[-3000:]}"
-    env = {**proj.env, "PREFECT_API_URL": f"{url.group(1).rstrip('/')}/api"}
+    url = re.search(r"Prefect API: (http://\S+) \(temporary", log.read_text())
+    assert url, f"no temporary Prefect API in the log:\n{log.read_text()[-3000:]}"
+    env = {**proj.env, "PREFECT_API_URL": url.group(1)}
     out = subprocess.run(
         ["prefect", "flow-run", "cancel", flow_run_id],
         cwd=proj.root,
