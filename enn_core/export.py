@@ -324,7 +324,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def build_sidecar(  # noqa: PLR0913 - the sidecar's parts, each from another source
+def build_sidecar(
     data: Mapping[str, Any],
     cal: Calibration,
     cfg: ExportConfig,
