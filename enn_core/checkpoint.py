@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def data_spec(manifest: Mapping) -> dict:
+def data_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The part of the staged manifest a model needs to be rebuilt and to read its inputs."""
     return plain({k: manifest.get(k) for k in DATA_KEYS})
 
@@ -164,11 +164,12 @@ def consolidated_state_dict(
     get_model_state_dict with full_state_dict=True) and pass the resulting mapping.
     """
     sd = model.state_dict() if isinstance(model, nn.Module) else model
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
             raise StaleOutputError(
-                f"state_dict[{k!r}] is a {type(v).__name__}, not a tensor; gather the full state dict first"
+                f"state_dict[{k!r}] is a {type(v).__name__}, not a tensor; "
+                "gather the full state dict first"
             )
         if hasattr(v, "full_tensor"):  # a DTensor that was not gathered
             v = v.full_tensor()
@@ -179,8 +180,8 @@ def consolidated_state_dict(
 def make_checkpoint(
     model: nn.Module | Mapping[str, torch.Tensor],
     model_cfg: ModelConfig,
-    manifest: Mapping,
-    meta: Mapping | None = None,
+    manifest: Mapping[str, Any],
+    meta: Mapping[str, Any] | None = None,
 ) -> Checkpoint:
     return Checkpoint(
         state_dict=consolidated_state_dict(model),
@@ -196,8 +197,8 @@ def save_consolidated(
     path: str | Path,
     model: nn.Module | Mapping[str, torch.Tensor],
     model_cfg: ModelConfig,
-    manifest: Mapping,
-    meta: Mapping | None = None,
+    manifest: Mapping[str, Any],
+    meta: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the consolidated checkpoint atomically; returns the path."""
     path = Path(path)
@@ -218,7 +219,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as e:
         raise StaleOutputError(
-            f"{path}: not a readable consolidated checkpoint ({str(e).splitlines()[0]}); re-create it"
+            f"{path}: not a readable consolidated checkpoint ({str(e).splitlines()[0]}); "
+            "re-create it"
         ) from e
     return Checkpoint.from_file(ckpt, str(path))
 
@@ -262,7 +264,7 @@ def _fmt(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def _some(values: list, n: int = _SHOW) -> str:
+def _some(values: Sequence[object], n: int = _SHOW) -> str:
     shown = ", ".join(_fmt(v) for v in values[:n])
     return shown + (f" (+{len(values) - n} more)" if len(values) > n else "")
 
@@ -273,11 +275,11 @@ def capped(diffs: list[str], n: int = _SHOW) -> str:
     return "; ".join(diffs[:n]) + more
 
 
-def model_config_differences(theirs: Mapping, ours: Mapping) -> list[str]:
+def model_config_differences(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
     """`model.d_model is 32 there, 64 here` for every differing field (theirs filled with
     today's defaults first, so a field added since it was written does not count)."""
     theirs = {**plain(ModelConfig()), **dict(theirs)}
-    out = []
+    out: list[str] = []
     for key in [*ours, *(k for k in theirs if k not in ours)]:
         a, b = theirs.get(key, "absent"), ours.get(key, "absent")
         if a != b:
@@ -285,7 +287,7 @@ def model_config_differences(theirs: Mapping, ours: Mapping) -> list[str]:
     return out
 
 
-def _values_differ(theirs: list | None, ours: list | None) -> str:
+def _values_differ(theirs: Sequence[object] | None, ours: Sequence[object] | None) -> str:
     """'' when equal; else which values are missing or new here (or that only the order
     differs: the integer codes, or the grid positions, then mean other values)."""
     a, b = list(theirs or []), list(ours or [])
@@ -297,10 +299,12 @@ def _values_differ(theirs: list | None, ours: list | None) -> str:
     return ", ".join(what) or "same values in another order (codes differ)"
 
 
-def _feature_differences(theirs: list, ours: list) -> list[str]:
+def _feature_differences(
+    theirs: Sequence[Mapping[str, Any]], ours: Sequence[Mapping[str, Any]]
+) -> list[str]:
     t = {s["name"]: s for s in theirs}
     o = {s["name"]: s for s in ours}
-    out = []
+    out: list[str] = []
     if removed := [n for n in t if n not in o]:
         out.append(f"features {_some(removed)} there but not here")
     if added := [n for n in o if n not in t]:
@@ -308,7 +312,8 @@ def _feature_differences(theirs: list, ours: list) -> list[str]:
     common_t = [n for n in t if n in o]
     if common_t != [n for n in o if n in t]:
         out.append(
-            f"feature order is {_some(common_t, 8)} there, {_some([n for n in o if n in t], 8)} here"
+            f"feature order is {_some(common_t, 8)} there, "
+            f"{_some([n for n in o if n in t], 8)} here"
         )
     for name in (n for n in o if n in t):
         a, b = t[name], o[name]
@@ -320,12 +325,13 @@ def _feature_differences(theirs: list, ours: list) -> list[str]:
         for key in sorted((set(a) | set(b)) - _SPEC_FREE):  # cyclic period, start, offset...
             if a.get(key) != b.get(key):
                 out.append(
-                    f"feature {name} {key} is {_fmt(a.get(key, 'absent'))} there, {_fmt(b.get(key, 'absent'))} here"
+                    f"feature {name} {key} is {_fmt(a.get(key, 'absent'))} there, "
+                    f"{_fmt(b.get(key, 'absent'))} here"
                 )
     return out
 
 
-def data_schema_differences(theirs: Mapping, ours: Mapping) -> list[str]:
+def data_schema_differences(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
     """Differences in what the weights depend on: features (names, order, kinds, vocabularies,
     periods), label shape, axes and axis values. Normalization statistics may differ (new data)."""
     out = _feature_differences(
@@ -345,7 +351,7 @@ def state_dict_differences(
     theirs: Mapping[str, torch.Tensor], ours: Mapping[str, torch.Tensor]
 ) -> list[str]:
     """Keys missing or unexpected, and shapes that differ: what a strict load would refuse."""
-    out = []
+    out: list[str] = []
     if missing := [k for k in ours if k not in theirs]:
         out.append(f"weights {_some(missing)} missing there")
     if extra := [k for k in theirs if k not in ours]:

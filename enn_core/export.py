@@ -31,13 +31,14 @@ import importlib.util
 import math
 import platform
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
-from torch.export import Dim
+from torch.export import Dim, ExportedProgram
 
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.collapse.report import read_report
@@ -65,6 +66,19 @@ DEPENDENCIES: dict[str, tuple[str, ...]] = {
     "torch_export": (),
     "onnx": ("onnx", "onnxscript", "onnxruntime"),
 }
+# An exported artifact as parity runs it: a float32 batch of raw features in, its outputs out.
+Runner = Callable[[np.ndarray], np.ndarray]
+
+
+class Parity(TypedDict):
+    """One format's parity (`parity.json`): max |exported - eager| per batch size, the worst,
+    the tolerance, whether it holds, and the rows compared."""
+
+    max_abs_diff: dict[str, float]
+    worst: float
+    tolerance: float
+    ok: bool
+    rows: int
 
 
 def missing_dependencies(fmt: str) -> list[str]:
@@ -82,9 +96,10 @@ def refuse_batch_dependent(cal: Calibration, bd: float | None = None) -> None:
         else ""
     )
     raise ExportError(
-        f"export: collapse-check chose the per_sample candidate because the model is batch-dependent{detail}: "
-        "a row's output depends on the other rows of its batch, so no dynamic-batch export can be correct; "
-        "fix the batch-level broadcast in the model (no reductions or broadcasts across dim 0), retrain and re-run collapse-check"
+        "export: collapse-check chose the per_sample candidate because the model is "
+        f"batch-dependent{detail}: a row's output depends on the other rows of its batch, so no "
+        "dynamic-batch export can be correct; fix the batch-level broadcast in the model (no "
+        "reductions or broadcasts across dim 0), retrain and re-run collapse-check"
     )
 
 
@@ -101,17 +116,18 @@ def explain_failure(fmt: str, exc: BaseException) -> str:
     if fmt == "onnx" and m:
         op = f"{m.group(1)}.{m.group(2)}"
         return (
-            f"export onnx: operator {op} has no ONNX translation at opset; replace it with standard torch operators "
-            f"in the model's prediction path, or register a translation (torch.onnx.export custom_translation_table)"
+            f"export onnx: operator {op} has no ONNX translation at opset; replace it with "
+            "standard torch operators in the model's prediction path, or register a translation "
+            "(torch.onnx.export custom_translation_table)"
         )
     m = re.search(
         r"Constraints violated \((\w+)\)!.*?specialized it to be a constant \((\d+)\)", text, re.S
     )
     if m:
         return (
-            f"export {fmt}: dynamic-shape constraint on dimension '{m.group(1)}' broke: the prediction path fixes the batch "
-            f"size to {m.group(2)} (a reshape/view or expand with a literal batch size, or a shape check); use x.shape[0] or -1 "
-            "for the batch dimension"
+            f"export {fmt}: dynamic-shape constraint on dimension '{m.group(1)}' broke: the "
+            f"prediction path fixes the batch size to {m.group(2)} (a reshape/view or expand with "
+            "a literal batch size, or a shape check); use x.shape[0] or -1 for the batch dimension"
         )
     m = re.search(r"Could not guard on data-dependent expression (.+?)\s+\(", text)
     if m or "data-dependent" in text:
@@ -122,11 +138,14 @@ def explain_failure(fmt: str, exc: BaseException) -> str:
             else ""
         )
         return (
-            f"export {fmt}: data-dependent control flow{loc}: Python branches on tensor values cannot be exported; "
-            "use torch.where (or torch.cond) instead of `if` on a tensor"
+            f"export {fmt}: data-dependent control flow{loc}: Python branches on tensor values "
+            "cannot be exported; use torch.where (or torch.cond) instead of `if` on a tensor"
         )
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
-    return f"export {fmt}: {type(exc).__name__}: {first[:300]}; see the run's logs for the trace and make the prediction path export-safe"
+    return (
+        f"export {fmt}: {type(exc).__name__}: {first[:300]}; see the run's logs for the trace and "
+        "make the prediction path export-safe"
+    )
 
 
 # ---------------------------------------------------------------- export + parity
@@ -140,10 +159,10 @@ def _batches(rows: int, size: int) -> list[np.ndarray]:
 
 
 def check_parity(
-    run, eager: torch.nn.Module, x: np.ndarray, batch_sizes: Sequence[int], tol: float
-) -> dict:
+    run: Runner, eager: torch.nn.Module, x: np.ndarray, batch_sizes: Sequence[int], tol: float
+) -> Parity:
     """max |exported - eager| at each batch size over all rows of `x`."""
-    per_size = {}
+    per_size: dict[str, float] = {}
     for size in batch_sizes:
         worst = 0.0
         for idx in _batches(len(x), size):
@@ -153,7 +172,8 @@ def check_parity(
             got = np.asarray(run(xb))
             if got.shape != ref.shape:
                 raise ExportError(
-                    f"parity: batch of {size} gave output shape {got.shape}, eager gives {ref.shape}; the batch dimension is not dynamic"
+                    f"parity: batch of {size} gave output shape {got.shape}, eager gives "
+                    f"{ref.shape}; the batch dimension is not dynamic"
                 )
             worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - ref))))
         per_size[str(size)] = worst
@@ -167,14 +187,14 @@ def check_parity(
     }
 
 
-def export_torch(path: PredictionPath, example: torch.Tensor):
+def export_torch(path: PredictionPath, example: torch.Tensor) -> ExportedProgram:
     try:
         return torch.export.export(path, (example,), dynamic_shapes={"x": {0: Dim("batch", min=1)}})
     except Exception as e:  # any tracer failure becomes one actionable line
         raise ExportError(explain_failure("torch_export", e)) from e
 
 
-def export_onnx(ep, example: torch.Tensor, target: Path, opset: int) -> None:
+def export_onnx(ep: ExportedProgram, example: torch.Tensor, target: Path, opset: int) -> None:
     try:
         prog = torch.onnx.export(
             ep,
@@ -184,6 +204,7 @@ def export_onnx(ep, example: torch.Tensor, target: Path, opset: int) -> None:
             input_names=[INPUT_NAME],
             output_names=[OUTPUT_NAME],
         )
+        assert prog is not None  # the dynamo exporter returns its program (None: legacy only)
         prog.save(str(target))
     except Exception as e:
         raise ExportError(explain_failure("onnx", e)) from e
@@ -203,42 +224,46 @@ def _name_batch_axis(target: Path) -> None:
 
 
 def export_all(
-    path: PredictionPath, heldout: np.ndarray, out_dir: Path, cfg, label_std: float
-) -> dict[str, dict]:
-    """Export each configured format into `out_dir` and check its parity (`cfg`: export section)."""
+    path: PredictionPath, heldout: np.ndarray, out_dir: Path, cfg: ExportConfig, label_std: float
+) -> dict[str, dict[str, Any]]:
+    """Export each configured format into `out_dir` and check its parity (`cfg`: export
+    section)."""
     if path.per_sample:
         refuse_batch_dependent(Calibration("per_sample"))
     path = path.eval()
     x = np.asarray(heldout, dtype=np.float32)
     if len(x) == 0:
         raise ExportError(
-            "export: no held-out rows for the parity check; re-run stage-data with non-empty val/test splits"
+            "export: no held-out rows for the parity check; re-run stage-data with non-empty "
+            "val/test splits"
         )
     example = torch.from_numpy(x[np.arange(cfg.example_batch) % len(x)])
-    results: dict[str, dict] = {}
-    ep = ref_max = tol = None
+    results: dict[str, dict[str, Any]] = {}
+    # (program, max |reference|, tolerance): exported once, at the first format not skipped
+    exported: tuple[ExportedProgram, float, float] | None = None
     for fmt in cfg.formats:
         missing = missing_dependencies(fmt)
         if missing:
             if fmt in cfg.required:
                 raise ExportError(
                     f"export {fmt}: required format needs {missing} which are not installed; "
-                    f"install them (pip install -c constraints.txt {' '.join(missing)}) or remove {fmt} from export.required"
+                    f"install them (pip install -c constraints.txt {' '.join(missing)}) or remove "
+                    f"{fmt} from export.required"
                 )
             results[fmt] = {
                 "status": "skipped",
                 "reason": f"optional format; missing dependency {missing}",
             }
             continue
-        if ep is None:  # every format starts from the same ExportedProgram
+        if exported is None:  # every format starts from the same ExportedProgram
             ep = export_torch(path, example)
             ref_max = _max_abs(path, x)
-            tol = cfg.parity_rel_tol * max(ref_max, label_std)
+            exported = (ep, ref_max, cfg.parity_rel_tol * max(ref_max, label_std))
+        ep, ref_max, tol = exported
         target = out_dir / FILES[fmt]
         if fmt == "torch_export":
             torch.export.save(ep, str(target))
-            loaded = torch.export.load(str(target)).module()
-            run = lambda xb, m=loaded: m(torch.from_numpy(xb)).detach().numpy()  # noqa: E731
+            run = _program_runner(target)
         else:
             export_onnx(ep, example, target, cfg.opset)
             run = _ort_runner(target)
@@ -246,8 +271,10 @@ def export_all(
         if not parity["ok"]:
             raise ExportError(
                 f"export {fmt}: parity failed: max |diff| {parity['worst']:.3g} > {tol:.3g} "
-                f"(export.parity_rel_tol={cfg.parity_rel_tol} x max(max |reference| {ref_max:.4g}, label std {label_std:.4g})) "
-                f"at batch sizes {parity['max_abs_diff']}; an operator behaves differently exported: make the path export-safe"
+                f"(export.parity_rel_tol={cfg.parity_rel_tol} x max(max |reference| "
+                f"{ref_max:.4g}, label std {label_std:.4g})) at batch sizes "
+                f"{parity['max_abs_diff']}; an operator behaves differently exported: make the "
+                "path export-safe"
             )
         results[fmt] = {
             "status": "ok",
@@ -267,8 +294,14 @@ def _max_abs(path: PredictionPath, x: np.ndarray, batch: int = 256) -> float:
         )
 
 
-def _ort_runner(target: Path):
-    import onnxruntime as ort  # imported only when the onnx format is exported (optional dependency)
+def _program_runner(target: Path) -> Runner:
+    """The saved torch.export program at `target`, loaded back."""
+    module = torch.export.load(str(target)).module()
+    return lambda xb: module(torch.from_numpy(xb)).detach().numpy()
+
+
+def _ort_runner(target: Path) -> Runner:
+    import onnxruntime as ort  # only when the onnx format is exported (optional dependency)
 
     sess = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
     return lambda xb: sess.run(None, {INPUT_NAME: xb})[0]
@@ -278,7 +311,11 @@ def _ort_runner(target: Path):
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+    }
     for dist in ("onnx", "onnxscript", "onnxruntime", "enn-pipeline"):
         try:
             out[dist] = importlib.metadata.version(dist)
@@ -287,15 +324,16 @@ def versions() -> dict[str, str]:
     return out
 
 
-def build_sidecar(  # noqa: PLR0913 - the sidecar's parts, each from another source
-    data: Mapping,
+def build_sidecar(
+    data: Mapping[str, Any],
     cal: Calibration,
     cfg: ExportConfig,
-    results: Mapping,
-    ident: Mapping,
+    results: Mapping[str, Mapping[str, Any]],
+    ident: Mapping[str, object],
     exported_precision: str,
-) -> dict:
-    """What a user needs to call the artifacts: inputs, outputs, units, opset, versions, provenance."""
+) -> dict[str, Any]:
+    """What a user needs to call the artifacts: inputs, outputs, units, opset, versions,
+    provenance."""
     specs = list(data.get("feature_specs") or [])
     label_shape = list(data.get("label_shape") or [])
     axes = list(data.get("label_axes") or [])
@@ -305,7 +343,8 @@ def build_sidecar(  # noqa: PLR0913 - the sidecar's parts, each from another sou
             "name": INPUT_NAME,
             "dtype": "float32",
             "shape": ["batch", len(specs)],
-            "encoding": "raw feature vector: continuous as the value, categorical as the integer code into its vocab, cyclic as the raw periodic value",
+            "encoding": "raw feature vector: continuous as the value, categorical as the "
+            "integer code into its vocab, cyclic as the raw periodic value",
             "features": [{"index": i, **dict(s)} for i, s in enumerate(specs)],
             "order": [s.get("name") for s in specs],
         },
@@ -330,7 +369,8 @@ def build_sidecar(  # noqa: PLR0913 - the sidecar's parts, each from another sou
         "precision": exported_precision,
         "precision_note": ""
         if cal.precision == exported_precision
-        else f"the chosen candidate ran under {cal.precision} autocast; autocast is not exported, the graph runs in fp32",
+        else f"the chosen candidate ran under {cal.precision} autocast; autocast is not "
+        "exported, the graph runs in fp32",
         "formats": {
             k: {kk: vv for kk, vv in v.items() if kk != "parity"} for k, v in results.items()
         },
@@ -372,7 +412,7 @@ def run(
             k: v.get("parity", {"status": v["status"], "reason": v.get("reason")})
             for k, v in results.items()
         }
-        metrics = {
+        metrics: dict[str, float] = {
             f"parity/{k}/max_abs_diff": v["worst"] for k, v in parity.items() if "worst" in v
         }
         metrics.update(

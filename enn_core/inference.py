@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -168,7 +168,7 @@ def write_calibration(directory: Path, cal: Calibration, extra: Mapping[str, obj
     )
 
 
-def load_calibration(directory: str | Path) -> tuple[Calibration, dict]:
+def load_calibration(directory: str | Path) -> tuple[Calibration, dict[str, Any]]:
     """(Calibration, calibration.json) of a collapse-check output; refuses a failed check."""
     d = Path(directory)
     if (d / FAILED_MARKER).exists():

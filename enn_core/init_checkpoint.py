@@ -41,12 +41,12 @@ from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
-from enn_core.summaries import InitSummary
+from enn_core.summaries import InitSummary, Scalar
 
 MANIFEST_VERSION = DATA_FORMAT_VERSION  # the staged manifest format this code reads
 
 
-def read_manifest(staged: Path) -> dict:
+def read_manifest(staged: Path) -> dict[str, Any]:
     """The staged manifest, checked for presence and format version."""
     path = staged / "manifest.json"
     if not path.is_file():
@@ -59,7 +59,8 @@ def read_manifest(staged: Path) -> dict:
         ) from e
     if manifest.get("format_version") != MANIFEST_VERSION:
         raise StaleOutputError(
-            f"{path}: manifest format_version={manifest.get('format_version')} but this code reads {MANIFEST_VERSION}; re-run stage-data"
+            f"{path}: manifest format_version={manifest.get('format_version')} but this code "
+            f"reads {MANIFEST_VERSION}; re-run stage-data"
         )
     return manifest
 
@@ -68,24 +69,26 @@ FRESH_START = "start fresh (checkpoint.init_from: '')"
 
 
 def resolve_source(source: str, layout: Layout) -> Path:
-    """`checkpoint.init_from` as an existing consolidated checkpoint file (a folder -> its model.pt)."""
+    """`checkpoint.init_from` as an existing consolidated checkpoint file (a folder -> its
+    model.pt)."""
     if source.startswith(("models:/", "runs:/")):
         raise ConfigError(
-            f"checkpoint.init_from={source}: registry URIs are resolved by the task layer (enn run / the "
-            "Prefect flow) into a local folder; here give that folder or a model.pt/init.pt path"
+            f"checkpoint.init_from={source}: registry URIs are resolved by the task layer "
+            "(enn run / the Prefect flow) into a local folder; here give that folder or a "
+            "model.pt/init.pt path"
         )
     path = layout.resolve(source)
     if path.is_dir():
         if not (path / "model.pt").is_file():
             raise ConfigError(
-                f"checkpoint.init_from={source}: folder {path} holds no model.pt; give the checkpoint "
-                f"file itself (model.pt or init.pt) or {FRESH_START}"
+                f"checkpoint.init_from={source}: folder {path} holds no model.pt; give the "
+                f"checkpoint file itself (model.pt or init.pt) or {FRESH_START}"
             )
         path = path / "model.pt"
     if not path.is_file():
         raise ConfigError(
-            f"checkpoint.init_from={source}: no consolidated checkpoint at {path}; give the path of a "
-            f"model.pt or init.pt (or a folder holding model.pt), or {FRESH_START}"
+            f"checkpoint.init_from={source}: no consolidated checkpoint at {path}; give the path "
+            f"of a model.pt or init.pt (or a folder holding model.pt), or {FRESH_START}"
         )
     return path.resolve()
 
@@ -112,13 +115,18 @@ def _refuse_mismatch(source: str, model_diffs: list[str], data_diffs: list[str])
     )
 
 
-def _scalars(meta: Mapping) -> dict:
-    """The scalar entries of a checkpoint's meta (stage, run, step, version...), not its tensors' lists."""
+def _scalars(meta: Mapping[str, Any]) -> dict[str, Scalar]:
+    """The scalar entries of a checkpoint's meta (stage, run, step, version...), not its tensors'
+    lists."""
     return {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) or v is None}
 
 
 def warm_start(
-    cfg: RunConfig, manifest: Mapping, source: str, layout: Layout, model: torch.nn.Module
+    cfg: RunConfig,
+    manifest: Mapping[str, Any],
+    source: str,
+    layout: Layout,
+    model: torch.nn.Module,
 ) -> dict[str, Any]:
     """Load a compatible consolidated checkpoint into `model` (strictly); return what was used.
 
@@ -140,8 +148,8 @@ def warm_start(
     )
     if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise ConfigError(
-            f"checkpoint.init_from={source}: its weights do not load into this model: {capped(diffs)}; "
-            f"re-create it with this code or {FRESH_START}"
+            f"checkpoint.init_from={source}: its weights do not load into this model: "
+            f"{capped(diffs)}; re-create it with this code or {FRESH_START}"
         )
     model.load_state_dict(ckpt.state_dict, strict=True)
     theirs_fp = ckpt.data_fingerprint

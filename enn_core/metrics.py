@@ -18,13 +18,16 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
 
 NAIVE_NAMES: tuple[str, ...] = ("naive_conditional", "naive_cell_mean")
+# MAE and RMSE per value of each label axis: {axis: {value: {"mae": ..., "rmse": ...}}}.
+AxisBreakdown = dict[str, dict[str, dict[str, float]]]
 
 
 def regression_metrics(pred: np.ndarray, target: np.ndarray) -> dict[str, float]:
     """MAE, RMSE and variance-weighted R² over every output of every row (float64 sums)."""
     if pred.shape != target.shape:
         raise DataError(
-            f"prediction shape {pred.shape} != target shape {target.shape}; re-run the model's stage"
+            f"prediction shape {pred.shape} != target shape {target.shape}; "
+            "re-run the model's stage"
         )
     p = pred.reshape(len(pred), -1).astype(np.float64)
     y = target.reshape(len(target), -1).astype(np.float64)
@@ -44,13 +47,14 @@ def axis_breakdown(
     target: np.ndarray,
     axes: Sequence[str],
     axis_values: Mapping[str, Sequence[str]] | None = None,
-) -> dict[str, dict[str, dict[str, float]]]:
-    """MAE and RMSE per value of each label axis (e.g. per hour, per section); {} for flat labels."""
+) -> AxisBreakdown:
+    """MAE and RMSE per value of each label axis (e.g. per hour, per section); {} for flat
+    labels."""
     shape = pred.shape[1:]
     if len(axes) != len(shape) or len(shape) < 2:
         return {}
     err = pred.astype(np.float64) - target.astype(np.float64)
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: AxisBreakdown = {}
     for i, axis in enumerate(axes):
         other = tuple(d for d in range(err.ndim) if d != i + 1)
         mae = np.mean(np.abs(err), axis=other)
@@ -69,11 +73,12 @@ def evaluate_split(
     naive: Mapping[str, np.ndarray],
     axes: Sequence[str] = (),
     axis_values: Mapping[str, Sequence[str]] | None = None,
-) -> tuple[dict[str, float], dict, list[str]]:
-    """Flat metrics, the breakdown and the flags (in words) of one split."""
+) -> tuple[dict[str, float], dict[str, AxisBreakdown], list[str]]:
+    """Flat metrics, the breakdown (the model's and each naive predictor's) and the flags (in
+    words) of one split."""
     m = regression_metrics(pred, target)
     metrics = {f"{split}/{k}": v for k, v in m.items()}
-    breakdown: dict = {"model": axis_breakdown(pred, target, axes, axis_values)}
+    breakdown = {"model": axis_breakdown(pred, target, axes, axis_values)}
     flags: list[str] = []
     for name, npred in naive.items():
         nm = regression_metrics(npred, target)

@@ -89,7 +89,7 @@ class PredictSummary(StageSummary):
     computed_parts: tuple[int, ...]
     reused_parts: tuple[int, ...]
     rows_computed: int
-    discarded_parts: str
+    discarded_parts: str | None  # why earlier parts were discarded; None when none were
     rows_per_second: float | None
     seconds: float
 

@@ -24,7 +24,7 @@ from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import RunConfig
 from enn_core.errors import DataError
 from enn_core.inference import load_trained, predict_rows, resolve_device
-from enn_core.metrics import evaluate_split, finite_or_none, naive_predictions
+from enn_core.metrics import AxisBreakdown, evaluate_split, finite_or_none, naive_predictions
 from enn_core.stage import StageContext
 from enn_core.summaries import ValidateSummary
 
@@ -42,7 +42,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
     axis_values = manifest.get("label_axis_values") or {}
     metrics: dict[str, float] = {}
     breakdown: dict[str, object] = {"label_axes": axes}
-    per_split: dict[str, object] = {}
+    per_split: dict[str, dict[str, AxisBreakdown]] = {}
     flags: list[str] = []
     for split in SPLITS:
         rows = np.asarray(ds.split(split))

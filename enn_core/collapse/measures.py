@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -22,6 +23,16 @@ from enn_core.errors import DataError
 
 BROADCAST_SAMPLE_ROWS = 512
 STD_CHUNK_ROWS = 65536
+
+
+class Verdict(TypedDict):
+    """`measure_predictions`' verdict: the measures, each criterion (as JSON), and whether the
+    predictions collapsed and why."""
+
+    measures: dict[str, float]
+    criteria: list[dict[str, Any]]
+    collapsed: bool
+    reasons: list[str]
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -52,7 +63,9 @@ def target_spread(labels: np.ndarray) -> np.ndarray:
     return column_std(labels)
 
 
-def spread_measures(pred: np.ndarray, reference: np.ndarray, flat_tolerance: float) -> dict:
+def spread_measures(
+    pred: np.ndarray, reference: np.ndarray, flat_tolerance: float
+) -> dict[str, float]:
     """Spread ratio (median, p10) and flat fraction against `reference`: the targets of the same
     rows (same shape as `pred`; the ratio is enn_core.baselines.collapse_stats), or, without
     targets, a per-output std such as `target_spread(training labels)`."""
@@ -65,8 +78,8 @@ def spread_measures(pred: np.ndarray, reference: np.ndarray, flat_tolerance: flo
         ref_std = np.asarray(reference, dtype=np.float64).reshape(-1)
         if ref_std.size != pred_std.size:
             raise DataError(
-                f"reference spread has {ref_std.size} outputs but predictions have {pred_std.size}; "
-                "use the training targets of the same model"
+                f"reference spread has {ref_std.size} outputs but predictions have "
+                f"{pred_std.size}; use the training targets of the same model"
             )
         # the same ratio as baselines.spread_ratio, with the reference spread given directly
         ratio = pred_std[ref_std > 0] / ref_std[ref_std > 0]
@@ -85,7 +98,7 @@ def spread_measures(pred: np.ndarray, reference: np.ndarray, flat_tolerance: flo
 
 def broadcast_measures(
     features: np.ndarray, pred: np.ndarray, tol_abs: float, seed: int = 0
-) -> dict:
+) -> dict[str, float]:
     """Rows with distinct inputs whose outputs are identical within `tol_abs` (max |diff|)."""
     rows = np.arange(len(pred))
     if len(rows) > BROADCAST_SAMPLE_ROWS:  # pairwise cost: a seeded sample is enough to see it
@@ -112,7 +125,7 @@ def broadcast_measures(
     }
 
 
-def correlation_measures(pred: np.ndarray, target: np.ndarray) -> dict:
+def correlation_measures(pred: np.ndarray, target: np.ndarray) -> dict[str, float]:
     """Per-output Pearson correlation across rows with the targets: median and p10."""
     p, y = _flat(pred), _flat(target)
     pc, yc = p - p.mean(axis=0), y - y.mean(axis=0)
@@ -152,11 +165,11 @@ def criteria(measures: Mapping[str, float], cfg: CollapseConfig, *, skill: bool)
 def measure_predictions(
     pred: np.ndarray,
     reference: np.ndarray,
-    cfg,
+    cfg: CollapseConfig,
     *,
     features: np.ndarray | None = None,
     label_std: float | None = None,
-) -> dict:
+) -> Verdict:
     """The collapse verdict for predictions, with or without targets.
 
     `reference`: targets on the same rows, or (new data, no targets) the per-output spread of the

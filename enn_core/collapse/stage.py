@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from enn_core.atomic import atomic_dir, write_json
+from enn_core.checkpoint import Checkpoint
 from enn_core.collapse.candidates import CheckRows, check_candidates, run_precision
 from enn_core.collapse.report import REPORT_FILE, CollapseReport
-from enn_core.checkpoint import Checkpoint
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
-from enn_core.model.enn import ENN
 from enn_core.errors import CollapseError, StaleOutputError
 from enn_core.inference import (
     CALIBRATION_FILE,
@@ -42,6 +41,7 @@ from enn_core.inference import (
     write_calibration,
 )
 from enn_core.metrics import naive_predictions
+from enn_core.model.enn import ENN
 from enn_core.stage import StageContext
 from enn_core.summaries import CollapseSummary
 

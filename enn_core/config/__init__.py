@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 
 from enn_core.config.data import DataConfig, SyntheticConfig, WorkbookLayout
 from enn_core.config.deploy import DeployConfig
@@ -79,7 +80,7 @@ def load_config(
     allow_faults: bool | None = None,
 ) -> RunConfig:
     """defaults -> file -> overrides, validated. `path=None` means defaults only."""
-    data: dict = read_yaml(Path(path)) if path is not None else {}
+    data: dict[str, Any] = read_yaml(Path(path)) if path is not None else {}
     where = str(path) if path is not None else "defaults"
     for text in overrides:
         key, value = parse_override(text)
@@ -96,7 +97,7 @@ def load_config(
     return cfg
 
 
-def sections_of(cfg: RunConfig, sections: Iterable[str]) -> dict:
+def sections_of(cfg: RunConfig, sections: Iterable[str]) -> dict[str, Any]:
     """The plain params of `sections` (a stage's spec says which it reads: its MLflow params)."""
     return {s: to_plain(getattr(cfg, s)) for s in sections}
 

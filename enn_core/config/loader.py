@@ -193,7 +193,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def deep_merge(base: dict, key: str, value: Any, root: type) -> None:
+def deep_merge(base: dict[str, Any], key: str, value: Any, root: type) -> None:
     valid = set(all_keys(root))
     if key not in valid:
         raise _unknown_key_error(key, root, "--set")
@@ -206,7 +206,7 @@ def deep_merge(base: dict, key: str, value: Any, root: type) -> None:
     node[parts[-1]] = value
 
 
-def read_yaml(path: Path) -> dict:
+def read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(
             f"{path}: config file not found; pass --config PATH or create params.yaml"

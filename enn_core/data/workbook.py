@@ -268,7 +268,7 @@ class WorkbookSource:
             cols = {g: np.array([f[g] for f in full], dtype=object) for g in self.lay.group_keys}
             y = np.stack([grids[d] for d in dirs]) if self.labels else None
 
-            def where(i: int, s: str = sheet, ds: list = dirs) -> str:
+            def where(i: int, s: str = sheet, ds: list[str] = dirs) -> str:
                 return f"sheet {s!r} direction {ds[i]!r}"
 
             yield Chunk(start=row, cols=cols, y=y, keys=dict(cols), where=where)

@@ -35,7 +35,8 @@ def check_coverage(row_ids: list[np.ndarray], n_rows: int, where: str | Path) ->
     dup = np.flatnonzero(counts > 1)
     if len(dup):
         raise DataError(
-            f"{where}: {_describe(dup)} appear in more than one part; delete {where} and re-run predict"
+            f"{where}: {_describe(dup)} appear in more than one part; "
+            f"delete {where} and re-run predict"
         )
 
 

@@ -28,9 +28,10 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class PartsPlan:
         start = k * self.rows_per_part
         return start, min(start + self.rows_per_part, self.n_rows)
 
-    def to_manifest(self) -> dict:
+    def to_manifest(self) -> dict[str, Any]:
         d = asdict(self)
         d["out_shape"] = list(self.out_shape)
         return {"format_version": FORMAT_VERSION, "n_parts": self.n_parts, **d}
@@ -107,7 +108,7 @@ class PartStore:
             write_json(manifest, self.plan.to_manifest())
         return reason
 
-    def _mismatch(self, old: dict) -> str | None:
+    def _mismatch(self, old: Mapping[str, Any]) -> str | None:
         new = self.plan.to_manifest()
         for key in ("format_version", "model_fingerprint", "input_fingerprint"):
             if old.get(key) != new[key]:
@@ -117,7 +118,10 @@ class PartStore:
                 )
         for key in ("n_rows", "rows_per_part", "out_shape", "dtype"):
             if old.get(key) != new[key]:
-                return f"they were made with {key}={old.get(key)}, this run has {new[key]}; recomputing every part"
+                return (
+                    f"they were made with {key}={old.get(key)}, this run has {new[key]}; "
+                    "recomputing every part"
+                )
         return None
 
     def is_done(self, k: int, *, verify: bool = True) -> bool:
@@ -193,7 +197,7 @@ class PartStore:
         return np.load(self.rows_path(k), mmap_mode="r"), np.load(self.pred_path(k), mmap_mode="r")
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,13 +32,17 @@ from enn_core.errors import CollapseError, ConfigError, StaleOutputError
 from enn_core.predict import stage
 from enn_core.summaries import CheckSummary, PredictSummary
 
+if TYPE_CHECKING:
+    from enn_core.config import RunConfig
+    from enn_core.stage import StageContext
+
 REPORT = "report.json"
 HELD_MARKER = "HELD"
 HELD_DIR = "held"
 RELEASED_FILES = ("predictions.npy", "predictions.parquet", "predictions.xlsx", "manifest.json")
 
 
-def with_inputs(cfg, *, input_dir: str | Path, model_path: str | Path):
+def with_inputs(cfg: RunConfig, *, input_dir: str | Path, model_path: str | Path) -> RunConfig:
     """`cfg` with predict.input_dir and predict.model set (the config stays frozen)."""
     return dataclasses.replace(
         cfg,
@@ -46,7 +51,12 @@ def with_inputs(cfg, *, input_dir: str | Path, model_path: str | Path):
 
 
 def predict(
-    cfg, ctx, *, input_dir: str | Path, model_path: str | Path, calibration_name: str
+    cfg: RunConfig,
+    ctx: StageContext,
+    *,
+    input_dir: str | Path,
+    model_path: str | Path,
+    calibration_name: str,
 ) -> PredictSummary:
     """The predict stage over a features-only staged dataset with a given model."""
     return stage.run(
@@ -59,7 +69,9 @@ def predict(
     )
 
 
-def predict_new(cfg, ctx, *, staged: Path, calibration_name: str) -> PredictSummary:
+def predict_new(
+    cfg: RunConfig, ctx: StageContext, *, staged: Path, calibration_name: str
+) -> PredictSummary:
     """The prediction flow's predict: the features-only data this pipeline staged (`staged`),
     with `predict.model` (a local path: the task layer resolves registry references)."""
     if not cfg.predict.model:
@@ -70,7 +82,9 @@ def predict_new(cfg, ctx, *, staged: Path, calibration_name: str) -> PredictSumm
     return predict(cfg, ctx, input_dir=staged, model_path=model, calibration_name=calibration_name)
 
 
-def check_new(cfg, ctx, *, staged: Path, predictions: Path, training: Path) -> CheckSummary:
+def check_new(
+    cfg: RunConfig, ctx: StageContext, *, staged: Path, predictions: Path, training: Path
+) -> CheckSummary:
     """The prediction flow's collapse-check: the new predictions against the spread of the
     training targets staged in `training`."""
     return check_predictions(
@@ -85,7 +99,8 @@ def training_spread(
     ds = StagedDataset(training_data_dir)
     if ds.labels is None:
         raise StaleOutputError(
-            f"{training_data_dir}: has no labels; give the training staged dataset, not a features-only one"
+            f"{training_data_dir}: has no labels; give the training staged dataset, "
+            "not a features-only one"
         )
     idx = np.sort(np.asarray(ds.split(split)))
     spread = target_spread(ds.labels[idx])
@@ -95,14 +110,15 @@ def training_spread(
 
 
 def check_predictions(
-    cfg,
-    ctx,
+    cfg: RunConfig,
+    ctx: StageContext,
     *,
     predictions_dir: str | Path,
     input_dir: str | Path,
     training_data_dir: str | Path,
 ) -> CheckSummary:
-    """Collapse verdict for new-data predictions; releases them or holds them back with the report."""
+    """Collapse verdict for new-data predictions; releases them or holds them back with the
+    report."""
     predictions_dir = Path(predictions_dir)
     pred_file = predictions_dir / "predictions.npy"
     if not pred_file.is_file():
@@ -111,7 +127,8 @@ def check_predictions(
     features = StagedDataset(input_dir).features
     if features.shape[0] != preds.shape[0]:
         raise StaleOutputError(
-            f"{pred_file}: {preds.shape[0]} rows but {input_dir} has {features.shape[0]}; re-run predict on this input"
+            f"{pred_file}: {preds.shape[0]} rows but {input_dir} has {features.shape[0]}; "
+            "re-run predict on this input"
         )
     spread, label_std = training_spread(training_data_dir)
     verdict = measure_predictions(
@@ -143,7 +160,8 @@ def check_predictions(
     ctx.events.artifact(out / REPORT, ctx.stage)
     if verdict["collapsed"]:
         raise CollapseError(
-            f"{out / REPORT}: predictions collapsed ({'; '.join(verdict['reasons'])}); held back in {out / HELD_DIR}"
+            f"{out / REPORT}: predictions collapsed ({'; '.join(verdict['reasons'])}); "
+            f"held back in {out / HELD_DIR}"
         )
     return CheckSummary(
         output=str(out), released=True, report=str(out / REPORT), measures=verdict["measures"]

@@ -16,8 +16,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from enn_core.checkpoint import load_model
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.inference import (
@@ -28,6 +26,7 @@ from enn_core.inference import (
     load_calibration,
     sha256_file,
 )
+from enn_core.model.enn import ENN
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,7 @@ def choose_calibration(
     )
 
 
-def prediction_path(model: torch.nn.Module, choice: CalibrationChoice) -> PredictionPath:
+def prediction_path(model: ENN, choice: CalibrationChoice) -> PredictionPath:
     cal = load_calibration(choice.directory)[0] if choice.applied and choice.directory else None
     return PredictionPath(model, cal).eval()
 

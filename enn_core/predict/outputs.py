@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openpyxl
@@ -25,7 +27,9 @@ from enn_core.data.workbook import canonical_section
 from enn_core.errors import DataError
 
 
-def cell_names(label_shape: Sequence[int], axes: Sequence[str], axis_values: Mapping) -> list[str]:
+def cell_names(
+    label_shape: Sequence[int], axes: Sequence[str], axis_values: Mapping[str, Sequence[object]]
+) -> list[str]:
     """Column names of the flattened output cells, in C order."""
     per_axis = []
     for i, n in enumerate(label_shape):
@@ -49,10 +53,15 @@ def write_parquet(
 ) -> None:
     """`preds` [N, *label_shape] -> a keyed wide table (keys = the predicted rows' key columns)."""
     n = preds.shape[0]
-    key_cols = keys.column_names if keys is not None else []
+    # (field, column) of each key column, in the table's order; none without keys
+    key_cols = (
+        [(keys.schema.field(c), keys.column(c)) for c in keys.column_names]
+        if keys is not None
+        else []
+    )
     schema = pa.schema(
         [pa.field("row", pa.int64())]
-        + [keys.schema.field(c) for c in key_cols]
+        + [f for f, _ in key_cols]
         + [pa.field(c, pa.from_numpy_dtype(preds.dtype)) for c in names]
     )
     with pq.ParquetWriter(str(path), schema) as w:
@@ -60,7 +69,7 @@ def write_parquet(
             r1 = min(r0 + chunk_rows, n)
             flat = np.asarray(preds[r0:r1]).reshape(r1 - r0, -1)
             cols = [pa.array(np.asarray(rows[r0:r1], dtype=np.int64))]
-            cols += [keys.column(c).slice(r0, r1 - r0) for c in key_cols]
+            cols += [col.slice(r0, r1 - r0) for _, col in key_cols]
             cols += [pa.array(flat[:, j]) for j in range(flat.shape[1])]
             w.write_table(pa.Table.from_arrays(cols, schema=schema))
 
@@ -71,13 +80,14 @@ def write_workbook(
     layout: WorkbookLayout,
     preds: np.ndarray,
     keys: pa.Table,
-    axis_values: Mapping,
+    axis_values: Mapping[str, Sequence[object]],
     axes: Sequence[str],
-) -> dict:
+) -> dict[str, int]:
     """The source workbook with its time columns replaced by `preds`; returns what was written."""
     if preds.ndim != 3:
         raise DataError(
-            f"{source}: an .xlsx output needs [N, section, time] predictions, got {list(preds.shape)}"
+            f"{source}: an .xlsx output needs [N, section, time] predictions, "
+            f"got {list(preds.shape)}"
         )
     sections = {str(s): i for i, s in enumerate(axis_values.get(axes[0]) or [])}
     times = {str(t): i for i, t in enumerate(axis_values.get(axes[1]) or [])}
@@ -89,6 +99,7 @@ def write_workbook(
         )
     }
     sheet_re, time_re = re.compile(layout.sheet_pattern), re.compile(layout.time_pattern)
+    fill = _Fill(layout, group_keys, lookup, sections, times, time_re, preds)
     src = openpyxl.load_workbook(source, read_only=True, data_only=True)
     out = openpyxl.Workbook(write_only=True)
     written = {"sheets": 0, "rows": 0}
@@ -99,19 +110,7 @@ def write_workbook(
                 continue
             it = ws.iter_rows(values_only=True)
             header = list(next(it, []))
-            rows = _sheet_rows(
-                it,
-                header,
-                m.groupdict(),
-                group_keys,
-                layout,
-                lookup,
-                sections,
-                times,
-                time_re,
-                preds,
-                where=f"{source}[{ws.title}]",
-            )
+            rows = _sheet_rows(it, header, m.groupdict(), fill, where=f"{source}[{ws.title}]")
             if rows[1]:
                 sheet = out.create_sheet(ws.title)
                 sheet.append(header)
@@ -125,10 +124,29 @@ def write_workbook(
     return written
 
 
+@dataclass(frozen=True)
+class _Fill:
+    """What every sheet's rows are filled from: the layout, the predicted groups (`lookup`: group
+    key values -> row of `preds`), the section and time positions, and the predictions."""
+
+    layout: WorkbookLayout
+    group_keys: list[str]
+    lookup: dict[tuple[str, ...], int]
+    sections: dict[str, int]
+    times: dict[str, int]
+    time_re: re.Pattern[str]
+    preds: np.ndarray
+
+
 def _sheet_rows(
-    it, header, sheet_keys, group_keys, layout, lookup, sections, times, time_re, preds, where
-):
+    it: Iterator[tuple[Any, ...]],
+    header: list[Any],
+    sheet_keys: Mapping[str, Any],
+    fill: _Fill,
+    where: str,
+) -> tuple[list[list[Any]], int]:
     """(rows of one sheet with predictions filled in, how many rows were predicted)."""
+    layout = fill.layout
     try:
         sec_col, dir_col = (
             header.index(layout.section_column),
@@ -136,24 +154,25 @@ def _sheet_rows(
         )
     except ValueError as e:
         raise DataError(
-            f"{where}: header lacks {layout.section_column!r} or {layout.direction_column!r}; check data.workbook"
+            f"{where}: header lacks {layout.section_column!r} or {layout.direction_column!r}; "
+            "check data.workbook"
         ) from e
     time_cols = [
-        (j, times.get(m.group("hour")))
+        (j, fill.times.get(m.group("hour")))
         for j, h in enumerate(header)
-        if (m := time_re.match(str(h)))
+        if (m := fill.time_re.match(str(h)))
     ]
     out, hit = [], 0
     for raw in it:
         row = list(raw)
         keys = dict(sheet_keys)
-        for k in group_keys:
+        for k in fill.group_keys:
             keys.setdefault(k, row[dir_col])  # the one group key not named by the sheet
-        pos = lookup.get(tuple(str(keys[k]) for k in group_keys))
-        sec = sections.get(canonical_section(row[sec_col], layout, where))
+        pos = fill.lookup.get(tuple(str(keys[k]) for k in fill.group_keys))
+        sec = fill.sections.get(canonical_section(row[sec_col], layout, where))
         for j, t in time_cols:
             row[j] = (
-                float(preds[pos, sec, t])
+                float(fill.preds[pos, sec, t])
                 if pos is not None and sec is not None and t is not None
                 else None
             )

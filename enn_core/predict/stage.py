@@ -25,14 +25,17 @@ import hashlib
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from enn_core.atomic import atomic_dir, write_json
-from enn_core.checkpoint import load_model
+from enn_core.checkpoint import Checkpoint, load_model
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.hashing import sha256_file
 from enn_core.errors import ConfigError, DataError
@@ -40,7 +43,12 @@ from enn_core.inference import resolve_device
 from enn_core.predict import model_io, outputs, schema, workers
 from enn_core.predict.assemble import assemble
 from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore
+from enn_core.predict.model_io import CalibrationChoice
 from enn_core.summaries import PredictSummary
+
+if TYPE_CHECKING:
+    from enn_core.config import RunConfig
+    from enn_core.stage import StageContext
 
 MODEL_FILE = "model.pt"
 SPLITS = ("train", "val", "test", "all")
@@ -73,19 +81,19 @@ def _rank_device(device: torch.device, rank: int) -> str:
     return str(device)
 
 
-def _threads(cfg, world: int) -> int:
+def _threads(cfg: RunConfig, world: int) -> int:
     return cfg.runtime.threads_per_worker or max(1, (os.cpu_count() or 1) // world)
 
 
 def run(
-    cfg,
-    ctx,
+    cfg: RunConfig,
+    ctx: StageContext,
     *,
     staged: Path,
     model: Path | None,
     calibration: Path | None,
     calibration_name: str,
-) -> dict:
+) -> PredictSummary:
     """The predict stage (see the module docstring) over the staged data `staged` (unless
     `predict.input_dir` names features-only data), with `predict.model` or else `model`;
     `calibration`: this pipeline's collapse-check output; `calibration_name`: the folder name
@@ -165,11 +173,15 @@ def run(
     stats = workers.run(jobs, predictor, cancel=ctx.cancel)
     seconds_predict = time.perf_counter() - t_pred
 
-    summary = _write_outputs(cfg, ctx, ds, data_dir, store, index, ckpt, choice)
+    written = _write_outputs(cfg, ctx, ds, data_dir, store, index, ckpt, choice)
     computed = sorted(k for s in stats for k in s.get("computed_parts", []))
     reused = sorted(k for s in stats for k in s.get("reused_parts", []))
     rows_computed = sum(s.get("rows_computed", 0) for s in stats)
-    summary.update(
+    summary = PredictSummary(
+        output=str(ctx.output()),
+        n_rows=written.n_rows,
+        shape=written.shape,
+        files=written.files,
         model=str(model_path),
         model_sha256=model_sha,
         input=str(data_dir),
@@ -183,8 +195,8 @@ def run(
         device_reason=device_reason,
         world_size=world,
         n_parts=plan.n_parts,
-        computed_parts=computed,
-        reused_parts=reused,
+        computed_parts=tuple(computed),
+        reused_parts=tuple(reused),
         rows_computed=rows_computed,
         discarded_parts=discarded,
         rows_per_second=rows_computed / seconds_predict
@@ -192,20 +204,32 @@ def run(
         else None,
         seconds=time.perf_counter() - t0,
     )
-    write_json(ctx.run_dir / "predict_summary.json", summary)
+    write_json(ctx.run_dir / "predict_summary.json", summary.as_dict())
     _record(ctx, summary)
     shutil.rmtree(store.root, ignore_errors=True)
-    return PredictSummary(
-        **{
-            **summary,
-            "shape": tuple(summary["shape"]),
-            "computed_parts": tuple(computed),
-            "reused_parts": tuple(reused),
-        }
-    )
+    return summary
 
 
-def _write_outputs(cfg, ctx, ds, data_dir, store: PartStore, index, ckpt, choice) -> dict:
+@dataclass(frozen=True)
+class _Written:
+    """What `_write_outputs` put in the output folder: the predictions' rows and shape, and the
+    sha256 of each file."""
+
+    n_rows: int
+    shape: tuple[int, ...]
+    files: dict[str, str]
+
+
+def _write_outputs(
+    cfg: RunConfig,
+    ctx: StageContext,
+    ds: StagedDataset,
+    data_dir: Path,
+    store: PartStore,
+    index: np.ndarray | None,
+    ckpt: Checkpoint,
+    choice: CalibrationChoice,
+) -> _Written:
     """predictions.npy, .parquet, (.xlsx) and manifest.json, as one atomic directory."""
     data = ckpt.data
     label_shape = list(data.label_shape)
@@ -214,7 +238,7 @@ def _write_outputs(cfg, ctx, ds, data_dir, store: PartStore, index, ckpt, choice
     rows = np.arange(ds.features.shape[0], dtype=np.int64) if index is None else index
     keys = _row_keys(data_dir, ds, rows)
     source = dict(ds.manifest.get("source") or {})
-    files = {}
+    files: dict[str, str] = {}
     with atomic_dir(ctx.output()) as tmp:
         preds = assemble(store, tmp / "predictions.npy")
         files["predictions.npy"] = sha256_file(tmp / "predictions.npy")
@@ -254,15 +278,10 @@ def _write_outputs(cfg, ctx, ds, data_dir, store: PartStore, index, ckpt, choice
         }
         write_json(tmp / "manifest.json", manifest)
         del preds
-    return {
-        "output": str(ctx.output()),
-        "n_rows": manifest["n_rows"],
-        "shape": manifest["shape"],
-        "files": files,
-    }
+    return _Written(n_rows=manifest["n_rows"], shape=tuple(manifest["shape"]), files=files)
 
 
-def _row_keys(data_dir: Path, ds: StagedDataset, rows: np.ndarray):
+def _row_keys(data_dir: Path, ds: StagedDataset, rows: np.ndarray) -> pa.Table | None:
     """The predicted rows' key columns from row_keys.parquet (None when the dataset has none)."""
     path = Path(data_dir) / "row_keys.parquet"
     if not path.exists():
@@ -270,21 +289,22 @@ def _row_keys(data_dir: Path, ds: StagedDataset, rows: np.ndarray):
     table = pq.read_table(path)
     if table.num_rows != ds.features.shape[0]:
         raise DataError(
-            f"{path}: {table.num_rows} rows but features have {ds.features.shape[0]}; re-run stage-data"
+            f"{path}: {table.num_rows} rows but features have {ds.features.shape[0]}; "
+            "re-run stage-data"
         )
     return table.take(rows)
 
 
-def _record(ctx, s: dict) -> None:
+def _record(ctx: StageContext, s: PredictSummary) -> None:
     ev = ctx.events
-    ev.param("predict/calibration", s["calibration"]["candidate"])
-    ev.param("predict/calibration_reason", s["calibration"]["reason"])
-    ev.param("predict/device", s["device"])
-    ev.param("predict/world_size", s["world_size"])
-    ev.metric("predict/rows", s["n_rows"])
-    ev.metric("predict/parts_computed", len(s["computed_parts"]))
-    ev.metric("predict/parts_reused", len(s["reused_parts"]))
-    if s["rows_per_second"]:
-        ev.metric("predict/rows_per_second", s["rows_per_second"])
-    for name in s["files"]:
-        ev.artifact(Path(s["output"]) / name, ctx.stage)
+    ev.param("predict/calibration", s.calibration["candidate"])
+    ev.param("predict/calibration_reason", s.calibration["reason"])
+    ev.param("predict/device", s.device)
+    ev.param("predict/world_size", s.world_size)
+    ev.metric("predict/rows", s.n_rows)
+    ev.metric("predict/parts_computed", len(s.computed_parts))
+    ev.metric("predict/parts_reused", len(s.reused_parts))
+    if s.rows_per_second:
+        ev.metric("predict/rows_per_second", s.rows_per_second)
+    for name in s.files:
+        ev.artifact(Path(s.output) / name, ctx.stage)

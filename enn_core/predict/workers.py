@@ -24,9 +24,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -39,6 +41,19 @@ from enn_core.progress import bar
 from enn_core.runtime.heartbeat import Heartbeat, read_heartbeats, stack_path
 
 Predictor = Callable[[torch.Tensor], torch.Tensor]
+
+
+class WorkerStats(TypedDict, total=False):
+    """One worker's record (`worker-<rank>.json`): its counts and timings, or its error; empty
+    when a spawned worker left no readable record."""
+
+    rank: int
+    computed_parts: list[int]
+    reused_parts: list[int]
+    rows_computed: int
+    seconds_total: float
+    seconds_predict: float
+    error: str
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,7 @@ def read_batch(features: np.ndarray, index: np.ndarray | None, b0: int, b1: int)
 
 def predict_parts(
     job: WorkerJob, predictor: Predictor | None = None, beat: Heartbeat | None = None
-) -> dict:
+) -> WorkerStats:
     """Compute this worker's parts that are not already complete; returns counts and timings."""
     t0 = time.perf_counter()
     if beat is not None:
@@ -82,7 +97,9 @@ def predict_parts(
     features = np.load(job.features_path, mmap_mode="r")
     index = np.load(job.index_path, mmap_mode="r") if job.index_path else None
     device = torch.device(job.device)
-    computed, reused, rows = [], [], 0
+    computed: list[int] = []
+    reused: list[int] = []
+    rows = 0
     t_loop = time.perf_counter()
     mine = parts_of_worker(job.plan.n_parts, job.rank, job.world_size)
     with (
@@ -149,7 +166,7 @@ def _worker_main(job: WorkerJob, parent_pid: int) -> None:
     status.write_text(json.dumps(stats))
 
 
-def _status(parts_dir: str, rank: int) -> dict:
+def _status(parts_dir: str, rank: int) -> WorkerStats:
     path = Path(parts_dir) / f"worker-{rank}.json"
     try:
         return json.loads(path.read_text())
@@ -159,7 +176,7 @@ def _status(parts_dir: str, rank: int) -> dict:
 
 def run_workers(
     jobs: list[WorkerJob], *, poll_s: float = 0.05, cancel: threading.Event | None = None
-) -> list[dict]:
+) -> list[WorkerStats]:
     """Run the jobs in spawned processes; all of them, or an error naming the failed rank.
     `cancel` set (the run was cancelled) kills every worker and raises WorkerError."""
     ctx = mp.get_context("spawn")
@@ -184,7 +201,7 @@ def run_workers(
                 )
             time.sleep(poll_s)
         for job, p in zip(jobs, procs, strict=True):
-            if p.exitcode != 0:
+            if p.exitcode not in (None, 0):  # every worker has exited here
                 raise _failure(job, p.exitcode)
     finally:
         for p in procs:
@@ -194,8 +211,9 @@ def run_workers(
     return [_status(j.parts_dir, j.rank) for j in jobs]
 
 
-def _check_hang(jobs: list[WorkerJob], procs: list) -> None:
-    """A worker whose heartbeat shows no progress for hang_timeout_s is hung: dump its stack, fail."""
+def _check_hang(jobs: list[WorkerJob], procs: Sequence[BaseProcess]) -> None:
+    """A worker whose heartbeat shows no progress for hang_timeout_s is hung: dump its stack,
+    fail."""
     timeout = jobs[0].hang_timeout_s
     if timeout <= 0:
         return
@@ -205,13 +223,16 @@ def _check_hang(jobs: list[WorkerJob], procs: list) -> None:
         b = beats.get(job.rank)
         if b is None or p.exitcode is not None or now - float(b["progress_time"]) <= timeout:
             continue
+        if p.pid is None:  # not started (run_workers starts every worker first): not hung
+            continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGUSR1)  # faulthandler writes every thread's stack
         time.sleep(1.0)
         where = f"phase {b.get('phase')} step {b.get('step')} at {b.get('frame')}"
         raise WorkerError(
-            f"predict worker rank {job.rank}/{job.world_size} made no progress for {now - b['progress_time']:.0f} s "
-            f"(runtime.hang_timeout_s={timeout:g}; {where}); stacks in {stack_path(Path(job.parts_dir), job.rank)}; "
+            f"predict worker rank {job.rank}/{job.world_size} made no progress for "
+            f"{now - b['progress_time']:.0f} s (runtime.hang_timeout_s={timeout:g}; {where}); "
+            f"stacks in {stack_path(Path(job.parts_dir), job.rank)}; "
             "completed parts are kept: re-run predict to resume"
         )
 
@@ -228,7 +249,7 @@ def _failure(job: WorkerJob, code: int) -> EnnError:
 
 def run(
     jobs: list[WorkerJob], predictor: Predictor | None = None, cancel: threading.Event | None = None
-) -> list[dict]:
+) -> list[WorkerStats]:
     """One job: in this process (reusing `predictor` if given). Several: spawned workers,
     killed when `cancel` (the stage's `ctx.cancel`) is set."""
     if len(jobs) == 1:

@@ -11,7 +11,7 @@ in enn_core, its entry in the flow's tuple below and in that flow's `dvc.yaml`
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enn_core.errors import ConfigError
 from enn_core.stage import make_context
@@ -21,7 +21,7 @@ from enn_core.stages.export import EXPORT
 from enn_core.stages.predict import PREDICT
 from enn_core.stages.prediction import CHECK_NEW_PREDICTIONS, PREDICT_NEW_DATA, STAGE_NEW_DATA
 from enn_core.stages.prepare_checkpoint import PREPARE_CHECKPOINT
-from enn_core.stages.spec import Flow, StageSpec
+from enn_core.stages.spec import Flow, StageSpec, WorkResult
 from enn_core.stages.stage_data import STAGE_DATA
 from enn_core.stages.validate import VALIDATE
 
@@ -71,7 +71,7 @@ def run_direct(
     layout: Layout,
     run_id: str = "direct",
     cancel: threading.Event | None = None,
-) -> Any:
+) -> WorkResult:
     """One stage's work in this process, without Prefect, MLflow or DVC (tests, benchmarks,
     the doctor); the pipeline runs stages through tasks/runner.py."""
     return spec.work(cfg, make_context(cfg, layout, spec, run_id, cancel))

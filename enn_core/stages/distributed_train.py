@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from enn_core.stage import StageContext
 
 
-def distributed_train(cfg: RunConfig, ctx: StageContext) -> Any:
+def distributed_train(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
     from enn_core.train.stage import run
 
     return run(cfg, ctx, staged=ctx.input(STAGE_DATA), init=ctx.input(PREPARE_CHECKPOINT))

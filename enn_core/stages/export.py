@@ -3,7 +3,7 @@ sidecar; the tracker registers it (enn_core/export.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enn_core.stages.collapse_check import COLLAPSE_CHECK
 from enn_core.stages.distributed_train import DISTRIBUTED_TRAIN
@@ -13,9 +13,10 @@ from enn_core.stages.stage_data import STAGE_DATA
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.stage import StageContext
+    from enn_core.summaries import ExportSummary
 
 
-def export(cfg: RunConfig, ctx: StageContext) -> Any:
+def export(cfg: RunConfig, ctx: StageContext) -> ExportSummary:
     from enn_core.export import run
 
     return run(

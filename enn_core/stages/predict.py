@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enn_core.stages.collapse_check import COLLAPSE_CHECK
 from enn_core.stages.distributed_train import DISTRIBUTED_TRAIN
@@ -12,9 +12,10 @@ from enn_core.stages.stage_data import STAGE_DATA
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.stage import StageContext
+    from enn_core.summaries import PredictSummary
 
 
-def predict(cfg: RunConfig, ctx: StageContext) -> Any:
+def predict(cfg: RunConfig, ctx: StageContext) -> PredictSummary:
     from enn_core.predict.stage import run
 
     return run(

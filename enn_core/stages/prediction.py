@@ -10,7 +10,7 @@ their own, since they run other work over the prediction pipeline's `prediction/
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enn_core.errors import ConfigError
 from enn_core.stages.collapse_check import COLLAPSE_CHECK
@@ -21,9 +21,10 @@ from enn_core.stages.stage_data import STAGE_DATA, stage_data
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.stage import StageContext
+    from enn_core.summaries import CheckSummary, PredictSummary
 
 
-def predict_new_data(cfg: RunConfig, ctx: StageContext) -> Any:
+def predict_new_data(cfg: RunConfig, ctx: StageContext) -> PredictSummary:
     from enn_core.predict.flow_steps import predict_new
 
     return predict_new(
@@ -31,7 +32,7 @@ def predict_new_data(cfg: RunConfig, ctx: StageContext) -> Any:
     )
 
 
-def check_new_predictions(cfg: RunConfig, ctx: StageContext) -> Any:
+def check_new_predictions(cfg: RunConfig, ctx: StageContext) -> CheckSummary:
     from enn_core.predict.flow_steps import check_new
 
     if not cfg.data.training_manifest:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enn_core.stages.spec import StageSpec
 from enn_core.stages.stage_data import STAGE_DATA
@@ -11,9 +11,10 @@ from enn_core.stages.stage_data import STAGE_DATA
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.stage import StageContext
+    from enn_core.summaries import InitSummary
 
 
-def prepare_checkpoint(cfg: RunConfig, ctx: StageContext) -> Any:
+def prepare_checkpoint(cfg: RunConfig, ctx: StageContext) -> InitSummary:
     from enn_core.init_checkpoint import run
 
     return run(cfg, ctx, staged=ctx.input(STAGE_DATA))

@@ -15,15 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.paths import Layout
     from enn_core.stage import StageContext
+    from enn_core.summaries import StageSummary
 
 Flow = Literal["training", "prediction"]
-Work = Callable[["RunConfig", "StageContext"], Any]
+# What a work function returns: its summary record, or (distributed-train) the workers' mapping.
+WorkResult: TypeAlias = "StageSummary | dict[str, Any]"
+Work = Callable[["RunConfig", "StageContext"], WorkResult]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

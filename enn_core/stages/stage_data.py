@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enn_core.stages.spec import StageSpec
 
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.stage import StageContext
+    from enn_core.summaries import StagedSummary
 
 
-def stage_data(cfg: RunConfig, ctx: StageContext) -> Any:
+def stage_data(cfg: RunConfig, ctx: StageContext) -> StagedSummary:
     from enn_core.data.staging import run  # torch-free registry: the work imports its code
 
     return run(cfg, ctx)

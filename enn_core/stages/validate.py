@@ -3,7 +3,7 @@ predictors (enn_core/validate.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enn_core.stages.distributed_train import DISTRIBUTED_TRAIN
 from enn_core.stages.spec import StageSpec
@@ -12,9 +12,10 @@ from enn_core.stages.stage_data import STAGE_DATA
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.stage import StageContext
+    from enn_core.summaries import ValidateSummary
 
 
-def validate(cfg: RunConfig, ctx: StageContext) -> Any:
+def validate(cfg: RunConfig, ctx: StageContext) -> ValidateSummary:
     from enn_core.validate import run
 
     return run(cfg, ctx, staged=ctx.input(STAGE_DATA), trained=ctx.input(DISTRIBUTED_TRAIN))
