@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import compare  # noqa: E402
 from enn_core.checkpoint import load_model  # noqa: E402
-from enn_core.collapse import PredictionPath  # noqa: E402
+from enn_core.inference import PredictionPath  # noqa: E402
 from enn_core.config import load_config  # noqa: E402
 from enn_core.data import staging  # noqa: E402
 from enn_core.model import build_model  # noqa: E402
