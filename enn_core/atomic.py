@@ -46,6 +46,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def umask() -> int:
+    """The process umask, read without changing it (os.umask sets it while reading: another
+    thread could create a file in that instant with no umask at all)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    old = os.umask(0o022)  # no /proc: the classic read, briefly
+    os.umask(old)
+    return old
+
+
 @contextlib.contextmanager
 def atomic_dir(target: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary directory beside `target`; on success it replaces `target`."""
@@ -56,6 +68,7 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
         tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent)
     )
     try:
+        tmp.chmod(0o777 & ~umask())  # mkdtemp makes 0700; an output folder follows the umask
         yield tmp
         fsync_dir(tmp)
         if target.exists():
@@ -79,6 +92,7 @@ def atomic_file(target: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-", dir=target.parent
     )
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; a written file follows the umask
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

@@ -147,6 +147,9 @@ class DataConfig:
     label_axes: tuple[str, ...] = ("section", "hour")
     """Names of the label axes."""
 
+    encoding: str = "utf-8"
+    """Text encoding of a CSV input (e.g. latin-1, cp1252); other formats carry their own."""
+
     nonfinite: Literal["error", "drop"] = "error"
     """NaN/inf in features or labels: fail naming the first row and column, or drop the rows."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -138,6 +139,8 @@ def _coerce_scalar(value: Any, tp: Any, key: str, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

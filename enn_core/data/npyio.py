@@ -64,6 +64,8 @@ class NpyWriter:
         """
         if chunk.shape[1:] != self.tail_shape:
             raise ValueError(f"chunk shape {chunk.shape} does not match rows of {self.tail_shape}")
+        if chunk.shape[0] == 0:  # e.g. every row of a chunk dropped: nothing to append
+            return
         arr = np.ascontiguousarray(chunk, dtype=self.dtype)
         # = memoryview(arr); numpy's stubs make ndarray a Buffer only on Python >= 3.12
         view = arr.data.cast("B")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol, cast
@@ -30,6 +30,8 @@ class Chunk:
     y: np.ndarray | None = None  # [c, *label_shape]
     keys: dict[str, np.ndarray] = field(default_factory=dict)  # row-key columns
     where: Callable[[int], str] = lambda i: f"row {i}"  # names chunk row i in the input
+    # text inputs: what is malformed about chunk rows (e.g. a short CSV row), by row index
+    malformed: Callable[[Sequence[int]], dict[int, str]] | None = None
 
     @property
     def rows(self) -> int:
@@ -139,6 +141,12 @@ class ArraySource:
         with open(path, "rb") as f:
             shape, dtype, fortran = read_header(f, str(path))
             offset = f.tell()
+        expected = offset + int(np.prod(shape)) * dtype.itemsize
+        if path.stat().st_size < expected:
+            raise DataError(
+                f"{path}: truncated ({path.stat().st_size} bytes, its header promises {shape} "
+                f"{dtype}: {expected} bytes); re-write or re-copy the file"
+            )
         if fortran and len(shape) > 1:
             raise DataError(
                 f"{path}: Fortran-ordered array; save it C-ordered (np.ascontiguousarray)"
@@ -204,9 +212,33 @@ def header_columns(
     return feats, labels
 
 
-def csv_header(path: Path) -> list[str]:
-    with open(path, newline="", encoding="utf-8") as f:
-        row = next(csv.reader(f), None)
+def encoding_error(path: Path, encoding: str, e: UnicodeDecodeError) -> DataError:
+    """The first line of `path` that is not `encoding`, named with the byte and the fix."""
+    line = 0
+    with open(path, "rb") as f:
+        for line, raw in enumerate(f, start=1):  # noqa: B007 - the line is the answer
+            try:
+                raw.decode(encoding)
+            except UnicodeDecodeError as bad:
+                byte = raw[bad.start : bad.start + 1].hex()
+                return DataError(
+                    f"{path} line {line}: byte 0x{byte} is not valid {encoding}; save the file "
+                    f"as UTF-8, or set data.encoding to its encoding (e.g. latin-1 or cp1252)"
+                )
+    return DataError(f"{path}: not valid {encoding} ({e.reason}); set data.encoding")
+
+
+def csv_header(path: Path, encoding: str = "utf-8") -> list[str]:
+    try:
+        with open(path, newline="", encoding=encoding) as f:
+            row = next(csv.reader(f), None)
+    except UnicodeDecodeError as e:
+        raise encoding_error(path, encoding, e) from None
+    except LookupError:
+        raise DataError(
+            f"{path}: data.encoding={encoding!r} is not a known encoding; use e.g. utf-8, "
+            "latin-1 or cp1252"
+        ) from None
     if not row:
         raise DataError(f"{path}: empty table (no header row); write a header and data rows")
     return [c.strip() for c in row]

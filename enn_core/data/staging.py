@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import logging
 import os
 import threading
 import time
@@ -47,6 +48,7 @@ from enn_core.summaries import StagedSummary
 if TYPE_CHECKING:
     from enn_core.stage import StageContext
 
+log = logging.getLogger("enn.data")
 SUFFIXES = {
     "npy": (".npy",),
     "npz": (".npz",),
@@ -213,6 +215,8 @@ def _write(
     sizes, split_hashes = splits.finish(
         tmp, codes, features, labels, stats, need_train=training is None
     )
+    if training is None:
+        check_split_sizes(sizes, data, str(info.path or "synthetic"))
     fx, fy, cont = writer.fx, writer.fy, writer.cont
     del codes
     (tmp / writer.codes_file).unlink()
@@ -235,6 +239,62 @@ def _write(
     return manifest
 
 
+# Rows each split needs in a training dataset: validate scores val and test, collapse-check
+# judges candidates on at least two validation rows, training needs a row.
+MIN_SPLIT_ROWS = {"train": 1, "val": 2, "test": 1}
+
+
+def check_split_sizes(sizes: dict[str, int], data: DataConfig, file: str) -> None:
+    """Refuse a split too small for the stages after staging, naming it and the fix."""
+    total = sum(sizes.values())
+    for name, need in MIN_SPLIT_ROWS.items():
+        if sizes.get(name, 0) >= need:
+            continue
+        fix = (
+            "choose data.folds, data.test_fold and data.val_fold that leave it rows"
+            if data.fold_key
+            else "add rows, or raise data.val_fraction / data.test_fraction"
+        )
+        raise DataError(
+            f"{file}: the {name} split has {sizes.get(name, 0)} row(s) of {total}; the stages "
+            f"after stage-data need at least {need}: {fix}"
+        )
+
+
+def label_axes(data: DataConfig, shape: list[int], info: SourceInfo) -> list[str]:
+    """data.label_axes for labels of `shape`; set to another length, it is refused (left at
+    its default, the axes are named axis0, axis1, ...)."""
+    if len(data.label_axes) == len(shape):
+        return list(data.label_axes)
+    if data.label_axes != DataConfig().label_axes:
+        raise DataError(
+            f"{info.path or 'the input'}: data.label_axes names {len(data.label_axes)} axes "
+            f"{list(data.label_axes)} but the labels have shape {shape}; give one name per "
+            "axis of data.label_shape"
+        )
+    return [f"axis{i}" for i in range(len(shape))]
+
+
+def naive_keys(data: DataConfig, info: SourceInfo) -> list[str]:
+    """The conditional naive predictor's keys: row-key columns of this data. A key the user
+    set that is not one is refused (its predictor, and the champion's gate, would vanish)."""
+    missing = [k for k in data.naive_keys if k not in info.row_keys]
+    if missing and data.naive_keys != DataConfig().naive_keys:
+        raise DataError(
+            f"{info.path or 'the input'}: data.naive_keys names {missing}, which are not row-key "
+            f"columns of this data ({info.row_keys or 'none'}: categorical features and the "
+            "fold key); fix data.naive_keys or declare the columns in data.categorical"
+        )
+    if missing:
+        log.warning(
+            "data.naive_keys (default %s) are not columns of %s: no conditional naive "
+            "predictor; set data.naive_keys to the columns that define a group",
+            list(data.naive_keys),
+            info.path or "this data",
+        )
+    return [k for k in data.naive_keys if k in info.row_keys]
+
+
 def _manifest(
     data: DataConfig,
     info: SourceInfo,
@@ -254,11 +314,7 @@ def _manifest(
     else:  # training data: labels were staged, and their statistics gathered (fy)
         shape = list(cast(tuple[int, ...], info.label_shape))
         fy = cast(splits.Moments, fy)
-        axes = (
-            list(data.label_axes)
-            if len(data.label_axes) == len(shape)
-            else [f"axis{i}" for i in range(len(shape))]
-        )
+        axes = label_axes(data, shape, info)
         values = info.label_axis_values or {
             a: [str(i) for i in range(n)] for a, n in zip(axes, shape, strict=True)
         }
@@ -308,7 +364,7 @@ def _manifest(
         "feature_specs": specs,
         **label_meta,
         "row_keys": info.row_keys,
-        "naive_keys": [k for k in data.naive_keys if k in info.row_keys],
+        "naive_keys": naive_keys(data, info),
         "splits": sizes,
         "split_definition": split_def,
         "dropped_rows": writer.dropped,

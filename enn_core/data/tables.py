@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import csv
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -12,7 +14,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from enn_core.config import DataConfig
-from enn_core.data.sources import Chunk, SourceInfo, csv_header, header_columns, reshape_labels
+from enn_core.data.sources import (
+    Chunk,
+    SourceInfo,
+    csv_header,
+    encoding_error,
+    header_columns,
+    reshape_labels,
+)
 from enn_core.errors import DataError
 
 
@@ -82,11 +91,57 @@ class _TableSource:
         pass
 
 
+class RecordScanner:
+    """Field counts of a CSV file's data records, read forward only (the quoting rules of
+    the csv module): a short row and an empty cell both reach pandas as a missing value, so
+    the rows a chunk cannot use are looked up in the text itself. Asked only about rows with
+    missing values, in increasing order, it reads the file at most once."""
+
+    def __init__(self, path: Path, encoding: str) -> None:
+        self.path, self.encoding = path, encoding
+        self._records: Iterator[list[str]] | None = None
+        self._index = -1  # data record index last read (the header is not a data record)
+        self._fields = 0
+
+    def fields(self, index: int) -> int:
+        if self._records is None or index < self._index:
+            self._file = open(self.path, newline="", encoding=self.encoding)  # noqa: SIM115
+            self._records = csv.reader(self._file, skipinitialspace=True)
+            next(self._records, None)
+            self._index = -1
+        while self._index < index:
+            row = next(self._records, None)
+            if row is None:
+                return 0
+            if not row:  # a blank line: pandas skips it too
+                continue
+            self._index += 1
+            self._fields = len(row)
+        return self._fields
+
+    def close(self) -> None:
+        if self._records is not None:
+            self._file.close()
+            self._records = None
+
+
 class CsvSource(_TableSource):
     kind = "csv"
 
     def __init__(self, cfg: DataConfig, path: Path) -> None:
-        super().__init__(cfg, path, csv_header(path), None)
+        header = csv_header(path, cfg.encoding)
+        super().__init__(cfg, path, header, None)
+        self.n_fields = len(header)
+        self.scanner = RecordScanner(path, cfg.encoding)
+
+    def malformed(self, start: int, rows: Sequence[int]) -> dict[int, str]:
+        """Of chunk rows `rows` (the chunk starts at data record `start`), the short ones."""
+        out = {}
+        for i in sorted(rows):
+            n = self.scanner.fields(start + i)
+            if n < self.n_fields:
+                out[i] = f"it has {n} fields, the header {self.n_fields}"
+        return out
 
     def chunks(self) -> Iterator[Chunk]:
         str_cols = {c: str for c in self.feats if c in self.cats or c in self.cfg.cyclic}
@@ -96,6 +151,7 @@ class CsvSource(_TableSource):
             # every column is parsed: `usecols` would hide rows with too many fields
             dtype=str_cols,
             skipinitialspace=True,
+            encoding=self.cfg.encoding,
         )
         start = 0
         try:
@@ -108,15 +164,20 @@ class CsvSource(_TableSource):
                 def where(i: int, s: int = start) -> str:
                     return f"line {s + i + 2}"
 
-                yield self._chunk(get, n, start, where)
+                chunk = self._chunk(get, n, start, where)
+                chunk.malformed = functools.partial(self.malformed, start)
+                yield chunk
                 start += n
         except pd.errors.ParserError as e:
             msg = str(e).strip().splitlines()[-1].split("C error: ")[-1]
             raise DataError(
                 f"{self.path}: ragged row ({msg}); give every row the header's fields"
             ) from e
+        except UnicodeDecodeError as e:
+            raise encoding_error(self.path, self.cfg.encoding, e) from None
         finally:
             reader.close()
+            self.scanner.close()
         if start == 0:
             raise DataError(f"{self.path}: empty table (a header and no data rows); add data rows")
 

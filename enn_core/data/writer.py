@@ -34,6 +34,9 @@ NARROW_KINDS = {
 F32_EXACT = float(2**24)
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
 class _Widen(Exception):
     def __init__(self, what: str, reason: str) -> None:
         self.what, self.reason = what, reason
@@ -47,6 +50,19 @@ def _needs64(a: np.ndarray) -> str | None:
     if big >= F32_EXACT:
         return f"values up to {big:.4g} exceed float32's exact range (2**24)"
     return None
+
+
+def _beyond_float32(a: np.ndarray) -> tuple[int, int] | None:
+    """(row, column) of the first finite value beyond float32's range, which training
+    computes in (a float64 input passes through staging but not through the model)."""
+    if a.dtype.kind in "biu" or a.dtype == np.float32 or a.size == 0:
+        return None
+    flat = np.abs(a.reshape(a.shape[0], -1))
+    big = np.isfinite(flat) & (flat > F32_MAX)
+    if not big.any():
+        return None
+    r = int(np.flatnonzero(big.any(axis=1))[0])
+    return r, int(np.flatnonzero(big[r])[0])
 
 
 def _first_nonfinite(a: np.ndarray) -> tuple[int, int] | None:
@@ -190,6 +206,7 @@ class ChunkWriter:
             return
         x = self.enc.encode(chunk, self.file)
         y = chunk.y
+        self._in_range(chunk, x, y)
         keep = self._finite(chunk, x, y)
         if keep is not None:
             x, y = x[keep], (y[keep] if y is not None else None)
@@ -235,12 +252,34 @@ class ChunkWriter:
         self._keys.write_table(table)
         self.rows += len(rows)
 
+    def _in_range(self, chunk: Chunk, x: np.ndarray, y: np.ndarray | None) -> None:
+        """Refuse a value beyond float32's range, naming its row and column."""
+        for what, a in (("feature", x), ("label", y)):
+            hit = _beyond_float32(a) if a is not None else None
+            if hit is None:
+                continue
+            r, j = hit
+            col = (
+                f"feature {self.info.feature_names[j]!r}"
+                if what == "feature"
+                else self._label_name(j)
+            )
+            value = float(np.asarray(a).reshape(len(a), -1)[r, j])
+            raise DataError(
+                f"{self.file} {chunk.where(r)} {col}: {value:.4g} is beyond float32's range "
+                f"(+-{F32_MAX:.3g}), which training computes in; rescale the column (e.g. "
+                "thousands instead of units) or remove the row"
+            )
+
     def _finite(self, chunk: Chunk, x: np.ndarray, y: np.ndarray | None) -> np.ndarray | None:
-        """None when every value is finite; else the rows to keep (drop) or an error."""
+        """None when every value is finite; else the rows to keep (drop) or an error. A row
+        that is malformed in its text (a short CSV row) is refused either way: dropping it
+        would hide a broken file."""
         bx = _first_nonfinite(x)
         by = _first_nonfinite(y) if y is not None else None
         if bx is None and by is None:
             return None
+        self._refuse_malformed(chunk, x, y)
         if self.cfg.nonfinite == "error":
             if bx is not None and (by is None or bx[0] <= by[0]):
                 r, col = bx[0], f"feature {self.info.feature_names[bx[1]]!r}"
@@ -255,6 +294,20 @@ class ChunkWriter:
             ok &= np.isfinite(y.reshape(len(y), -1)).all(axis=1)
         self.dropped += int((~ok).sum())
         return ok
+
+    def _refuse_malformed(self, chunk: Chunk, x: np.ndarray, y: np.ndarray | None) -> None:
+        if chunk.malformed is None:
+            return
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if y is not None:
+            bad |= ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+        problems = chunk.malformed(np.flatnonzero(bad).tolist())
+        if problems:
+            r = min(problems)
+            raise DataError(
+                f"{self.file} {chunk.where(r)}: short row ({problems[r]}); give it every field "
+                "of the header (data.nonfinite=drop does not drop malformed rows)"
+            )
 
     def _label_name(self, j: int) -> str:
         if self.info.label_name is not None:

@@ -3,6 +3,7 @@ nothing written (the previous staged output stays byte-for-byte as it was)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -275,3 +276,169 @@ def test_missing_hour_columns(tmp_path, previous):
 def test_error_type_is_data_error(tmp_path):
     with pytest.raises(DataError):
         run_stage(tmp_path, source="csv", path="missing.csv", label_columns=("y",))
+
+
+# -- values, encodings and shapes that used to pass or give a traceback (issue 16) -----------
+
+
+@pytest.mark.parametrize(
+    "row, col, value, match",
+    [
+        (5, 2, "1e300", r"t.csv line 7 feature 'temp': 1e\+300 is beyond float32's range"),
+        (5, 4, "3.5e39", r"t.csv line 7 column 'y1': 3.5e\+39 is beyond float32's range"),
+    ],
+    ids=["feature", "label"],
+)
+def test_values_beyond_float32_are_refused_with_row_and_column(
+    tmp_path, previous, row, col, value, match
+):
+    h, rows = table_rows(12)
+    rows[row][col] = value
+    msg = refused(
+        tmp_path, previous, match, source="csv", path=_csv(tmp_path, h, rows), **TABLE_CFG
+    )
+    assert "rescale the column" in msg
+
+
+def test_float64_npy_beyond_float32_is_refused(tmp_path, previous):
+    x, y = write_npy_pair(tmp_path, n=30, f=3, label_shape=(2,))
+    xa = np.load(x).astype(np.float64)
+    xa[11, 1] = 1e300
+    np.save(x, xa)
+    refused(
+        tmp_path,
+        previous,
+        r"x.npy row 11 feature 'f1': 1e\+300 is beyond float32's range",
+        source="npy",
+        path=str(x),
+        labels_path=str(y),
+    )
+
+
+def test_truncated_npy_names_the_file_and_its_size(tmp_path, previous):
+    x, y = write_npy_pair(tmp_path, n=30, f=3, label_shape=(2,))
+    x.write_bytes(x.read_bytes()[:200])
+    refused(
+        tmp_path,
+        previous,
+        r"x.npy: truncated \(200 bytes, its header promises \(30, 3\).*re-write or re-copy",
+        source="npy",
+        path=str(x),
+        labels_path=str(y),
+    )
+
+
+def test_latin1_csv_names_the_encoding_line_and_the_fix(tmp_path, previous):
+    h, rows = table_rows(12)
+    rows[4][0] = "caf\u00e9"
+    path = tmp_path / "t.csv"
+    path.write_bytes(
+        ("\n".join([",".join(h)] + [",".join(map(str, r)) for r in rows]) + "\n").encode("latin-1")
+    )
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv line 6: byte 0xe9 is not valid utf-8; .*set data.encoding",
+        source="csv",
+        path=str(path),
+        **TABLE_CFG,
+    )
+    _, out = run_stage(tmp_path, source="csv", path=str(path), encoding="latin-1", **TABLE_CFG)
+    specs = json.loads((out / "manifest.json").read_text())["feature_specs"]
+    assert "caf\u00e9" in next(s for s in specs if s["name"] == "region")["vocab"]
+
+
+def test_every_row_dropped_is_an_empty_table(tmp_path, previous):
+    path = tmp_path / "t.csv"
+    path.write_text("a,b,y\n" + "nan,1,2\n" * 20)
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv: empty table \(all rows had non-finite values and were dropped\)",
+        source="csv",
+        path=str(path),
+        label_columns=("y",),
+        categorical=(),
+        nonfinite="drop",
+    )
+
+
+def test_a_short_row_is_reported_as_short_also_with_drop(tmp_path, previous):
+    h, rows = table_rows(12)
+    rows[6] = rows[6][:5]  # two label fields missing
+    for nonfinite in ("error", "drop"):
+        refused(
+            tmp_path,
+            previous,
+            r"t.csv line 8: short row \(it has 5 fields, the header 7\); give it every field",
+            source="csv",
+            path=_csv(tmp_path, h, rows),
+            nonfinite=nonfinite,
+            **TABLE_CFG,
+        )
+
+
+def test_an_empty_cell_is_still_a_missing_value(tmp_path, previous):
+    h, rows = table_rows(12)
+    rows[6][3] = None  # "": the row has all its fields
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv line 8 column 'y0': NaN or infinite value",
+        source="csv",
+        path=_csv(tmp_path, h, rows),
+        **TABLE_CFG,
+    )
+
+
+def test_a_split_too_small_is_refused_at_stage_data(tmp_path, previous):
+    path = tmp_path / "t.csv"
+    path.write_text("a,b,y\n1,2,3\n")
+    refused(
+        tmp_path,
+        previous,
+        r"t.csv: the val split has 0 row\(s\) of 1; .*at least 2: add rows, or raise "
+        r"data.val_fraction",
+        source="csv",
+        path=str(path),
+        label_columns=("y",),
+        categorical=(),
+        naive_keys=(),
+    )
+
+
+def test_naive_keys_naming_a_missing_column_is_refused(tmp_path, previous):
+    refused(
+        tmp_path,
+        previous,
+        r"data.naive_keys names \['weekday'\], which are not row-key columns of this data "
+        r"\(\['region', 'month'\]",
+        source="csv",
+        path=_csv(tmp_path),
+        naive_keys=("weekday",),
+        **TABLE_CFG,
+    )
+
+
+def test_label_axes_of_another_length_than_the_labels_is_refused(tmp_path, previous):
+    refused(
+        tmp_path,
+        previous,
+        r"data.label_axes names 3 axes \['a', 'b', 'c'\] but the labels have shape \[2, 2\]",
+        source="csv",
+        path=_csv(tmp_path),
+        label_axes=("a", "b", "c"),
+        **TABLE_CFG,
+    )
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o027)
+    try:
+        _, out = run_stage(tmp_path, source="csv", path=_csv(tmp_path), **TABLE_CFG)
+    finally:
+        os.umask(old)
+    assert oct(out.stat().st_mode & 0o777) == oct(0o750)
+    assert oct((out / "manifest.json").stat().st_mode & 0o777) == oct(0o640)

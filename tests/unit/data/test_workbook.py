@@ -160,7 +160,7 @@ def test_second_layout_stages_by_params_alone(tmp_path):
 
 
 def test_small_workbook_features_only_refuses_unknown_value(tmp_path, small_workbook):
-    _, out = run_stage(tmp_path, source="workbook", path=str(small_workbook))
+    _, out = run_stage(tmp_path, source="workbook", path=str(small_workbook), val_fraction=0.3)
     other = write_workbook(tmp_path / "new.xlsx", sheets=["03월 화요일"], hours=[])
     data = dataclasses.replace(RunConfig().data, source="workbook", path=str(other))
     from enn_core.errors import DataError

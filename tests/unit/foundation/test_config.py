@@ -79,3 +79,15 @@ def test_params_files_load():
     root = find_root(__file__)
     load_config(root / "params.yaml")
     load_config(root / "prediction" / "params.yaml")
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_a_non_finite_number_is_refused_before_params_yaml_is_written(tmp_path, value):
+    from flows.params_file import apply_overrides
+
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  lr: 0.01\n")
+    before = params.read_bytes()
+    with pytest.raises(ConfigError, match=r"train.lr must be a finite number"):
+        apply_overrides(params, [f"train.lr={value}"])
+    assert params.read_bytes() == before

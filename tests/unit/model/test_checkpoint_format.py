@@ -35,6 +35,19 @@ def test_round_trip_weights_only(tmp_path, manifest, tiny_cfg):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+def test_a_wrongly_shaped_tensor_is_refused_naming_it(tmp_path, manifest, tiny_cfg):
+    """A checkpoint whose tensor does not fit its own config: one line naming the tensor."""
+    model = build_model(tiny_cfg, manifest)
+    path = save_consolidated(tmp_path / "m.pt", model, tiny_cfg, manifest)
+    raw = torch.load(path, weights_only=True)
+    name = next(k for k, v in raw["state_dict"].items() if v.ndim == 2)
+    raw["state_dict"][name] = torch.zeros(3, 3)
+    torch.save(raw, path)
+    with pytest.raises(StaleOutputError) as e:
+        load_model(path)
+    assert f"{name} has shape [3, 3] there" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_compiled_prefix_stripped(tmp_path, manifest, tiny_cfg):
     model = build_model(tiny_cfg, manifest)
     sd = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
