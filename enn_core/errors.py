@@ -1,4 +1,5 @@
-"""The project's domain exceptions.
+"""The project's domain exceptions, and every exit code `enn` returns (`EXIT_CODES`, the one
+list: `enn --help` prints it and the README's table is checked against it).
 
 Every message names the file, field or row at fault and what to do about it, on one line.
 `TransientError` marks failures worth retrying (worker launch, I/O); the orchestration layer
@@ -56,6 +57,12 @@ class LockError(EnnError):
     exit_code = 8
 
 
+class StoreError(EnnError):
+    """A state store (the MLflow database) cannot be read: names the file and the fix."""
+
+    exit_code = 10
+
+
 class TransientError(EnnError):
     """A failure that may succeed on retry (worker launch, rendezvous, I/O)."""
 
@@ -66,3 +73,29 @@ class WorkerError(EnnError):
     """A distributed worker failed or hung; names the rank and its last phase."""
 
     exit_code = 9
+
+
+INTERRUPTED = 130  # Ctrl-C, or the flow run was cancelled (Prefect)
+TERMINATED = 143  # SIGTERM
+
+
+def exit_codes() -> dict[int, str]:
+    """Every exit code of `enn` and what it means, in order."""
+    classes = [EnnError, *_subclasses(EnnError)]
+    codes = {0: "success"}
+    for cls in sorted(classes, key=lambda c: c.exit_code)[1:]:
+        doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
+        codes.setdefault(cls.exit_code, f"{cls.__name__}: {doc}")
+    codes[EnnError.exit_code] = (
+        "any other failure (one not named by the codes below prints its traceback)"
+    )
+    codes[INTERRUPTED] = "interrupted: Ctrl-C, or the flow run was cancelled in Prefect"
+    codes[TERMINATED] = "terminated: SIGTERM (workers stopped, lock released)"
+    return dict(sorted(codes.items()))
+
+
+def _subclasses(cls: type) -> list[type[EnnError]]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out

@@ -4,9 +4,8 @@
     enn run [--flow training] [--set train.epochs=3]
 
 Each stage subcommand runs the same function as its Prefect task (tasks/runner.py); this is
-what `dvc repro` calls. Errors print one line and exit non-zero (the code says which kind:
-2 config, 3 data, 4 stale output, 5 training, 6 collapse, 7 export, 8 lock, 75 transient,
-130 interrupted (Ctrl-C) or flow run cancelled, 143 terminated (SIGTERM)).
+what `dvc repro` calls. Errors print one line and exit non-zero; the code says which kind
+(`enn_core.errors.exit_codes()`, printed by `enn --help`).
 
 SIGTERM takes Ctrl-C's path (`Terminated` is a KeyboardInterrupt): workers are killed, the
 lock released, MLflow runs closed, Prefect's temporary server stopped. Without this, Prefect's
@@ -27,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from enn_core.config import RunConfig
-from enn_core.errors import EnnError
+from enn_core.errors import EnnError, exit_codes
 from enn_core.paths import Layout, find_root, project_root
 from enn_core.stages import FLOWS, PREDICTION, TRAINING, Flow, StageSpec, lookup
 
@@ -82,8 +81,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in exit_codes().items())
     parser = argparse.ArgumentParser(
-        prog="enn", description="ENN training-and-prediction pipeline.", epilog=COMMON_EPILOG
+        prog="enn",
+        description="ENN training-and-prediction pipeline.",
+        epilog=f"{COMMON_EPILOG}\n\nexit codes:\n{codes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     variants = {s.name for s in PREDICTION}

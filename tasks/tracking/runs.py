@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # mlflow is imported inside the functions that use it: importing this module has no side
 # effects (`import mlflow` writes its telemetry state and an environment variable unless the
 # entry point contained the environment first, tasks/env.py).
-from enn_core.errors import TransientError
+from enn_core.errors import StoreError, TransientError
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, StageSpec
@@ -91,8 +91,11 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         mlflow.set_tracking_uri(uri)
-        self.client = MlflowClient(tracking_uri=uri)
-        exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
+        try:
+            self.client = MlflowClient(tracking_uri=uri)
+            exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
+        except Exception as e:  # noqa: BLE001 - any failure to open the store, named below
+            raise store_error(uri, e) from e
         if exp is None:
             loc = layout.mlflow_artifacts.as_uri() if uri.startswith("sqlite") else None
             self.experiment_id = self.client.create_experiment(
@@ -228,6 +231,23 @@ class Tracker:
             self.client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
         return killed
+
+
+def store_error(uri: str, error: Exception) -> StoreError:
+    """The MLflow store at `uri` cannot be opened: one line naming the file (or server),
+    the cause and the fix."""
+    cause = str(getattr(error, "orig", None) or error).strip().splitlines()[0][:200]
+    if uri.startswith("sqlite:///"):
+        db = uri.removeprefix("sqlite:///")
+        return StoreError(
+            f"{db}: the MLflow store cannot be read ({cause}); move it aside to start a new "
+            f"one (mv {db} {db}.broken; earlier runs stay in the moved file) or restore it "
+            "from a backup"
+        )
+    return StoreError(
+        f"{uri}: the MLflow tracking store did not answer ({cause}); check tracking.uri and "
+        "that the server runs"
+    )
 
 
 def ended_status(error: BaseException) -> str:

@@ -198,3 +198,16 @@ def test_project_root_of_a_config_is_its_pipeline_folder(tmp_path):
     assert project_root(proj / "prediction" / "params.yaml") == proj / "prediction"
     assert project_root(proj / "configs" / "expressway.yaml") == proj
     assert project_root(tmp_path / "loose" / "params.yaml") == tmp_path / "loose"
+
+
+def test_exit_codes_are_listed_once_and_the_readme_shows_them():
+    from enn_core.errors import exit_codes
+    from flows.cli import build_parser
+
+    codes = exit_codes()
+    assert {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 75, 130, 143} == set(codes)
+    readme = (ROOT / "README.md").read_text()
+    for code, meaning in codes.items():
+        assert f"| {code} | {meaning.replace('|', '/')} |" in readme, code
+    epilog = build_parser().epilog or ""
+    assert all(f"{code:>3}  {meaning}" in epilog for code, meaning in codes.items())

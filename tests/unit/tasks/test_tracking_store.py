@@ -1,0 +1,28 @@
+"""The MLflow store the tracker opens: a corrupt database is one line naming the file and fix."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from enn_core.config import load_config
+from enn_core.errors import StoreError
+from enn_core.paths import Layout
+
+
+def test_a_corrupt_mlflow_database_names_the_file_and_the_fix(tmp_path):
+    from tasks.tracking import Tracker
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    layout = Layout.for_root(tmp_path)
+    layout.mlflow_dir.mkdir(parents=True)
+    db = layout.mlflow_dir / "mlflow.db"
+    db.write_bytes(os.urandom(4096))
+    cfg = load_config(None, [f"tracking.uri=sqlite:///{db}"])
+    with pytest.raises(StoreError) as e:
+        Tracker(cfg, layout)
+    msg = str(e.value)
+    assert "\n" not in msg and e.value.exit_code == 10
+    assert msg.startswith(f"{db}: the MLflow store cannot be read (")
+    assert f"mv {db} {db}.broken" in msg
