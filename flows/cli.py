@@ -305,7 +305,8 @@ def _main(argv: list[str] | None) -> int:
         layout = contain(project_layout(root, cfg.runtime.work_dir))
         return dispatch(args, cfg, config, layout)
     except EnnError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # one line, whatever a library put into the message it wraps
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return e.exit_code
     except Terminated:
         print("terminated (SIGTERM): workers stopped, lock released", file=sys.stderr)

@@ -81,12 +81,28 @@ class Encoder:
         for j, spec in enumerate(self.specs):
             col = chunk.x[:, j] if chunk.x is not None else cols[spec["name"]]
             if spec["kind"] == "continuous":
-                out[:, j] = col
+                out[:, j] = self._continuous(spec, col, chunk, file)
             elif "cyclic_period" in spec:
                 out[:, j] = self._cyclic(spec, col, chunk, file)
             else:
                 out[:, j] = self._codes(spec, col, chunk, file)
         return out
+
+    def _continuous(
+        self, spec: dict[str, Any], col: np.ndarray, chunk: Chunk, file: str
+    ) -> np.ndarray:
+        """A continuous column as numbers; text in it (a workbook's group key, say) is named."""
+        if col.dtype.kind in "biuf":
+            return col
+        num = pd.to_numeric(pd.Series(col), errors="coerce").to_numpy(np.float64)
+        bad = np.flatnonzero(np.isnan(num) & pd.notna(pd.Series(col)).to_numpy())
+        if bad.size:
+            i = int(bad[0])
+            raise DataError(
+                f"{file} {chunk.where(i)} column {spec['name']!r}: non-numeric value "
+                f"{col[i]!r}; fix the value or declare the column in data.categorical"
+            )
+        return num
 
     def _missing(self, spec: dict[str, Any], col: np.ndarray, chunk: Chunk, file: str) -> None:
         bad = np.flatnonzero(pd.isna(col))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tokenize
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -144,8 +145,12 @@ def read_header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype, bo
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
         else:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    except ValueError as e:
-        raise DataError(f"{where}: not a valid .npy array ({e}); save it with numpy.save") from e
+    # numpy parses the header with Python's tokenizer: a corrupt one raises what that raises
+    except (ValueError, SyntaxError, tokenize.TokenError, EOFError) as e:
+        raise DataError(
+            f"{where}: not a valid .npy array ({' '.join(str(e).split())[:200]}); save it with "
+            "numpy.save"
+        ) from e
     if dtype.hasobject:
         raise DataError(
             f"{where}: holds an object array, which needs pickle and is refused; "

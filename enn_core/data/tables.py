@@ -190,7 +190,8 @@ class ParquetSource(_TableSource):
             self.pf = pq.ParquetFile(path)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(
-                f"{path}: not a readable Parquet file ({e}); re-write it with pyarrow"
+                f"{path}: not a readable Parquet file ({' '.join(str(e).split())}); "
+                "re-write it with pyarrow"
             ) from e
         super().__init__(cfg, path, list(self.pf.schema_arrow.names), self.pf.metadata.num_rows)
         if self.pf.metadata.num_rows == 0:
@@ -199,7 +200,14 @@ class ParquetSource(_TableSource):
     def chunks(self) -> Iterator[Chunk]:
         start = 0
         for g in range(self.pf.num_row_groups):
-            table = self.pf.read_row_group(g, columns=self.feats + self.labels)
+            try:
+                table = self.pf.read_row_group(g, columns=self.feats + self.labels)
+            except (pa.ArrowException, OSError) as e:
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                raise DataError(
+                    f"{self.path} row group {g}: unreadable ({first}); re-write the file with "
+                    "pyarrow or pandas"
+                ) from None
             n = table.num_rows
 
             def get(c: str, t: pa.Table = table) -> np.ndarray:
