@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from enn_core.errors import ConfigError
+from enn_core.runtime.stores import tcp_store
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -130,13 +131,12 @@ def _store(rank: int, restart: int) -> dist.Store:
     """The rendezvous store under a per-run, per-attempt prefix (the restart-race fix)."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    base = dist.TCPStore(
+    base = tcp_store(  # rank 0's server listens on MASTER_ADDR only, not every interface
         host,
         port,
         is_master=(not agent_store and rank == 0),
         wait_for_workers=False,
         timeout=_dt.timedelta(seconds=120),
-        use_libuv=True,
     )
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
     # The agent's shared store outlives attempts: key by restart count. Without it (the

@@ -52,6 +52,7 @@ from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
 from enn_core.runtime.dist import STALE_ENV
 from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats, stack_path
+from enn_core.runtime.stores import register_rendezvous
 
 log = logging.getLogger("enn.launch")
 ERRORS = "errors"
@@ -234,9 +235,10 @@ class _Job:
             max_nodes=n,
             nproc_per_node=self.nprocs,
             run_id=self.run_id,
-            rdzv_backend="c10d",
+            rdzv_backend=register_rendezvous(),  # c10d on a store bound to the endpoint
             rdzv_endpoint=self.endpoint,
-            local_addr=self.rdzv.local_addr or None,
+            # one node: the workers' store on loopback; several: each node's own address
+            local_addr=self.rdzv.local_addr or ("127.0.0.1" if n == 1 else None),
             rdzv_configs={"join_timeout": int(self.rdzv.timeout_s)},
             max_restarts=self.max_restarts,
             monitor_interval=0.1,

@@ -17,6 +17,7 @@ One project for the module: the first `enn run` stages the data and the initial 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -227,10 +228,25 @@ def test_ctrl_c_in_a_terminal_exits_130_within_10_s_and_records_the_run(proj):
     assert parent.info.status == "KILLED" and status["distributed-train"] == "KILLED", status
 
 
-def test_sigkill_of_enn_leaves_no_process(proj):
+def listening(procs: list[psutil.Process]) -> list[str]:
+    """Every listening TCP address of these processes, as ip:port."""
+    out = []
+    for q in procs:
+        with contextlib.suppress(psutil.Error):
+            for c in q.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    out.append(f"{c.laddr.ip}:{c.laddr.port} ({q.pid} {q.name()})")
+    return out
+
+
+def test_sigkill_of_enn_leaves_no_process_and_nothing_listened_beyond_loopback(proj):
     proc, log = start(proj, "run", "--until", "distributed-train", *LONG)
     _, procs = wait_training(proj, proc, log)
     assert any("uvicorn" in " ".join(q.cmdline()) for q in procs), "no temporary Prefect API"
+    # the rendezvous store, the workers' store, the workers' gloo sockets, Prefect's API
+    sockets = listening([psutil.Process(proc.pid), *procs])
+    assert len(sockets) >= 3, sockets
+    assert [a for a in sockets if not a.startswith("127.0.0.1:")] == [], sockets
     proc.kill()
     proc.wait(timeout=STOP_S)
     end = time.time() + 10
