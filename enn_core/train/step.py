@@ -26,20 +26,21 @@ from enn_core.runtime.memory import is_oom
 from enn_core.runtime.sampler import Batch, micro_batches
 from enn_core.train.guard import first_nonfinite
 from enn_core.train.objective import weighted_loss_sum
+from enn_core.train.state import TrainState
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepOutcome:
     applied: bool
     loss: float
     weight: float
     grad_norm: float
-    data_s: float
-    compute_s: float
-    optim_s: float
+    data_s: float  # reading the batch
+    compute_s: float  # out-of-memory agreement, forward + backward
+    optim_s: float  # agreement, clipping, the optimizer step
 
 
-def run_step(st, epoch: int, step: int, gstep: int) -> StepOutcome:
+def run_step(st: TrainState, epoch: int, step: int, gstep: int) -> StepOutcome:
     """One optimizer step with OOM back-off (retries the same global batch)."""
     rt = st.rt
     while True:
@@ -75,7 +76,7 @@ def run_step(st, epoch: int, step: int, gstep: int) -> StepOutcome:
 
 
 def forward_backward(
-    st, batches: list[Batch], n_real: int, gstep: int
+    st: TrainState, batches: list[Batch], n_real: int, gstep: int
 ) -> tuple[torch.Tensor, float]:
     """Accumulate gradients over this rank's micro-batches; returns (weighted loss sum, weights)."""
     rt = st.rt
@@ -97,7 +98,7 @@ def forward_backward(
     return loss_sum, weight_sum
 
 
-def backward(st, loss: torch.Tensor) -> None:
+def backward(st: TrainState, loss: torch.Tensor) -> None:
     """Backward, through the fp16 gradient scaler when the precision policy uses one."""
     if st.scaler is not None:
         st.scaler.scale(loss).backward()
@@ -109,15 +110,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def grad_squares(st) -> tuple[float, float]:
+def grad_squares(st: TrainState) -> tuple[float, float]:
     """(sum of squares of sharded local grads, of replicated grads); the first is all-reduced."""
     sharded = [
         _local(p.grad)
-        for p in st.model_params
+        for p in st.params.model
         if p.grad is not None and hasattr(p.grad, "to_local")
     ]
     replicated = [
-        p.grad for p in st.all_params if p.grad is not None and not hasattr(p.grad, "to_local")
+        p.grad for p in st.params.all if p.grad is not None and not hasattr(p.grad, "to_local")
     ]
 
     def sq(ts: list[torch.Tensor]) -> float:
@@ -129,7 +130,12 @@ def grad_squares(st) -> tuple[float, float]:
 
 
 def finish_step(
-    st, batches, loss_sum, weight_sum, epoch: int, gstep: int
+    st: TrainState,
+    batches: list[Batch],
+    loss_sum: torch.Tensor,
+    weight_sum: float,
+    epoch: int,
+    gstep: int,
 ) -> tuple[bool, float, float]:
     """Agree, then skip a non-finite step or clip and apply. Returns (applied, loss, grad norm)."""
     rt = st.rt
@@ -156,7 +162,7 @@ def finish_step(
         return False, loss, norm
     clip = st.cfg.clip_norm
     if clip > 0 and norm > clip:  # exactly untouched when the threshold is not reached
-        grads = [_local(p.grad) for p in st.all_params if p.grad is not None]
+        grads = [_local(p.grad) for p in st.params.all if p.grad is not None]
         torch._foreach_mul_(grads, clip / (norm + 1e-6))
     if st.scaler is not None:
         st.scaler.step(st.optimizer)
@@ -169,29 +175,31 @@ def finish_step(
     return True, loss, norm
 
 
-def reduce_loss_grads(st) -> None:
+def reduce_loss_grads(st: TrainState) -> None:
     """The loss's own parameters (Student-t scale) are replicated: average their grads."""
     if not st.rt.env.distributed:
         return
-    for p in st.loss_params:
+    for p in st.params.loss:
         if p.grad is not None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad.div_(st.rt.env.world_size)
 
 
-def skip_nonfinite(st, batches: list[Batch], epoch: int, gstep: int, local_bad: bool) -> None:
+def skip_nonfinite(
+    st: TrainState, batches: list[Batch], epoch: int, gstep: int, local_bad: bool
+) -> None:
     """Count the skip (agreed); stop after N in a row naming the first non-finite tensor."""
     rt = st.rt
     culprit = None
     if local_bad:
-        named = [
+        named: list[tuple[str, torch.Tensor | None]] = [
             (f"batch.features[micro {i}]", torch.from_numpy(b.features))
             for i, b in enumerate(batches)
         ]
         named += [
             (f"batch.labels[micro {i}]", torch.from_numpy(b.labels)) for i, b in enumerate(batches)
         ]
-        named += [(f"grad.{n}", p.grad) for n, p in st.named_params]
+        named += [(f"grad.{n}", p.grad) for n, p in st.params.named]
         culprit = first_nonfinite(named)
     reports = gather_objects(culprit, rt.env)
     bad_rank = next((r for r, c in enumerate(reports) if c is not None), None)

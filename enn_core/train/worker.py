@@ -3,11 +3,12 @@
     main(job_path) -> summary dict
 
 The job file (written by enn_core.train.stage) holds the resolved config and the paths. The
-worker walks named phases, each announced on its heartbeat so the launcher's watchdog can
-name where a silent rank stopped: bootstrap -> process_group -> load -> wrap ->
-first_forward -> step N -> validate -> checkpoint -> done. An exception is written to
-`<run_dir>/errors/rank-<r>.json` (the launcher turns it into the caller's error) and
-re-raised. Rank 0 writes model.pt, metrics.json and history.json to the job's result dir.
+worker walks named phases, each announced on its
+heartbeat so the launcher's watchdog can name where a silent rank stopped: bootstrap ->
+process_group -> load -> wrap -> first_forward -> step N -> validate -> checkpoint -> done.
+An exception is written to `<run_dir>/errors/rank-<r>.json` (the launcher turns it into the
+caller's error) and re-raised. Rank 0 writes model.pt, metrics.json and history.json to the
+job's result dir.
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.nn.parallel import DistributedDataParallel
 
 from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
@@ -34,12 +40,18 @@ from enn_core.errors import ConfigError
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss
-from enn_core.runtime.batch_probe import agree_choice, choose_micro_batch, sample_from_staged
+from enn_core.model.enn import ENN
+from enn_core.runtime.batch_probe import (
+    MicroBatchChoice,
+    agree_choice,
+    choose_micro_batch,
+    sample_from_staged,
+)
 from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, ranks_not_sharing, shutdown
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
 from enn_core.runtime.launch import write_error
-from enn_core.runtime.precision import choose_precision
+from enn_core.runtime.precision import PrecisionDecision, choose_precision
 from enn_core.train.ckpt import Checkpointer
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
 
@@ -87,7 +99,7 @@ def main(job_path: str) -> dict[str, Any]:
 
 
 def _run(
-    cfg: RunConfig, job: dict, hb: Heartbeat, rank: int, log: logging.Logger
+    cfg: RunConfig, job: dict[str, Any], hb: Heartbeat, rank: int, log: logging.Logger
 ) -> dict[str, Any]:
     run_dir = Path(job["run_dir"])
     faults = FaultInjector(cfg.fault, rank=rank, marker_dir=job["marker_dir"])
@@ -112,6 +124,7 @@ def _run(
     )
     hb.phase("load")
     data = StagedDataset(job["staged"])
+    labels = _labels(data)
     model, _ = load_model(job["init"])
     model.train()
     precision = choose_precision(cfg.train, env.device)
@@ -141,7 +154,7 @@ def _run(
     micro = None
     if cfg.train.micro_batch == "auto":  # after wrap, before the optimizer exists
         hb.phase("probe_batch")
-        choice = auto_micro_batch(cfg, data, env, wrapped, model, loss, precision)
+        choice = auto_micro_batch(cfg, data, env, _Probed(wrapped, model, loss, precision))
         micro = choice.micro_batch
         choices.update(choice.as_record())
     for k, v in choices.items():
@@ -149,6 +162,7 @@ def _run(
             f"runtime/{k}",
             v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str),
         )
+    ckpt, resume_from = _checkpointer(job, cfg, env, events, faults)
     rt = Runtime(
         env=env,
         model=wrapped,
@@ -163,10 +177,9 @@ def _run(
         full_state=functools.partial(full_state, wrapped, env),
         steady_timeout_s=cfg.runtime.pg_timeout_steady_s,
         micro_batch=micro,
+        checkpointer=ckpt,
     )
-    train_data = TrainData(data.features, data.labels, data.split("train"), _val_rows(data))
-    ckpt, resume_from = _checkpointer(job, cfg, env, events, faults)
-    rt.checkpointer = ckpt
+    train_data = TrainData(data.features, labels, data.split("train"), _val_rows(data))
     try:
         result = train(
             cfg.train,
@@ -193,28 +206,49 @@ def _run(
     return summary if env.is_main else rank_summary(result, env)
 
 
+def _labels(data: StagedDataset) -> np.ndarray:
+    if data.labels is None:
+        raise ConfigError(
+            f"{data.path}: the staged data has no labels; distributed-train needs labeled "
+            "data (stage-data with a label column)"
+        )
+    return data.labels
+
+
+@dataclass(frozen=True)
+class _Probed:
+    """What the micro-batch probe trains: the wrapped model, its bare core, the loss."""
+
+    wrapped: torch.nn.Module
+    model: ENN
+    loss: torch.nn.Module
+    precision: PrecisionDecision
+
+
 def auto_micro_batch(
-    cfg: RunConfig, data: StagedDataset, env: DistEnv, wrapped, model, loss, precision
-):
+    cfg: RunConfig, data: StagedDataset, env: DistEnv, probed: _Probed
+) -> MicroBatchChoice:
     """`train.micro_batch: auto`: the largest micro-batch that fits memory, agreed by all ranks."""
     sample = sample_from_staged(
-        data.features, data.labels, data.split("train"), env.device, model.normalize
+        data.features, _labels(data), data.split("train"), env.device, probed.model.normalize
     )
     choice = choose_micro_batch(
-        wrapped,
-        loss,
+        probed.wrapped,
+        probed.loss,
         sample,
         cfg.train.batch_size // env.world_size,
         env.device,
         headroom=cfg.train.memory_headroom,
-        autocast=precision.autocast,
+        autocast=probed.precision.autocast,
         distributed=env.distributed,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     )
     return agree_choice(choice, env)
 
 
-def _checkpointer(job: dict, cfg: RunConfig, env: DistEnv, events: EventLog, faults: FaultInjector):
+def _checkpointer(
+    job: dict[str, Any], cfg: RunConfig, env: DistEnv, events: EventLog, faults: FaultInjector
+) -> tuple[Checkpointer | None, Path | None]:
     """The DCP checkpointer of this job's fingerprint directory and the checkpoint to resume."""
     spec = job.get("checkpoint")
     if not spec:
@@ -245,7 +279,7 @@ def _checkpointer(job: dict, cfg: RunConfig, env: DistEnv, events: EventLog, fau
     return ckpt, chosen
 
 
-def _weights_from(job: dict) -> Path | None:
+def _weights_from(job: dict[str, Any]) -> Path | None:
     spec = job.get("checkpoint") or {}
     return (
         Path(spec["resume_from"]) if spec.get("weights_only") and spec.get("resume_from") else None
@@ -278,22 +312,22 @@ def rank_summary(result: TrainResult, env: DistEnv) -> dict[str, Any]:
     }
 
 
-def _val_rows(data: StagedDataset):
+def _val_rows(data: StagedDataset) -> np.ndarray:
     return data.split("val") if "val" in data.split_names else data.split("train")[:0]
 
 
 def full_state(model: torch.nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
     """The full, unsharded state dict on CPU (a collective under FSDP2: every rank calls it)."""
-    if hasattr(model, "module"):  # DDP
+    if isinstance(model, DistributedDataParallel):
         model = model.module
     if env.distributed and any(hasattr(p, "full_tensor") for p in model.parameters()):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = StateDictOptions(full_state_dict=True, cpu_offload=False)
+        return _cpu_copies(get_model_state_dict(model, options=full))
+    return _cpu_copies(model.state_dict())
 
-        sd = get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
-        )
-    else:
-        sd = model.state_dict()
+
+def _cpu_copies(sd: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """A model state dict's tensors (gathered ones under FSDP2), copied to the CPU."""
     return {k.replace("_orig_mod.", ""): v.detach().to("cpu").clone() for k, v in sd.items()}
 
 
