@@ -2,8 +2,8 @@
 
     main(job_path) -> summary dict
 
-The job file (written by enn_core.train.stage) holds the resolved config and the paths. The
-worker walks named phases, each announced on its
+The job file (a `WorkerJob`, enn_core.train.job, written by enn_core.train.stage) holds the
+resolved config and the paths. The worker walks named phases, each announced on its
 heartbeat so the launcher's watchdog can name where a silent rank stopped: bootstrap ->
 process_group -> load -> wrap -> first_forward -> step N -> validate -> checkpoint -> done.
 An exception is written to `<run_dir>/errors/rank-<r>.json` (the launcher turns it into the
@@ -34,7 +34,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
-from enn_core.config.loader import build
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError
 from enn_core.events import EventLog
@@ -53,6 +52,7 @@ from enn_core.runtime.kernels import apply_attention, choose_attention
 from enn_core.runtime.launch import write_error
 from enn_core.runtime.precision import PrecisionDecision, choose_precision
 from enn_core.train.ckpt import Checkpointer
+from enn_core.train.job import WorkerJob
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
 
 
@@ -77,37 +77,33 @@ def _log_to_file(run_dir: Path, rank: int, level: str) -> logging.Logger:
 
 
 def main(job_path: str) -> dict[str, Any]:
-    job = json.loads(Path(job_path).read_text())
-    cfg: RunConfig = build(RunConfig, job["config"], root=RunConfig, where=job_path)
-    run_dir = Path(job["run_dir"])
+    job = WorkerJob.read(job_path)
     rank = int(os.environ.get("RANK", "0"))
     _die_with_parent()
     hb = Heartbeat(
-        run_dir, rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        job.run_dir, rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     ).start()
-    log = _log_to_file(run_dir, rank, cfg.runtime.log_level)
+    log = _log_to_file(job.run_dir, rank, job.config.runtime.log_level)
     try:
-        summary = _run(cfg, job, hb, rank, log)
+        summary = _run(job, hb, rank, log)
         hb.stop("done")
         return summary
     except BaseException as e:
-        write_error(run_dir, rank, e, *hb.where(), traceback.format_exc())
+        write_error(job.run_dir, rank, e, *hb.where(), traceback.format_exc())
         log.error("failed in phase %s: %s", hb.where()[0], e)
         raise
     finally:
         shutdown()
 
 
-def _run(
-    cfg: RunConfig, job: dict[str, Any], hb: Heartbeat, rank: int, log: logging.Logger
-) -> dict[str, Any]:
-    run_dir = Path(job["run_dir"])
-    faults = FaultInjector(cfg.fault, rank=rank, marker_dir=job["marker_dir"])
+def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[str, Any]:
+    cfg, run_dir = job.config, job.run_dir
+    faults = FaultInjector(cfg.fault, rank=rank, marker_dir=job.marker_dir)
     faults.at("bootstrap")
     hb.phase("process_group")
     env = bootstrap(
         device=cfg.runtime.device,
-        threads=job["threads"],
+        threads=job.threads,
         seed=cfg.runtime.seed,
         deterministic=cfg.runtime.deterministic,
         pg_timeout_s=cfg.runtime.pg_timeout_s,
@@ -123,9 +119,9 @@ def _run(
         env.backend,
     )
     hb.phase("load")
-    data = StagedDataset(job["staged"])
+    data = StagedDataset(job.staged)
     labels = _labels(data)
-    model, _ = load_model(job["init"])
+    model, _ = load_model(job.init)
     model.train()
     precision = choose_precision(cfg.train, env.device)
     attention = choose_attention(
@@ -148,7 +144,7 @@ def _run(
         **precision.as_record(),
         **attention.as_record(),
         **wrap,
-        "threads": job["threads"],
+        "threads": job.threads,
         "device": str(env.device),
     }
     micro = None
@@ -162,7 +158,7 @@ def _run(
             f"runtime/{k}",
             v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str),
         )
-    ckpt, resume_from = _checkpointer(job, cfg, env, events, faults)
+    ckpt, resume_from = _checkpointer(job, env, events, faults)
     rt = Runtime(
         env=env,
         model=wrapped,
@@ -188,7 +184,7 @@ def _run(
             seed=cfg.runtime.seed,
             log_every=cfg.train.log_every,
             resume_from=resume_from,
-            weights_from=_weights_from(job),
+            weights_from=job.checkpoint.weights_path if job.checkpoint else None,
         )
         hb.phase("checkpoint")
         faults.at("checkpoint")
@@ -196,7 +192,7 @@ def _run(
         summary = {**_summary(result, env, choices), **rank_summary(result, env)}
         summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
         if env.is_main:
-            write_outputs(Path(job["result_dir"]), state, loss, cfg, data.manifest, result, summary)
+            write_outputs(job.result_dir, state, loss, cfg, data.manifest, result, summary)
         if ckpt is not None:
             ckpt.complete()
     finally:
@@ -247,19 +243,19 @@ def auto_micro_batch(
 
 
 def _checkpointer(
-    job: dict[str, Any], cfg: RunConfig, env: DistEnv, events: EventLog, faults: FaultInjector
+    job: WorkerJob, env: DistEnv, events: EventLog, faults: FaultInjector
 ) -> tuple[Checkpointer | None, Path | None]:
     """The DCP checkpointer of this job's fingerprint directory and the checkpoint to resume."""
-    spec = job.get("checkpoint")
-    if not spec:
+    plan, cfg = job.checkpoint, job.config
+    if plan is None:
         return None, None
-    if cfg.runtime.nnodes > 1 and (blind := ranks_not_sharing(spec["dir"], env)):
+    if cfg.runtime.nnodes > 1 and (blind := ranks_not_sharing(plan.dir, env)):
         raise ConfigError(
-            f"ranks {blind} do not see the checkpoint directory {spec['dir']} that rank 0 writes "
+            f"ranks {blind} do not see the checkpoint directory {plan.dir} that rank 0 writes "
             "(a node-local disk); set checkpoint.dir to a directory on storage every node shares"
         )
     ckpt = Checkpointer(
-        Path(spec["dir"]),
+        plan.dir,
         cfg.checkpoint,
         rank=env.rank,
         distributed=env.distributed,
@@ -267,23 +263,12 @@ def _checkpointer(
         on_event=events.event,
         before_commit=lambda position: faults.at("checkpoint_save", position),
     )
-    explicit = bool(spec.get("resume_from"))
+    explicit = plan.resume_from is not None
     latest = ckpt.prepare(resume=cfg.checkpoint.resume, keep=explicit or env.restart > 0)
-    chosen = (
-        Path(spec["resume_from"])
-        if spec.get("resume_from") and not spec.get("weights_only")
-        else None
-    )
+    chosen = plan.resume_path
     if env.restart > 0 or chosen is None:
         chosen = latest if latest is not None else chosen  # a restarted attempt takes the newest
     return ckpt, chosen
-
-
-def _weights_from(job: dict[str, Any]) -> Path | None:
-    spec = job.get("checkpoint") or {}
-    return (
-        Path(spec["resume_from"]) if spec.get("weights_only") and spec.get("resume_from") else None
-    )
 
 
 def _ckpt_summary(ckpt: Checkpointer | None, resume_from: Path | None, env: DistEnv) -> dict:
