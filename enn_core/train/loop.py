@@ -8,8 +8,11 @@ It runs identically in every worker (world size 1 included); everything rank-spe
 agree across ranks (skip, back off, clip, stop) is agreed by an all-reduce (train/step.py).
 The state it works on is one typed object, `TrainState` (enn_core.train.state).
 
-Step timings (data wait, compute, optimizer) are buffered and written through the events
-log by rank 0 every `log_every` steps and at each epoch end.
+Telemetry: each step's data wait, compute, optimizer and communication seconds (the last
+measured by `rt.comm`, which FSDP2's own all-gathers and reduce-scatters feed), and each
+epoch's checkpoint seconds, are summed per epoch into its bottleneck verdict (data-,
+compute-, communication-bound; enn_core.telemetry). Per-step timings are buffered and
+written through the events log by rank 0 every `log_every` steps and at each epoch end.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from enn_core.train.step import StepOutcome, run_step
 __all__ = ["Runtime", "TrainData", "TrainResult", "TrainState", "train"]
 
 # Per-step metrics, buffered; flushed every `log_every` steps.
-STEP_METRICS = 5
+STEP_METRICS = 6
 
 
 def train(
@@ -123,6 +126,8 @@ def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> None:
     if first_step == 0 or prog.epoch is None:
         prog.epoch = EpochStats()
     es = prog.epoch
+    es.ckpt_s += prog.ckpt_carry_s  # the previous epoch's end-of-epoch save
+    prog.ckpt_carry_s = 0.0
     prior_s = es.wall_s
     every = rt.checkpointer.cfg.every_steps if rt.checkpointer is not None else 0
     st.model_train()
@@ -138,19 +143,29 @@ def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> None:
         if gstep == prog.start_gstep and rt.steady_timeout_s:
             tighten_timeout(rt.steady_timeout_s)  # warm-up is over
         if rt.checkpointer is not None:
+            c0 = time.perf_counter()
             rt.checkpointer.poll()  # an async save commits as soon as it is written
+            es.ckpt_s += time.perf_counter() - c0
         if every and (gstep + 1) % every == 0 and step + 1 < spe:  # the epoch end saves the last
             es.wall_s = prior_s + time.perf_counter() - t0
-            save_checkpoint(st, gstep + 1, epoch_end=False)
+            es.ckpt_s += timed_save(st, gstep + 1, epoch_end=False)
     es.wall_s = prior_s + time.perf_counter() - t0
 
 
+def timed_save(st: TrainState, position: int, *, epoch_end: bool, stopped: bool = False) -> float:
+    """Save a checkpoint at `position`; returns the seconds training was blocked by it."""
+    t0 = time.perf_counter()
+    save_checkpoint(st, position, epoch_end=epoch_end, stopped=stopped)
+    return time.perf_counter() - t0
+
+
 def save_epoch_end(st: TrainState, epoch: int, stopped: bool) -> None:
-    """The epoch-end checkpoint (with a checkpointer)."""
+    """The epoch-end checkpoint (with a checkpointer). The epoch's record is written by then,
+    so its seconds count in the next epoch's checkpoint time."""
     if st.rt.checkpointer is None:
         return
     position = (epoch + 1) * st.sampler.steps_per_epoch
-    save_checkpoint(st, position, epoch_end=True, stopped=stopped)
+    st.progress.ckpt_carry_s += timed_save(st, position, epoch_end=True, stopped=stopped)
 
 
 def record_step(st: TrainState, gstep: int, out: StepOutcome) -> None:
@@ -158,6 +173,7 @@ def record_step(st: TrainState, gstep: int, out: StepOutcome) -> None:
     es.data_s += out.data_s
     es.compute_s += out.compute_s
     es.optim_s += out.optim_s
+    es.comm_s += out.comm_s
     if out.applied:
         prog.applied_steps += 1
         es.loss += out.loss * out.weight
@@ -171,6 +187,7 @@ def record_step(st: TrainState, gstep: int, out: StepOutcome) -> None:
         ("time/data_wait_s", out.data_s, gstep),
         ("time/compute_s", out.compute_s, gstep),
         ("time/optimizer_s", out.optim_s, gstep),
+        ("time/communication_s", out.comm_s, gstep),
     ]
     if len(prog.pending) >= STEP_METRICS * st.log_every:
         flush_telemetry(st)
@@ -193,6 +210,8 @@ def record_epoch(st: TrainState, epoch: int, val: dict[str, float] | None) -> No
         "lr": float(st.scheduler.get_last_lr()[0]),
         "samples_per_s": rows / wall if wall > 0 else math.nan,
         "data_wait_share": es.data_s / wall if wall > 0 else math.nan,
+        "comm_share": es.comm_s / wall if wall > 0 else math.nan,
+        "checkpoint_s": es.ckpt_s,
         "skipped_steps": es.skipped,
         "epoch_s": wall,
         "micro_batch": st.governor.plan.micro_batch,

@@ -32,6 +32,7 @@ from enn_core.config import TrainConfig
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.model.enn import ENN
+from enn_core.runtime.comm_clock import CommClock
 from enn_core.runtime.dist import DistEnv
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.memory import MemoryGovernor
@@ -69,6 +70,8 @@ class Runtime:
     steady_timeout_s: float | None = None
     micro_batch: int | None = None  # train.micro_batch=auto resolved by the worker's memory probe
     checkpointer: Checkpointer | None = None  # DCP saves every N steps and at epoch ends
+    # Time blocked in collectives: FSDP2's own (enn_core.runtime.comm_clock) and the loop's.
+    comm: CommClock = field(default_factory=CommClock)
 
 
 @dataclass(frozen=True)
@@ -87,13 +90,17 @@ class TrainResult:
 
 @dataclass
 class EpochStats:
-    """Sums over the current epoch's steps."""
+    """Sums over the current epoch's steps. Seconds are exclusive: communication (`comm_s`)
+    is taken out of the data, compute and optimizer phases it happened in; `ckpt_s` is the
+    time saving checkpoints since the previous epoch's record (its epoch-end save included)."""
 
     loss: float = 0.0  # weighted loss sum of the applied steps
     weight: float = 0.0
     data_s: float = 0.0
     compute_s: float = 0.0
     optim_s: float = 0.0
+    comm_s: float = 0.0
+    ckpt_s: float = 0.0
     skipped: int = 0
     wall_s: float = 0.0  # the epoch's steps, from its first step (a resumed epoch's included)
 
@@ -103,7 +110,7 @@ class EpochStats:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> EpochStats:
-        """The partial epoch a mid-epoch checkpoint saved."""
+        """Keys missing in a checkpoint written before they existed (comm_s, ckpt_s) are 0."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in record.items() if k in names})
 
@@ -122,6 +129,7 @@ class Progress:
     applied_steps: int = 0
     epoch: EpochStats | None = None  # None: no partial epoch to continue
     start_gstep: int = 0  # this attempt's first global step (> 0 after a resume)
+    ckpt_carry_s: float = 0.0  # an epoch-end save's seconds, counted in the next epoch
 
 
 @dataclass(frozen=True)

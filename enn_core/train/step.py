@@ -9,12 +9,19 @@ average gradients across ranks.
 Everything that must agree across ranks travels in one float64 all-reduce per step:
 [loss sum, weight sum, sharded grad sum of squares, non-finite flag]. The clip norm, the skip
 decision and the reported loss are therefore identical on every rank by construction.
+
+Timing: the step's phases (data, forward/backward, optimizer) are wall-clock intervals, and
+`rt.comm` counts the seconds spent inside collectives in each: FSDP2's all-gathers and
+reduce-scatters in forward/backward (enn_core.runtime.comm_clock) and the step's own
+all-reduces. A phase's reported time excludes its communication, reported apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,16 +42,17 @@ class StepOutcome:
     loss: float
     weight: float
     grad_norm: float
-    data_s: float  # reading the batch
-    compute_s: float  # out-of-memory agreement, forward + backward
-    optim_s: float  # agreement, clipping, the optimizer step
+    data_s: float  # reading the batch (and agreeing on an out-of-memory back-off)
+    compute_s: float  # forward + backward, FSDP2's collectives in them excluded
+    optim_s: float  # agreement, clipping, the optimizer step, its all-reduce excluded
+    comm_s: float  # inside collectives during the step (the three phases' sum)
 
 
 def run_step(st: TrainState, epoch: int, step: int, gstep: int) -> StepOutcome:
     """One optimizer step with OOM back-off (retries the same global batch)."""
-    rt = st.rt
+    rt, comm = st.rt, st.rt.comm
     while True:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), comm.seconds
         rows, weights = st.sampler.step_rows(epoch, step, rt.env.rank, rt.env.world_size)
         n_real = st.sampler.real_rows(epoch, step)
         batches = micro_batches(
@@ -53,8 +61,10 @@ def run_step(st: TrainState, epoch: int, step: int, gstep: int) -> StepOutcome:
         if rt.faults.wants_nan("step", gstep):  # poison this rank's first row: a bad staged row
             batches[0].features[0, 0] = np.nan
         oom = rt.faults.wants_oom("step", gstep)
-        t1 = time.perf_counter()
-        if agree_any(oom, rt.env):  # every rank backs off together, before any collective
+        with collectives(st):
+            any_oom = agree_any(oom, rt.env)
+        t1, c1 = time.perf_counter(), comm.seconds
+        if any_oom:  # every rank backs off together, before any collective
             st.back_off(
                 epoch, gstep, "injected out-of-memory" if oom else "out-of-memory on a peer rank"
             )
@@ -69,10 +79,25 @@ def run_step(st: TrainState, epoch: int, step: int, gstep: int) -> StepOutcome:
             st.zero_grad()
             st.back_off(epoch, gstep, str(e))
             continue
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), comm.seconds
         applied, loss, norm = finish_step(st, batches, loss_sum, weight_sum, epoch, gstep)
-        t3 = time.perf_counter()
-        return StepOutcome(applied, loss, weight_sum, norm, t1 - t0, t2 - t1, t3 - t2)
+        t3, c3 = time.perf_counter(), comm.seconds
+        return StepOutcome(
+            applied,
+            loss,
+            weight_sum,
+            norm,
+            data_s=(t1 - t0) - (c1 - c0),
+            compute_s=(t2 - t1) - (c2 - c1),
+            optim_s=(t3 - t2) - (c3 - c2),
+            comm_s=c3 - c0,
+        )
+
+
+def collectives(st: TrainState) -> AbstractContextManager[object]:
+    """Times the step's own collectives on `rt.comm`; at world size 1 there are none (the
+    agreement helpers return at once), and nothing is counted."""
+    return st.rt.comm if st.rt.env.distributed else contextlib.nullcontext()
 
 
 def forward_backward(
@@ -146,8 +171,9 @@ def finish_step(
     stats = torch.tensor(
         [float(loss_sum), weight_sum, sharded_sq, 1.0 if local_bad else 0.0], dtype=torch.float64
     )
-    all_reduce_sum(stats, rt.env)
-    reduce_loss_grads(st)
+    with collectives(st):
+        all_reduce_sum(stats, rt.env)
+        reduce_loss_grads(st)
     loss = float(stats[0] / max(stats[1].item(), 1.0))
     # Under HSDP each shard lives on `replicas` ranks: the all-reduced sum counts it that often.
     sharded_total = stats[2].item() / rt.env.replicas

@@ -46,6 +46,7 @@ from enn_core.runtime.batch_probe import (
     choose_micro_batch,
     sample_from_staged,
 )
+from enn_core.runtime.comm_clock import CommClock, time_fsdp_collectives
 from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, ranks_not_sharing, shutdown
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
@@ -138,6 +139,8 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
     wrapped, wrap = apply_parallelism(
         model, env, param_dtype=param_dtype, compile=cfg.train.compile, fsdp=cfg.train.fsdp
     )
+    comm = CommClock()  # FSDP2's own all-gathers and reduce-scatters feed it (and the loop's)
+    time_fsdp_collectives(wrapped, comm, faults.collective_delays())
     loss = make_loss(cfg.train).to(env.device)
     events = EventLog(run_dir, enabled=env.is_main)
     choices = {
@@ -174,6 +177,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         steady_timeout_s=cfg.runtime.pg_timeout_steady_s,
         micro_batch=micro,
         checkpointer=ckpt,
+        comm=comm,
     )
     train_data = TrainData(data.features, labels, data.split("train"), _val_rows(data))
     try:

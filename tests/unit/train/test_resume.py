@@ -1,5 +1,6 @@
 """Checkpoints of the training state at world size 1 (real DCP saves in one process): what a
-checkpoint holds, and that a run interrupted mid-epoch resumes bit-identically."""
+checkpoint holds, and that a run interrupted mid-epoch resumes bit-identically, also from a
+checkpoint whose partial-epoch statistics predate the communication and checkpoint timings."""
 
 from __future__ import annotations
 
@@ -68,12 +69,15 @@ def test_a_checkpoint_holds_the_model_the_loss_and_the_optimizer(reference):
     assert "model.loss.log_scale" in keys and any(k.startswith("model.model.") for k in keys)
     mid = json.loads((saved[0] / TRAINER).read_text())
     assert set(mid) == TRAINER_KEYS and mid["position"] == 3 and not mid["epoch_end"]
-    assert set(mid["epoch_stats"]) == OLD_EPOCH_STATS
+    assert set(mid["epoch_stats"]) == OLD_EPOCH_STATS | {"comm_s", "ckpt_s"}
     end = json.loads((saved[1] / TRAINER).read_text())
     assert set(end) == TRAINER_KEYS and end["epoch_end"] and end["epoch_stats"] == {}
 
 
-def test_interrupted_mid_epoch_resumes_bit_identical(staged, tmp_path, reference):
+@pytest.mark.parametrize("written_before_timings", [False, True])
+def test_interrupted_mid_epoch_resumes_bit_identical(
+    staged, tmp_path, reference, written_before_timings
+):
     ref, ref_params, ref_scale, _ = reference
     ckpt = tmp_path / "ckpt"
     crash = with_fault(tiny_cfg(*CKPT), kind="raise", phase="step", step=4)
@@ -81,6 +85,10 @@ def test_interrupted_mid_epoch_resumes_bit_identical(staged, tmp_path, reference
         run_local(crash, staged, tmp_path / "crashed", checkpoints=ckpt)
     last = committed(ckpt)[-1]
     assert last.name == "step-00000003"
+    if written_before_timings:  # as a checkpoint written before comm_s and ckpt_s existed
+        trainer = json.loads((last / TRAINER).read_text())
+        trainer["epoch_stats"] = {k: trainer["epoch_stats"][k] for k in OLD_EPOCH_STATS}
+        (last / TRAINER).write_text(json.dumps(trainer))
     result, rt = run_local(tiny_cfg(*CKPT), staged, tmp_path / "resumed", checkpoints=ckpt)
     assert result.step_losses == ref.step_losses  # bit-identical, every step once
     assert torch.equal(params(rt.model), ref_params)
