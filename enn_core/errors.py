@@ -81,7 +81,7 @@ TERMINATED = 143  # SIGTERM
 
 def exit_codes() -> dict[int, str]:
     """Every exit code of `enn` and what it means, in order."""
-    classes = [EnnError, *_subclasses(EnnError)]
+    classes: list[type[EnnError]] = [EnnError, *_subclasses(EnnError)]
     codes = {0: "success"}
     for cls in sorted(classes, key=lambda c: c.exit_code)[1:]:
         doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
@@ -94,8 +94,8 @@ def exit_codes() -> dict[int, str]:
     return dict(sorted(codes.items()))
 
 
-def _subclasses(cls: type) -> list[type[EnnError]]:
-    out = []
+def _subclasses(cls: type[EnnError]) -> list[type[EnnError]]:
+    out: list[type[EnnError]] = []
     for sub in cls.__subclasses__():
         out += [sub, *_subclasses(sub)]
     return out

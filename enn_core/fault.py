@@ -1,11 +1,16 @@
 """The one fault-injection facility: raise, hang, delay, kill, NaN or out-of-memory at a
-named phase, step and rank. Configured by the `fault` config section, which the loader
-refuses outside tests.
+named phase, step and rank, or a slow interconnect (comm_delay). Configured by the `fault`
+config section, which the loader refuses outside tests.
 
 Call sites are one line: `faults.at("first_forward", step=step)`; for NaN injection the
 caller asks `faults.wants_nan("step", step)` and poisons its own tensor, since only it
 knows which tensor. How many times a fault fires is counted in marker files, so a fault
 with `times: 1` fires once across elastic restarts and Prefect retries.
+
+`comm_delay` is not fired at a call site: `collective_delays()` hands its sleep to the
+collective timing (enn_core.runtime.comm_clock), which sleeps inside every FSDP2 all-gather
+or reduce-scatter (`fault.phase`) on `fault.rank`, every time (`step` and `times` do not
+apply): a slow link that the peers wait for, as a real one would make them.
 """
 
 from __future__ import annotations
@@ -65,6 +70,12 @@ class FaultInjector:
 
     def wants_oom(self, phase: str, step: int | None = None) -> bool:
         return self.cfg.kind == "oom" and self._matches(phase, step) and self._claim()
+
+    def collective_delays(self) -> dict[str, float]:
+        """{collective: seconds} for a comm_delay fault on this rank; {} otherwise."""
+        if self.cfg.kind != "comm_delay" or not self._matches(self.cfg.phase, None):
+            return {}
+        return {self.cfg.phase: self.cfg.seconds}
 
     def at(self, phase: str, step: int | None = None) -> None:
         """Fire a raise/transient/hang/delay/kill/oom fault if one is configured here."""

@@ -1,13 +1,13 @@
-"""Telemetry during training and prediction: per-step records, memory and GPU snapshots, and
-the per-epoch bottleneck verdict (data-bound, compute-bound, communication-bound, throttled).
+"""Telemetry during training and prediction: memory and GPU snapshots, and the per-epoch
+bottleneck verdict (data-bound, compute-bound, communication-bound, throttled).
 
-    tel = EpochTelemetry(device)                  # starts an NVML sampler on GPUs with pynvml
-    tel.add(StepTiming(data_s=..., compute_s=..., optimizer_s=..., samples=32))
-    verdict, record = tel.end_epoch()             # record: shares, samples/s, memory, gpu
-    write_epoch(events, epoch, verdict, record)   # metrics + a "bottleneck" event (-> MLflow)
+    verdict = verdict_from_stats(epoch_stats, gpu)   # the loop's epoch sums (train/state.py)
+    write_epoch(events, epoch, verdict, record)      # metrics + a "bottleneck" event (-> MLflow)
 
-The trainer already sums data wait / compute / optimizer time per epoch; for it,
-`verdict_from_stats(epoch_stats)` gives the same verdict from those sums.
+The training loop sums, per epoch, the seconds of data wait, compute, optimizer,
+communication (time blocked in collectives: FSDP2's all-gathers and reduce-scatters and the
+loop's all-reduces, enn_core.runtime.comm_clock) and checkpointing; `verdict_from_stats`
+turns those sums into the verdict; `GpuSampler` adds NVML evidence on GPUs.
 
 Rules (seed 04's thresholds where they apply): the time shares of a step decide first; a
 share of data wait (or communication) >= BOUND_SHARE means the accelerator waits for it that
@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
+
+from enn_core.events import EventLog
 
 BOUND_SHARE = 0.3  # data wait or communication share of step time that makes a run "bound"
 UTIL_MIN_PCT = 95.0  # seed 04: sustained GPU utilization below this -> data/communication bound
@@ -38,37 +39,6 @@ TEMP_MAX_C = 80.0  # seed 04: thermal throttling starts above this
 # NVML clock event reasons (nvmlClocksEventReason*): the ones that mean the GPU slowed itself.
 THROTTLE_BITS = {0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake"}
 VERDICTS = ("data-bound", "compute-bound", "communication-bound", "throttled")
-
-
-@dataclass
-class StepTiming:
-    """Seconds one optimizer step spent in each phase, and the rows it trained on."""
-
-    data_s: float = 0.0
-    compute_s: float = 0.0  # forward + backward
-    optimizer_s: float = 0.0
-    comm_s: float = 0.0  # measurable collectives outside forward/backward
-    checkpoint_s: float = 0.0
-    samples: int = 0
-
-    @property
-    def total_s(self) -> float:
-        return self.data_s + self.compute_s + self.optimizer_s + self.comm_s + self.checkpoint_s
-
-
-def step_metrics(t: StepTiming, memory: Mapping[str, float] | None = None) -> dict[str, float]:
-    """The per-step metric names and values for EventLog.metrics(..., step=step)."""
-    out = {
-        "time/data_wait_s": t.data_s,
-        "time/compute_s": t.compute_s,
-        "time/optimizer_s": t.optimizer_s,
-        "time/communication_s": t.comm_s,
-        "time/checkpoint_s": t.checkpoint_s,
-        "time/step_s": t.total_s,
-        "throughput/samples_per_s": t.samples / t.total_s if t.total_s > 0 else 0.0,
-    }
-    out.update({f"memory/{k}": v for k, v in (memory or {}).items()})
-    return out
 
 
 def _status_kb(field_name: str) -> float | None:
@@ -103,7 +73,8 @@ def nvml_module() -> tuple[Any, str]:
     except ImportError:
         return (
             None,
-            "pynvml is not installed (pip install nvidia-ml-py for GPU utilization, power, temperature)",
+            "pynvml is not installed "
+            "(pip install nvidia-ml-py for GPU utilization, power, temperature)",
         )
     try:
         pynvml.nvmlInit()
@@ -139,6 +110,8 @@ class GpuSampler:
         self.index = dev.index or 0
         self.interval = interval
         self.samples: list[dict[str, Any]] = []
+        self.nvml: Any
+        self.reason: str
         self.nvml, self.reason = (
             (None, f"device is {dev.type}") if dev.type != "cuda" else nvml_module()
         )
@@ -172,7 +145,7 @@ class GpuSampler:
         return summarize_gpu(samples) if samples else None
 
 
-def summarize_gpu(samples: list[Mapping[str, Any]]) -> dict[str, Any]:
+def summarize_gpu(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     def mean(k: str) -> float:
         return sum(float(s[k]) for s in samples) / len(samples)
 
@@ -234,8 +207,8 @@ def bottleneck_verdict(
                 "throttled",
                 f"GPU at {gpu.get('temp_c', 0):.0f} C (> {TEMP_MAX_C:.0f} C throttles) "
                 f"{'clock events ' + ','.join(throttle) if throttle else ''}; SM clock "
-                f"{gpu.get('sm_clock_mhz', 0):.0f}/{gpu.get('sm_clock_max_mhz', 0):.0f} MHz; {pct}: "
-                "check cooling and power capping",
+                f"{gpu.get('sm_clock_mhz', 0):.0f}/{gpu.get('sm_clock_max_mhz', 0):.0f} MHz; "
+                f"{pct}: check cooling and power capping",
                 shares,
                 dict(gpu),
             )
@@ -243,13 +216,15 @@ def bottleneck_verdict(
         kind = "data-bound" if data >= comm else "communication-bound"
         what = "waiting for batches" if kind == "data-bound" else "in collectives"
         fix = (
-            "read larger contiguous blocks (train.shuffle_block), stage data onto local disk, add prefetch"
+            "read larger contiguous blocks (train.shuffle_block), stage data onto local disk, "
+            "add prefetch"
             if kind == "data-bound"
             else "fewer or larger collectives, a faster interconnect, HSDP across nodes"
         )
         return Verdict(
             kind,
-            f"{100 * max(data, comm):.0f}% of step time {what} (>= {100 * BOUND_SHARE:.0f}%); {pct}: {fix}",
+            f"{100 * max(data, comm):.0f}% of step time {what} "
+            f"(>= {100 * BOUND_SHARE:.0f}%); {pct}: {fix}",
             shares,
             dict(gpu) if gpu else None,
         )
@@ -268,8 +243,8 @@ def bottleneck_verdict(
         return Verdict(
             "compute-bound",
             f"GPU utilization {gpu['util_pct']:.0f}% (< {UTIL_MIN_PCT:.0f}%) with small "
-            f"data and communication shares: launch/Python overhead of small kernels; {pct}: a larger "
-            "batch or train.compile=true",
+            f"data and communication shares: launch/Python overhead of small kernels; {pct}: "
+            "a larger batch or train.compile=true",
             shares,
             dict(gpu),
         )
@@ -282,7 +257,8 @@ def bottleneck_verdict(
 
 
 def verdict_from_stats(stats: Mapping[str, float], gpu: Mapping[str, Any] | None = None) -> Verdict:
-    """The verdict from the trainer's epoch sums (data_s, compute_s, optim_s[, comm_s, ckpt_s], wall_s)."""
+    """The verdict from the trainer's epoch sums: data_s, compute_s, optim_s and, when not
+    zero, comm_s and ckpt_s (enn_core.train.state.EpochStats)."""
     times = {
         "data": stats.get("data_s", 0.0),
         "compute": stats.get("compute_s", 0.0),
@@ -294,52 +270,8 @@ def verdict_from_stats(stats: Mapping[str, float], gpu: Mapping[str, Any] | None
     return bottleneck_verdict(times, gpu)
 
 
-@dataclass
-class EpochTelemetry:
-    """Accumulates step timings over an epoch; samples the GPU while it runs."""
-
-    device: torch.device | str = "cpu"
-    steps: list[StepTiming] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
-
-    def __post_init__(self) -> None:
-        self.gpu = GpuSampler(self.device).start()
-
-    def add(self, t: StepTiming) -> None:
-        self.steps.append(t)
-
-    def end_epoch(self) -> tuple[Verdict, dict[str, Any]]:
-        wall = time.perf_counter() - self.started
-        times = {
-            "data": sum(s.data_s for s in self.steps),
-            "compute": sum(s.compute_s for s in self.steps),
-            "optimizer": sum(s.optimizer_s for s in self.steps),
-            "communication": sum(s.comm_s for s in self.steps),
-            "checkpoint": sum(s.checkpoint_s for s in self.steps),
-        }
-        gpu = self.gpu.stop()
-        verdict = bottleneck_verdict(times, gpu)
-        samples = sum(s.samples for s in self.steps)
-        record = {
-            "steps": len(self.steps),
-            "wall_s": wall,
-            "times_s": times,
-            "samples": samples,
-            "samples_per_s": samples / wall if wall > 0 else 0.0,
-            "memory": memory_snapshot(self.device),
-            "gpu": gpu,
-            "gpu_note": None if gpu else self.gpu.reason,
-        }
-        self.steps, self.started = [], time.perf_counter()
-        self.gpu.start()
-        return verdict, record
-
-    def close(self) -> None:
-        self.gpu.stop()
-
-
 def write_epoch(
-    events, epoch: int, verdict: Verdict, record: Mapping[str, Any] | None = None
+    events: EventLog, epoch: int, verdict: Verdict, record: Mapping[str, Any] | None = None
 ) -> None:
     """Metrics (shares, memory, GPU) at step=epoch and one `bottleneck` event (-> MLflow)."""
     metrics = verdict.as_metrics()

@@ -1,5 +1,6 @@
 """Fault injection: raise, hang, delay, kill, inject NaN or out-of-memory at a named phase,
-step and rank. Refused outside tests (the loader checks `allow_faults`)."""
+step and rank, or slow FSDP2's collectives (comm_delay). Refused outside tests (the loader
+checks `allow_faults`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from typing import Literal
 from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
-FaultKind = Literal["none", "raise", "transient", "hang", "delay", "kill", "nan", "oom"]
+FaultKind = Literal[
+    "none", "raise", "transient", "hang", "delay", "kill", "nan", "oom", "comm_delay"
+]
+# comm_delay: `seconds` of sleep inside every FSDP2 collective of this kind, on `rank`.
+COMM_DELAY_PHASES = ("all_gather", "reduce_scatter")
 
 
 @frozen
@@ -41,3 +46,8 @@ class FaultConfig:
             raise ConfigError("fault.times must be >= 1")
         if self.kind != "none" and not self.phase:
             raise ConfigError(f"fault.kind={self.kind} needs fault.phase (where to fire it)")
+        if self.kind == "comm_delay" and self.phase not in COMM_DELAY_PHASES:
+            raise ConfigError(
+                f"fault.kind=comm_delay slows FSDP2's own collectives: set fault.phase to one of "
+                f"{', '.join(COMM_DELAY_PHASES)} (got {self.phase!r})"
+            )

@@ -1,6 +1,6 @@
 """StagedDataset: the read-only view every stage after stage-data uses.
 
-    ds = StagedDataset(ctx.output("stage-data"))
+    ds = StagedDataset(ctx.input(STAGE_DATA))    # in a stage reading the staged data
     x, y = ds.features, ds.labels           # np.memmap, mode "r"
     train = ds.split("train")               # int64 row indices
     ds.manifest["feature_specs"], ds.fingerprint

@@ -255,7 +255,9 @@ class ChunkWriter:
     def _in_range(self, chunk: Chunk, x: np.ndarray, y: np.ndarray | None) -> None:
         """Refuse a value beyond float32's range, naming its row and column."""
         for what, a in (("feature", x), ("label", y)):
-            hit = _beyond_float32(a) if a is not None else None
+            if a is None:
+                continue
+            hit = _beyond_float32(a)
             if hit is None:
                 continue
             r, j = hit

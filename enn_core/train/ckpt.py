@@ -11,7 +11,8 @@ work directory and never cached by DVC (only the consolidated `model.pt` is):
             rng-rank<r>.pt               each rank's RNG state
             COMMITTED                    written last; readers ignore a directory without it
         .tmp-step-00000042-a<attempt>/   being written
-        COMPLETE                         the run finished: the next run of this fingerprint starts fresh
+        COMPLETE                         the run finished: the next run of this fingerprint
+                                         starts fresh
 
 Why this shape:
 - Atomic: every rank writes into the temporary directory; after DCP's collective save has
@@ -77,7 +78,8 @@ def read_trainer(path: Path) -> dict[str, Any]:
         return json.loads((path / TRAINER).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise StaleOutputError(
-            f"{path / TRAINER}: unreadable checkpoint state ({e}); delete {path} to fall back to the previous checkpoint"
+            f"{path / TRAINER}: unreadable checkpoint state ({e}); delete {path} to fall back "
+            "to the previous checkpoint"
         ) from e
 
 
@@ -151,7 +153,7 @@ class Checkpointer:
         self.wait()
         tmp = self.root / f".tmp-{step_name(position)}-a{self.attempt}"
         tmp.mkdir(parents=True, exist_ok=True)
-        rng = {"torch": torch.get_rng_state()}
+        rng: dict[str, torch.Tensor | list[torch.Tensor]] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, tmp / f"rng-rank{self.rank}.pt")

@@ -13,13 +13,15 @@ import math
 
 import numpy as np
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from enn_core.runtime.dist import all_reduce_sum
 from enn_core.runtime.sampler import eval_slices, read_rows
 from enn_core.train.objective import weighted_loss_sum
+from enn_core.train.state import TrainState
 
 
-def validate(st, epoch: int) -> dict | None:
+def validate(st: TrainState, epoch: int) -> dict[str, float] | None:
     """{loss, mae, rmse, rows} over the validation split, or None when it is empty."""
     rt, data = st.rt, st.data
     n = len(data.val_rows)
@@ -33,7 +35,7 @@ def validate(st, epoch: int) -> dict | None:
     with torch.no_grad():
         for lo, hi, n_real in eval_slices(n, st.cfg.eval_batch, rt.env.rank, rt.env.world_size):
             sums += _forward_sums(st, data.val_rows[lo:hi] if n_real else data.val_rows[:1], n_real)
-    if hasattr(rt.model, "reshard"):  # FSDP2 keeps the root unsharded after a no-grad forward
+    if isinstance(rt.model, FSDPModule):  # FSDP2 keeps the root unsharded after a no-grad forward
         rt.model.reshard()
     all_reduce_sum(sums, rt.env)
     loss_sum, rows, abs_sum, sq_sum, cells = sums.tolist()
@@ -45,7 +47,7 @@ def validate(st, epoch: int) -> dict | None:
     }
 
 
-def _forward_sums(st, rows: np.ndarray, n_real: int) -> torch.Tensor:
+def _forward_sums(st: TrainState, rows: np.ndarray, n_real: int) -> torch.Tensor:
     rt = st.rt
     x, y = read_rows(st.data.features, st.data.labels, rows)
     xt = torch.from_numpy(x).to(rt.env.device)

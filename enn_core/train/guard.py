@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from enn_core.errors import TrainingError
+from enn_core.model.enn import ENN
 from enn_core.train.objective import weighted_loss_sum
 
 
@@ -78,13 +79,14 @@ class NonFiniteGuard:
         first = self.first_event_of_run()
         where = f" on rank {first['rank']}" if first.get("rank") is not None else ""
         return TrainingError(
-            f"{self.consecutive} non-finite steps in a row (train.max_nonfinite_steps={self.max_consecutive}); "
-            f"first non-finite tensor {first['tensor'] or 'unknown'}{where} at epoch {first['epoch']} step "
+            f"{self.consecutive} non-finite steps in a row "
+            f"(train.max_nonfinite_steps={self.max_consecutive}); first non-finite tensor "
+            f"{first['tensor'] or 'unknown'}{where} at epoch {first['epoch']} step "
             f"{first['step']}; batch saved to {saved}; check those staged rows, or lower train.lr"
         )
 
 
-def replay_loss(path: str | Path, model: torch.nn.Module, loss: torch.nn.Module) -> torch.Tensor:
+def replay_loss(path: str | Path, model: ENN, loss: torch.nn.Module) -> torch.Tensor:
     """Recompute the loss of a saved non-finite batch with `model` (state loaded from the file
     when saved). Returns the weighted mean loss of the saved micro-batches."""
     payload = torch.load(path, map_location="cpu", weights_only=True)

@@ -1,34 +1,30 @@
 """The training loop. Reads like a table of contents:
 
-    setup -> for each epoch: train the epoch (named steps), validate, record, early stop?
-          -> restore the best epoch's weights -> result
+    setup -> restore -> for each epoch: train the epoch (named steps), validate, record,
+          early stop?, save -> restore the best epoch's weights -> result
 
 It runs identically in every worker (world size 1 included); everything rank-specific is in
 `Runtime` (enn_core.runtime.dist's DistEnv, the wrapped model) and every decision that must
 agree across ranks (skip, back off, clip, stop) is agreed by an all-reduce (train/step.py).
-Step timings (data wait, compute, optimizer) are buffered and written through the events
-log by rank 0 every `log_every` steps and at each epoch end.
+The state it works on is one typed object, `TrainState` (enn_core.train.state).
+
+Telemetry: each step's data wait, compute, optimizer and communication seconds (the last
+measured by `rt.comm`, which FSDP2's own all-gathers and reduce-scatters feed), and each
+epoch's checkpoint seconds, are summed per epoch into its bottleneck verdict (data-,
+compute-, communication-bound; enn_core.telemetry). Per-step timings are buffered and
+written through the events log by rank 0 every `log_every` steps and at each epoch end.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
 
 from enn_core.config import TrainConfig
-from enn_core.events import EventLog
-from enn_core.fault import FaultInjector
-from enn_core.runtime.dist import DistEnv, agree_any, tighten_timeout
+from enn_core.runtime.dist import agree_any, tighten_timeout
 from enn_core.runtime.memory import MemoryGovernor
 from enn_core.runtime.sampler import GlobalBlockSampler, make_plan
 from enn_core.telemetry import GpuSampler, memory_snapshot, verdict_from_stats, write_epoch
@@ -36,107 +32,21 @@ from enn_core.train.evaluate import validate
 from enn_core.train.guard import NonFiniteGuard
 from enn_core.train.resume import Position, load_weights, resume, save_checkpoint
 from enn_core.train.schedule import build_optimizer, build_scheduler
-from enn_core.train.step import run_step
+from enn_core.train.state import (
+    EpochStats,
+    Params,
+    Runtime,
+    TrainData,
+    TrainResult,
+    TrainState,
+    holder_of,
+)
+from enn_core.train.step import StepOutcome, run_step
 
+__all__ = ["Runtime", "TrainData", "TrainResult", "TrainState", "train"]
 
-@dataclass
-class TrainData:
-    """Memmaps and split rows (staged row indices)."""
-
-    features: np.ndarray
-    labels: np.ndarray
-    train_rows: np.ndarray
-    val_rows: np.ndarray
-
-
-@dataclass
-class Runtime:
-    """What the worker hands the loop: where it runs and with what."""
-
-    env: DistEnv
-    model: nn.Module  # wrapped (FSDP2 / DDP / plain)
-    core: nn.Module  # the bare model: normalize() / denormalize() (buffers only)
-    loss: nn.Module  # per-row loss in normalized units; may own parameters (Student-t scale)
-    run_dir: Path
-    events: EventLog
-    faults: FaultInjector
-    heartbeat: Any = None  # enn_core.runtime.heartbeat.Heartbeat
-    autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext
-    grad_scaler: Any = None  # torch.amp.GradScaler for fp16, from the precision policy
-    full_state: Callable[[], dict] | None = None  # gathered state dict (collective under FSDP)
-    steady_timeout_s: float | None = None
-    micro_batch: int | None = None  # train.micro_batch=auto resolved by the worker's memory probe
-    checkpointer: Any = (
-        None  # enn_core.train.ckpt.Checkpointer: DCP saves every N steps and epoch end
-    )
-
-
-@dataclass
-class TrainResult:
-    history: list[dict]
-    step_losses: list[float]
-    best_epoch: int | None
-    stopped_early: bool
-    applied_steps: int
-    skipped_steps: int
-    backoffs: list[dict]
-    micro_batch: int
-    accumulation: int
-    best_val: dict | None = None
-
-
-@dataclass
-class _State:
-    cfg: TrainConfig
-    data: TrainData
-    rt: Runtime
-    sampler: GlobalBlockSampler
-    governor: MemoryGovernor
-    guard: NonFiniteGuard
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    log_every: int
-    history: list[dict] = field(default_factory=list)
-    step_losses: list[float] = field(default_factory=list)
-    pending: list[tuple[str, float, int]] = field(default_factory=list)
-    best_loss: float = math.inf
-    best_epoch: int | None = None
-    best_snapshot: list[torch.Tensor] | None = None
-    bad_epochs: int = 0
-    applied_steps: int = 0
-    epoch_stats: dict = field(default_factory=dict)
-    start_gstep: int = 0  # this attempt's first global step (> 0 after a resume)
-    gpu: GpuSampler | None = None  # NVML utilization/power/temperature on CUDA (rank 0)
-
-    def __post_init__(self) -> None:
-        self.named_params = list(self.rt.model.named_parameters())
-        self.model_params = [p for _, p in self.named_params]
-        self.loss_params = list(self.rt.loss.parameters())
-        self.all_params = self.model_params + self.loss_params
-        self.scaler = self.rt.grad_scaler
-        if self.rt.env.device.type == "cuda" and self.rt.env.rank == 0:
-            self.gpu = GpuSampler(self.rt.env.device)
-
-    def model_train(self) -> None:
-        self.rt.model.train()
-        self.rt.loss.train()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def back_off(self, epoch: int, gstep: int, reason: str) -> None:
-        plan = self.governor.back_off(epoch=epoch, step=gstep, reason=reason)
-        self.rt.events.event("oom_backoff", **self.governor.history[-1])
-        self.rt.events.metric("memory/micro_batch", plan.micro_batch, gstep)
-
-    def full_state(self) -> dict | None:
-        return self.rt.full_state() if self.rt.full_state is not None else None
-
-    def tensors(self) -> list[torch.Tensor]:
-        """The optimizer's own parameters (FSDP2's sharded ones: `model.parameters()` returns
-        the unsharded ones while a module is unsharded, e.g. the root after an eval forward),
-        buffers and the loss's parameters."""
-        return [*self.all_params, *self.rt.model.buffers()]
+# Per-step metrics, buffered; flushed every `log_every` steps.
+STEP_METRICS = 6
 
 
 def train(
@@ -158,7 +68,7 @@ def train(
     if weights_from is not None:
         load_weights(st, weights_from)
     start = resume(st, resume_from) if rt.checkpointer is not None else Position(0, 0)
-    st.start_gstep = start.epoch * st.sampler.steps_per_epoch + start.step
+    st.progress.start_gstep = start.epoch * st.sampler.steps_per_epoch + start.step
     stopped = start.stopped
     for epoch in range(start.epoch, cfg.epochs):
         if stopped:
@@ -167,15 +77,14 @@ def train(
         val = validate(st, epoch)
         record_epoch(st, epoch, val)
         stopped = early_stop(st, epoch, val)
-        if rt.checkpointer is not None:
-            save_checkpoint(
-                st, (epoch + 1) * st.sampler.steps_per_epoch, epoch_end=True, stopped=stopped
-            )
+        save_epoch_end(st, epoch, stopped)
     restore_best(st)
     return result(st, stopped)
 
 
-def setup(cfg: TrainConfig, data: TrainData, rt: Runtime, *, seed: int, log_every: int) -> _State:
+def setup(
+    cfg: TrainConfig, data: TrainData, rt: Runtime, *, seed: int, log_every: int
+) -> TrainState:
     sampler = GlobalBlockSampler(
         data.train_rows, cfg.batch_size, seed=seed, shuffle_block=cfg.shuffle_block
     )
@@ -190,147 +99,179 @@ def setup(cfg: TrainConfig, data: TrainData, rt: Runtime, *, seed: int, log_ever
     rt.events.param("train/accumulation", plan.accumulation)
     rt.events.param("train/steps_per_epoch", sampler.steps_per_epoch)
     rt.events.param("train/total_steps", sampler.steps_per_epoch * cfg.epochs)
-    return _State(cfg, data, rt, sampler, governor, guard, optimizer, scheduler, max(1, log_every))
+    gpu = GpuSampler(rt.env.device) if rt.env.device.type == "cuda" and rt.env.is_main else None
+    return TrainState(
+        cfg=cfg,
+        data=data,
+        rt=rt,
+        sampler=sampler,
+        governor=governor,
+        guard=guard,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        holder=holder_of(rt),
+        params=Params.of(rt.model, rt.loss),
+        log_every=max(1, log_every),
+        gpu=gpu,
+    )
 
 
-def _fresh_stats() -> dict:
-    return {
-        "loss": 0.0,
-        "weight": 0.0,
-        "data_s": 0.0,
-        "compute_s": 0.0,
-        "optim_s": 0.0,
-        "skipped": 0,
-    }
-
-
-def train_epoch(st: _State, epoch: int, first_step: int = 0) -> None:
+def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> None:
     """The epoch's steps from `first_step` (> 0 after a mid-epoch resume, whose partial
-    statistics the checkpoint restored); timings and losses land in st.history via record_epoch."""
-    rt, spe = st.rt, st.sampler.steps_per_epoch
+    statistics the checkpoint restored); timings and losses land in the history via
+    record_epoch."""
+    rt, spe, prog = st.rt, st.sampler.steps_per_epoch, st.progress
     if st.gpu is not None:
         st.gpu.start()
-    if first_step == 0 or not st.epoch_stats:
-        st.epoch_stats = _fresh_stats()
-    prior_s = st.epoch_stats.pop("wall_s", 0.0)
+    if first_step == 0 or prog.epoch is None:
+        prog.epoch = EpochStats()
+    es = prog.epoch
+    es.ckpt_s += prog.ckpt_carry_s  # the previous epoch's end-of-epoch save
+    prog.ckpt_carry_s = 0.0
+    prior_s = es.wall_s
     every = rt.checkpointer.cfg.every_steps if rt.checkpointer is not None else 0
     st.model_train()
     t0 = time.perf_counter()
     for step in range(first_step, spe):
         gstep = epoch * spe + step
         if rt.heartbeat is not None:
-            rt.heartbeat.phase("first_forward" if gstep == st.start_gstep else "step", gstep)
+            rt.heartbeat.phase("first_forward" if gstep == prog.start_gstep else "step", gstep)
         if rt.faults.cfg.kind != "oom":  # OOM is injected at the step's agreement point (step.py)
             rt.faults.at("step", gstep)
         out = run_step(st, epoch, step, gstep)
         record_step(st, gstep, out)
-        if gstep == st.start_gstep and rt.steady_timeout_s:
+        if gstep == prog.start_gstep and rt.steady_timeout_s:
             tighten_timeout(rt.steady_timeout_s)  # warm-up is over
         if rt.checkpointer is not None:
+            c0 = time.perf_counter()
             rt.checkpointer.poll()  # an async save commits as soon as it is written
+            es.ckpt_s += time.perf_counter() - c0
         if every and (gstep + 1) % every == 0 and step + 1 < spe:  # the epoch end saves the last
-            st.epoch_stats["wall_s"] = prior_s + time.perf_counter() - t0
-            save_checkpoint(st, gstep + 1, epoch_end=False)
-            st.epoch_stats.pop("wall_s")
-    st.epoch_stats["wall_s"] = prior_s + time.perf_counter() - t0
+            es.wall_s = prior_s + time.perf_counter() - t0
+            es.ckpt_s += timed_save(st, gstep + 1, epoch_end=False)
+    es.wall_s = prior_s + time.perf_counter() - t0
 
 
-def record_step(st: _State, gstep: int, out) -> None:
-    es = st.epoch_stats
-    es["data_s"] += out.data_s
-    es["compute_s"] += out.compute_s
-    es["optim_s"] += out.optim_s
+def timed_save(st: TrainState, position: int, *, epoch_end: bool, stopped: bool = False) -> float:
+    """Save a checkpoint at `position`; returns the seconds training was blocked by it."""
+    t0 = time.perf_counter()
+    save_checkpoint(st, position, epoch_end=epoch_end, stopped=stopped)
+    return time.perf_counter() - t0
+
+
+def save_epoch_end(st: TrainState, epoch: int, stopped: bool) -> None:
+    """The epoch-end checkpoint (with a checkpointer). The epoch's record is written by then,
+    so its seconds count in the next epoch's checkpoint time."""
+    if st.rt.checkpointer is None:
+        return
+    position = (epoch + 1) * st.sampler.steps_per_epoch
+    st.progress.ckpt_carry_s += timed_save(st, position, epoch_end=True, stopped=stopped)
+
+
+def record_step(st: TrainState, gstep: int, out: StepOutcome) -> None:
+    es, prog = st.epoch_stats, st.progress
+    es.data_s += out.data_s
+    es.compute_s += out.compute_s
+    es.optim_s += out.optim_s
+    es.comm_s += out.comm_s
     if out.applied:
-        st.applied_steps += 1
-        es["loss"] += out.loss * out.weight
-        es["weight"] += out.weight
-        st.step_losses.append(out.loss)
+        prog.applied_steps += 1
+        es.loss += out.loss * out.weight
+        es.weight += out.weight
+        prog.step_losses.append(out.loss)
     else:
-        es["skipped"] += 1
-    st.pending += [
+        es.skipped += 1
+    prog.pending += [
         ("step/loss", out.loss, gstep),
         ("step/grad_norm", out.grad_norm, gstep),
         ("time/data_wait_s", out.data_s, gstep),
         ("time/compute_s", out.compute_s, gstep),
         ("time/optimizer_s", out.optim_s, gstep),
+        ("time/communication_s", out.comm_s, gstep),
     ]
-    if len(st.pending) >= 5 * st.log_every:
+    if len(prog.pending) >= STEP_METRICS * st.log_every:
         flush_telemetry(st)
 
 
-def flush_telemetry(st: _State) -> None:
-    for name, value, step in st.pending:
+def flush_telemetry(st: TrainState) -> None:
+    for name, value, step in st.progress.pending:
         st.rt.events.metric(name, value, step)
-    st.pending.clear()
+    st.progress.pending.clear()
 
 
-def record_epoch(st: _State, epoch: int, val: dict | None) -> None:
+def record_epoch(st: TrainState, epoch: int, val: dict[str, float] | None) -> None:
     es = st.epoch_stats
     # Rows seen this epoch on all ranks: each training row once (padding excluded).
     rows = len(st.data.train_rows)
+    wall = es.wall_s
     row = {
         "epoch": epoch,
-        "train_loss": es["loss"] / es["weight"] if es["weight"] else math.nan,
+        "train_loss": es.loss / es.weight if es.weight else math.nan,
         "lr": float(st.scheduler.get_last_lr()[0]),
-        "samples_per_s": rows / es["wall_s"] if es["wall_s"] > 0 else math.nan,
-        "data_wait_share": es["data_s"] / es["wall_s"] if es["wall_s"] > 0 else math.nan,
-        "skipped_steps": es["skipped"],
-        "epoch_s": es["wall_s"],
+        "samples_per_s": rows / wall if wall > 0 else math.nan,
+        "data_wait_share": es.data_s / wall if wall > 0 else math.nan,
+        "comm_share": es.comm_s / wall if wall > 0 else math.nan,
+        "checkpoint_s": es.ckpt_s,
+        "skipped_steps": es.skipped,
+        "epoch_s": wall,
         "micro_batch": st.governor.plan.micro_batch,
     }
     if val is not None:
         row.update({f"val_{k}": v for k, v in val.items()})
     # Where the epoch's time went: data-, compute-, communication-bound or throttled.
-    verdict = verdict_from_stats(es, st.gpu.stop() if st.gpu is not None else None)
+    verdict = verdict_from_stats(es.as_record(), st.gpu.stop() if st.gpu is not None else None)
     write_epoch(
         st.rt.events,
         epoch,
         verdict,
         {"memory": memory_snapshot(st.rt.env.device), "samples_per_s": row["samples_per_s"]},
     )
-    st.history.append({**row, "bottleneck": verdict.bottleneck})
+    st.progress.history.append({**row, "bottleneck": verdict.bottleneck})
     flush_telemetry(st)
     st.rt.events.metrics(
         {f"epoch/{k}": float(v) for k, v in row.items() if k != "epoch"}, step=epoch
     )
 
 
-def early_stop(st: _State, epoch: int, val: dict | None) -> bool:
+def early_stop(st: TrainState, epoch: int, val: dict[str, float] | None) -> bool:
     """Keep the best epoch's weights; stop after `patience` epochs without improvement."""
     if val is None:
         return False
+    prog = st.progress
     loss = val["loss"]
-    if math.isfinite(loss) and loss < st.best_loss:
-        st.best_loss, st.best_epoch, st.bad_epochs = loss, epoch, 0
-        st.best_snapshot = [t.detach().clone() for t in st.tensors()]
+    if math.isfinite(loss) and loss < prog.best_loss:
+        prog.best_loss, prog.best_epoch, prog.bad_epochs = loss, epoch, 0
+        prog.best_snapshot = [t.detach().clone() for t in st.tensors()]
     else:
-        st.bad_epochs += 1
-    stop = st.cfg.patience > 0 and st.bad_epochs >= st.cfg.patience
+        prog.bad_epochs += 1
+    stop = st.cfg.patience > 0 and prog.bad_epochs >= st.cfg.patience
     stop = agree_any(stop, st.rt.env)  # identical inputs on every rank; agreed all the same
     if stop:
         st.rt.events.event(
-            "early_stop", epoch=epoch, best_epoch=st.best_epoch, best_val_loss=st.best_loss
+            "early_stop", epoch=epoch, best_epoch=prog.best_epoch, best_val_loss=prog.best_loss
         )
     return stop
 
 
-def restore_best(st: _State) -> None:
-    if st.best_snapshot is None:
+def restore_best(st: TrainState) -> None:
+    prog = st.progress
+    if prog.best_snapshot is None:
         return
     with torch.no_grad():
-        for t, saved in zip(st.tensors(), st.best_snapshot, strict=True):
+        for t, saved in zip(st.tensors(), prog.best_snapshot, strict=True):
             t.copy_(saved)
-    st.rt.events.event("restored_best", epoch=st.best_epoch, val_loss=st.best_loss)
+    st.rt.events.event("restored_best", epoch=prog.best_epoch, val_loss=prog.best_loss)
 
 
-def result(st: _State, stopped: bool) -> TrainResult:
-    best = next((h for h in st.history if h["epoch"] == st.best_epoch), None)
+def result(st: TrainState, stopped: bool) -> TrainResult:
+    prog = st.progress
+    best = next((h for h in prog.history if h["epoch"] == prog.best_epoch), None)
     return TrainResult(
-        history=st.history,
-        step_losses=st.step_losses,
-        best_epoch=st.best_epoch,
+        history=prog.history,
+        step_losses=prog.step_losses,
+        best_epoch=prog.best_epoch,
         stopped_early=stopped,
-        applied_steps=st.applied_steps,
+        applied_steps=prog.applied_steps,
         skipped_steps=st.guard.total_skipped,
         backoffs=list(st.governor.history),
         micro_batch=st.governor.plan.micro_batch,

@@ -3,7 +3,8 @@
     save_checkpoint(st, position, epoch_end=..., stopped=...)   # every N steps, epoch ends
     start = resume(st, path)                                   # -> Position to continue from
 
-DCP state: the model and the loss's parameters (Student-t scale) under one holder module, and
+DCP state: the model and the loss's parameters (Student-t scale) under one holder module
+(`TrainState.holder`: keys "model.*" and "loss.*"), and
 the optimizer, as sharded state dicts (`torch.distributed.checkpoint.state_dict`), so a
 checkpoint written by N ranks loads at any world size (DCP reshards). `trainer.json`: the
 global position (steps done), the scheduler, the gradient scaler, early stopping (best loss,
@@ -23,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from enn_core.errors import ConfigError
 from enn_core.runtime.sampler import Plan
 from enn_core.train.ckpt import TRAINER, read_trainer, step_name
+from enn_core.train.state import EpochStats, TrainState
 
 FORMAT = 1
 
@@ -49,20 +50,16 @@ class Position:
         return self.epoch == 0 and self.step == 0 and not self.stopped
 
 
-def holder(st) -> nn.Module:
-    """One module over the model and the loss: the optimizer spans both."""
-    if not hasattr(st, "_holder"):
-        st._holder = nn.ModuleDict({"model": st.rt.model, "loss": st.rt.loss})
-    return st._holder
-
-
 def _json_float(x: float) -> float | str:
     return x if math.isfinite(x) else repr(x)
 
 
-def trainer_state(st, position: int, *, epoch_end: bool, stopped: bool) -> dict[str, Any]:
-    spe = st.sampler.steps_per_epoch
-    best = step_name((st.best_epoch + 1) * spe) if st.best_epoch is not None else None
+def trainer_state(
+    st: TrainState, position: int, *, epoch_end: bool, stopped: bool
+) -> dict[str, Any]:
+    spe, prog = st.sampler.steps_per_epoch, st.progress
+    best = step_name((prog.best_epoch + 1) * spe) if prog.best_epoch is not None else None
+    partial = {} if epoch_end or prog.epoch is None else prog.epoch.as_record()
     return {
         "format": FORMAT,
         "position": position,
@@ -76,25 +73,29 @@ def trainer_state(st, position: int, *, epoch_end: bool, stopped: bool) -> dict[
         "saved_at": time.time(),
         "scheduler": st.scheduler.state_dict(),
         "grad_scaler": st.scaler.state_dict() if st.scaler is not None else None,
-        "best_loss": _json_float(st.best_loss),
-        "best_epoch": st.best_epoch,
+        "best_loss": _json_float(prog.best_loss),
+        "best_epoch": prog.best_epoch,
         "best_checkpoint": best,
-        "bad_epochs": st.bad_epochs,
-        "applied_steps": st.applied_steps,
-        "history": st.history,
-        "step_losses": st.step_losses,
-        "epoch_stats": {} if epoch_end else dict(st.epoch_stats),
+        "bad_epochs": prog.bad_epochs,
+        "applied_steps": prog.applied_steps,
+        "history": prog.history,
+        "step_losses": prog.step_losses,
+        "epoch_stats": partial,
         "guard": {"consecutive": st.guard.consecutive, "total_skipped": st.guard.total_skipped},
         "governor": {"micro_batch": st.governor.plan.micro_batch, "history": st.governor.history},
     }
 
 
-def save_checkpoint(st, position: int, *, epoch_end: bool, stopped: bool = False) -> None:
+def save_checkpoint(
+    st: TrainState, position: int, *, epoch_end: bool, stopped: bool = False
+) -> None:
     ckpt = st.rt.checkpointer
+    if ckpt is None:
+        raise RuntimeError("save_checkpoint needs a checkpointer (Runtime.checkpointer)")
     hb = st.rt.heartbeat
     if hb is not None:
         hb.phase("checkpoint", position)
-    model_sd, optim_sd = get_state_dict(holder(st), st.optimizer)
+    model_sd, optim_sd = get_state_dict(st.holder, st.optimizer)
     ckpt.save(
         {"model": model_sd, "optim": optim_sd},
         trainer_state(st, position, epoch_end=epoch_end, stopped=stopped),
@@ -105,19 +106,16 @@ def save_checkpoint(st, position: int, *, epoch_end: bool, stopped: bool = False
         hb.phase("step", position)
 
 
-def resume(st, path: Path | None) -> Position:
+def resume(st: TrainState, path: Path | None) -> Position:
     """Load `path` (a committed checkpoint) into the loop state; Position(0, 0) when None."""
     if path is None:
         return Position(0, 0)
     trainer = read_trainer(path)
     if trainer.get("best_checkpoint") and trainer.get("best_epoch") is not None:
         _snapshot_best(st, path.parent / trainer["best_checkpoint"])
-    model_sd, optim_sd = get_state_dict(holder(st), st.optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(
-        holder(st), st.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-    )
+    model_sd, optim_sd = get_state_dict(st.holder, st.optimizer)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # in place
+    set_state_dict(st.holder, st.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     _restore_trainer(st, trainer)
     _restore_rng(st, path, trainer)
     st.rt.events.event(
@@ -130,9 +128,9 @@ def resume(st, path: Path | None) -> Position:
     return Position(trainer["epoch"], trainer["step"], bool(trainer.get("stopped")))
 
 
-def load_weights(st, path: Path) -> None:
+def load_weights(st: TrainState, path: Path) -> None:
     """Only the model (and loss) weights of a checkpoint: a warm start at step 0."""
-    state = {"model": get_model_state_dict(holder(st))}
+    state = {"model": get_model_state_dict(st.holder)}
     try:
         dcp.load(state, checkpoint_id=str(path))
     except Exception as e:  # DCP raises on missing keys or shapes: another architecture
@@ -141,20 +139,20 @@ def load_weights(st, path: Path) -> None:
             f"checkpoint.resume_from={path}: its weights do not fit this model ({first[:200]}); "
             "match model.* to the run that wrote it, or clear checkpoint.resume_from"
         ) from e
-    set_model_state_dict(holder(st), state["model"])
+    set_model_state_dict(st.holder, state["model"])
     st.rt.events.event("warm_start", checkpoint=str(path))
 
 
-def _snapshot_best(st, best: Path) -> None:
+def _snapshot_best(st: TrainState, best: Path) -> None:
     """The best epoch's weights, which early stopping restores at the end of the run."""
-    sd = get_model_state_dict(holder(st))
+    sd = get_model_state_dict(st.holder)
     state = {"model": sd}
     dcp.load(state, checkpoint_id=str(best))
-    set_model_state_dict(holder(st), state["model"])
-    st.best_snapshot = [t.detach().clone() for t in st.tensors()]
+    set_model_state_dict(st.holder, state["model"])
+    st.progress.best_snapshot = [t.detach().clone() for t in st.tensors()]
 
 
-def _restore_trainer(st, t: dict) -> None:
+def _restore_trainer(st: TrainState, t: dict[str, Any]) -> None:
     if t["steps_per_epoch"] != st.sampler.steps_per_epoch:
         raise RuntimeError(
             "steps per epoch differ from the checkpoint's despite an equal fingerprint"
@@ -162,11 +160,12 @@ def _restore_trainer(st, t: dict) -> None:
     st.scheduler.load_state_dict(t["scheduler"])
     if st.scaler is not None and t.get("grad_scaler"):
         st.scaler.load_state_dict(t["grad_scaler"])
-    st.best_loss = float(t["best_loss"])
-    st.best_epoch, st.bad_epochs = t["best_epoch"], t["bad_epochs"]
-    st.applied_steps = t["applied_steps"]
-    st.history, st.step_losses = list(t["history"]), list(t["step_losses"])
-    st.epoch_stats = dict(t["epoch_stats"])
+    prog = st.progress
+    prog.best_loss = float(t["best_loss"])
+    prog.best_epoch, prog.bad_epochs = t["best_epoch"], t["bad_epochs"]
+    prog.applied_steps = t["applied_steps"]
+    prog.history, prog.step_losses = list(t["history"]), list(t["step_losses"])
+    prog.epoch = EpochStats.from_record(t["epoch_stats"]) if t["epoch_stats"] else None
     st.guard.consecutive = t["guard"]["consecutive"]
     st.guard.total_skipped = t["guard"]["total_skipped"]
     gov = t["governor"]
@@ -179,7 +178,7 @@ def _restore_trainer(st, t: dict) -> None:
         st.governor.plan = Plan(plan.global_batch, plan.world_size, gov["micro_batch"])
 
 
-def _restore_rng(st, path: Path, trainer: dict) -> None:
+def _restore_rng(st: TrainState, path: Path, trainer: dict[str, Any]) -> None:
     f = path / f"rng-rank{st.rt.env.rank}.pt"
     if trainer["world_size"] != st.rt.env.world_size or not f.exists():
         return

@@ -16,13 +16,14 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from enn_core.atomic import atomic_dir, write_json
-from enn_core.config import RunConfig, to_plain
+from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.progress import follow_heartbeat
@@ -32,6 +33,7 @@ from enn_core.stage import StageContext
 from enn_core.train import worker
 from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, step_name
 from enn_core.train.fingerprint import Fingerprint, diff, fingerprint
+from enn_core.train.job import JOB_FILE, CheckpointPlan, WorkerJob
 
 OUTPUTS = ("model.pt", "metrics.json", "history.json")
 
@@ -66,19 +68,18 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
     result_dir = ctx.run_dir / "result"
     shutil.rmtree(result_dir, ignore_errors=True)
     fp = fingerprint(cfg, StagedDataset(staged).fingerprint)
-    ckpt = checkpoint_spec(cfg, ctx, fp)
-    job = {
-        "config": to_plain(cfg),
-        "staged": str(staged),
-        "init": str(init),
-        "run_dir": str(ctx.run_dir),
-        "result_dir": str(result_dir),
-        "threads": threads,
-        "checkpoint": ckpt,
-        "marker_dir": str(ctx.faults.marker_dir) if ctx.faults.marker_dir else str(ctx.run_dir),
-    }
-    job_path = ctx.run_dir / "job.json"
-    job_path.write_text(json.dumps(job, indent=2, default=str))
+    job = WorkerJob(
+        config=cfg,
+        staged=staged,
+        init=init,
+        run_dir=ctx.run_dir,
+        result_dir=result_dir,
+        threads=threads,
+        marker_dir=ctx.faults.marker_dir or ctx.run_dir,
+        stage=ctx.stage,
+        checkpoint=checkpoint_spec(cfg, ctx, fp),
+    )
+    job_path = job.write(ctx.run_dir / JOB_FILE)
     ctx.events.param("runtime/world_size", world)
     ctx.events.param("runtime/world_size_reason", why)
     ctx.logger.info("distributed-train: %d worker(s) (%s), %d thread(s) each", world, why, threads)
@@ -164,7 +165,7 @@ def forward_logs(ctx: StageContext, tail: int = 20) -> None:
             ctx.logger.info("%s", line)
 
 
-def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> dict[str, Any]:
+def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> CheckpointPlan:
     """The job's checkpoint directory (keyed by the fingerprint) and what to start from.
 
     An explicit `checkpoint.resume_from` must carry the same fingerprint (the difference is
@@ -174,32 +175,28 @@ def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> dict[
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "fingerprint.json").exists():
         write_json(root / "fingerprint.json", {"digest": fp.digest, **fp.parts})
-    spec: dict[str, Any] = {
-        "dir": str(root),
-        "digest": fp.digest,
-        "resume_from": "",
-        "weights_only": False,
-    }
+    plan = CheckpointPlan(dir=root, digest=fp.digest)
     source = cfg.checkpoint.resume_from
     if source:
         path = ctx.layout.resolve(source)
         if not (path / COMMITTED).is_file():
             raise ConfigError(
-                f"checkpoint.resume_from={source}: {path} is not a committed checkpoint (no {COMMITTED} "
-                f"marker); pick a step-* directory under {base}"
+                f"checkpoint.resume_from={source}: {path} is not a committed checkpoint "
+                f"(no {COMMITTED} marker); pick a step-* directory under {base}"
             )
         theirs = _read_fp(path.parent)
         if theirs.get("digest") != fp.digest and not cfg.checkpoint.warm_start:
             named = "; ".join(diff({k: v for k, v in theirs.items() if k != "digest"}, fp.parts))
             raise ConfigError(
-                f"checkpoint.resume_from={source} was written by another run ({named or 'unknown fingerprint'}); "
+                f"checkpoint.resume_from={source} was written by another run "
+                f"({named or 'unknown fingerprint'}); "
                 "resume needs the same data, data/model/train config and torch version; set "
                 "checkpoint.warm_start=true to start from its weights only"
             )
-        spec.update(resume_from=str(path), weights_only=theirs.get("digest") != fp.digest)
+        plan = replace(plan, resume_from=path, weights_only=theirs.get("digest") != fp.digest)
     elif cfg.checkpoint.resume and not committed(root):
         explain_no_resume(ctx, base, fp)
-    return spec
+    return plan
 
 
 def _read_fp(root: Path) -> dict:

@@ -9,12 +9,19 @@ average gradients across ranks.
 Everything that must agree across ranks travels in one float64 all-reduce per step:
 [loss sum, weight sum, sharded grad sum of squares, non-finite flag]. The clip norm, the skip
 decision and the reported loss are therefore identical on every rank by construction.
+
+Timing: the step's phases (data, forward/backward, optimizer) are wall-clock intervals, and
+`rt.comm` counts the seconds spent inside collectives in each: FSDP2's all-gathers and
+reduce-scatters in forward/backward (enn_core.runtime.comm_clock) and the step's own
+all-reduces. A phase's reported time excludes its communication, reported apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,24 +33,26 @@ from enn_core.runtime.memory import is_oom
 from enn_core.runtime.sampler import Batch, micro_batches
 from enn_core.train.guard import first_nonfinite
 from enn_core.train.objective import weighted_loss_sum
+from enn_core.train.state import TrainState
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepOutcome:
     applied: bool
     loss: float
     weight: float
     grad_norm: float
-    data_s: float
-    compute_s: float
-    optim_s: float
+    data_s: float  # reading the batch (and agreeing on an out-of-memory back-off)
+    compute_s: float  # forward + backward, FSDP2's collectives in them excluded
+    optim_s: float  # agreement, clipping, the optimizer step, its all-reduce excluded
+    comm_s: float  # inside collectives during the step (the three phases' sum)
 
 
-def run_step(st, epoch: int, step: int, gstep: int) -> StepOutcome:
+def run_step(st: TrainState, epoch: int, step: int, gstep: int) -> StepOutcome:
     """One optimizer step with OOM back-off (retries the same global batch)."""
-    rt = st.rt
+    rt, comm = st.rt, st.rt.comm
     while True:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), comm.seconds
         rows, weights = st.sampler.step_rows(epoch, step, rt.env.rank, rt.env.world_size)
         n_real = st.sampler.real_rows(epoch, step)
         batches = micro_batches(
@@ -52,8 +61,10 @@ def run_step(st, epoch: int, step: int, gstep: int) -> StepOutcome:
         if rt.faults.wants_nan("step", gstep):  # poison this rank's first row: a bad staged row
             batches[0].features[0, 0] = np.nan
         oom = rt.faults.wants_oom("step", gstep)
-        t1 = time.perf_counter()
-        if agree_any(oom, rt.env):  # every rank backs off together, before any collective
+        with collectives(st):
+            any_oom = agree_any(oom, rt.env)
+        t1, c1 = time.perf_counter(), comm.seconds
+        if any_oom:  # every rank backs off together, before any collective
             st.back_off(
                 epoch, gstep, "injected out-of-memory" if oom else "out-of-memory on a peer rank"
             )
@@ -68,14 +79,29 @@ def run_step(st, epoch: int, step: int, gstep: int) -> StepOutcome:
             st.zero_grad()
             st.back_off(epoch, gstep, str(e))
             continue
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), comm.seconds
         applied, loss, norm = finish_step(st, batches, loss_sum, weight_sum, epoch, gstep)
-        t3 = time.perf_counter()
-        return StepOutcome(applied, loss, weight_sum, norm, t1 - t0, t2 - t1, t3 - t2)
+        t3, c3 = time.perf_counter(), comm.seconds
+        return StepOutcome(
+            applied,
+            loss,
+            weight_sum,
+            norm,
+            data_s=(t1 - t0) - (c1 - c0),
+            compute_s=(t2 - t1) - (c2 - c1),
+            optim_s=(t3 - t2) - (c3 - c2),
+            comm_s=c3 - c0,
+        )
+
+
+def collectives(st: TrainState) -> AbstractContextManager[object]:
+    """Times the step's own collectives on `rt.comm`; at world size 1 there are none (the
+    agreement helpers return at once), and nothing is counted."""
+    return st.rt.comm if st.rt.env.distributed else contextlib.nullcontext()
 
 
 def forward_backward(
-    st, batches: list[Batch], n_real: int, gstep: int
+    st: TrainState, batches: list[Batch], n_real: int, gstep: int
 ) -> tuple[torch.Tensor, float]:
     """Accumulate gradients over this rank's micro-batches; returns (weighted loss sum, weights)."""
     rt = st.rt
@@ -97,7 +123,7 @@ def forward_backward(
     return loss_sum, weight_sum
 
 
-def backward(st, loss: torch.Tensor) -> None:
+def backward(st: TrainState, loss: torch.Tensor) -> None:
     """Backward, through the fp16 gradient scaler when the precision policy uses one."""
     if st.scaler is not None:
         st.scaler.scale(loss).backward()
@@ -109,15 +135,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def grad_squares(st) -> tuple[float, float]:
+def grad_squares(st: TrainState) -> tuple[float, float]:
     """(sum of squares of sharded local grads, of replicated grads); the first is all-reduced."""
     sharded = [
         _local(p.grad)
-        for p in st.model_params
+        for p in st.params.model
         if p.grad is not None and hasattr(p.grad, "to_local")
     ]
     replicated = [
-        p.grad for p in st.all_params if p.grad is not None and not hasattr(p.grad, "to_local")
+        p.grad for p in st.params.all if p.grad is not None and not hasattr(p.grad, "to_local")
     ]
 
     def sq(ts: list[torch.Tensor]) -> float:
@@ -129,7 +155,12 @@ def grad_squares(st) -> tuple[float, float]:
 
 
 def finish_step(
-    st, batches, loss_sum, weight_sum, epoch: int, gstep: int
+    st: TrainState,
+    batches: list[Batch],
+    loss_sum: torch.Tensor,
+    weight_sum: float,
+    epoch: int,
+    gstep: int,
 ) -> tuple[bool, float, float]:
     """Agree, then skip a non-finite step or clip and apply. Returns (applied, loss, grad norm)."""
     rt = st.rt
@@ -140,8 +171,9 @@ def finish_step(
     stats = torch.tensor(
         [float(loss_sum), weight_sum, sharded_sq, 1.0 if local_bad else 0.0], dtype=torch.float64
     )
-    all_reduce_sum(stats, rt.env)
-    reduce_loss_grads(st)
+    with collectives(st):
+        all_reduce_sum(stats, rt.env)
+        reduce_loss_grads(st)
     loss = float(stats[0] / max(stats[1].item(), 1.0))
     # Under HSDP each shard lives on `replicas` ranks: the all-reduced sum counts it that often.
     sharded_total = stats[2].item() / rt.env.replicas
@@ -156,7 +188,7 @@ def finish_step(
         return False, loss, norm
     clip = st.cfg.clip_norm
     if clip > 0 and norm > clip:  # exactly untouched when the threshold is not reached
-        grads = [_local(p.grad) for p in st.all_params if p.grad is not None]
+        grads = [_local(p.grad) for p in st.params.all if p.grad is not None]
         torch._foreach_mul_(grads, clip / (norm + 1e-6))
     if st.scaler is not None:
         st.scaler.step(st.optimizer)
@@ -169,29 +201,31 @@ def finish_step(
     return True, loss, norm
 
 
-def reduce_loss_grads(st) -> None:
+def reduce_loss_grads(st: TrainState) -> None:
     """The loss's own parameters (Student-t scale) are replicated: average their grads."""
     if not st.rt.env.distributed:
         return
-    for p in st.loss_params:
+    for p in st.params.loss:
         if p.grad is not None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad.div_(st.rt.env.world_size)
 
 
-def skip_nonfinite(st, batches: list[Batch], epoch: int, gstep: int, local_bad: bool) -> None:
+def skip_nonfinite(
+    st: TrainState, batches: list[Batch], epoch: int, gstep: int, local_bad: bool
+) -> None:
     """Count the skip (agreed); stop after N in a row naming the first non-finite tensor."""
     rt = st.rt
     culprit = None
     if local_bad:
-        named = [
+        named: list[tuple[str, torch.Tensor | None]] = [
             (f"batch.features[micro {i}]", torch.from_numpy(b.features))
             for i, b in enumerate(batches)
         ]
         named += [
             (f"batch.labels[micro {i}]", torch.from_numpy(b.labels)) for i, b in enumerate(batches)
         ]
-        named += [(f"grad.{n}", p.grad) for n, p in st.named_params]
+        named += [(f"grad.{n}", p.grad) for n, p in st.params.named]
         culprit = first_nonfinite(named)
     reports = gather_objects(culprit, rt.env)
     bad_rank = next((r for r, c in enumerate(reports) if c is not None), None)

@@ -2,12 +2,13 @@
 
     main(job_path) -> summary dict
 
-The job file (written by enn_core.train.stage) holds the resolved config and the paths. The
-worker walks named phases, each announced on its heartbeat so the launcher's watchdog can
-name where a silent rank stopped: bootstrap -> process_group -> load -> wrap ->
-first_forward -> step N -> validate -> checkpoint -> done. An exception is written to
-`<run_dir>/errors/rank-<r>.json` (the launcher turns it into the caller's error) and
-re-raised. Rank 0 writes model.pt, metrics.json and history.json to the job's result dir.
+The job file (a `WorkerJob`, enn_core.train.job, written by enn_core.train.stage) holds the
+resolved config and the paths. The worker walks named phases, each announced on its
+heartbeat so the launcher's watchdog can name where a silent rank stopped: bootstrap ->
+process_group -> load -> wrap -> first_forward -> step N -> validate -> checkpoint -> done.
+An exception is written to `<run_dir>/errors/rank-<r>.json` (the launcher turns it into the
+caller's error) and re-raised. Rank 0 writes model.pt, metrics.json and history.json to the
+job's result dir.
 """
 
 from __future__ import annotations
@@ -21,26 +22,38 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.nn.parallel import DistributedDataParallel
 
 from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
-from enn_core.config.loader import build
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss
-from enn_core.runtime.batch_probe import agree_choice, choose_micro_batch, sample_from_staged
+from enn_core.model.enn import ENN
+from enn_core.runtime.batch_probe import (
+    MicroBatchChoice,
+    agree_choice,
+    choose_micro_batch,
+    sample_from_staged,
+)
+from enn_core.runtime.comm_clock import CommClock, time_fsdp_collectives
 from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, ranks_not_sharing, shutdown
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
 from enn_core.runtime.launch import write_error
-from enn_core.runtime.precision import choose_precision
+from enn_core.runtime.precision import PrecisionDecision, choose_precision
 from enn_core.train.ckpt import Checkpointer
+from enn_core.train.job import WorkerJob
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
 
 
@@ -65,37 +78,33 @@ def _log_to_file(run_dir: Path, rank: int, level: str) -> logging.Logger:
 
 
 def main(job_path: str) -> dict[str, Any]:
-    job = json.loads(Path(job_path).read_text())
-    cfg: RunConfig = build(RunConfig, job["config"], root=RunConfig, where=job_path)
-    run_dir = Path(job["run_dir"])
+    job = WorkerJob.read(job_path)
     rank = int(os.environ.get("RANK", "0"))
     _die_with_parent()
     hb = Heartbeat(
-        run_dir, rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        job.run_dir, rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     ).start()
-    log = _log_to_file(run_dir, rank, cfg.runtime.log_level)
+    log = _log_to_file(job.run_dir, rank, job.config.runtime.log_level)
     try:
-        summary = _run(cfg, job, hb, rank, log)
+        summary = _run(job, hb, rank, log)
         hb.stop("done")
         return summary
     except BaseException as e:
-        write_error(run_dir, rank, e, *hb.where(), traceback.format_exc())
+        write_error(job.run_dir, rank, e, *hb.where(), traceback.format_exc())
         log.error("failed in phase %s: %s", hb.where()[0], e)
         raise
     finally:
         shutdown()
 
 
-def _run(
-    cfg: RunConfig, job: dict, hb: Heartbeat, rank: int, log: logging.Logger
-) -> dict[str, Any]:
-    run_dir = Path(job["run_dir"])
-    faults = FaultInjector(cfg.fault, rank=rank, marker_dir=job["marker_dir"])
+def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[str, Any]:
+    cfg, run_dir = job.config, job.run_dir
+    faults = FaultInjector(cfg.fault, rank=rank, marker_dir=job.marker_dir)
     faults.at("bootstrap")
     hb.phase("process_group")
     env = bootstrap(
         device=cfg.runtime.device,
-        threads=job["threads"],
+        threads=job.threads,
         seed=cfg.runtime.seed,
         deterministic=cfg.runtime.deterministic,
         pg_timeout_s=cfg.runtime.pg_timeout_s,
@@ -111,8 +120,9 @@ def _run(
         env.backend,
     )
     hb.phase("load")
-    data = StagedDataset(job["staged"])
-    model, _ = load_model(job["init"])
+    data = StagedDataset(job.staged)
+    labels = _labels(data)
+    model, _ = load_model(job.init)
     model.train()
     precision = choose_precision(cfg.train, env.device)
     attention = choose_attention(
@@ -129,19 +139,21 @@ def _run(
     wrapped, wrap = apply_parallelism(
         model, env, param_dtype=param_dtype, compile=cfg.train.compile, fsdp=cfg.train.fsdp
     )
+    comm = CommClock()  # FSDP2's own all-gathers and reduce-scatters feed it (and the loop's)
+    time_fsdp_collectives(wrapped, comm, faults.collective_delays())
     loss = make_loss(cfg.train).to(env.device)
     events = EventLog(run_dir, enabled=env.is_main)
     choices = {
         **precision.as_record(),
         **attention.as_record(),
         **wrap,
-        "threads": job["threads"],
+        "threads": job.threads,
         "device": str(env.device),
     }
     micro = None
     if cfg.train.micro_batch == "auto":  # after wrap, before the optimizer exists
         hb.phase("probe_batch")
-        choice = auto_micro_batch(cfg, data, env, wrapped, model, loss, precision)
+        choice = auto_micro_batch(cfg, data, env, _Probed(wrapped, model, loss, precision))
         micro = choice.micro_batch
         choices.update(choice.as_record())
     for k, v in choices.items():
@@ -149,6 +161,7 @@ def _run(
             f"runtime/{k}",
             v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str),
         )
+    ckpt, resume_from = _checkpointer(job, env, events, faults)
     rt = Runtime(
         env=env,
         model=wrapped,
@@ -163,10 +176,10 @@ def _run(
         full_state=functools.partial(full_state, wrapped, env),
         steady_timeout_s=cfg.runtime.pg_timeout_steady_s,
         micro_batch=micro,
+        checkpointer=ckpt,
+        comm=comm,
     )
-    train_data = TrainData(data.features, data.labels, data.split("train"), _val_rows(data))
-    ckpt, resume_from = _checkpointer(job, cfg, env, events, faults)
-    rt.checkpointer = ckpt
+    train_data = TrainData(data.features, labels, data.split("train"), _val_rows(data))
     try:
         result = train(
             cfg.train,
@@ -175,7 +188,7 @@ def _run(
             seed=cfg.runtime.seed,
             log_every=cfg.train.log_every,
             resume_from=resume_from,
-            weights_from=_weights_from(job),
+            weights_from=job.checkpoint.weights_path if job.checkpoint else None,
         )
         hb.phase("checkpoint")
         faults.at("checkpoint")
@@ -183,7 +196,7 @@ def _run(
         summary = {**_summary(result, env, choices), **rank_summary(result, env)}
         summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
         if env.is_main:
-            write_outputs(Path(job["result_dir"]), state, loss, cfg, data.manifest, result, summary)
+            write_outputs(job, state, loss, data.manifest, result, summary)
         if ckpt is not None:
             ckpt.complete()
     finally:
@@ -193,39 +206,60 @@ def _run(
     return summary if env.is_main else rank_summary(result, env)
 
 
+def _labels(data: StagedDataset) -> np.ndarray:
+    if data.labels is None:
+        raise ConfigError(
+            f"{data.path}: the staged data has no labels; distributed-train needs labeled "
+            "data (stage-data with a label column)"
+        )
+    return data.labels
+
+
+@dataclass(frozen=True)
+class _Probed:
+    """What the micro-batch probe trains: the wrapped model, its bare core, the loss."""
+
+    wrapped: torch.nn.Module
+    model: ENN
+    loss: torch.nn.Module
+    precision: PrecisionDecision
+
+
 def auto_micro_batch(
-    cfg: RunConfig, data: StagedDataset, env: DistEnv, wrapped, model, loss, precision
-):
+    cfg: RunConfig, data: StagedDataset, env: DistEnv, probed: _Probed
+) -> MicroBatchChoice:
     """`train.micro_batch: auto`: the largest micro-batch that fits memory, agreed by all ranks."""
     sample = sample_from_staged(
-        data.features, data.labels, data.split("train"), env.device, model.normalize
+        data.features, _labels(data), data.split("train"), env.device, probed.model.normalize
     )
     choice = choose_micro_batch(
-        wrapped,
-        loss,
+        probed.wrapped,
+        probed.loss,
         sample,
         cfg.train.batch_size // env.world_size,
         env.device,
         headroom=cfg.train.memory_headroom,
-        autocast=precision.autocast,
+        autocast=probed.precision.autocast,
         distributed=env.distributed,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     )
     return agree_choice(choice, env)
 
 
-def _checkpointer(job: dict, cfg: RunConfig, env: DistEnv, events: EventLog, faults: FaultInjector):
+def _checkpointer(
+    job: WorkerJob, env: DistEnv, events: EventLog, faults: FaultInjector
+) -> tuple[Checkpointer | None, Path | None]:
     """The DCP checkpointer of this job's fingerprint directory and the checkpoint to resume."""
-    spec = job.get("checkpoint")
-    if not spec:
+    plan, cfg = job.checkpoint, job.config
+    if plan is None:
         return None, None
-    if cfg.runtime.nnodes > 1 and (blind := ranks_not_sharing(spec["dir"], env)):
+    if cfg.runtime.nnodes > 1 and (blind := ranks_not_sharing(plan.dir, env)):
         raise ConfigError(
-            f"ranks {blind} do not see the checkpoint directory {spec['dir']} that rank 0 writes "
+            f"ranks {blind} do not see the checkpoint directory {plan.dir} that rank 0 writes "
             "(a node-local disk); set checkpoint.dir to a directory on storage every node shares"
         )
     ckpt = Checkpointer(
-        Path(spec["dir"]),
+        plan.dir,
         cfg.checkpoint,
         rank=env.rank,
         distributed=env.distributed,
@@ -233,23 +267,12 @@ def _checkpointer(job: dict, cfg: RunConfig, env: DistEnv, events: EventLog, fau
         on_event=events.event,
         before_commit=lambda position: faults.at("checkpoint_save", position),
     )
-    explicit = bool(spec.get("resume_from"))
+    explicit = plan.resume_from is not None
     latest = ckpt.prepare(resume=cfg.checkpoint.resume, keep=explicit or env.restart > 0)
-    chosen = (
-        Path(spec["resume_from"])
-        if spec.get("resume_from") and not spec.get("weights_only")
-        else None
-    )
+    chosen = plan.resume_path
     if env.restart > 0 or chosen is None:
         chosen = latest if latest is not None else chosen  # a restarted attempt takes the newest
     return ckpt, chosen
-
-
-def _weights_from(job: dict) -> Path | None:
-    spec = job.get("checkpoint") or {}
-    return (
-        Path(spec["resume_from"]) if spec.get("weights_only") and spec.get("resume_from") else None
-    )
 
 
 def _ckpt_summary(ckpt: Checkpointer | None, resume_from: Path | None, env: DistEnv) -> dict:
@@ -278,22 +301,22 @@ def rank_summary(result: TrainResult, env: DistEnv) -> dict[str, Any]:
     }
 
 
-def _val_rows(data: StagedDataset):
+def _val_rows(data: StagedDataset) -> np.ndarray:
     return data.split("val") if "val" in data.split_names else data.split("train")[:0]
 
 
 def full_state(model: torch.nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
     """The full, unsharded state dict on CPU (a collective under FSDP2: every rank calls it)."""
-    if hasattr(model, "module"):  # DDP
+    if isinstance(model, DistributedDataParallel):
         model = model.module
     if env.distributed and any(hasattr(p, "full_tensor") for p in model.parameters()):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = StateDictOptions(full_state_dict=True, cpu_offload=False)
+        return _cpu_copies(get_model_state_dict(model, options=full))
+    return _cpu_copies(model.state_dict())
 
-        sd = get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
-        )
-    else:
-        sd = model.state_dict()
+
+def _cpu_copies(sd: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """A model state dict's tensors (gathered ones under FSDP2), copied to the CPU."""
     return {k.replace("_orig_mod.", ""): v.detach().to("cpu").clone() for k, v in sd.items()}
 
 
@@ -322,19 +345,19 @@ def _summary(result: TrainResult, env: DistEnv, choices: dict) -> dict[str, Any]
 
 
 def write_outputs(
-    out: Path,
+    job: WorkerJob,
     state: dict,
     loss: torch.nn.Module,
-    cfg: RunConfig,
     manifest: dict,
     result: TrainResult,
     summary: dict,
 ) -> None:
     """Rank 0: the consolidated checkpoint, metrics and history (the stage publishes them)."""
+    out, cfg = job.result_dir, job.config
     out.mkdir(parents=True, exist_ok=True)
     loss_state = {k: v.detach().cpu().tolist() for k, v in loss.state_dict().items()}
     meta = {
-        "stage": "distributed-train",
+        "stage": job.stage,
         "loss": cfg.train.loss,
         "loss_state": loss_state,
         **summary,

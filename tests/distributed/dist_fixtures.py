@@ -44,12 +44,13 @@ def cfg_of(*extra: str) -> RunConfig:
     return load_config(None, [*TINY, *extra], allow_faults=True)
 
 
-def make_project(root: Path) -> Layout:
-    """Staged data and init.pt under `root` (in process, no workers)."""
+def make_project(root: Path, *extra: str) -> Layout:
+    """Staged data and init.pt under `root` (in process, no workers); `extra` overrides the
+    tiny shapes (train with the same overrides)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "params.yaml").write_text("{}\n")
     layout = Layout.for_root(root)
-    cfg = cfg_of()
+    cfg = cfg_of(*extra)
     stage_data(cfg, make_context(cfg, layout, STAGE_DATA, "setup"))
     PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "setup"))
     return layout

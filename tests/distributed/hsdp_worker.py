@@ -8,16 +8,16 @@ live in a module of their own so spawned workers can import them.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from enn_core.config import RunConfig, to_plain
+from enn_core.config import RunConfig
 from enn_core.paths import Layout
 from enn_core.runtime import dist
 from enn_core.stages import PREPARE_CHECKPOINT, STAGE_DATA
 from enn_core.train import worker
+from enn_core.train.job import CheckpointPlan, WorkerJob
 
 
 def write_job(
@@ -26,25 +26,23 @@ def write_job(
     run_dir: Path,
     result_dir: Path,
     name: str = "job",
-    checkpoint: dict | None = None,
+    checkpoint: CheckpointPlan | None = None,
 ) -> Path:
     """The job file enn_core.train.stage.run writes, for a run dir of our choosing (the
     launcher's: the watchdog reads the heartbeats the workers write there); no DCP
     checkpoints unless `checkpoint` (enn_core.train.stage.checkpoint_spec) is given."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    job = {
-        "config": to_plain(cfg),
-        "staged": str(STAGE_DATA.output_dir(layout)),
-        "init": str(PREPARE_CHECKPOINT.output_dir(layout) / "init.pt"),
-        "run_dir": str(run_dir),
-        "result_dir": str(result_dir),
-        "threads": cfg.runtime.threads_per_worker or 1,
-        "marker_dir": str(run_dir),
-        **({"checkpoint": checkpoint} if checkpoint else {}),
-    }
-    path = run_dir / f"{name}.json"
-    path.write_text(json.dumps(job, indent=2, default=str))
-    return path
+    job = WorkerJob(
+        config=cfg,
+        staged=STAGE_DATA.output_dir(layout),
+        init=PREPARE_CHECKPOINT.output_dir(layout) / "init.pt",
+        run_dir=run_dir,
+        result_dir=result_dir,
+        threads=cfg.runtime.threads_per_worker or 1,
+        marker_dir=run_dir,
+        checkpoint=checkpoint,
+    )
+    return job.write(run_dir / f"{name}.json")
 
 
 def main_each(*job_paths: str) -> list[dict[str, Any]]:

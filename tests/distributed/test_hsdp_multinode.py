@@ -29,6 +29,7 @@ from enn_core.stage import make_context
 from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA
 from enn_core.train.ckpt import committed
 from enn_core.train.fingerprint import fingerprint
+from enn_core.train.job import CheckpointPlan
 from enn_core.train.stage import checkpoint_spec
 
 # Four ranks, one thread each, tiny shapes; two epochs of 5 steps, every one clipped (the
@@ -45,7 +46,7 @@ def _result(result_dir) -> tuple[dict, dict]:
     return history, torch.load(result_dir / "model.pt", weights_only=True)["state_dict"]
 
 
-def _checkpoint_spec(layout, cfg) -> dict:
+def _checkpoint_spec(layout, cfg) -> CheckpointPlan:
     """distributed-train's DCP checkpoint directory for this config (fresh: nothing to resume)."""
     ctx = make_context(cfg, layout, DISTRIBUTED_TRAIN, uuid.uuid4().hex[:8])
     data_hash = StagedDataset(STAGE_DATA.output_dir(layout)).fingerprint
@@ -68,7 +69,7 @@ def test_hsdp_2x2_equals_fsdp_on_4(tiny_project, tmp_path):
     meshes = [e["value"] for e in _events(run_dir) if e.get("name") == "runtime/mesh"]
     assert meshes == ["4", "2x2"]
     # DCP saved the 2-D-sharded state at both epoch ends
-    assert len(hsdp["checkpoint"]["saved_positions"]) == 2 and committed(Path(specs[1]["dir"]))
+    assert len(hsdp["checkpoint"]["saved_positions"]) == 2 and committed(specs[1].dir)
     ref_history, ref_state = _result(run_dir / "fsdp")
     history, state = _result(run_dir / "hsdp")
     assert len(history["step_losses"]) >= 10

@@ -1,0 +1,111 @@
+"""Checkpoints of the training state at world size 1 (real DCP saves in one process): what a
+checkpoint holds, and that a run interrupted mid-epoch resumes bit-identically, also from a
+checkpoint whose partial-epoch statistics predate the communication and checkpoint timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from train_fixtures import run_local, tiny_cfg, with_fault
+
+from enn_core.train.ckpt import TRAINER, committed
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+# 2 epochs of 5 steps; a checkpoint every 3 global steps and at epoch ends (3, 5, 6, 9, 10); the
+# Student-t loss owns a parameter, so the DCP state holds "loss.*" keys as well.
+CKPT = ("checkpoint.every_steps=3", "checkpoint.keep_last=5", "train.loss=student_t")
+
+# trainer.json as written before this format gained anything: its keys are a contract.
+TRAINER_KEYS = {
+    "format",
+    "position",
+    "epoch",
+    "step",
+    "steps_per_epoch",
+    "epoch_end",
+    "stopped",
+    "world_size",
+    "attempt",
+    "saved_at",
+    "scheduler",
+    "grad_scaler",
+    "best_loss",
+    "best_epoch",
+    "best_checkpoint",
+    "bad_epochs",
+    "applied_steps",
+    "history",
+    "step_losses",
+    "epoch_stats",
+    "guard",
+    "governor",
+}
+OLD_EPOCH_STATS = {"loss", "weight", "data_s", "compute_s", "optim_s", "skipped", "wall_s"}
+
+
+def params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.fixture(scope="module")
+def reference(staged, tmp_path_factory):
+    """The uninterrupted run, and its checkpoint directory."""
+    root = tmp_path_factory.mktemp("ref")
+    result, rt = run_local(tiny_cfg(*CKPT), staged, root / "run", checkpoints=root / "ckpt")
+    return result, params(rt.model), rt.loss.log_scale.detach().clone(), root / "ckpt"
+
+
+def test_a_checkpoint_holds_the_model_the_loss_and_the_optimizer(reference):
+    *_, ckpt = reference
+    saved = committed(ckpt)
+    assert [p.name for p in saved] == [f"step-{n:08d}" for n in (3, 5, 6, 9, 10)]
+    keys = set(FileSystemReader(str(saved[0])).read_metadata().state_dict_metadata)
+    assert {k.split(".")[0] for k in keys} == {"model", "optim"}
+    assert "model.loss.log_scale" in keys and any(k.startswith("model.model.") for k in keys)
+    mid = json.loads((saved[0] / TRAINER).read_text())
+    assert set(mid) == TRAINER_KEYS and mid["position"] == 3 and not mid["epoch_end"]
+    assert set(mid["epoch_stats"]) == OLD_EPOCH_STATS | {"comm_s", "ckpt_s"}
+    end = json.loads((saved[1] / TRAINER).read_text())
+    assert set(end) == TRAINER_KEYS and end["epoch_end"] and end["epoch_stats"] == {}
+
+
+@pytest.mark.parametrize("written_before_timings", [False, True])
+def test_interrupted_mid_epoch_resumes_bit_identical(
+    staged, tmp_path, reference, written_before_timings
+):
+    ref, ref_params, ref_scale, _ = reference
+    ckpt = tmp_path / "ckpt"
+    crash = with_fault(tiny_cfg(*CKPT), kind="raise", phase="step", step=4)
+    with pytest.raises(Exception, match="injected fault"):
+        run_local(crash, staged, tmp_path / "crashed", checkpoints=ckpt)
+    last = committed(ckpt)[-1]
+    assert last.name == "step-00000003"
+    if written_before_timings:  # as a checkpoint written before comm_s and ckpt_s existed
+        trainer = json.loads((last / TRAINER).read_text())
+        trainer["epoch_stats"] = {k: trainer["epoch_stats"][k] for k in OLD_EPOCH_STATS}
+        (last / TRAINER).write_text(json.dumps(trainer))
+    result, rt = run_local(tiny_cfg(*CKPT), staged, tmp_path / "resumed", checkpoints=ckpt)
+    assert result.step_losses == ref.step_losses  # bit-identical, every step once
+    assert torch.equal(params(rt.model), ref_params)
+    assert torch.equal(rt.loss.log_scale.detach(), ref_scale)
+    assert [h["epoch"] for h in result.history] == [0, 1]
+
+
+def test_an_unreadable_trainer_state_is_named_with_what_to_do(staged, tmp_path, reference):
+    """A checkpoint's trainer.json that cannot be read is named, with what to do."""
+    *_, ckpt = reference
+    broken = Path(tmp_path / "ckpt")
+    broken.mkdir()
+    for p in committed(ckpt)[:1]:
+        dest = broken / p.name
+        dest.mkdir()
+        for f in p.iterdir():
+            (dest / f.name).write_bytes(f.read_bytes())
+        (dest / TRAINER).write_text("{not json")
+    with pytest.raises(Exception, match=r"unreadable checkpoint state .* delete .* to fall back"):
+        run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=broken)
