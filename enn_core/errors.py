@@ -8,6 +8,10 @@ retries those and nothing else. Everything else (bad input, bad config) fails at
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
 
 class EnnError(Exception):
     """Base class. `exit_code` is what the CLI returns for it."""
@@ -61,6 +65,43 @@ class StoreError(EnnError):
     """A state store (the MLflow database) cannot be read: names the file and the fix."""
 
     exit_code = 10
+
+
+class NoSpaceError(EnnError):
+    """A disk ran full: names the path, its free space, and what to do."""
+
+    exit_code = 11
+
+    @classmethod
+    def at(cls, path: str | Path, what: str = "") -> NoSpaceError:
+        """The error for `path`'s file system, with its free space (`what`: what was written)."""
+        where = Path(path)
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        try:
+            usage = shutil.disk_usage(where)
+            free = f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.0f} MiB"
+        except OSError:
+            free = "free space unknown"
+        done = f" while writing {what}" if what else ""
+        return cls(
+            f"{path}: no space left on the device{done} ({free}); free space there, or set "
+            "runtime.work_dir (and checkpoint.dir) to a disk with room, then re-run"
+        )
+
+
+def low_space(paths: Iterable[str | Path], margin: int = 1 << 20) -> Path | None:
+    """The first of `paths` whose file system has less than `margin` bytes free, or None."""
+    for path in paths:
+        where = Path(path)
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        try:
+            if shutil.disk_usage(where).free < margin:
+                return Path(path)
+        except OSError:
+            continue
+    return None
 
 
 class TransientError(EnnError):

@@ -198,3 +198,25 @@ def prefect_home_shared(tmp_path_factory) -> Path:
 @pytest.fixture
 def project(tmp_path, prefect_home_shared) -> Project:
     return make_project(tmp_path / "proj", prefect_home_shared)
+
+
+@pytest.fixture
+def tmpfs():
+    """mount(path, size='1m', ro=False): a tmpfs at `path`, unmounted after the test (full
+    and read-only disks; tests run as root, and skip only where mount is not permitted)."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str = "1m", ro: bool = False) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        opts = f"size={size}" + (",ro" if ro else "")
+        out = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True
+        )
+        if out.returncode != 0:
+            pytest.skip(f"mount -t tmpfs is not permitted here: {out.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False)

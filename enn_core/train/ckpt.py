@@ -9,7 +9,10 @@ work directory and never cached by DVC (only the consolidated `model.pt` is):
             __<rank>_0.distcp .metadata  DCP shards: model (+ loss parameters) and optimizer
             trainer.json                 loop state: position, scheduler, early stopping, history
             rng-rank<r>.pt               each rank's RNG state
-            COMMITTED                    written last; readers ignore a directory without it
+            COMMITTED                    written last (with every file's content hash);
+                                         readers ignore a directory without it
+        quarantine/step-00000040-<t>/    a committed checkpoint whose files no longer match
+                                         their hashes, moved aside on resume
         .tmp-step-00000042-a<attempt>/   being written
         COMPLETE                         the run finished: the next run of this fingerprint
                                          starts fresh
@@ -31,6 +34,11 @@ Why this shape:
   finished before the next stages. Staging stays synchronous, so training cannot change
   weights mid-copy; the CUDA-only options (pinned memory, background staging, non-blocking
   copies) are off: unmeasured here, with no GPU.
+- Corruption: COMMITTED records each file's BLAKE3 hash. Resume verifies the checkpoint it
+  chooses; a mismatch (a truncated shard, a bad disk) moves it to quarantine/ with a warning
+  and an event naming the files, and resume falls back to the previous committed checkpoint
+  (or starts fresh). The hashes catch corruption; they are not the security control: crafted
+  files are refused by the safe reader (enn_core/runtime/safe_dcp.py).
 - A finished run leaves COMPLETE: resume is for interrupted runs, so re-running a finished
   configuration (`dvc repro -f`) trains again instead of returning the old result.
 - Rank 0 decides which checkpoint to resume and broadcasts it, so ranks never disagree
@@ -40,6 +48,7 @@ Why this shape:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -54,10 +63,13 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from enn_core.atomic import fsync_dir
 from enn_core.config import CheckpointConfig
+from enn_core.data.hashing import hash_files
 from enn_core.errors import StaleOutputError
 
 COMMITTED = "COMMITTED"
 COMPLETE = "COMPLETE"
+QUARANTINE = "quarantine"
+log = logging.getLogger("enn.checkpoint")
 TRAINER = "trainer.json"
 
 
@@ -71,6 +83,45 @@ def committed(root: Path) -> list[Path]:
         return []
     found = [p for p in root.glob("step-*") if (p / COMMITTED).is_file()]
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def content_hashes(step: Path) -> dict[str, str]:
+    """Each file of a checkpoint directory and its BLAKE3 hash (COMMITTED itself excluded)."""
+    return {
+        p.name: hash_files([p])
+        for p in sorted(step.iterdir())
+        if p.is_file() and p.name != COMMITTED
+    }
+
+
+def corrupt_files(step: Path) -> list[str]:
+    """The files of a committed checkpoint that no longer match the hashes its COMMITTED
+    recorded (missing ones included); [] when they match or it recorded none (older runs)."""
+    try:
+        recorded = json.loads((step / COMMITTED).read_text()).get("files") or {}
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return [COMMITTED]
+    bad = []
+    for name, digest in recorded.items():
+        path = step / name
+        if not path.is_file() or hash_files([path]) != digest:
+            bad.append(name)
+    return bad
+
+
+def quarantine(step: Path, bad: list[str]) -> Path:
+    """Move a corrupt committed checkpoint out of the way (kept for inspection)."""
+    dest = step.parent / QUARANTINE / f"{step.name}-{int(time.time())}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(step, dest)
+    log.warning(
+        "checkpoint %s is corrupt (%s no longer match their hashes): moved to %s; resuming "
+        "from the previous committed checkpoint",
+        step,
+        ", ".join(bad),
+        dest,
+    )
+    return dest
 
 
 def read_trainer(path: Path) -> dict[str, Any]:
@@ -109,6 +160,7 @@ class Checkpointer:
         self.stager: DefaultStager | None = None  # the asynchronous saves' one stager
         self.saved: list[int] = []
         self.best: str | None = None
+        self.quarantined: list[str] = []  # corrupt checkpoints moved aside by prepare()
 
     @property
     def is_main(self) -> bool:
@@ -129,11 +181,22 @@ class Checkpointer:
             if not keep and ((self.root / COMPLETE).exists() or not resume):
                 self.clear()
             (self.root / COMPLETE).unlink(missing_ok=True)
-            found = committed(self.root)
-            choice = str(found[-1]) if found else None
+            choice = self._latest_sound()
         if self.cfg.async_save and self.distributed:
             self.pg = dist.new_group(backend="gloo")  # collective: every rank, same point
         return Path(choice) if (choice := self._broadcast(choice)) else None
+
+    def _latest_sound(self) -> str | None:
+        """The newest committed checkpoint whose files match their hashes; corrupt ones are
+        quarantined on the way (recorded as events)."""
+        for step in reversed(committed(self.root)):
+            bad = corrupt_files(step)
+            if not bad:
+                return str(step)
+            moved = quarantine(step, bad)
+            self.quarantined.append(str(moved))
+            self.on_event("checkpoint_quarantined", path=str(step), files=bad, moved_to=str(moved))
+        return None
 
     def clear(self) -> None:
         for p in self.root.glob("step-*"):
@@ -200,9 +263,17 @@ class Checkpointer:
         if final.exists():  # only a checkpoint this run is superseding (same position)
             shutil.rmtree(final)
         os.rename(tmp, final)
+        files = content_hashes(final)  # every rank's shards are there: the save returned
         with open(final / COMMITTED, "w") as f:
             f.write(
-                json.dumps({"position": position, "time": time.time(), "attempt": self.attempt})
+                json.dumps(
+                    {
+                        "position": position,
+                        "time": time.time(),
+                        "attempt": self.attempt,
+                        "files": files,
+                    }
+                )
             )
             f.flush()
             os.fsync(f.fileno())

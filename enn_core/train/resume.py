@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -32,6 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from enn_core.errors import ConfigError
+from enn_core.runtime import safe_dcp
+from enn_core.runtime.safe_dcp import UntrustedCheckpointError
 from enn_core.runtime.sampler import Plan
 from enn_core.train.ckpt import TRAINER, read_trainer, step_name
 from enn_core.train.state import EpochStats, TrainState
@@ -114,7 +115,7 @@ def resume(st: TrainState, path: Path | None) -> Position:
     if trainer.get("best_checkpoint") and trainer.get("best_epoch") is not None:
         _snapshot_best(st, path.parent / trainer["best_checkpoint"])
     model_sd, optim_sd = get_state_dict(st.holder, st.optimizer)
-    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # in place
+    safe_dcp.load({"model": model_sd, "optim": optim_sd}, path)  # in place; runs no code
     set_state_dict(st.holder, st.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     _restore_trainer(st, trainer)
     _restore_rng(st, path, trainer)
@@ -132,7 +133,9 @@ def load_weights(st: TrainState, path: Path) -> None:
     """Only the model (and loss) weights of a checkpoint: a warm start at step 0."""
     state = {"model": get_model_state_dict(st.holder)}
     try:
-        dcp.load(state, checkpoint_id=str(path))
+        safe_dcp.load(state, path)
+    except UntrustedCheckpointError:
+        raise
     except Exception as e:  # DCP raises on missing keys or shapes: another architecture
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
@@ -147,7 +150,7 @@ def _snapshot_best(st: TrainState, best: Path) -> None:
     """The best epoch's weights, which early stopping restores at the end of the run."""
     sd = get_model_state_dict(st.holder)
     state = {"model": sd}
-    dcp.load(state, checkpoint_id=str(best))
+    safe_dcp.load(state, best)
     set_model_state_dict(st.holder, state["model"])
     st.progress.best_snapshot = [t.detach().clone() for t in st.tensors()]
 

@@ -12,10 +12,13 @@ directory (`ctx.run_dir`), whose `events.jsonl` rank 0 appends its metrics to.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,13 +28,13 @@ import torch
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import ConfigError, StaleOutputError
+from enn_core.errors import ConfigError, NoSpaceError, StaleOutputError, low_space
 from enn_core.progress import follow_heartbeat
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.runtime.launch import Rendezvous, launch
 from enn_core.stage import StageContext
 from enn_core.train import worker
-from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, step_name
+from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, corrupt_files, step_name
 from enn_core.train.fingerprint import Fingerprint, diff, fingerprint
 from enn_core.train.job import JOB_FILE, CheckpointPlan, WorkerJob
 
@@ -88,7 +91,10 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
     total = cfg.train.epochs * max(1, -(-rows // cfg.train.batch_size)) if rows else None
     workers: dict[str, Any] = {}
     try:
-        with follow_heartbeat(ctx.run_dir, total, ctx.stage, ctx.progress):
+        with (
+            follow_heartbeat(ctx.run_dir, total, ctx.stage, ctx.progress),
+            no_space_named(ctx, job),
+        ):
             results = launch(
                 worker.main,
                 (str(job_path),),
@@ -107,7 +113,10 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
                 rdzv=Rendezvous.of(cfg.runtime),
             )
     finally:
-        workers = record_workers(ctx)
+        try:
+            workers = record_workers(ctx)
+        except OSError as e:  # a full disk: the run record cannot take more
+            ctx.logger.warning("%s: the workers' phases were not recorded (%s)", ctx.stage, e)
         forward_logs(ctx)
     if 0 not in results:  # another node hosted global rank 0: it writes model.pt
         ctx.logger.info(
@@ -139,6 +148,42 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
     )
     ctx.events.metrics({"train/wall_s": summary["wall_s"]})
     return summary
+
+
+@contextlib.contextmanager
+def no_space_named(ctx: StageContext, job: WorkerJob) -> Iterator[None]:
+    """A launch that failed on a full disk is a NoSpaceError naming the path and its free
+    space (the workers, unable to write their heartbeats and error records, looked hung; their
+    saves died mid-write); the half-written checkpoint and heartbeat temp files are swept."""
+    try:
+        yield
+    except Exception as e:
+        roots = [ctx.run_dir, *([job.checkpoint.dir] if job.checkpoint else [])]
+        full = low_space(roots)
+        if full is None and not _is_no_space(e):
+            raise
+        error = NoSpaceError.at(full or ctx.run_dir, "checkpoints and worker records")
+        sweep_temp(ctx, job)  # after measuring: the message tells how full it was
+        raise error from e
+
+
+def _is_no_space(e: BaseException) -> bool:
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def sweep_temp(ctx: StageContext, job: WorkerJob) -> None:
+    """Remove the temp files a failed launch leaves: half-written checkpoints, heartbeats."""
+    if job.checkpoint is not None:
+        for tmp in Path(job.checkpoint.dir).glob(".tmp-step-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    for tmp in ctx.run_dir.rglob(".tmp-*"):
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
 
 
 def record_workers(ctx: StageContext) -> dict[str, Any]:
@@ -183,6 +228,11 @@ def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> Check
             raise ConfigError(
                 f"checkpoint.resume_from={source}: {path} is not a committed checkpoint "
                 f"(no {COMMITTED} marker); pick a step-* directory under {base}"
+            )
+        if bad := corrupt_files(path):
+            raise ConfigError(
+                f"checkpoint.resume_from={source}: {', '.join(bad)} no longer match the hashes "
+                f"its {COMMITTED} recorded (a corrupt copy); pick another checkpoint"
             )
         theirs = _read_fp(path.parent)
         if theirs.get("digest") != fp.digest and not cfg.checkpoint.warm_start:
@@ -230,6 +280,10 @@ def record_checkpoints(ctx: StageContext, info: dict, fp: Fingerprint) -> None:
     ctx.events.param("checkpoint/fingerprint", fp.digest)
     ctx.events.param("checkpoint/dir", info.get("dir", ""))
     ctx.events.param("checkpoint/resumed_from", info.get("resumed_from") or "fresh")
+    for moved in info.get("quarantined") or []:
+        ctx.logger.warning("%s: a corrupt checkpoint was moved to %s", ctx.stage, moved)
+    if info.get("quarantined"):
+        ctx.events.param("checkpoint/quarantined", ",".join(info["quarantined"])[:500])
     saved = info.get("saved_positions") or []
     ctx.events.param("checkpoint/saved", ",".join(step_name(p) for p in saved)[:500] or "none")
     if saved:

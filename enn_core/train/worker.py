@@ -281,6 +281,7 @@ def _ckpt_summary(ckpt: Checkpointer | None, resume_from: Path | None, env: Dist
     return {
         "dir": str(ckpt.root),
         "resumed_from": str(resume_from) if resume_from else "",
+        "quarantined": list(ckpt.quarantined),
         "saved_positions": ckpt.saved,
         "attempt": env.restart,
     }

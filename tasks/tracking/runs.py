@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # mlflow is imported inside the functions that use it: importing this module has no side
 # effects (`import mlflow` writes its telemetry state and an environment variable unless the
 # entry point contained the environment first, tasks/env.py).
-from enn_core.errors import StoreError, TransientError
+from enn_core.errors import NoSpaceError, StoreError, TransientError
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, StageSpec
@@ -233,10 +233,12 @@ class Tracker:
         return killed
 
 
-def store_error(uri: str, error: Exception) -> StoreError:
+def store_error(uri: str, error: Exception) -> StoreError | NoSpaceError:
     """The MLflow store at `uri` cannot be opened: one line naming the file (or server),
     the cause and the fix."""
     cause = str(getattr(error, "orig", None) or error).strip().splitlines()[0][:200]
+    if uri.startswith("sqlite:///") and "disk is full" in cause:
+        return NoSpaceError.at(uri.removeprefix("sqlite:///"), "the MLflow store")
     if uri.startswith("sqlite:///"):
         db = uri.removeprefix("sqlite:///")
         return StoreError(

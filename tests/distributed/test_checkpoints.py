@@ -7,6 +7,7 @@ settings make a resumed run's final weights bit-identical to it (same world size
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, WorkerError
 from enn_core.events import read_events
 from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA
-from enn_core.train.ckpt import COMMITTED, COMPLETE, committed
+from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, content_hashes
 from enn_core.train.fingerprint import fingerprint
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
@@ -159,3 +160,111 @@ def test_foreign_checkpoint_is_refused_with_the_difference_unless_warm_start(tin
         ]
         == 0.01
     )
+
+
+# -- hostile and broken checkpoints, full disks (issue 16) --------------------------------------
+
+
+class Payload:
+    """An attacker's object: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _interrupted(tiny_project) -> Path:
+    """The newest committed checkpoint of a run stopped at step 7 (3 and 6 committed)."""
+    with pytest.raises(Exception, match="injected fault"):
+        run_train(tiny_project, cfg_of(*BASE, *fault("raise", "step", 7)))
+    staged = StagedDataset(STAGE_DATA.output_dir(tiny_project)).fingerprint
+    root = tiny_project.checkpoints / fingerprint(cfg_of(*BASE), staged).digest
+    return committed(root)[-1]
+
+
+def _forge_hashes(step: Path) -> None:
+    """What an attacker who can write the checkpoint directory also does: hashes that match."""
+    record = json.loads((step / COMMITTED).read_text())
+    record["files"] = content_hashes(step)
+    (step / COMMITTED).write_text(json.dumps(record))
+
+
+def test_a_crafted_metadata_on_resume_is_refused_and_runs_nothing(tiny_project, tmp_path):
+    import pickle
+
+    step = _interrupted(tiny_project)
+    marker = tmp_path / "MARKER"
+    (step / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    _forge_hashes(step)
+    with pytest.raises(WorkerError) as e:
+        run_train(tiny_project, cfg_of(*BASE))
+    assert "\n" not in str(e.value)
+    assert f"{step}/.metadata: refers to posix.system" in str(e.value)
+    assert "weights_only=False" not in str(e.value)
+    assert not marker.exists()
+    shutil.rmtree(step)  # the user removes it, as the message says; the next run resumes
+
+
+def test_a_crafted_byte_item_on_resume_is_refused_and_runs_nothing(tiny_project, tmp_path):
+    import io
+    import pickle
+
+    step = _interrupted(tiny_project)
+    marker = tmp_path / "MARKER"
+    metadata = pickle.loads((step / ".metadata").read_bytes())
+    index = next(k for k in metadata.storage_data if k.fqn.endswith("param_groups.0.lr"))
+    info = metadata.storage_data[index]
+    payload = io.BytesIO()
+    torch.save(Payload(marker), payload)
+    shard = step / info.relative_path
+    offset = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(payload.getvalue())
+    metadata.storage_data[index] = type(info)(info.relative_path, offset, len(payload.getvalue()))
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    _forge_hashes(step)
+    with pytest.raises(WorkerError) as e:
+        run_train(tiny_project, cfg_of(*BASE))
+    assert "refers to posix.system" in str(e.value) and "\n" not in str(e.value)
+    assert not marker.exists()
+    shutil.rmtree(step)
+
+
+def test_a_corrupt_checkpoint_is_quarantined_and_resume_falls_back(tiny_project, ref):
+    step = _interrupted(tiny_project)
+    shard = next(step.glob("__0_0.distcp"))
+    with open(shard, "r+b") as f:
+        f.truncate(1000)
+    summary, run_dir = run_train(tiny_project, cfg_of(*BASE))
+    info = summary["checkpoint"]
+    assert info["resumed_from"].endswith("step-00000003"), info  # the previous one
+    assert len(info["quarantined"]) == 1 and "quarantine/step-00000006-" in info["quarantined"][0]
+    moved = [e for e in read_events(run_dir) if e.get("name") == "checkpoint_quarantined"]
+    assert moved and moved[0]["fields"]["files"] == ["__0_0.distcp"]
+    assert params(run_dir)["checkpoint/quarantined"] == info["quarantined"][0]
+    assert_same(outputs(tiny_project)[1], ref)  # and the result is the uninterrupted one
+
+
+def test_a_full_disk_during_a_save_is_named_and_its_temp_files_swept(tmp_path, tmpfs):
+    import subprocess
+
+    from enn_core.errors import NoSpaceError
+    from enn_core.paths import Layout
+
+    work = tmpfs(tmp_path / "work", size="1m")
+    layout = make_project(tmp_path / "proj")
+    full = Layout.for_root(layout.root, str(work))
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={work / 'filler'}", "bs=1k", "count=600"], check=True
+    )
+    with pytest.raises(NoSpaceError) as e:
+        run_train(full, cfg_of(*BASE))
+    msg = str(e.value)
+    assert "no space left on the device" in msg and "MiB free of 1 MiB" in msg, msg
+    assert str(work) in msg and "\n" not in msg
+    assert e.value.exit_code == 11
+    assert not list(work.rglob(".tmp-*")), sorted(str(p) for p in work.rglob(".tmp-*"))
