@@ -36,8 +36,8 @@ from enn_core.checkpoint import load_model  # noqa: E402
 from enn_core.config import load_config  # noqa: E402
 from enn_core.data.dataset import StagedDataset  # noqa: E402
 from enn_core.paths import Layout  # noqa: E402
-from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA, VALIDATE
-from enn_core.validate import predict_rows  # noqa: E402
+from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA, VALIDATE  # noqa: E402
+from enn_core.inference import predict_rows  # noqa: E402
 from tasks.runner import PipelineSession, execute_stage  # noqa: E402
 
 TRAIN_STAGES = ("prepare-checkpoint", "distributed-train", "validate")

@@ -122,20 +122,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         default=None,
         metavar="REF",
-        help="prediction flow: a consolidated checkpoint path or models:/NAME@ALIAS (default: predict.model).",
+        help="prediction flow: a consolidated checkpoint path or models:/NAME@ALIAS "
+        "(default: predict.model).",
     )
     p = sub.add_parser(
         "deploy",
         help="Serve the training flow on its cron schedule and the prediction flow on demand.",
-        description="Starts `prefect server start` on 127.0.0.1 (a free port, unless PREFECT_API_URL "
-        "is set) and serves both deployments until Ctrl-C.",
+        description="Starts `prefect server start` on 127.0.0.1 (a free port, unless "
+        "PREFECT_API_URL is set) and serves both deployments until Ctrl-C.",
     )
     _common(p)
     p = sub.add_parser(
         "doctor",
         help="Check the execution path layer by layer (data, model, kernels, precision, "
         "workers, distributed, checkpoints, export): ok / warn / fail with the fix.",
-        description="Each line: ok, warn or fail, the measured detail and the fix. Exit 1 on any fail.",
+        description="Each line: ok, warn or fail, the measured detail and the fix. "
+        "Exit 1 on any fail.",
     )
     _common(p)
     p.add_argument(

@@ -55,7 +55,8 @@ def pipeline_lock(path: Path, what: str) -> Iterator[None]:
             info = {}
         raise LockError(
             f"{path}: another pipeline run holds this work directory "
-            f"(pid {info.get('pid', '?')}, '{info.get('what', '?')}', since {info.get('since', '?')}); "
+            f"(pid {info.get('pid', '?')}, '{info.get('what', '?')}', "
+            f"since {info.get('since', '?')}); "
             "wait for it to finish or stop it, then re-run"
         ) from None
     os.ftruncate(fd, 0)

@@ -309,48 +309,38 @@ class EventForwarder:
             self.flush()
 
     def flush(self) -> None:
+        """Send what the events file gained since the last flush."""
         from mlflow.entities import Metric, Param, RunTag
 
+        metrics, params, tags = [], [], []
+        now = int(time.time() * 1000)
+        for rec in self._new_records():
+            kind = rec.get("type")
+            if kind == "metric":
+                when = int(rec.get("time", 0) * 1000) or now
+                metrics.append(Metric(rec["name"], rec["value"], when, rec.get("step") or 0))
+            elif kind == "param" and rec["name"] not in self._params:
+                self._params.add(rec["name"])  # MLflow params are immutable: each key once
+                value = rec["value"] if isinstance(rec["value"], str) else json.dumps(rec["value"])
+                params.append(Param(rec["name"], value[:MAX_PARAM_LEN]))
+            elif kind == "artifact" and Path(rec["path"]).exists():
+                self.client.log_artifact(self.run_id, rec["path"], rec.get("artifact_path"))
+            elif kind == "event":
+                self.events.append(rec)
+                fields = json.dumps(rec.get("fields", {}))[:5000]
+                tags.append(RunTag(f"event.{rec['name']}", fields))
+        for i in range(0, len(metrics), 900):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 900])
+        if params or tags:
+            self.client.log_batch(self.run_id, params=params, tags=tags)
+
+    def _new_records(self) -> list[dict[str, Any]]:
+        """The complete lines appended to the events file since the last call."""
         if not self.path.exists():
-            return
+            return []
         with open(self.path, encoding="utf-8") as f:
             f.seek(self._offset)
             chunk = f.read()
         complete = chunk[: chunk.rfind("\n") + 1]
         self._offset += len(complete.encode("utf-8"))
-        metrics, params, tags = [], [], []
-        now = int(time.time() * 1000)
-        for line in complete.splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            kind = rec.get("type")
-            if kind == "metric":
-                metrics.append(
-                    Metric(
-                        rec["name"],
-                        rec["value"],
-                        int(rec.get("time", 0) * 1000) or now,
-                        rec.get("step") or 0,
-                    )
-                )
-            elif kind == "param":
-                value = rec["value"] if isinstance(rec["value"], str) else json.dumps(rec["value"])
-                params.append(Param(rec["name"], value[:MAX_PARAM_LEN]))
-            elif kind == "artifact":
-                if Path(rec["path"]).exists():
-                    self.client.log_artifact(self.run_id, rec["path"], rec.get("artifact_path"))
-            elif kind == "event":
-                self.events.append(rec)
-                tags.append(
-                    RunTag(f"event.{rec['name']}", json.dumps(rec.get("fields", {}))[:5000])
-                )
-        for i in range(0, len(metrics), 900):
-            self.client.log_batch(self.run_id, metrics=metrics[i : i + 900])
-        uniq = []
-        for p in params:
-            if p.key not in self._params:
-                self._params.add(p.key)
-                uniq.append(p)
-        if uniq or tags:
-            self.client.log_batch(self.run_id, params=uniq, tags=tags)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
