@@ -169,7 +169,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT))
     from bench.harness import machine_facts
-    from tests.conftest import make_project
+    from tests.fixtures.project import make_project
 
     with tempfile.TemporaryDirectory(prefix="bench-orch-") as tmp:
         project = make_project(Path(tmp) / "proj", Path(tmp) / "prefect-home")

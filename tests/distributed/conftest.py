@@ -1,11 +1,8 @@
-import sys
-from pathlib import Path
+"""Fixtures of the distributed tier (helpers: tests/fixtures/distributed.py)."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from dist_fixtures import make_project  # noqa: E402
+from tests.fixtures.distributed import make_project
 
 
 @pytest.fixture(autouse=True)

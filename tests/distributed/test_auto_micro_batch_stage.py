@@ -4,9 +4,9 @@ the ranks agree, and the choice and its reason reach the run record."""
 from __future__ import annotations
 
 import pytest
-from dist_fixtures import cfg_of, run_train
 
 from enn_core.events import read_events
+from tests.fixtures.distributed import cfg_of, run_train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 

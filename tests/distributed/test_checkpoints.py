@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_fixtures import alive, cfg_of, make_project, outputs, run_train, worker_pids
 
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, WorkerError
@@ -20,6 +19,7 @@ from enn_core.events import read_events
 from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA
 from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, content_hashes
 from enn_core.train.fingerprint import fingerprint
+from tests.fixtures.distributed import alive, cfg_of, make_project, outputs, run_train, worker_pids
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

@@ -15,11 +15,11 @@ latency, so a tiny model's steps really are dominated by their eight-odd collect
 from __future__ import annotations
 
 import pytest
-from dist_fixtures import cfg_of, make_project, outputs, run_train
 
 from enn_core.events import read_events
 from enn_core.paths import Layout
 from enn_core.telemetry import BOUND_SHARE, read_verdicts
+from tests.fixtures.distributed import cfg_of, make_project, outputs, run_train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 

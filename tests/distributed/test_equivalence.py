@@ -3,17 +3,12 @@ FSDP2 are bit-identical when the clip threshold is not reached."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from dist_fixtures import cfg_of, outputs, run_train
 
 from enn_core.stages import STAGE_DATA
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "train"))
-from train_fixtures import run_local  # noqa: E402
+from tests.fixtures.distributed import cfg_of, outputs, run_train
+from tests.fixtures.train import run_local
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 

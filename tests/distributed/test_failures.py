@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_fixtures import alive, cfg_of, run_train, worker_pids
 
 from enn_core.errors import WorkerError
 from enn_core.runtime.heartbeat import read_heartbeats
+from tests.fixtures.distributed import alive, cfg_of, run_train, worker_pids
+from tests.fixtures.project import ROOT
 
 pytestmark = pytest.mark.distributed
 HANG = 8.0
@@ -77,9 +78,7 @@ def test_fault_on_one_rank_is_agreed_by_every_rank(tiny_project, kind):
 
 
 CHILD = """
-import sys
-sys.path.insert(0, {tests!r})
-from dist_fixtures import cfg_of, run_train
+from tests.fixtures.distributed import cfg_of, run_train
 from enn_core.paths import Layout
 run_train(Layout.for_root({root!r}), cfg_of("train.epochs=200"))
 """
@@ -87,8 +86,8 @@ run_train(Layout.for_root({root!r}), cfg_of("train.epochs=200"))
 
 @pytest.mark.timeout(180)
 def test_ctrl_c_leaves_no_worker_behind(tiny_project):
-    code = CHILD.format(tests=str(Path(__file__).parent), root=str(tiny_project.root))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    code = CHILD.format(root=str(tiny_project.root))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )

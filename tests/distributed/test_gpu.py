@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_fixtures import cfg_of, outputs, run_train
+
+from tests.fixtures.distributed import cfg_of, outputs, run_train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.distributed, pytest.mark.timeout(300)]
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_fixtures import alive, cfg_of, outputs, run_train
-from hsdp_worker import main_each, probe_shared, write_job
 
 from enn_core.config import load_config
 from enn_core.data.dataset import StagedDataset
@@ -31,6 +29,9 @@ from enn_core.train.ckpt import committed
 from enn_core.train.fingerprint import fingerprint
 from enn_core.train.job import CheckpointPlan
 from enn_core.train.stage import checkpoint_spec
+from tests.fixtures.distributed import alive, cfg_of, outputs, run_train
+from tests.fixtures.project import ROOT
+from tests.fixtures.scaleout import main_each, probe_shared, write_job
 
 # Four ranks, one thread each, tiny shapes; two epochs of 5 steps, every one clipped (the
 # grad norm must count each shard once, not once per replica).
@@ -98,13 +99,15 @@ def test_hsdp_mesh_layout_and_its_errors():
         mesh_layout(4, 0)
 
 
-AGENT = Path(__file__).with_name("multinode_agent.py")
+AGENT = "tests.fixtures.multinode_agent"  # run as a module, the repository on PYTHONPATH
 
 
 def _start_agent(log: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "w") as out:  # its own session: killpg ends it and its workers
         return subprocess.Popen(
-            [sys.executable, str(AGENT), *args],
+            [sys.executable, "-m", AGENT, *args],
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import Project, make_project
+from tests.fixtures.project import Project, make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 STAGES = ("stage-data", "prepare-checkpoint", "distributed-train")

@@ -14,7 +14,7 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.conftest import make_project
+from tests.fixtures.project import make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 TWO = ("stage-data", "prepare-checkpoint")

@@ -11,7 +11,7 @@ import torch
 
 from enn_core.runtime.launch import free_port
 from enn_core.train.ckpt import COMMITTED, committed
-from tests.conftest import make_project
+from tests.fixtures.project import make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 STAGES = ("stage-data", "prepare-checkpoint", "distributed-train")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import make_project
+from tests.fixtures.project import make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 TWO = ("stage-data", "prepare-checkpoint")

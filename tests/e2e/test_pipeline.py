@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import Project, make_project
+from tests.fixtures.project import Project, make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 GUARD = Path(__file__).parent / "netguard"

@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from enn_core.stages import TRAINING
-from tests.conftest import Project, make_project
 from tests.e2e.test_daily_use import http
+from tests.fixtures.project import Project, make_project
 
 pytestmark = [pytest.mark.e2e]
 TRAIN = ("stage-data", "prepare-checkpoint", "distributed-train")

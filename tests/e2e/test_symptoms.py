@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Project, make_project
+from tests.fixtures.project import Project, make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 ONE_EPOCH = ["train.epochs=1"]

@@ -9,7 +9,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import make_project
+from tests.fixtures.project import make_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 TWO = ("stage-data", "prepare-checkpoint")

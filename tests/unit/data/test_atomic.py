@@ -16,7 +16,7 @@ import pytest
 from enn_core.config import SyntheticConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError, StaleOutputError
-from tests.unit.data.conftest import run_stage, tree, write_npy_pair
+from tests.fixtures.data import run_stage, tree, write_npy_pair
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = SyntheticConfig(n_months=3, n_daytypes=2, n_sections=2, n_hours=3, n_replicates=2)

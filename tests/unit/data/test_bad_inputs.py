@@ -11,7 +11,7 @@ import pytest
 
 from enn_core.config import SyntheticConfig, WorkbookLayout
 from enn_core.errors import DataError, EnnError
-from tests.unit.data.conftest import (
+from tests.fixtures.data import (
     TABLE_CFG,
     run_stage,
     table_rows,
@@ -246,7 +246,7 @@ def test_duplicate_group_keys(tmp_path, previous):
 
 
 def test_section_in_only_one_direction(tmp_path, previous):
-    from tests.unit.data.conftest import default_rows
+    from tests.fixtures.data import default_rows
 
     def rows(name):
         r = default_rows(["A-B", "B-C"], 24, np.random.default_rng(0))

@@ -13,7 +13,7 @@ import pytest
 
 from enn_core.config import DataConfig
 from enn_core.data.dataset import StagedDataset
-from tests.unit.data.conftest import (
+from tests.fixtures.data import (
     TABLE_CFG,
     run_stage,
     table_rows,

@@ -16,7 +16,7 @@ from enn_core.data.staging import stage_features
 from enn_core.paths import Layout
 from enn_core.stage import make_context
 from enn_core.stages import STAGE_DATA
-from tests.unit.data.conftest import SHARED_WORKBOOK, run_stage, write_workbook
+from tests.fixtures.data import SHARED_WORKBOOK, run_stage, write_workbook
 
 needs_shared = pytest.mark.skipif(
     not SHARED_WORKBOOK.exists(), reason=f"{SHARED_WORKBOOK} is absent"

@@ -7,10 +7,10 @@ import json
 import tempfile
 
 import numpy as np
-from doctor_fixtures import context, staged
 
 from enn_core.doctor import data, run_doctor
 from enn_core.doctor.report import Recorder
+from tests.fixtures.doctor import context, staged
 
 
 def _by_name(checks) -> dict:

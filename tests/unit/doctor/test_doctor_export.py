@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from doctor_fixtures import context
 
 from enn_core.doctor import export
 from enn_core.doctor.report import Recorder
+from tests.fixtures.doctor import context
 
 
 class DataDependent(torch.nn.Module):

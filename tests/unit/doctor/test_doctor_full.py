@@ -9,10 +9,10 @@ import time
 
 import pytest
 import torch
-from doctor_fixtures import make_config, staged
 
 from enn_core.doctor import LAYERS, main, run_doctor
 from enn_core.telemetry import GpuSampler, memory_snapshot
+from tests.fixtures.doctor import make_config, staged
 
 
 @pytest.mark.distributed

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 
-from doctor_fixtures import context, staged
-
 from enn_core.doctor import checkpoints, distributed, kernels, model, precision
 from enn_core.doctor.report import Recorder
+from tests.fixtures.doctor import context, staged
 
 
 def _by_name(checks) -> dict:

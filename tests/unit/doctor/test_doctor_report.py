@@ -6,11 +6,11 @@ import io
 import json
 
 import pytest
-from doctor_fixtures import make_config
 
 from enn_core.doctor import main, parse_only
 from enn_core.doctor.report import Check, Report
 from enn_core.errors import ConfigError
+from tests.fixtures.doctor import make_config
 
 
 def _report(*statuses: str) -> Report:

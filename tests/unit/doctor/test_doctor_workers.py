@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from doctor_fixtures import context
 
 from enn_core.doctor import workers
+from tests.fixtures.doctor import context
 
 
 @pytest.mark.distributed

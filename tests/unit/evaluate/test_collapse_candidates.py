@@ -6,7 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from evaluate_fixtures import (
+
+from enn_core.collapse.candidates import check_candidates
+from enn_core.collapse.measures import column_std, measure_predictions, target_spread
+from enn_core.inference import PredictionPath
+from tests.fixtures.evaluate import (
     BatchBroadcast,
     Compressed,
     Constant,
@@ -16,10 +20,6 @@ from evaluate_fixtures import (
     check_rows,
     collapse_cfg,
 )
-
-from enn_core.collapse.candidates import check_candidates
-from enn_core.collapse.measures import column_std, measure_predictions, target_spread
-from enn_core.inference import PredictionPath
 
 pytestmark = pytest.mark.timeout(60)
 

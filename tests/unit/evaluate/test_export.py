@@ -10,13 +10,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from evaluate_fixtures import BatchBroadcast, Compressed, Generator, check_rows, dataset
 
 from enn_core import export as export_mod
 from enn_core.collapse.measures import fit_affine
 from enn_core.config import ExportConfig
 from enn_core.errors import ExportError
 from enn_core.inference import Calibration, PredictionPath
+from tests.fixtures.evaluate import BatchBroadcast, Compressed, Generator, check_rows, dataset
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,11 +1,11 @@
-"""Fixtures of the model tests (helpers live in model_fixtures.py: unique module name)."""
+"""Fixtures of the model tests (helpers: tests/fixtures/model.py)."""
 
 from __future__ import annotations
 
 import pytest
-from model_fixtures import make_manifest
 
 from enn_core.config.model import ModelConfig
+from tests.fixtures.model import make_manifest
 
 
 @pytest.fixture

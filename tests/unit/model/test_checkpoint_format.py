@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from model_fixtures import make_features, make_manifest
 
 from enn_core.checkpoint import FORMAT_VERSION, load_model, save_consolidated
 from enn_core.config import load_config
@@ -15,6 +14,7 @@ from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.stage import make_context
 from enn_core.stages import PREPARE_CHECKPOINT
+from tests.fixtures.model import make_features, make_manifest
 
 
 def test_round_trip_weights_only(tmp_path, manifest, tiny_cfg):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from model_fixtures import make_features, make_manifest
 
 from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError, DataError
 from enn_core.model import SpatioTemporalENN, TabularENN, build_model
+from tests.fixtures.model import make_features, make_manifest
 
 
 @pytest.mark.parametrize("conditioning", ["film", "cross", "film+cross"])

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_fixtures import make_features
 from torch.export import Dim, export
 
 from enn_core.config.model import ModelConfig
 from enn_core.model import build_model
+from tests.fixtures.model import make_features
 
 
 class _Predict(torch.nn.Module):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_fixtures import make_features
 
 from enn_core.config import TrainConfig
 from enn_core.errors import ConfigError
@@ -19,6 +18,7 @@ from enn_core.runtime.kernels import (
     run_backend,
 )
 from enn_core.runtime.precision import choose_precision
+from tests.fixtures.model import make_features
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

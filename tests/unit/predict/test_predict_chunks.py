@@ -7,7 +7,6 @@ import functools
 import numpy as np
 import pytest
 import torch
-from predict_fixtures import OUT_SHAPE, load_tiny, make_features
 
 from enn_core.config import FaultConfig
 from enn_core.errors import DataError, StaleOutputError
@@ -15,6 +14,7 @@ from enn_core.fault import InjectedFault
 from enn_core.predict.assemble import assemble, check_coverage
 from enn_core.predict.chunks import PartsPlan, PartStore, parts_of_worker
 from enn_core.predict.workers import WorkerJob, predict_parts
+from tests.fixtures.predict import OUT_SHAPE, load_tiny, make_features
 
 
 def _plan(n=50, rows=16, model="m1", inp="i1") -> PartsPlan:

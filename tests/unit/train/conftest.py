@@ -1,11 +1,10 @@
-import sys
+"""Fixtures of the training tests (helpers: tests/fixtures/train.py)."""
+
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from train_fixtures import staged_dir, tiny_cfg  # noqa: E402
+from tests.fixtures.train import staged_dir, tiny_cfg
 
 
 @pytest.fixture(scope="session")

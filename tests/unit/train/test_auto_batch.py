@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from train_fixtures import run_local, tiny_cfg
 
 from enn_core.config import load_config
 from enn_core.data.dataset import StagedDataset
@@ -32,6 +31,7 @@ from enn_core.runtime.memory import MemoryGovernor, host_peak, sampled_anon_peak
 from enn_core.runtime.sampler import make_plan
 from enn_core.train.loop import Runtime, TrainData, train
 from enn_core.train.worker import full_state
+from tests.fixtures.train import run_local, tiny_cfg
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,12 +8,12 @@ import time
 
 import pytest
 import torch
-from train_fixtures import tiny_cfg
 
 from enn_core.config import FaultConfig
 from enn_core.errors import ConfigError
 from enn_core.fault import FaultInjector
 from enn_core.runtime.comm_clock import CommClock, time_fsdp_collectives
+from tests.fixtures.train import tiny_cfg
 
 
 def test_the_clock_adds_what_it_times():

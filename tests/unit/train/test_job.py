@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from train_fixtures import tiny_cfg
 
 from enn_core.errors import StaleOutputError
 from enn_core.train.job import FORMAT_VERSION, CheckpointPlan, WorkerJob
+from tests.fixtures.train import tiny_cfg
 
 
 def job(tmp_path: Path, checkpoint: CheckpointPlan | None) -> WorkerJob:

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from train_fixtures import run_local, tiny_cfg, with_fault
 
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import TrainingError
@@ -16,6 +15,7 @@ from enn_core.model.enn import build_model
 from enn_core.runtime.sampler import GlobalBlockSampler, read_rows
 from enn_core.train.guard import replay_loss
 from enn_core.train.schedule import lr_factor
+from tests.fixtures.train import run_local, tiny_cfg, with_fault
 
 
 def params(model: torch.nn.Module) -> torch.Tensor:

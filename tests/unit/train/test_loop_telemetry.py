@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from train_fixtures import run_local, tiny_cfg
 
 import enn_core.train.step as step_module
 from enn_core.events import read_events
 from enn_core.telemetry import BOUND_SHARE, read_verdicts
+from tests.fixtures.train import run_local, tiny_cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

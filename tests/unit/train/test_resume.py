@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from train_fixtures import run_local, tiny_cfg, with_fault
 
 from enn_core.train.ckpt import TRAINER, committed
+from tests.fixtures.train import run_local, tiny_cfg, with_fault
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import staged_dir, tiny_cfg
 
 from enn_core.checkpoint import data_schema_differences, load_model, save_consolidated
 from enn_core.errors import ConfigError
@@ -22,6 +21,7 @@ from enn_core.paths import Layout
 from enn_core.stage import make_context
 from enn_core.stages import PREPARE_CHECKPOINT
 from enn_core.summaries import InitSummary
+from tests.fixtures.train import staged_dir, tiny_cfg
 
 pytestmark = pytest.mark.timeout(60)
 
