@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from enn_core.config import load_config
 from enn_core.paths import Layout
+from tests.fixtures.project import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "expressway.yaml"
 
 

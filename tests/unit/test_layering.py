@@ -7,7 +7,7 @@ from pathlib import Path
 
 from enn_core import docs
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_config_reference_is_fresh():
