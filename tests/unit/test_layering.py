@@ -1,19 +1,11 @@
-"""The generated config reference is fresh; imports point flows -> tasks -> enn_core only."""
+"""Imports point flows -> tasks -> enn_core only."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from enn_core import docs
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_config_reference_is_fresh():
-    assert docs.DOC.read_text() == docs.render(), (
-        "docs/config.md is stale: run python -m enn_core.docs"
-    )
+from tests.fixtures.project import ROOT
 
 
 def _imports(path: Path) -> set[str]:

@@ -1,15 +1,12 @@
-"""The sampler (every row once, equal steps, zero-weight padding, world-size-free state) and
-the warm-up + cosine schedule over the real number of steps."""
+"""The sampler: every row once, equal steps, zero-weight padding, world-size-free state."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from enn_core.errors import ConfigError, TrainingError
-from enn_core.runtime.memory import MemoryGovernor
+from enn_core.errors import ConfigError
 from enn_core.runtime.sampler import GlobalBlockSampler, eval_slices, make_plan, micro_batches
-from enn_core.train.schedule import lr_factor
 
 
 def test_every_row_once_per_epoch_equal_steps_padding_weighs_zero():
@@ -63,20 +60,3 @@ def test_eval_slices_same_count_on_every_rank():
     counts = {r: eval_slices(5, 2, r, 4) for r in range(4)}
     assert len({len(v) for v in counts.values()}) == 1
     assert sum(n for v in counts.values() for _, _, n in v) == 5
-
-
-def test_governor_halves_then_says_what_to_change():
-    g = MemoryGovernor(make_plan(8, 4, 1), max_backoffs=1)
-    p = g.back_off(epoch=0, step=3, reason="oom")
-    assert (p.micro_batch, p.accumulation) == (2, 4) and g.history[0]["step"] == 3
-    with pytest.raises(TrainingError, match="train.micro_batch"):
-        g.back_off(epoch=0, step=4, reason="oom")
-
-
-def test_warmup_then_cosine_over_real_steps():
-    f = [lr_factor(s, total_steps=100, warmup_steps=10, min_lr_ratio=0.1) for s in range(100)]
-    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(f[10:], f[11:], strict=False))  # decays monotonically
-    assert f[-1] == pytest.approx(0.1, abs=1e-3)  # reaches the floor at the real last step
-    short = [lr_factor(s, total_steps=4, warmup_steps=10, min_lr_ratio=0.0) for s in range(4)]
-    assert short[-1] < short[1]  # warm-up capped: a short run still decays

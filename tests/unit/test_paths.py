@@ -1,0 +1,26 @@
+"""A config's project root (enn_core/paths.py)."""
+
+from __future__ import annotations
+
+
+def test_project_root_of_a_config_is_its_pipeline_folder(tmp_path):
+    """params.yaml and prediction/params.yaml are their pipelines' roots; an overlay config
+    under configs/ runs in the project above it (its outputs, work/, relative data paths);
+    a config with no dvc.yaml above it is its own project."""
+    from enn_core.paths import project_root
+
+    proj = tmp_path / "proj"
+    for f in (
+        "dvc.yaml",
+        "params.yaml",
+        "prediction/dvc.yaml",
+        "prediction/params.yaml",
+        "configs/expressway.yaml",
+        "../loose/params.yaml",
+    ):
+        (proj / f).parent.mkdir(parents=True, exist_ok=True)
+        (proj / f).write_text("{}\n")
+    assert project_root(proj / "params.yaml") == proj
+    assert project_root(proj / "prediction" / "params.yaml") == proj / "prediction"
+    assert project_root(proj / "configs" / "expressway.yaml") == proj
+    assert project_root(tmp_path / "loose" / "params.yaml") == tmp_path / "loose"
