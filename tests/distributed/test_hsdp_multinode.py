@@ -16,13 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from enn_core.config import load_config
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import ConfigError, TransientError
+from enn_core.errors import TransientError
 from enn_core.paths import Layout
-from enn_core.runtime.dist import mesh_layout
-from enn_core.runtime.heartbeat import heartbeat_path, read_heartbeats
-from enn_core.runtime.launch import Rendezvous, Watchdog, free_port, launch
+from enn_core.runtime.heartbeat import read_heartbeats
+from enn_core.runtime.launch import Rendezvous, free_port, launch
 from enn_core.stage import make_context
 from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA
 from enn_core.train.ckpt import committed
@@ -85,18 +83,6 @@ def test_hsdp_2x2_equals_fsdp_on_4(tiny_project, tmp_path):
     # the summation-order noise of that gradient into lr-sized steps (~7e-6 here; 1e-7 elsewhere)
     for name, p in ref_state.items():
         torch.testing.assert_close(state[name], p, rtol=1e-4, atol=1e-5)
-
-
-def test_hsdp_mesh_layout_and_its_errors():
-    assert mesh_layout(4, 1) == ((4,), ("shard",))
-    assert mesh_layout(4, 2) == ((2, 2), ("replicate", "shard"))
-    with pytest.raises(
-        ConfigError,
-        match=r"hsdp_replicas=3 does not divide runtime.world_size=4; pick one of \[1, 2, 4\]",
-    ):
-        mesh_layout(4, 3)
-    with pytest.raises(ConfigError, match="must be >= 1"):
-        mesh_layout(4, 0)
 
 
 AGENT = "tests.fixtures.multinode_agent"  # run as a module, the repository on PYTHONPATH
@@ -197,54 +183,6 @@ def test_two_agents_restart_a_worker_killed_on_one_node(tiny_project, tmp_path):
     assert all(torch.equal(state[k], v) for k, v in ref_state.items())
     beats = _assert_gone(nodes)
     assert beats[1]["attempt"] == 1 and beats[1]["phase"] == "done"
-
-
-def _beat(run_dir: Path, rank: int, age: float, phase: str = "step") -> None:
-    path = heartbeat_path(run_dir, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    now = time.time()
-    path.write_text(
-        json.dumps(
-            {
-                "rank": rank,
-                "pid": 1,
-                "phase": phase,
-                "step": 3,
-                "frame": "x.py:1 in f",
-                "progress_time": now - age,
-                "beat_time": now,
-                "in_collective": False,
-            }
-        )
-    )
-
-
-def test_watchdog_of_a_node_that_owns_global_ranks_2_and_3(tmp_path):
-    w = Watchdog(
-        tmp_path, 2, hang_timeout_s=1, budgets={"spawn": 1}, local_only=True, rendezvous_s=5
-    )
-    _beat(tmp_path, 3, age=0)
-    assert w.check(time.time() - 6) is None  # still inside the rendezvous wait
-    v = w.check(time.time() - 8)  # rank 2 never beat: this node cannot name it
-    assert v.rank is None and v.phase == "spawn" and "seen: ranks [3]" in v.frame
-    assert v.message(tmp_path).startswith("a worker of this node hung in phase spawn")
-    _beat(tmp_path, 2, age=5)  # both beat; rank 2 then went silent outside a collective
-    v = w.check(time.time())
-    assert (v.rank, v.phase, v.step) == (2, "step", 3)
-
-
-def test_multi_node_config_needs_endpoint_and_id():
-    ok = ["runtime.nnodes=2", "runtime.rdzv_endpoint=node0:29400", "runtime.rdzv_id=job42"]
-    rt = load_config(None, ok).runtime
-    assert Rendezvous.of(rt) == Rendezvous(
-        nnodes=2, endpoint="node0:29400", run_id="job42", timeout_s=rt.rdzv_timeout_s
-    )
-    with pytest.raises(ConfigError, match="runtime.nnodes=2 needs runtime.rdzv_endpoint"):
-        load_config(None, ok[:2])
-    with pytest.raises(ConfigError, match="is not host:port"):
-        load_config(None, ["runtime.rdzv_endpoint=node0"])
-    with pytest.raises(ConfigError, match="needs runtime.rdzv_endpoint"):
-        Rendezvous(nnodes=3)
 
 
 def _never_runs() -> None:

@@ -1,12 +1,9 @@
-"""The predict stage end to end on real staged data and a real (untrained) ENN checkpoint."""
+"""The predict stage end to end on real staged data and a real (untrained) ENN checkpoint, in
+one process (a killed run and two workers: tests/distributed/test_predict_stage.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,56 +20,24 @@ from enn_core.fault import InjectedFault
 from enn_core.inference import Calibration, write_calibration
 from enn_core.paths import Layout
 from enn_core.stage import make_context
-from enn_core.stages import PREDICT, PREPARE_CHECKPOINT, STAGE_DATA
-
-REPO = Path(__file__).resolve().parents[3]
-BASE = [
-    "model.d_model=16",
-    "model.heads=2",
-    "model.layers=1",
-    "data.synthetic.n_sections=4",
-    "data.synthetic.n_hours=6",
-    "predict.model=outputs/prepare-checkpoint/init.pt",
-    "predict.batch_size=16",
-    "predict.chunk_rows=40",
-]
-DRIVER = """
-import sys
-from enn_core.config import load_config
-from enn_core.paths import Layout
-from enn_core.stage import make_context
-from enn_core.stages import PREDICT
-root, overrides = sys.argv[1], sys.argv[2:]
-cfg = load_config(None, overrides, allow_faults=True)
-PREDICT.work(cfg, make_context(cfg, Layout.for_root(root), PREDICT, "r1"))
-"""
-
-
-def _cfg(*overrides):
-    return load_config(None, [*BASE, *overrides])
-
-
-def _run(root: Path, *overrides) -> dict:
-    cfg = _cfg(*overrides)
-    return PREDICT.work(cfg, make_context(cfg, Layout.for_root(root), PREDICT, "r1"))
+from enn_core.stages import PREDICT, PREPARE_CHECKPOINT
+from tests.fixtures.predict import (
+    PREDICT_BASE,
+    copy_project,
+    make_predict_project,
+    predict_cfg,
+    run_predict,
+)
 
 
 @pytest.fixture(scope="module")
 def base_project(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("project")
-    (root / "params.yaml").write_text("{}\n")
-    cfg = _cfg()
-    layout = Layout.for_root(root)
-    staging.run(cfg, make_context(cfg, layout, STAGE_DATA, "r0"))
-    PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "r0"))
-    return root
+    return make_predict_project(tmp_path_factory.mktemp("project"))
 
 
 @pytest.fixture
 def project(base_project, tmp_path) -> Path:
-    root = tmp_path / "p"
-    shutil.copytree(base_project, root, ignore=shutil.ignore_patterns("work"))
-    return root
+    return copy_project(base_project, tmp_path / "p")
 
 
 def _model_predict(root: Path, rows=None) -> np.ndarray:
@@ -84,7 +49,7 @@ def _model_predict(root: Path, rows=None) -> np.ndarray:
 
 
 def test_predicts_a_split_in_real_units_with_keyed_parquet(project):
-    s = _run(project, "predict.split=test")
+    s = run_predict(project, "predict.split=test")
     out = project / "outputs/predict"
     test_rows = np.load(project / "outputs/stage-data/splits/test.npy")
     pred = np.load(out / "predictions.npy")
@@ -108,46 +73,15 @@ def test_predicts_a_split_in_real_units_with_keyed_parquet(project):
     assert not (project / "work/predict-parts/predict").exists()  # parts removed once published
 
 
-@pytest.mark.distributed
-@pytest.mark.timeout(180)
-def test_killed_after_chunk_k_resumes_bit_identical(project, tmp_path):
-    reference = tmp_path / "ref"
-    shutil.copytree(project, reference)
-    _run(reference, "predict.split=all")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    fault = ["fault.kind=kill", "fault.phase=predict_chunk", "fault.step=4"]
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(project), *BASE, "predict.split=all", *fault],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
-    assert proc.returncode == -9, proc.stderr[-2000:]
-    assert not (project / "outputs/predict").exists()  # nothing published by the killed run
-    parts = project / "work/predict-parts/predict"
-    done = sorted(p.name for p in parts.glob("*.done"))
-    assert done == [f"part-{k:05d}.done" for k in range(5)]
-
-    s = _run(project, "predict.split=all")
-    assert s.reused_parts == (0, 1, 2, 3, 4) and s.computed_parts == tuple(range(5, s.n_parts))
-    assert s.discarded_parts is None
-    for name in ("predictions.npy", "predictions.parquet"):
-        a = (project / "outputs/predict" / name).read_bytes()
-        assert a == (reference / "outputs/predict" / name).read_bytes(), name
-    assert s.rows_computed == s.n_rows - 5 * 40
-
-
 def test_parts_of_another_model_are_discarded_with_a_message(project, caplog):
     parts = project / "work/predict-parts/predict"
     layout = Layout.for_root(project)
     fault = ["fault.kind=raise", "fault.phase=predict_chunk", "fault.step=1"]
-    cfg = load_config(None, [*BASE, "predict.split=all", *fault], allow_faults=True)
+    cfg = load_config(None, [*PREDICT_BASE, "predict.split=all", *fault], allow_faults=True)
     with pytest.raises(InjectedFault):
         PREDICT.work(cfg, make_context(cfg, layout, PREDICT, "r1"))
     assert len(list(parts.glob("*.done"))) == 2
-    other = _cfg("predict.split=all", "model.init_seed=7")
+    other = predict_cfg("predict.split=all", "model.init_seed=7")
     PREPARE_CHECKPOINT.work(
         other, make_context(other, layout, PREPARE_CHECKPOINT, "r2")
     )  # new weights
@@ -162,18 +96,6 @@ def test_parts_of_another_model_are_discarded_with_a_message(project, caplog):
     )
 
 
-@pytest.mark.distributed
-@pytest.mark.timeout(180)
-def test_two_workers_equal_one(project, tmp_path):
-    one = tmp_path / "one"
-    shutil.copytree(project, one)
-    _run(one, "predict.split=all")
-    s = _run(project, "predict.split=all", "predict.world_size=2")
-    assert s.world_size == 2 and s.computed_parts == tuple(range(s.n_parts))
-    a = np.load(project / "outputs/predict/predictions.npy")
-    np.testing.assert_array_equal(a, np.load(one / "outputs/predict/predictions.npy"))
-
-
 def test_calibration_applies_only_to_its_model(project):
     model_path = project / "outputs/prepare-checkpoint/init.pt"
     raw = _model_predict(project)
@@ -186,7 +108,7 @@ def test_calibration_applies_only_to_its_model(project):
         Calibration("calibrated", "fp32", slope, intercept),
         {"model_sha256": sha256_file(model_path)},
     )
-    s = _run(project, "predict.split=all")
+    s = run_predict(project, "predict.split=all")
     assert s.calibration["applied"] and s.calibration["candidate"] == "calibrated"
     pred = np.load(project / "outputs/predict/predictions.npy")
     np.testing.assert_allclose(pred, raw * 0.5 + 10.0, rtol=1e-5, atol=1e-4)
@@ -194,7 +116,7 @@ def test_calibration_applies_only_to_its_model(project):
     write_calibration(
         cal_dir, Calibration("calibrated", "fp32", slope, intercept), {"model_sha256": "0" * 64}
     )
-    s = _run(project, "predict.split=all")
+    s = run_predict(project, "predict.split=all")
     assert (
         not s.calibration["applied"]
         and "was made for model 000000000000" in s.calibration["reason"]
@@ -205,12 +127,12 @@ def test_calibration_applies_only_to_its_model(project):
 
 
 def test_features_only_input_and_schema_refusal(project):
-    cfg = _cfg()
+    cfg = predict_cfg()
     layout = Layout.for_root(project)
     staging.stage_features(
         cfg.data, layout, project / "new", project / "outputs/stage-data/manifest.json"
     )
-    s = _run(project, "predict.input_dir=new")
+    s = run_predict(project, "predict.input_dir=new")
     assert s.selection == "all rows of the features-only dataset"
     pred = np.load(project / "outputs/predict/predictions.npy")
     np.testing.assert_allclose(pred, _model_predict(project), rtol=1e-5, atol=1e-4)
@@ -220,7 +142,7 @@ def test_features_only_input_and_schema_refusal(project):
     m["feature_specs"] = m["feature_specs"][::-1]
     (project / "new/manifest.json").write_text(json.dumps(m))
     with pytest.raises(DataError, match="but the model expects the order") as e:
-        _run(project, "predict.input_dir=new")
+        run_predict(project, "predict.input_dir=new")
     assert "\n" not in str(e.value)
     assert (
         sha256_file(project / "outputs/predict/predictions.npy") == before

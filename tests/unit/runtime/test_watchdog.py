@@ -1,10 +1,12 @@
 """The launcher's watchdog on synthetic heartbeats: it names the silent rank, not the peer
-that waits for it in a collective, and waits while only the victim is stale."""
+that waits for it in a collective, and waits while only the victim is stale; on one node of
+several, it waits out the rendezvous and names only ranks it has seen."""
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from enn_core.runtime.heartbeat import Heartbeat, heartbeat_path, read_heartbeats
 from enn_core.runtime.launch import Watchdog
@@ -61,3 +63,37 @@ def test_worker_heartbeat_sees_its_main_thread(tmp_path):
     assert (rec["phase"], rec["step"], rec["in_collective"]) == ("step", 7, False)
     assert "test_watchdog.py" in rec["frame"]
     assert read_heartbeats(tmp_path)[3]["phase"] == "done"
+
+
+def _beat(run_dir: Path, rank: int, age: float, phase: str = "step") -> None:
+    path = heartbeat_path(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    path.write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "pid": 1,
+                "phase": phase,
+                "step": 3,
+                "frame": "x.py:1 in f",
+                "progress_time": now - age,
+                "beat_time": now,
+                "in_collective": False,
+            }
+        )
+    )
+
+
+def test_watchdog_of_a_node_that_owns_global_ranks_2_and_3(tmp_path):
+    w = Watchdog(
+        tmp_path, 2, hang_timeout_s=1, budgets={"spawn": 1}, local_only=True, rendezvous_s=5
+    )
+    _beat(tmp_path, 3, age=0)
+    assert w.check(time.time() - 6) is None  # still inside the rendezvous wait
+    v = w.check(time.time() - 8)  # rank 2 never beat: this node cannot name it
+    assert v.rank is None and v.phase == "spawn" and "seen: ranks [3]" in v.frame
+    assert v.message(tmp_path).startswith("a worker of this node hung in phase spawn")
+    _beat(tmp_path, 2, age=5)  # both beat; rank 2 then went silent outside a collective
+    v = w.check(time.time())
+    assert (v.rank, v.phase, v.step) == (2, "step", 3)

@@ -18,8 +18,7 @@ from enn_core.predict.assemble import assemble
 from enn_core.predict.chunks import PartsPlan, PartStore
 from enn_core.predict.workers import WorkerJob, predict_parts, run_workers
 from tests.fixtures.predict import OUT_SHAPE, load_tiny, make_features
-
-REPO = str(__import__("pathlib").Path(__file__).resolve().parents[3])
+from tests.fixtures.project import ROOT
 
 
 def _setup(tmp_path, name, world, fault=None):
@@ -108,7 +107,7 @@ def test_a_hung_worker_is_found_by_its_heartbeat(tmp_path):
 
 DIE_DRIVER = """
 import dataclasses, sys
-import tests.unit.predict.test_predict_workers as t
+import tests.distributed.test_predict_workers as t
 from pathlib import Path
 from enn_core.config import FaultConfig
 from enn_core.predict.workers import run_workers
@@ -122,8 +121,8 @@ run_workers(jobs)
 def test_workers_die_with_a_killed_caller(tmp_path):
     import psutil
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    caller = subprocess.Popen([sys.executable, "-c", DIE_DRIVER, str(tmp_path)], env=env, cwd=REPO)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    caller = subprocess.Popen([sys.executable, "-c", DIE_DRIVER, str(tmp_path)], env=env, cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
         children = []
