@@ -6,6 +6,9 @@
   a tiny params.yaml (`tests.fixtures.project.make_project`).
 - `prefect_home_shared`: one Prefect home per test session, so the local API's migrations run once.
 - `tmpfs`: mount a small tmpfs (full and read-only disks).
+
+A test's folder gives its tier: everything under tests/distributed/ is marked `distributed`,
+everything under tests/e2e/ `e2e` (tests/fixtures/tiers.py; checked by tests/unit/test_tiers.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.project import Project, make_project, tiny_overrides
+from tests.fixtures.tiers import tier_of
+
+pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py collects the suite in process
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,6 +32,15 @@ def pytest_configure(config: pytest.Config) -> None:
     from tasks.env import FORCED
 
     os.environ.update(FORCED)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test gets the marker of its folder's tier (tests/distributed/, tests/e2e/)."""
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is not None:
+            item.add_marker(tier)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from enn_core.events import read_events
 from tests.fixtures.distributed import cfg_of, run_train
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 
 def test_auto_micro_batch_is_probed_agreed_and_recorded(tiny_project):

@@ -4,7 +4,6 @@ through the stage: test_auto_micro_batch_stage.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from enn_core.runtime.batch_probe import MicroBatchChoice, agree_choice
@@ -28,7 +27,6 @@ def _agree_worker(rank: int, store_path: str, values: list[int], out: str) -> No
     dist.destroy_process_group()
 
 
-@pytest.mark.distributed
 def test_ranks_agree_on_the_smallest_choice(tmp_path):
     import json
 

@@ -21,7 +21,7 @@ from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, content_hashes
 from enn_core.train.fingerprint import fingerprint
 from tests.fixtures.distributed import alive, cfg_of, make_project, outputs, run_train, worker_pids
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 # 2 epochs of 9 steps (batch 4 over the tiny split), a checkpoint every 3 steps.
 BASE = ("train.epochs=2", "train.batch_size=4", "train.patience=0", "checkpoint.every_steps=3")

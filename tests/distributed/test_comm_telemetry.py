@@ -21,7 +21,7 @@ from enn_core.paths import Layout
 from enn_core.telemetry import BOUND_SHARE, read_verdicts
 from tests.fixtures.distributed import cfg_of, make_project, outputs, run_train
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 SHAPE = (
     "data.synthetic.n_months=12",

@@ -20,7 +20,6 @@ from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT
 from tests.fixtures.doctor import context, make_config, staged
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_two_workers_all_reduce(layout):
     checks = workers.run(context(layout, "runtime.pg_timeout_steady_s=30"))
@@ -30,7 +29,6 @@ def test_two_workers_all_reduce(layout):
     assert not any((layout.work / "doctor").iterdir()), "a passing check leaves no run records"
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_blocked_all_reduce_fails_within_the_timeout_naming_the_rank(layout):
     ctx = context(
@@ -51,7 +49,6 @@ def test_blocked_all_reduce_fails_within_the_timeout_naming_the_rank(layout):
     assert elapsed < 2 * ctx.cfg.runtime.spawn_budget_s + 3 * 5
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_quick_doctor_on_staged_data_passes(layout):
     staged(layout.root)
@@ -64,7 +61,6 @@ def test_quick_doctor_on_staged_data_passes(layout):
     assert {("kernels", "compile"), ("export", "torch.export")} <= skipped
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("fault", ["nan", "oom"])
 def test_injected_fault_is_named_in_the_record(tmp_path, fault):

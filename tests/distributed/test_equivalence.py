@@ -10,7 +10,7 @@ from enn_core.stages import STAGE_DATA
 from tests.fixtures.distributed import cfg_of, outputs, run_train
 from tests.fixtures.train import run_local
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 
 def test_two_workers_match_one_worker_with_accumulation_and_clipping(tiny_project, tmp_path):

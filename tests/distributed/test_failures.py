@@ -18,7 +18,6 @@ from enn_core.runtime.heartbeat import read_heartbeats
 from tests.fixtures.distributed import alive, cfg_of, run_train, worker_pids
 from tests.fixtures.project import ROOT
 
-pytestmark = pytest.mark.distributed
 HANG = 8.0
 
 

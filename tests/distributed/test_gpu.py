@@ -7,7 +7,7 @@ import torch
 
 from tests.fixtures.distributed import cfg_of, outputs, run_train
 
-pytestmark = [pytest.mark.gpu, pytest.mark.distributed, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 

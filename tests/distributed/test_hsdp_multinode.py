@@ -52,7 +52,6 @@ def _checkpoint_spec(layout, cfg) -> CheckpointPlan:
     return checkpoint_spec(cfg, ctx, fingerprint(cfg, data_hash))
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_hsdp_2x2_equals_fsdp_on_4(tiny_project, tmp_path):
     run_dir = tmp_path / "run"
@@ -122,7 +121,6 @@ def _assert_gone(run_dirs: list[Path]) -> dict[int, dict]:
     return beats
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_two_nodes_run_the_stage_like_one_node_with_two_workers(tiny_project, tmp_path):
     """`enn distributed-train --set runtime.nnodes=2 ...` on two "nodes" sharing a project
@@ -153,7 +151,6 @@ def test_two_nodes_run_the_stage_like_one_node_with_two_workers(tiny_project, tm
 KILL_RANK_1 = ("fault.kind=kill", "fault.phase=step", "fault.step=3", "fault.rank=1")
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(240)
 def test_two_agents_restart_a_worker_killed_on_one_node(tiny_project, tmp_path):
     """launch() on two nodes of one worker each, running the training worker on job files;
@@ -189,7 +186,6 @@ def _never_runs() -> None:
     raise AssertionError("no worker starts without the other node")
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(60)
 def test_a_node_whose_peer_never_joins_gets_a_transient_rendezvous_error(tmp_path):
     rdzv = Rendezvous(nnodes=2, endpoint=f"127.0.0.1:{free_port()}", run_id="lonely", timeout_s=3)
@@ -197,7 +193,6 @@ def test_a_node_whose_peer_never_joins_gets_a_transient_rendezvous_error(tmp_pat
         launch(_never_runs, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=10, rdzv=rdzv)
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_ranks_not_sharing_names_the_rank_on_another_disk(tmp_path):
     """Two ranks given different directories stand for two nodes with local disks."""

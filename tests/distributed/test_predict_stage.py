@@ -37,7 +37,6 @@ def project(base_project, tmp_path) -> Path:
     return copy_project(base_project, tmp_path / "p")
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(180)
 def test_killed_after_chunk_k_resumes_bit_identical(project, tmp_path):
     reference = tmp_path / "ref"
@@ -68,7 +67,6 @@ def test_killed_after_chunk_k_resumes_bit_identical(project, tmp_path):
     assert s.rows_computed == s.n_rows - 5 * 40
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(180)
 def test_two_workers_equal_one(project, tmp_path):
     one = tmp_path / "one"

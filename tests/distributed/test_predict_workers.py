@@ -53,7 +53,6 @@ def _setup(tmp_path, name, world, fault=None):
     return store, jobs
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_two_workers_match_one_process_and_resume_after_a_killed_worker(tmp_path):
     ref_store, ref_jobs = _setup(tmp_path, "ref", 1)
@@ -78,7 +77,6 @@ def test_two_workers_match_one_process_and_resume_after_a_killed_worker(tmp_path
     assert out.tobytes() == ref.tobytes()
 
 
-@pytest.mark.distributed
 def test_worker_error_is_reported_in_one_line(tmp_path):
     store, jobs = _setup(tmp_path, "bad", 2)
     jobs = [dataclasses.replace(j, features_path=str(tmp_path / "missing.npy")) for j in jobs]
@@ -90,7 +88,6 @@ def test_worker_error_is_reported_in_one_line(tmp_path):
     assert os.getpid()  # the caller survived
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_a_hung_worker_is_found_by_its_heartbeat(tmp_path):
     fault = FaultConfig(kind="hang", phase="predict_chunk", step=0, seconds=120)
@@ -116,7 +113,6 @@ run_workers(jobs)
 """
 
 
-@pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_workers_die_with_a_killed_caller(tmp_path):
     import psutil

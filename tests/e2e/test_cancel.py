@@ -36,7 +36,7 @@ import pytest
 
 from tests.fixtures.project import Project, make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 STAGES = ("stage-data", "prepare-checkpoint", "distributed-train")
 LONG = [
     "--set",

@@ -16,7 +16,7 @@ import pytest
 
 from tests.fixtures.project import make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+pytestmark = pytest.mark.timeout(1200)
 TWO = ("stage-data", "prepare-checkpoint")
 
 

@@ -13,7 +13,7 @@ from enn_core.runtime.launch import free_port
 from enn_core.train.ckpt import COMMITTED, committed
 from tests.fixtures.project import make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 STAGES = ("stage-data", "prepare-checkpoint", "distributed-train")
 
 

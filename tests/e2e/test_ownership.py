@@ -18,7 +18,7 @@ import yaml
 
 from tests.fixtures.project import make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 TWO = ("stage-data", "prepare-checkpoint")
 
 

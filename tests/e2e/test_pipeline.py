@@ -20,7 +20,7 @@ import pytest
 
 from tests.fixtures.project import Project, make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+pytestmark = pytest.mark.timeout(1500)
 GUARD = Path(__file__).parent / "netguard"
 # Local tools a library may run (platform probes, compilers, git): none of them opens a socket.
 NON_PYTHON_OK = {

@@ -25,7 +25,6 @@ from enn_core.stages import TRAINING
 from tests.e2e.test_daily_use import http
 from tests.fixtures.project import Project, make_project
 
-pytestmark = [pytest.mark.e2e]
 TRAIN = ("stage-data", "prepare-checkpoint", "distributed-train")
 # docs/scale-out.md's deployment command (`prefect deploy` of Prefect 3.8.8 creates the
 # deployment, then fails on its own worker query: the server rejects its null limit)

@@ -30,7 +30,7 @@ import pytest
 
 from tests.fixtures.project import Project, make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+pytestmark = pytest.mark.timeout(1200)
 ONE_EPOCH = ["train.epochs=1"]
 PLAN = [
     {

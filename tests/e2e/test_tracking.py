@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.fixtures.project import make_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 TWO = ("stage-data", "prepare-checkpoint")
 
 

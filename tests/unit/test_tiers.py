@@ -1,0 +1,43 @@
+"""A test's folder tells its tier: after collection, every test under tests/distributed/
+carries the `distributed` marker, every test under tests/e2e/ the `e2e` marker, and no other
+test carries either (scripts/test.sh selects the tiers by these markers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.tiers import TESTS, TIERS
+
+
+class Markers:
+    """A plugin recording each collected test's file and marker names, after every
+    `pytest_collection_modifyitems` hook has run."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, tuple[Path, set[str]]] = {}
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for item in session.items:
+            self.items[item.nodeid] = (item.path, {m.name for m in item.iter_markers()})
+
+
+@pytest.mark.timeout(120)
+def test_every_test_carries_the_tier_of_its_folder_and_no_other(pytester):
+    markers = Markers()
+    rec = pytester.inline_run(
+        "--collect-only", "-p", "no:cacheprovider", str(TESTS), plugins=[markers]
+    )
+    failed = [r.nodeid for r in rec.getreports("pytest_collectreport") if r.failed]
+    assert not failed, f"collection errors: {failed}"
+    seen = {folder: 0 for folder in ("unit", *TIERS)}
+    wrong = []
+    for nodeid, (path, names) in markers.items.items():
+        folder = path.relative_to(TESTS).parts[0]
+        seen[folder] = seen.get(folder, 0) + 1
+        want = {folder} & set(TIERS)
+        if names & set(TIERS) != want:
+            wrong.append(f"{nodeid}: {sorted(names & set(TIERS))}, its folder says {sorted(want)}")
+    assert all(seen.values()), f"no tests collected in some folder: {seen}"
+    assert not wrong, "tier markers that disagree with the test's folder:\n" + "\n".join(wrong)
