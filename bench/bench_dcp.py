@@ -188,7 +188,8 @@ def main() -> None:
         b, s = r["baseline_median_s"], r["subject_median_s"]
         print(
             f"{op}: torch {gb / b:.2f} GB/s ({b:.3f} s), dcp {gb / s:.2f} GB/s ({s:.3f} s); "
-            f"ratio torch/dcp time {r['ratio_median']:.2f} (min {r['ratio_min']:.2f}, max {r['ratio_max']:.2f})"
+            f"ratio torch/dcp time {r['ratio_median']:.2f} "
+            f"(min {r['ratio_min']:.2f}, max {r['ratio_max']:.2f})"
         )
     print("== Training blocked by a checkpoint save (dedicated gloo group) ==")
     fresh = blocked.pop("reused stager saves the current values")

@@ -182,7 +182,8 @@ def main() -> None:
         )
         if proc.returncode != 0:
             sys.exit(
-                f"the flows failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+                f"the flows failed ({proc.returncode}):\n"
+                f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
             )
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"run"')]
     per_run = [overheads(r) for r in records]
@@ -200,11 +201,13 @@ def main() -> None:
         work = statistics.median(r["results"][stage]["work_seconds"] for r in records)
         where = "  ".join(f"{statistics.median(o[stage][k] for o in per_run):6.2f}" for k in parts)
         print(
-            f"{stage:20s} {statistics.median(vals):7.2f} {min(vals):7.2f} {max(vals):7.2f} {work:8.2f}   {where}"
+            f"{stage:20s} {statistics.median(vals):7.2f} {min(vals):7.2f} {max(vals):7.2f} "
+            f"{work:8.2f}   {where}"
         )
     print(
-        "runner: the stage runner's time beyond the enn_core call (run directory, MLflow child run, "
-        "params, events, diagnostics, artifacts); after_stage: its MLflow artifacts and PNG plots part"
+        "runner: the stage runner's time beyond the enn_core call (run directory, MLflow child "
+        "run, params, events, diagnostics, artifacts); after_stage: its MLflow artifacts and PNG "
+        "plots part"
     )
     print(
         f"export model logging (excluded above): median "

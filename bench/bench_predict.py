@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import compare  # noqa: E402
 from enn_core.checkpoint import load_model  # noqa: E402
-from enn_core.inference import PredictionPath  # noqa: E402
 from enn_core.config import load_config  # noqa: E402
 from enn_core.data import staging  # noqa: E402
+from enn_core.inference import PredictionPath  # noqa: E402
 from enn_core.model import build_model  # noqa: E402
 from enn_core.paths import Layout  # noqa: E402
 from enn_core.predict.assemble import assemble  # noqa: E402
@@ -140,7 +140,8 @@ def main() -> None:
         path = PredictionPath(model, None).eval()
         print(
             f"rows {args.rows}, batch {args.batch}, chunk {args.chunk}, output {list(shape)}, "
-            f"parameters {sum(p.numel() for p in model.parameters())}, torch threads {torch.get_num_threads()}"
+            f"parameters {sum(p.numel() for p in model.parameters())}, "
+            f"torch threads {torch.get_num_threads()}"
         )
         base = functools.partial(baseline, model, features, work / "base.npy", args.batch)
         for assembly in (False, True):

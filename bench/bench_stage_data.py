@@ -13,9 +13,10 @@ place. Interleaved pairs; prints the median ratio baseline_time / subject_time (
 work, is paid by both and is what varies between runs), the load average and the machine
 facts; and the peak growth of anonymous memory while staging (RssAnon sampled every
 millisecond, enn_core.runtime.memory.sampled_anon_peak; memmap file pages excluded) against
-the streaming bound of 64 MB plus two chunks (`--gb 2` is the issue's 2 GB check). It also times the staging hash alone
-(enn_core.data.hashing's BLAKE3, one thread, as the writer runs it) over the same bytes: the
-ceiling for any stage that hashes what it stages (`--no-ceiling` skips it). `--hashes`
+the streaming bound of 64 MB plus two chunks (`--gb 2` is the issue's 2 GB check). It also
+times the staging hash alone (enn_core.data.hashing's BLAKE3, one thread, as the writer runs
+it) over the same bytes: the ceiling for any stage that hashes what it stages (`--no-ceiling`
+skips it). `--hashes`
 prints each candidate algorithm's single-core rate (sha256, BLAKE2b-256, BLAKE3), the
 figures behind the choice. Disk use: ~3.5x the size.
 """
@@ -138,8 +139,10 @@ def compare_cpu(name: str, baseline, subject, **kw) -> dict:
         result[f"cpu_system_{side}_median_s"] = statistics.median(s for _, s in rec)
     print(
         f"  wall median {result['baseline_median_s']:.2f}s vs {result['subject_median_s']:.2f}s; "
-        f"user CPU median {result['cpu_user_baseline_median_s']:.2f}s vs {result['cpu_user_subject_median_s']:.2f}s; "
-        f"system CPU median {result['cpu_system_baseline_median_s']:.2f}s vs {result['cpu_system_subject_median_s']:.2f}s; "
+        f"user CPU median {result['cpu_user_baseline_median_s']:.2f}s "
+        f"vs {result['cpu_user_subject_median_s']:.2f}s; "
+        f"system CPU median {result['cpu_system_baseline_median_s']:.2f}s "
+        f"vs {result['cpu_system_subject_median_s']:.2f}s; "
         f"CPU ratio {result['cpu_ratio_median']:.3f}; load average {os.getloadavg()[0]:.1f}"
     )
     return result
@@ -185,7 +188,8 @@ def main() -> None:
         stage(cfg.data, layout, out_stage)
 
     print(
-        f"input: features {x.stat().st_size / 2**30:.2f} GiB float32 [N, {N_FEATURES}], labels [N, 1]; "
+        f"input: features {x.stat().st_size / 2**30:.2f} GiB float32 [N, {N_FEATURES}], "
+        "labels [N, 1]; "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     if args.hashes:
@@ -212,12 +216,15 @@ def main() -> None:
         cfg.data.chunk_rows * (N_FEATURES + 1) * 8 / 2**20
     )  # a chunk as float64, as tests bound it
     print(
-        f"  anonymous memory while staging: peak {max(peaks):.1f} MB above the level before the call "
+        f"  anonymous memory while staging: peak {max(peaks):.1f} MB above the level before "
+        "the call "
         f"(bound 64 MB + two chunks = {64 + 2 * chunk_mb:.0f} MB)"
     )
     print(
-        f"SUMMARY ratio {result['ratio_median']:.3f} (target 0.5; CPU ratio {result['cpu_ratio_median']:.3f}); "
-        f"hash-only ceiling {ceiling['ratio_median'] if ceiling else float('nan'):.3f}; load average {os.getloadavg()[0]:.1f}"
+        f"SUMMARY ratio {result['ratio_median']:.3f} "
+        f"(target 0.5; CPU ratio {result['cpu_ratio_median']:.3f}); "
+        f"hash-only ceiling {ceiling['ratio_median'] if ceiling else float('nan'):.3f}; "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     shutil.rmtree(d, ignore_errors=True)
 

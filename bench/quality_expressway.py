@@ -35,9 +35,9 @@ from enn_core.baselines import collapse_stats  # noqa: E402
 from enn_core.checkpoint import load_model  # noqa: E402
 from enn_core.config import load_config  # noqa: E402
 from enn_core.data.dataset import StagedDataset  # noqa: E402
+from enn_core.inference import predict_rows  # noqa: E402
 from enn_core.paths import Layout  # noqa: E402
 from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA, VALIDATE  # noqa: E402
-from enn_core.inference import predict_rows  # noqa: E402
 from tasks.runner import PipelineSession, execute_stage  # noqa: E402
 
 TRAIN_STAGES = ("prepare-checkpoint", "distributed-train", "validate")
@@ -125,12 +125,14 @@ def report(rows: list[dict], folds: list[int], seeds: list[int], command: str) -
         c = float(np.mean([r["naive_cell_mean_mae"] for r in mine]))
         collapsed = [r["fold"] for r in mine if r["collapse"]["collapsed"]]
         spread = ", ".join(
-            f"f{r['fold']}: med {r['collapse']['median_ratio']:.2f} p10 {r['collapse']['p10_ratio']:.2f}"
+            f"f{r['fold']}: med {r['collapse']['median_ratio']:.2f} "
+            f"p10 {r['collapse']['p10_ratio']:.2f}"
             for r in mine
         )
         verdict = "HOLDS" if m < n and not collapsed else "FAILS"
         print(
-            f"seed {s}: folds {[r['fold'] for r in mine]}  model mean {m:.3f}  cond. naive mean {n:.3f}"
+            f"seed {s}: folds {[r['fold'] for r in mine]}  model mean {m:.3f}  "
+            f"cond. naive mean {n:.3f}"
             f"  cell mean {c:.3f}  beats naive: {m < n}  collapsed folds: {collapsed or 'none'}"
             f"  -> {verdict}\n   spread ratios: {spread}"
         )
@@ -192,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         for f, s in jobs:
             if args.deadline and rows and not _fits(args.deadline, rows):
                 print(
-                    f"stopping before fold {f} seed {s}: the next training would end after {args.deadline} UTC"
+                    f"stopping before fold {f} seed {s}: the next training would end after "
+                    f"{args.deadline} UTC"
                 )
                 break
             cfg = fold_config(args.config, f, s, args.extra)
@@ -206,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             row = run_one(layouts[f], cfg, f, s)
             rows.append(row)
             print(
-                f"fold {f} seed {s}: test MAE {row['test_mae']:.3f} (cond. naive {row['naive_conditional_mae']:.3f}, "
-                f"cell mean {row['naive_cell_mean_mae']:.3f}), collapsed {row['collapse']['collapsed']}, "
+                f"fold {f} seed {s}: test MAE {row['test_mae']:.3f} "
+                f"(cond. naive {row['naive_conditional_mae']:.3f}, "
+                f"cell mean {row['naive_cell_mean_mae']:.3f}), "
+                f"collapsed {row['collapse']['collapsed']}, "
                 f"epochs {row['epochs_run']} (best {row['best_epoch']}), {row['wall_s']:.0f} s",
                 flush=True,
             )

@@ -108,7 +108,8 @@ import tests.distributed.test_predict_workers as t
 from pathlib import Path
 from enn_core.config import FaultConfig
 from enn_core.predict.workers import run_workers
-store, jobs = t._setup(Path(sys.argv[1]), "orphans", 2, FaultConfig(kind="hang", phase="predict_chunk", seconds=300))
+fault = FaultConfig(kind="hang", phase="predict_chunk", seconds=300)
+store, jobs = t._setup(Path(sys.argv[1]), "orphans", 2, fault)
 run_workers(jobs)
 """
 

@@ -119,7 +119,8 @@ def assert_all_gone(procs: list[psutil.Process], enn: subprocess.Popen, log: Pat
         time.sleep(0.2)
     left = survivors(procs)
     print(
-        f"enn exited {exited:.1f} s after the stop; its processes gone after {time.monotonic() - t0:.1f} s"
+        f"enn exited {exited:.1f} s after the stop; "
+        f"its processes gone after {time.monotonic() - t0:.1f} s"
     )
     described = [f"{q.pid} {' '.join(q.cmdline())[:100]}" for q in left]
     for q in left:  # never leave a process behind, even when the test fails

@@ -75,9 +75,9 @@ PLAN = [
     },
 ]
 
-SLOW_LOADER_HOOK = '''"""Test hook: with ENN_TEST_SLOW_LOADER=<factor>, the trainer's batch loader sleeps <factor> x
-the time since its previous call (the step's compute), at most 2 s, in every process started
-with this folder on PYTHONPATH (the spawned training workers included)."""
+SLOW_LOADER_HOOK = '''"""Test hook: with ENN_TEST_SLOW_LOADER=<factor>, the trainer's batch
+loader sleeps <factor> x the time since its previous call (the step's compute), at most 2 s, in
+every process started with this folder on PYTHONPATH (the spawned training workers included)."""
 import os
 
 if os.environ.get("ENN_TEST_SLOW_LOADER"):
@@ -97,8 +97,8 @@ if os.environ.get("ENN_TEST_SLOW_LOADER"):
     _step.micro_batches = _slow_loader
 '''
 
-DRIVER = '''"""Each plan item as its own flow run of the named training stages (their Prefect tasks);
-writes the flow run's state and its artifacts, read back through the Prefect client."""
+DRIVER = '''"""Each plan item as its own flow run of the named training stages (their Prefect
+tasks); writes the flow run's state and its artifacts, read back through the Prefect client."""
 import json
 import os
 import sys
@@ -111,7 +111,9 @@ contain(project_layout(Path.cwd(), "work"))  # the entry point's first step, bef
 
 from prefect import flow
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, FlowRunFilter, FlowRunFilterId, TaskRunFilter
+from prefect.client.schemas.filters import (
+    ArtifactFilter, FlowRunFilter, FlowRunFilterId, TaskRunFilter,
+)
 
 from enn_core.stages import lookup
 from flows.training import run_stages
@@ -180,8 +182,9 @@ def main(plan_path, out_dir):
         run_id = state.state_details.flow_run_id
         with get_client(sync_client=True) as client:
             arts = client.read_artifacts(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])), task_run_filter=TaskRunFilter(),
-                artifact_filter=ArtifactFilter(), limit=200, offset=0, sort="KEY_ASC")
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])),
+                task_run_filter=TaskRunFilter(), artifact_filter=ArtifactFilter(), limit=200,
+                offset=0, sort="KEY_ASC")
         out = {"flow_run_id": str(run_id), "state": state.type.value, "message": state.message,
                "seconds": round(time.time() - t0, 1),
                "artifacts": {a.key: {"type": a.type, "data": a.data} for a in arts}}

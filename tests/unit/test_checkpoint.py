@@ -1,4 +1,5 @@
-"""Consolidated checkpoint: weights_only round trip, refusal of other formats, prepare-checkpoint."""
+"""Consolidated checkpoint: weights_only round trip, refusal of other formats,
+prepare-checkpoint."""
 
 from __future__ import annotations
 

@@ -164,11 +164,13 @@ def test_unsupported_operator_names_format_operator_and_fix(tmp_path):
     [
         (
             FixedBatch(),
-            r"export torch_export: dynamic-shape constraint on dimension 'batch' broke: .* fixes the batch size to 8.*x\.shape\[0\]",
+            r"export torch_export: dynamic-shape constraint on dimension 'batch' broke: "
+            r".* fixes the batch size to 8.*x\.shape\[0\]",
         ),
         (
             Branchy(),
-            r"export torch_export: data-dependent control flow at test_export\.py:\d+ \(if y\.sum\(\) > 0:\).*torch\.where",
+            r"export torch_export: data-dependent control flow at test_export\.py:\d+ "
+            r"\(if y\.sum\(\) > 0:\).*torch\.where",
         ),
     ],
 )

@@ -1,4 +1,5 @@
-"""configs/expressway.yaml (issue 4, quality on the real data) loads and declares the month folds."""
+"""configs/expressway.yaml (issue 4, quality on the real data) loads and declares the month
+folds."""
 
 from __future__ import annotations
 

@@ -29,8 +29,9 @@ from enn_core.paths import Layout
 from enn_core.stage import make_context
 from enn_core.stages import STAGE_DATA
 root, x, y = sys.argv[1:4]
-cfg = load_config(None, ["data.source=npy", f"data.path={x}", f"data.labels_path={y}", "data.chunk_rows=10",
-                         "fault.kind=kill", "fault.phase=stage-data", "fault.step=2"], allow_faults=True)
+overrides = ["data.source=npy", f"data.path={x}", f"data.labels_path={y}", "data.chunk_rows=10",
+             "fault.kind=kill", "fault.phase=stage-data", "fault.step=2"]
+cfg = load_config(None, overrides, allow_faults=True)
 run(cfg, make_context(cfg, Layout.for_root(root), STAGE_DATA, "killed"))
 """
 
@@ -117,7 +118,8 @@ def test_reader_refuses_stale_or_mismatched_data(tmp_path):
         json.dumps({**manifest, "n_rows": 3, "features": {**manifest["features"], "shape": [3, 3]}})
     )
     refused(
-        r"features.npy is float32\[\d+, 3\] but the manifest says float32\[3, 3\]; re-run stage-data"
+        r"features.npy is float32\[\d+, 3\] but the manifest says float32\[3, 3\]; "
+        "re-run stage-data"
     )
     (out / "manifest.json").write_text(json.dumps(manifest))
     np.save(out / "splits" / "val.npy", np.arange(2))
@@ -157,7 +159,8 @@ def _b2tree(data: bytes, leaf: int = 1 << 20) -> str:
 )
 def test_manifests_with_earlier_hashes_still_verify(tmp_path, key, spell):
     """Version-1 manifests written by earlier versions (tree BLAKE2b; plain BLAKE2b; bare sha256
-    hex under "sha256") are read and verified as before; an unknown hash spelling is refused clearly."""
+    hex under "sha256") are read and verified as before; an unknown hash spelling is refused
+    clearly."""
     from enn_core.data.manifest import content_hash
 
     # labels of 3 MiB: several 1 MiB leaves, so the tree hash is checked across their boundaries
@@ -189,7 +192,8 @@ def test_manifests_with_earlier_hashes_still_verify(tmp_path, key, spell):
 
 
 def test_restaging_is_byte_identical(tmp_path):
-    """Same input and params -> the same bytes in every file (a dvc repro re-run changes nothing)."""
+    """Same input and params -> the same bytes in every file (a dvc repro re-run changes
+    nothing)."""
     _, out = run_stage(tmp_path, synthetic=SMALL)
     first = tree(out)
     run_stage(tmp_path, synthetic=SMALL)

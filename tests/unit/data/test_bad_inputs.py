@@ -227,7 +227,8 @@ def test_sheet_columns_not_in_layout(tmp_path, previous):
     refused(
         tmp_path,
         previous,
-        r"wb.xlsx sheet '01월 일요일' column '비고': not in the layout; add it to data.workbook.ignore_columns",
+        r"wb.xlsx sheet '01월 일요일' column '비고': not in the layout; "
+        r"add it to data.workbook.ignore_columns",
         source="workbook",
         path=str(wb),
     )
@@ -256,7 +257,8 @@ def test_section_in_only_one_direction(tmp_path, previous):
     refused(
         tmp_path,
         previous,
-        r"wb.xlsx sheet '01월 일요일': section 'B-C' is present only in direction '상행', not in '하행'",
+        r"wb.xlsx sheet '01월 일요일': section 'B-C' is present only in direction '상행', "
+        r"not in '하행'",
         source="workbook",
         path=str(wb),
     )

@@ -58,7 +58,8 @@ result = stage(cfg.data, layout, root + "/out")
 done = True
 t.join()
 peak = max(peak, anon_kb())
-print(json.dumps({"base_mb": base / 1024, "peak_mb": (peak - base) / 1024, "rows": result["n_rows"]}))
+print(json.dumps({"base_mb": base / 1024, "peak_mb": (peak - base) / 1024,
+                  "rows": result["n_rows"]}))
 """
 
 

@@ -42,7 +42,8 @@ def test_console_script_reports_config_errors(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert lines == [
-        f"error: {tmp_path / 'params.yaml'}: unknown config key 'train.epoch'; did you mean 'train.epochs'?"
+        f"error: {tmp_path / 'params.yaml'}: unknown config key 'train.epoch'; "
+        "did you mean 'train.epochs'?"
     ]
 
 

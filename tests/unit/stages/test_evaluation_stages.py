@@ -28,7 +28,8 @@ MODEL_CFG = ModelConfig(preset="tabular", d_model=32, layers=1, embed_dim=4)
 
 
 def _project(root, steps: int, seed: int = 0) -> RunConfig:
-    """Stage synthetic data under `root` and save a tabular ENN trained for `steps` full-batch steps."""
+    """Stage synthetic data under `root` and save a tabular ENN trained for `steps` full-batch
+    steps."""
     data_dir = stage_synthetic(root)
     ds = StagedDataset(data_dir)
     torch.manual_seed(seed)

@@ -22,8 +22,8 @@ for pkg in ("enn_core", "tasks", "flows"):
             names.append(m.name)
 after = dict(os.environ)
 changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-print(json.dumps({"modules": len(names), "changed": changed,
-                  "imported": [m for m in ("mlflow", "matplotlib", "onnxruntime") if m in sys.modules]}))
+imported = [m for m in ("mlflow", "matplotlib", "onnxruntime") if m in sys.modules]
+print(json.dumps({"modules": len(names), "changed": changed, "imported": imported}))
 """
 
 
