@@ -189,7 +189,7 @@ def run_stage_command(spec: StageSpec, cfg: RunConfig, config: Path, layout: Lay
 
     group = dvc_group()
     name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
-    with pipeline_session(cfg, config, layout, name, group=group) as session:
+    with pipeline_session(cfg, config, layout, name, group=group, specs=(spec,)) as session:
         result = execute_stage(spec, session)
     print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
     return 0
@@ -242,6 +242,9 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
             return 130
     for stage, r in results.items():
         print(f"{stage:20s} {r.status:8s} {r.seconds:7.1f} s  {r.reason}")
+    for r in results.values():
+        if r.registry is not None:
+            print(r.registry.line())
     return 0
 
 

@@ -129,7 +129,9 @@ def run_stages(
     run_id = str(flow_run.get_id() or "") or None
     try:
         with (
-            pipeline_session(cfg, path, layout, name, run_id=run_id, tags=tags) as session,
+            pipeline_session(
+                cfg, path, layout, name, run_id=run_id, tags=tags, specs=stages
+            ) as session,
             watch_cancellation(run_id) as cancel,
             cancel_scope(cancel),
         ):

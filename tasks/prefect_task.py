@@ -42,7 +42,7 @@ def publish(result: StageResult) -> None:
     rows = []
     fields = result.summary.as_dict() if result.summary is not None else {}
     if result.registry:
-        fields["registry"] = dict(result.registry)
+        fields["registry"] = result.registry.as_dict()
     for k, v in sorted(fields.items()):
         if isinstance(v, (int, float, str, bool)) or v is None:
             rows.append({"name": k, "value": v})

@@ -36,6 +36,7 @@ from enn_core.summaries import StageSummary
 
 if TYPE_CHECKING:
     from tasks.tracking import Tracker
+    from tasks.tracking.registry import Registration
 
 log = logging.getLogger("enn")
 
@@ -53,6 +54,7 @@ class PipelineSession:
     tracker: Tracker | None = None  # None when tracking is off
     parent_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    registration: Registration | None = None  # set by the stage that registers the model
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class StageResult:
     mlflow_run_id: str | None
     seconds: float
     work_seconds: float
-    registry: Mapping[str, Any] | None = None  # the registered model (a registering stage)
+    registry: Registration | None = None  # the registered model (a registering stage)
 
 
 def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
@@ -110,10 +112,10 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
     config_path = write_resolved(cfg, run_dir)
     ctx = make_stage_context(spec, cfg, layout, run_dir)
     check_inputs(spec, layout)
-    cfg = resolve_model_refs(spec, cfg, run_dir)
+    cfg = resolve_model_refs(spec, cfg, run_dir, layout)
     params = sections_of(cfg, spec.sections)
     tracker = session.tracker
-    registry: Mapping[str, Any] | None = None
+    registry: Registration | None = None
     child_cm = (
         tracker.child(spec.name, session.parent_id, run_dir, params, session.tags)
         if tracker
@@ -148,6 +150,9 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             }
             lineage.update(summary.lineage())
             registry = tracker.after_stage(spec, child_id, layout, cfg, lineage, run_dir)
+            if registry is not None:
+                session.registration = registry
+                log.info("%s: %s", spec.name, registry.line())
     return StageResult(
         spec.name,
         "ran",
@@ -157,7 +162,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         child_id,
         time.perf_counter() - t0,
         work_seconds,
-        registry or None,
+        registry,
     )
 
 
@@ -200,16 +205,18 @@ def write_diagnostics(
     return path
 
 
-def resolve_model_refs(spec: StageSpec, cfg: RunConfig, run_dir: Path) -> RunConfig:
-    """A registered model reference (`models:/name@alias`, `runs:/...`) in one of the spec's
+def resolve_model_refs(spec: StageSpec, cfg: RunConfig, run_dir: Path, layout: Layout) -> RunConfig:
+    """A registered model reference (`models:/name@alias`, `runs:/...`, `champion` for this
+    task's champion) in one of the spec's
     `model_refs` keys becomes a local folder holding its consolidated checkpoint, calibration
     and sidecar (with a SOURCE file naming the reference), before enn_core sees the config."""
     for key in spec.model_refs:
         section, name = key.split(".")
-        ref = str(getattr(getattr(cfg, section), name))
+        from tasks.tracking.models import expand, materialize
+
+        ref = expand(str(getattr(getattr(cfg, section), name)), cfg, layout.root)
         if not ref.startswith(("models:/", "runs:/")):
             continue
-        from tasks.tracking.models import materialize
 
         local = materialize(ref, run_dir / "models" / name, cfg.tracking.uri or None)
         log.info("%s: %s resolved to %s", spec.name, ref, local)

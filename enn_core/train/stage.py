@@ -5,7 +5,8 @@
 Reads the staged data (`outputs/stage-data/`) and the initial checkpoint
 (`outputs/prepare-checkpoint/init.pt`); launches `runtime.world_size` workers (0 = the number
 of GPUs, 1 on CPU) through elastic_launch, at world size 1 too, so there is one code path;
-writes `outputs/distributed-train/{model.pt, metrics.json, history.json}` in one atomic
+writes `outputs/distributed-train/{model.pt, record.json, metrics.json, history.json}` (the
+workers' record; its numbers under docs/metrics.md's names; the curves) in one atomic
 directory replace. Per-rank logs, heartbeats, stack dumps and error records stay in the run
 directory (`ctx.run_dir`), whose `events.jsonl` rank 0 appends its metrics to.
 """
@@ -29,6 +30,7 @@ from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, NoSpaceError, StaleOutputError, low_space
+from enn_core.metric_names import telemetry, train_summary
 from enn_core.progress import follow_heartbeat
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.runtime.launch import Rendezvous, launch
@@ -38,7 +40,8 @@ from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, corrupt_files, s
 from enn_core.train.fingerprint import Fingerprint, diff, fingerprint
 from enn_core.train.job import JOB_FILE, CheckpointPlan, WorkerJob
 
-OUTPUTS = ("model.pt", "metrics.json", "history.json")
+WORKER_OUTPUTS = ("model.pt", "record.json", "history.json")
+OUTPUTS = (*WORKER_OUTPUTS, "metrics.json")
 
 
 def resolve_world_size(requested: int, device: str) -> tuple[int, str]:
@@ -83,8 +86,8 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
         checkpoint=checkpoint_spec(cfg, ctx, fp),
     )
     job_path = job.write(ctx.run_dir / JOB_FILE)
-    ctx.events.param("runtime/world_size", world)
-    ctx.events.param("runtime/world_size_reason", why)
+    ctx.events.param("runtime.world_size", world)
+    ctx.events.param("runtime.world_size_reason", why)
     ctx.logger.info("distributed-train: %d worker(s) (%s), %d thread(s) each", world, why, threads)
     t0 = time.time()
     rows = len(StagedDataset(staged).split("train")) if cfg.runtime.progress else 0
@@ -135,18 +138,18 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
     if (summary.get("checkpoint") or {}).get("saved_positions"):
         summary["checkpoint_step"] = summary["checkpoint"]["saved_positions"][-1]
     with atomic_dir(ctx.output()) as tmp:
-        for name in OUTPUTS:
+        for name in WORKER_OUTPUTS:
             shutil.copy2(result_dir / name, tmp / name)
-        metrics = json.loads((tmp / "metrics.json").read_text())
-        (tmp / "metrics.json").write_text(
-            json.dumps({**metrics, **workers}, indent=2, sort_keys=True)
-        )
+        record = {**json.loads((tmp / "record.json").read_text()), **workers}
+        write_json(tmp / "record.json", record)
+        metrics = {**train_summary(record), "train/wall_s": time.time() - t0}
+        write_json(tmp / "metrics.json", metrics)
     summary.update(
         outputs=[str(ctx.output() / n) for n in OUTPUTS],
-        wall_s=time.time() - t0,
+        wall_s=metrics["train/wall_s"],
         logs=str(ctx.run_dir / "logs"),
     )
-    ctx.events.metrics({"train/wall_s": summary["wall_s"]})
+    ctx.events.metrics(metrics)
     return summary
 
 
@@ -192,13 +195,13 @@ def record_workers(ctx: StageContext) -> dict[str, Any]:
     beats = read_heartbeats(ctx.run_dir)
     phases = {str(r): h.get("phase") for r, h in sorted(beats.items())}
     for r, phase in phases.items():
-        ctx.events.param(f"workers/rank{r}_phase", phase)
+        ctx.events.param(f"workers.rank{r}_phase", phase)
     for log in sorted(Path(ctx.run_dir, "logs").glob("rank-*.log")):
         ctx.events.artifact(log, "logs")
     if not beats:
         return {}
     restarts = max(int(h.get("attempt", 0)) for h in beats.values())
-    ctx.events.param("workers/restarts", restarts)
+    ctx.events.param("workers.restarts", restarts)
     return {"restarts": restarts, "rank_phases": phases}
 
 
@@ -277,16 +280,19 @@ def explain_no_resume(ctx: StageContext, base: Path, fp: Fingerprint) -> None:
 
 def record_checkpoints(ctx: StageContext, info: dict, fp: Fingerprint) -> None:
     """Resume source, checkpoint steps and the fingerprint into the run record (MLflow)."""
-    ctx.events.param("checkpoint/fingerprint", fp.digest)
-    ctx.events.param("checkpoint/dir", info.get("dir", ""))
-    ctx.events.param("checkpoint/resumed_from", info.get("resumed_from") or "fresh")
+    ctx.events.param("checkpoint.fingerprint", fp.digest)
+    ctx.events.param("checkpoint.dir", info.get("dir", ""))
+    ctx.events.param("checkpoint.resumed_from", info.get("resumed_from") or "fresh")
     for moved in info.get("quarantined") or []:
         ctx.logger.warning("%s: a corrupt checkpoint was moved to %s", ctx.stage, moved)
     if info.get("quarantined"):
-        ctx.events.param("checkpoint/quarantined", ",".join(info["quarantined"])[:500])
+        ctx.events.param("checkpoint.quarantined", ",".join(info["quarantined"])[:500])
     saved = info.get("saved_positions") or []
-    ctx.events.param("checkpoint/saved", ",".join(step_name(p) for p in saved)[:500] or "none")
+    ctx.events.param("checkpoint.saved", ",".join(step_name(p) for p in saved)[:500] or "none")
     if saved:
         ctx.events.metrics(
-            {"checkpoint/last_step": float(saved[-1]), "checkpoint/count": float(len(saved))}
+            {
+                telemetry("checkpoint/last_step"): float(saved[-1]),
+                telemetry("checkpoint/count"): float(len(saved)),
+            }
         )
