@@ -176,11 +176,31 @@ def ui_command(cfg: RunConfig, layout: Layout, port: int | None) -> int:
         cfg.deploy.mlflow_port if port is None else port,
         layout.work / "logs" / "mlflow-server.log",
     ) as url:
-        print(f"MLflow UI: {url} (Ctrl-C stops)", flush=True)
+        print(
+            f"MLflow UI: {experiment_url(url, cfg.tracking.experiment)} (Ctrl-C stops)", flush=True
+        )
         import time
 
         while True:
             time.sleep(3600)
+
+
+def experiment_url(url: str, experiment: str) -> str:
+    """The experiment's run list in MLflow's model-training view (the UI otherwise opens in
+    its GenAI view, a per-browser setting); the server's root before the first run."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.urlencode({"experiment_name": experiment})
+    try:
+        with urllib.request.urlopen(
+            f"{url}/api/2.0/mlflow/experiments/get-by-name?{query}", timeout=10
+        ) as r:
+            exp_id = json.loads(r.read())["experiment"]["experiment_id"]
+    except (OSError, ValueError, KeyError):
+        return url
+    return f"{url}/#/experiments/{exp_id}?workflowType=machine_learning"
 
 
 def run_stage_command(spec: StageSpec, cfg: RunConfig, config: Path, layout: Layout) -> int:

@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 
@@ -128,7 +127,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         error: BaseException | None = None
         try:
             ctx.faults.at(spec.name)  # the stage's name is a fault phase (tests: raise, hang...)
-            summary = as_summary(spec.work(cfg, ctx))
+            summary = spec.work(cfg, ctx)
         except BaseException as e:
             error = e
             raise
@@ -164,26 +163,6 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         work_seconds,
         registry,
     )
-
-
-def as_summary(result: Any) -> StageSummary:
-    """The work's summary record (a stage that still returns a mapping gets a generic one)."""
-    if isinstance(result, StageSummary):
-        return result
-    return MappingSummary(output=str(result.get("output", "")), fields=dict(result or {}))
-
-
-@dataclass(frozen=True, kw_only=True)
-class MappingSummary(StageSummary):
-    """A work function's plain mapping (distributed-train's summary: the workers' record)."""
-
-    fields: Mapping[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.fields)
-
-    def lineage(self) -> dict[str, str]:
-        return lineage_of(self.fields)
 
 
 def write_diagnostics(
@@ -222,16 +201,6 @@ def resolve_model_refs(spec: StageSpec, cfg: RunConfig, run_dir: Path, layout: L
         log.info("%s: %s resolved to %s", spec.name, ref, local)
         cfg = replace_key(cfg, key, str(local))
     return cfg
-
-
-def lineage_of(summary: Mapping[str, Any]) -> dict[str, str]:
-    """World size and checkpoint step, when a stage reports them."""
-    out = {}
-    for key in ("world_size", "checkpoint_step", "step", "global_step"):
-        if key in summary and isinstance(summary[key], (int, float, str)):
-            name = "checkpoint_step" if key in ("step", "global_step") else key
-            out[f"enn.{name}"] = str(summary[key])
-    return out
 
 
 def publish_metrics(spec: StageSpec, layout: Layout) -> None:

@@ -3,7 +3,7 @@ consolidated model (enn_core/train/)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enn_core.stages.prepare_checkpoint import PREPARE_CHECKPOINT
 from enn_core.stages.spec import StageSpec
@@ -12,9 +12,10 @@ from enn_core.stages.stage_data import STAGE_DATA
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.stage import StageContext
+    from enn_core.summaries import TrainSummary
 
 
-def distributed_train(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
+def distributed_train(cfg: RunConfig, ctx: StageContext) -> TrainSummary:
     from enn_core.train.stage import run
 
     return run(cfg, ctx, staged=ctx.input(STAGE_DATA), init=ctx.input(PREPARE_CHECKPOINT))

@@ -35,6 +35,7 @@ from enn_core.progress import follow_heartbeat
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.runtime.launch import Rendezvous, launch
 from enn_core.stage import StageContext
+from enn_core.summaries import TrainSummary
 from enn_core.train import worker
 from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, corrupt_files, step_name
 from enn_core.train.fingerprint import Fingerprint, diff, fingerprint
@@ -63,7 +64,7 @@ def threads_per_worker(requested: int, world_size: int) -> int:
     return max(1, cores // world_size)
 
 
-def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[str, Any]:
+def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> TrainSummary:
     """Train on the staged data (`staged`) from the initial checkpoint in `init`."""
     init = init / "init.pt"
     for path in (staged / "manifest.json", init):
@@ -126,12 +127,13 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
             "distributed-train: this node ran ranks %s; model.pt is written on the node of rank 0",
             sorted(results),
         )
-        return {
-            "node_ranks": sorted(int(r) for r in results),
-            "outputs": [],
-            "wall_s": time.time() - t0,
-            "ranks": {int(r): v for r, v in sorted(results.items())},
-        }
+        return TrainSummary(
+            record={
+                "node_ranks": sorted(int(r) for r in results),
+                "ranks": {int(r): v for r, v in sorted(results.items())},
+            },
+            wall_s=time.time() - t0,
+        )
     summary = {**results[0], **workers}  # restarts and phases: MLflow, Prefect and dvc metrics
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
     record_checkpoints(ctx, summary.get("checkpoint") or {}, fp)
@@ -144,13 +146,15 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
         write_json(tmp / "record.json", record)
         metrics = {**train_summary(record), "train/wall_s": time.time() - t0}
         write_json(tmp / "metrics.json", metrics)
-    summary.update(
-        outputs=[str(ctx.output() / n) for n in OUTPUTS],
+    ctx.events.metrics(metrics)
+    return TrainSummary(
+        output=str(ctx.output()),
+        record=summary,
+        metrics=metrics,
+        outputs=tuple(str(ctx.output() / n) for n in OUTPUTS),
         wall_s=metrics["train/wall_s"],
         logs=str(ctx.run_dir / "logs"),
     )
-    ctx.events.metrics(metrics)
-    return summary
 
 
 @contextlib.contextmanager

@@ -56,6 +56,7 @@ class Registration:
     version: int | None = None
     champion: bool = False
     model_uri: str = ""  # models:/<model_id>: the logged model
+    model_id: str = ""
     val_mae: float | None = None  # the candidate's, on its validation rows
     champion_val_mae: float | None = None  # the previous champion's, on the same rows
     naive_val_mae: float | None = None
@@ -147,7 +148,9 @@ def register(
         champion = _champion(client, name)
         verdict = _challenge(client, name, champion, ours, staged, Path(tmp))
     if isinstance(verdict, str):  # another task: not registered under this name
-        return Registration(name, False, verdict, model_uri=info.model_uri, val_mae=own.mae)
+        return Registration(
+            name, False, verdict, model_uri=info.model_uri, model_id=info.model_id, val_mae=own.mae
+        )
     promote, why = decide(
         own,
         None if naive is None else float(naive),
@@ -179,6 +182,7 @@ def register(
         version=int(version.version),
         champion=promote,
         model_uri=info.model_uri,
+        model_id=info.model_id,
         val_mae=own.mae,
         champion_val_mae=None if verdict is None else verdict.mae,
         naive_val_mae=None if naive is None else float(naive),

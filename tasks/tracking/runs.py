@@ -143,7 +143,13 @@ class Tracker:
                 self.client.update_run(run_id, status="RUNNING")
                 return run_id
         params = _flatten(to_plain(cfg)) if cfg is not None else {}
-        all_tags = {**self._own_tags(), TAG_KIND: "pipeline", TAG_FLOW: name, **tags}
+        all_tags = {
+            **self._own_tags(),
+            **source_tags(name, tags.get("enn.git_commit", "")),
+            TAG_KIND: "pipeline",
+            TAG_FLOW: name,
+            **tags,
+        }
         if group:
             all_tags[TAG_GROUP] = group
         run_name = self._parent_name(name, data, params)
@@ -290,6 +296,19 @@ class Tracker:
             self.client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
         return killed
+
+
+def source_tags(name: str, commit: str) -> dict[str, str]:
+    """MLflow's Source column: the flow's module (or the `enn` command), and its git commit."""
+    from enn_core.stages import FLOWS
+
+    tags = {
+        "mlflow.source.type": "LOCAL",
+        "mlflow.source.name": f"flows/{name}.py" if name in FLOWS else name,
+    }
+    if commit and commit != "unknown":
+        tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
+    return tags
 
 
 def store_error(uri: str, error: Exception) -> StoreError | NoSpaceError:

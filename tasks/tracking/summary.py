@@ -87,7 +87,7 @@ def write_parent(
     specs: tuple[StageSpec, ...],
     registration: Registration | None,
 ) -> None:
-    from mlflow.entities import DatasetInput, InputTag, Metric, RunTag
+    from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, Metric, RunTag
 
     now = int(time.time() * 1000)
     values = results(layout, specs)
@@ -103,6 +103,8 @@ def write_parent(
     metrics = [Metric(k, v, now, 0) for k, v in sorted(values.items())]
     if metrics or tags:
         client.log_batch(parent_id, metrics=metrics, tags=tags)
+    if registration is not None and registration.model_id:  # the run list's Models column
+        client.log_outputs(parent_id, models=[LoggedModelOutput(registration.model_id, step=0)])
     data = dataset(layout, specs)
     if data is not None:
         mode = json.loads(data.profile).get("mode")

@@ -57,10 +57,11 @@ def make_project(root: Path, *extra: str) -> Layout:
 
 
 def run_train(layout: Layout, cfg: RunConfig) -> tuple[dict, Path]:
-    """distributed-train through its stage function; returns (summary, run dir)."""
+    """distributed-train through its stage function; returns (its summary as result.json
+    holds it: the workers' record with the stage's fields, run dir)."""
     run_id = uuid.uuid4().hex[:8]
     ctx = make_context(cfg, layout, DISTRIBUTED_TRAIN, run_id)
-    return DISTRIBUTED_TRAIN.work(cfg, ctx), ctx.run_dir
+    return DISTRIBUTED_TRAIN.work(cfg, ctx).as_dict(), ctx.run_dir
 
 
 def outputs(layout: Layout) -> tuple[dict, dict[str, torch.Tensor]]:

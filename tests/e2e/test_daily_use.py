@@ -105,9 +105,9 @@ def test_retried_training_task_resumes_from_its_checkpoint(tmp_path, prefect_hom
         0
     ]
     # 5 steps per epoch: saves at 2, 4, 5 (epoch end), 6; the fault before step 7
-    assert train.data.params["checkpoint/resumed_from"].endswith("step-00000006")
-    assert train.data.params["checkpoint/fingerprint"]
-    assert train.data.metrics["checkpoint/last_step"] == 10
+    assert train.data.params["resolved.checkpoint.resumed_from"].endswith("step-00000006")
+    assert train.data.params["resolved.checkpoint.fingerprint"]
+    assert train.data.metrics["telemetry/checkpoint/last_step"] == 10
 
 
 def _start(project, *args: str) -> subprocess.Popen:
