@@ -16,20 +16,21 @@ Run: `enn run --flow prediction [--model champion | models:/NAME@ALIAS | PATH]`.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.states import State
 
 from enn_core.paths import project_root
 from enn_core.stages import up_to
-from flows.training import load_once, run_stages
+from flows.training import load_once, run_name, run_stages
 from tasks.runner import StageResult
 
 DEFAULT_CONFIG = "prediction/params.yaml"
 
 
-@flow(name="prediction", persist_result=False, log_prints=True)
+@flow(name="prediction", flow_run_name=run_name, persist_result=False, log_prints=True)
 def prediction(
     config: str = DEFAULT_CONFIG,
     overrides: list[str] | None = None,
@@ -51,7 +52,7 @@ def prediction(
         # A registry reference cannot be hashed by DVC: download that version next to the
         # pipeline (prediction/model/) and predict from the local copy, which DVC tracks.
         local = materialize(ref, root / Path(LOCAL_COPY).parent, cfg.tracking.uri or None)
-        get_run_logger().info("model %s -> %s", ref, local)
+        logging.getLogger("enn.flow").info("model %s -> %s", ref, local)
         if cfg.predict.model != LOCAL_COPY:
             overrides.append(f"predict.model={LOCAL_COPY}")
     elif model:

@@ -209,8 +209,10 @@ def publish_metrics(spec: StageSpec, layout: Layout) -> None:
     out = spec.output_dir(layout)
     metrics = out / "metrics.json"
     if spec.metrics and metrics.exists():
+        values = json.loads(metrics.read_text())
         write_json(
-            layout.outputs / "metrics" / f"{spec.name}.json", json.loads(metrics.read_text())
+            layout.outputs / "metrics" / f"{spec.name}.json",
+            {k: values[k] for k in spec.metrics if k in values},
         )
     history = out / "history.json"
     if history.exists():

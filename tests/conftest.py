@@ -42,6 +42,7 @@ COPIED = (
     "pyproject.toml",
     ".dvcignore",
     ".gitignore",
+    "scripts/enn",  # what dvc.yaml's commands run
 )
 
 TINY: dict = {
@@ -162,6 +163,7 @@ def make_project(
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     (dest / ".dvc").mkdir()
     shutil.copy2(ROOT / ".dvc" / "config", dest / ".dvc" / "config")

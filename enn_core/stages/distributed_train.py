@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from enn_core.metric_names import DVC_TRAIN
 from enn_core.stages.prepare_checkpoint import PREPARE_CHECKPOINT
 from enn_core.stages.spec import StageSpec
 from enn_core.stages.stage_data import STAGE_DATA
@@ -33,7 +34,7 @@ DISTRIBUTED_TRAIN = StageSpec(
     code=("enn_core/train", "enn_core/runtime", "enn_core/model", "enn_core/losses.py"),
     outputs=("model.pt", "record.json", "metrics.json", "history.json"),
     artifacts=("model.pt", "record.json", "metrics.json", "history.json"),
-    metrics=True,
+    metrics=DVC_TRAIN,
     plots=("loss_curves",),
     bundle=("model.pt",),
 )

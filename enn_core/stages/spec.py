@@ -68,8 +68,10 @@ class StageSpec:
     artifacts: tuple[str, ...] = ()
     """Output files logged to its MLflow run."""
 
-    metrics: bool = False
-    """Its `metrics.json` is published for `dvc metrics show` (`outputs/metrics/<name>.json`)."""
+    metrics: tuple[str, ...] = ()
+    """The headline names of its `metrics.json` that dvc.yaml declares as metrics
+    (`outputs/metrics/<name>.json`, what `dvc metrics show` and `dvc exp show` print: a few, so
+    the tables fit a terminal); the rest stays in `outputs/<name>/metrics.json`."""
 
     plots: tuple[str, ...] = ()
     """PNG plots the tracker draws after it runs (names of `tasks.tracking.plots.PLOTS`)."""

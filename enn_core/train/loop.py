@@ -234,6 +234,8 @@ def record_epoch(st: TrainState, epoch: int, val: dict[str, float] | None) -> No
     flush_telemetry(st)
     names = {k: f"epoch/{k}" if k in CURVES else telemetry(f"epoch/{k}") for k in row}
     st.rt.events.metrics({names[k]: float(v) for k, v in row.items() if k != "epoch"}, step=epoch)
+    # the launching process prints one line per epoch from this (enn_core/progress.py)
+    st.rt.events.event("epoch", epochs=st.cfg.epochs, **row)
 
 
 def early_stop(st: TrainState, epoch: int, val: dict[str, float] | None) -> bool:

@@ -31,7 +31,7 @@ from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, NoSpaceError, StaleOutputError, low_space
 from enn_core.metric_names import telemetry, train_summary
-from enn_core.progress import follow_heartbeat
+from enn_core.progress import follow_training
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.runtime.launch import Rendezvous, launch
 from enn_core.stage import StageContext
@@ -96,7 +96,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
     workers: dict[str, Any] = {}
     try:
         with (
-            follow_heartbeat(ctx.run_dir, total, ctx.stage, ctx.progress),
+            follow_training(ctx.run_dir, total, ctx.stage, ctx.logger, ctx.progress),
             no_space_named(ctx, job),
         ):
             results = launch(
@@ -116,12 +116,14 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
                 cancel=ctx.cancel,
                 rdzv=Rendezvous.of(cfg.runtime),
             )
+    except Exception:
+        forward_logs(ctx)  # the ranks' last lines beside the error (Prefect's task log)
+        raise
     finally:
         try:
             workers = record_workers(ctx)
         except OSError as e:  # a full disk: the run record cannot take more
             ctx.logger.warning("%s: the workers' phases were not recorded (%s)", ctx.stage, e)
-        forward_logs(ctx)
     if 0 not in results:  # another node hosted global rank 0: it writes model.pt
         ctx.logger.info(
             "distributed-train: this node ran ranks %s; model.pt is written on the node of rank 0",
@@ -210,11 +212,12 @@ def record_workers(ctx: StageContext) -> dict[str, Any]:
 
 
 def forward_logs(ctx: StageContext, tail: int = 20) -> None:
-    """The last lines of each rank's log into the stage's logger (the Prefect task log)."""
+    """After a failure: the last lines of each rank's log, at DEBUG (the log file, Prefect's
+    task log with --verbose); the error itself names the rank and its phase."""
     for log in sorted(Path(ctx.run_dir, "logs").glob("rank-*.log")):
         lines = log.read_text(errors="replace").splitlines()[-tail:]
         for line in lines:
-            ctx.logger.info("%s", line)
+            ctx.logger.debug("%s: %s", log.stem, line)
 
 
 def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> CheckpointPlan:

@@ -13,12 +13,14 @@ checked against docs/metrics.md.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +35,7 @@ class Store:
     project: Project
     uri: str
     outputs: list[str]
+    consoles: list[tuple[str, str]]  # (stdout, stderr) of each run
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +48,15 @@ def store(tmp_path_factory) -> Store:
         (["train.lr=0.01", "train.epochs=4"], 6),  # collapse-check fails: CollapseError
         (["data.synthetic.n_replicates=8", "train.epochs=40"], 0),
     ]
-    outputs = []
+    outputs, consoles = [], []
     for overrides, code in runs:
         args = [a for o in overrides for a in ("--set", o)]
         out = project.run("enn", "run", *args, check=False, timeout=600)
         assert out.returncode == code, out.stdout[-2000:] + out.stderr[-3000:]
         outputs.append(out.stdout + out.stderr)
+        consoles.append((out.stdout, out.stderr))
     uri = f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
-    return Store(project, uri, outputs)
+    return Store(project, uri, outputs, consoles)
 
 
 def client(store: Store):
@@ -319,3 +323,38 @@ def test_the_rest_api_shows_parents_models_and_the_champion(store, tmp_path):
 
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+# The project's own console lines (flows/console.py): a timestamp and a stage, the flow or the
+# run's closing summary. Anything else (a third-party INFO or warning line) fails the test.
+OWN = re.compile(
+    r"^\d\d:\d\d:\d\d (Prefect API: |params: |WARNING: |(stage-data|prepare-checkpoint|"
+    r"distributed-train|validate|predict|collapse-check|export)[: ])"
+)
+SUMMARY = re.compile(
+    r"^((stage-data|prepare-checkpoint|distributed-train|validate|predict|collapse-check|"
+    r"export) +(ran|skipped) |results: |model: |outputs: |log: |look: )"
+)
+
+
+def test_the_console_holds_only_the_projects_lines(store):
+    """The first training (all seven stages, 12 epochs): every line is the project's own; at
+    most a few per stage, plus one per epoch."""
+    stdout, stderr = store.consoles[0]
+    strange = [line for line in stderr.splitlines() if not OWN.match(line)]
+    strange += [line for line in stdout.splitlines() if not SUMMARY.match(line)]
+    assert not strange, "lines a user would wonder about:\n" + "\n".join(strange[:20])
+    epochs = [line for line in stderr.splitlines() if re.search(r"epoch \d+/12 ", line)]
+    assert len(epochs) == 12, stderr
+    assert len(stderr.splitlines()) <= 3 * 7 + 2 + len(epochs), stderr
+    assert "results: val MAE" in stdout and "model: enn-synthetic version 1: champion" in stdout
+    log = re.search(r"^log: (\S+)", stdout, re.M)
+    assert log and "Finished in state Completed()" in Path(log.group(1)).read_text()
+
+
+def test_dvc_metrics_show_fits_a_terminal(store):
+    wide = Project(store.project.root, {**store.project.env, "COLUMNS": "120"})
+    out = wide.run("dvc", "metrics", "show")
+    widths = [len(line) for line in out.stdout.splitlines()]
+    assert widths and max(widths) <= 120, out.stdout
+    assert "val/mae" in out.stdout and "train/epochs_run" in out.stdout

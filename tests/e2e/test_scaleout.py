@@ -58,7 +58,7 @@ def _exp_rows(project: Project) -> dict[str, dict]:
 def _epochs(data: dict) -> tuple[int, int]:
     """(train.epochs param, epochs_run metric) of one `dvc exp show` row."""
     params = data["params"]["params.yaml"]["data"]["train"]["epochs"]
-    metrics = data["metrics"]["outputs/metrics/distributed-train.json"]["data"]["epochs_run"]
+    metrics = data["metrics"]["outputs/metrics/distributed-train.json"]["data"]["train/epochs_run"]
     return params, metrics
 
 

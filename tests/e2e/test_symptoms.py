@@ -348,7 +348,7 @@ def test_collapse_shows_the_candidates_table(provoked, tmp_path):
     for record in (s.record, s.mlflow_record):
         assert record["stage_error"]["type"] == "CollapseError"
         assert "every candidate collapsed" in record["stage_error"]["message"]
-        rows = {r["candidate"]: r for r in record["candidates"]}
+        rows = {r["candidate"]: r for r in record["tables"]["candidates"]}
         assert set(rows) == {"raw", "calibrated", "fp32", "per_sample"}
         assert rows["raw"]["status"] == "failed" and rows["raw"]["spread_median"] == 0.0
         assert (
