@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -26,14 +27,28 @@ from enn_core.runtime.heartbeat import read_heartbeats
 
 
 def bar(total: int | None, desc: str, enabled: bool = True, unit: str = "it") -> tqdm:
+    on = enabled and sys.stderr.isatty()
+    # A terminal that reports no size (a fresh pseudo-terminal, `docker run -t`) would make
+    # tqdm draw nothing at all (0 columns; -1 rows hides every bar): 100 x 24 then.
+    cols, rows = _size() if on else (0, 0)
     return tqdm(
         total=total,
         desc=desc,
         unit=unit,
-        disable=not (enabled and sys.stderr.isatty()),
+        disable=not on,
         leave=False,
-        dynamic_ncols=True,
+        dynamic_ncols=cols > 0 and rows > 0,
+        ncols=None if cols > 0 else 100,
+        nrows=None if rows > 0 else 24,
     )
+
+
+def _size() -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return 0, 0
+    return size.columns, size.lines
 
 
 @contextlib.contextmanager

@@ -299,7 +299,7 @@ def print_summary(results: dict, layout: Layout, flow: str) -> None:
 
     for stage, r in results.items():
         print(f"{stage:20s} {r.status:8s} {r.seconds:7.1f} s  {r.reason}")
-    metrics = layout.outputs / "metrics" / f"{VALIDATE.name}.json"
+    metrics = VALIDATE.output_dir(layout) / "metrics.json"
     if flow == "training" and VALIDATE.name in results and metrics.is_file():
         m = json.loads(metrics.read_text())
         print(

@@ -45,12 +45,9 @@ def record_overrides(path: Path, overrides: list[str]) -> list[str]:
     tracked = tracked_sections()
     keep = [o for o in overrides if parse_override(o)[0].split(".")[0] in tracked]
     lines = write_overrides(path, keep)
-    lines += [
-        f"{parse_override(o)[0]}: {parse_override(o)[1]} for this run only (not a pipeline "
-        "parameter: params.yaml unchanged)"
-        for o in overrides
-        if o not in keep
-    ]
+    once = [o for o in overrides if o not in keep]
+    if once:
+        lines.append(f"{', '.join(once)} for this run only (not written: not a pipeline parameter)")
     return lines
 
 
@@ -99,7 +96,8 @@ def write_overrides(path: Path, overrides: list[str]) -> list[str]:
             node = node[p]
         old = node.get(parts[-1], "<default>")
         node[parts[-1]] = value
-        changes.append(f"{key}: {old} -> {value}")
+        if old != value:
+            changes.append(f"{key}: {old} -> {value}")
     buf = io.StringIO()
     yaml.dump(doc, buf)
     with atomic_file(path) as f:

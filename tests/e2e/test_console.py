@@ -86,7 +86,7 @@ def test_set_writes_the_pipelines_parameters_the_same_way_and_a_failure_none(pro
     out = proj.run("enn", "stage-data", "--set", "data.val_fraction=0.2", "--set", "runtime.seed=3")
     text = params.read_text()
     assert "val_fraction: 0.2" in text and "seed: 3" not in text.split("runtime:")[1]
-    assert "runtime.seed: 3 for this run only" in out.stderr, out.stderr
+    assert "runtime.seed=3 for this run only" in out.stderr, out.stderr
     for argv in (["stage-data"], ["run", "--until", "stage-data"]):
         before = params.read_bytes()
         sets = ["data.val_fraction=0.3", "data.source=npy", "data.path=missing.npy"]

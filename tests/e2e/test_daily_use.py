@@ -199,16 +199,35 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
     assert not leftovers, "the Prefect server outlived enn deploy"
 
 
-def test_mlflow_ui_serves_the_runs_over_rest(two_stage):
+def test_enn_ui_serves_mlflow_and_prefect_and_a_run_reports_to_it(two_stage):
+    """`enn ui`: the MLflow UI and the Prefect UI over the project's stores, on loopback; an
+    `enn run` meanwhile reports to its Prefect server (no second server on the database),
+    under a name that says what it does."""
     two_stage.run("enn", "stage-data")
     proc = _start(two_stage, "ui", "--port", "0")
     try:
         url = _read_until(proc, r"MLflow UI: (http://127\.0\.0\.1:\d+)", 240).group(1)
+        prefect = _read_until(proc, r"Prefect UI: (http://127\.0\.0\.1:\d+)/runs", 240).group(1)
         exps = http(f"{url}/api/2.0/mlflow/experiments/search", {"max_results": 10})["experiments"]
         exp = next(e for e in exps if e["name"] == "enn")
         found = http(
             f"{url}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp["experiment_id"]]}
         )["runs"]
         assert "stage-data" in {r["info"]["run_name"] for r in found}
+        with urllib.request.urlopen(f"{prefect}/runs", timeout=30) as r:  # the UI's page
+            assert r.status == 200 and b"<html" in r.read().lower()
+        out = two_stage.run("enn", "run", "--until", "stage-data", "--set", "data.split_seed=4")
+        assert f"Prefect API: {prefect}/api (enn ui's" in out.stderr, out.stderr[-2000:]
+        runs = http(f"{prefect}/api/flow_runs/filter", {"limit": 10})
+        names = {r["name"] for r in runs}
+        assert "training params.yaml data.split_seed=4 until stage-data" in names, names
+        listening = {
+            c.laddr.ip
+            for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            for c in p.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert listening == {"127.0.0.1"}, listening
     finally:
         _stop(proc)
+    assert not (two_stage.root / "work" / "ui.json").exists()
