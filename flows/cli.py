@@ -185,7 +185,8 @@ def ui_command(cfg: RunConfig, layout: Layout, port: int | None) -> int:
     ):
         announce_ui(layout.work, api, url)
         print(f"MLflow UI: {experiment_url(url, cfg.tracking.experiment)}", flush=True)
-        print(f"Prefect UI: {api.removesuffix('/api')}/runs (Ctrl-C stops both)", flush=True)
+        # the UI's own pages are client-side routes: its root is the address that loads
+        print(f"Prefect UI: {api.removesuffix('/api')} (Ctrl-C stops both)", flush=True)
         import time
 
         while True:
