@@ -4,7 +4,7 @@ enn_core never imports mlflow. A stage (or rank 0 of a distributed job) appends 
 `<run_dir>/events.jsonl`:
 
     {"type": "metric", "name": "train/loss", "value": 0.12, "step": 3, "time": ...}
-    {"type": "param",  "name": "precision", "value": "fp32"}
+    {"type": "param",  "name": "resolved.train.precision", "value": "fp32"}
     {"type": "event",  "name": "oom_backoff", "fields": {...}}
     {"type": "artifact", "path": "/abs/path", "artifact_path": "plots"}
     {"type": "table", "name": "candidates", "rows": [{...}, ...]}
@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from enn_core.metric_names import resolved
 
 EVENTS_FILE = "events.jsonl"
 
@@ -52,7 +54,9 @@ class EventLog:
             self.metric(k, v, step)
 
     def param(self, name: str, value: Any) -> None:
-        self._write({"type": "param", "name": name, "value": value})
+        """A value the stage chose at run time: MLflow parameter `resolved.<name>`, where
+        `name` is dotted like the params.yaml key it resolves (`runtime.world_size`)."""
+        self._write({"type": "param", "name": resolved(name), "value": value})
 
     def event(self, name: str, **fields: Any) -> None:
         self._write({"type": "event", "name": name, "fields": fields})

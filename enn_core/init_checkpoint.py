@@ -71,7 +71,7 @@ FRESH_START = "start fresh (checkpoint.init_from: '')"
 def resolve_source(source: str, layout: Layout) -> Path:
     """`checkpoint.init_from` as an existing consolidated checkpoint file (a folder -> its
     model.pt)."""
-    if source.startswith(("models:/", "runs:/")):
+    if source.startswith(("models:/", "runs:/")) or source == "champion":
         raise ConfigError(
             f"checkpoint.init_from={source}: registry URIs are resolved by the task layer "
             "(enn run / the Prefect flow) into a local folder; here give that folder or a "
@@ -210,14 +210,14 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
 
 def _record(ctx: StageContext, cfg: RunConfig, summary: InitSummary) -> None:
     """Params for the tracker (through the events file) and one log line."""
-    ctx.events.param("model_preset", cfg.model.preset)
-    ctx.events.param("model_parameters", summary.parameters)
-    ctx.events.param("init_from", summary.init_from)
+    ctx.events.param("model.preset", cfg.model.preset)
+    ctx.events.param("model.parameters", summary.parameters)
+    ctx.events.param("checkpoint.init_from", summary.init_from)
     warm = summary.warm_start
     if warm:
         for key in ("path", "sha256", "data_fingerprint", "same_data", "registry_uri"):
-            ctx.events.param(f"init_source_{key}", warm[key])
-        ctx.events.param("init_source_stage", warm["meta"].get("stage"))
+            ctx.events.param(f"checkpoint.init_source.{key}", warm[key])
+        ctx.events.param("checkpoint.init_source.stage", warm["meta"].get("stage"))
     how = (
         f"warm start from {warm['path']} ({'same' if warm['same_data'] else 'other'} data)"
         if warm

@@ -3,7 +3,9 @@ predictors: what validate reports and collapse-check judges candidates by.
 
 R² is variance-weighted over outputs: 1 - sum of squared errors / sum over outputs of the
 squared deviations from that output's mean over the split's rows. `<split>/worse_than_<naive>`
-is 1 when the model does not beat that naive predictor (MAE not strictly lower).
+is 1 when the model does not beat that naive predictor (MAE not strictly lower);
+`<split>/skill_vs_<naive>` is 1 - MAE / the naive predictor's MAE (0: no better than it, 1: no
+error; negative: worse). Names: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def evaluate_split(
         metrics[f"{split}/{name}_rmse"] = nm["rmse"]
         worse = not m["mae"] < nm["mae"]
         metrics[f"{split}/worse_than_{name}"] = float(worse)
+        metrics[f"{split}/skill_vs_{name}"] = skill(m["mae"], nm["mae"])
         breakdown[name] = axis_breakdown(npred, target, axes, axis_values)
         if worse:
             flags.append(
@@ -93,6 +96,12 @@ def evaluate_split(
                 f"{nm['mae']:.4g}; the model adds nothing over it on this split"
             )
     return metrics, breakdown, flags
+
+
+def skill(mae: float, naive_mae: float) -> float:
+    """1 - mae / naive_mae: the share of the naive predictor's error the model removes (NaN
+    when the naive predictor makes no error)."""
+    return 1.0 - mae / naive_mae if naive_mae > 0 else math.nan
 
 
 def finite_or_none(metrics: Mapping[str, float]) -> dict[str, float | None]:

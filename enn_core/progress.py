@@ -1,58 +1,193 @@
 """Progress bars on long work (staging chunks, training steps, prediction parts).
 
-Shown on a terminal when `runtime.progress` is on; silent otherwise (CI logs, Prefect workers,
-redirected output), so logs stay readable. Training runs in worker processes whose output goes
-to per-rank log files, so its bar lives in the launching process and follows rank 0's
-heartbeat (`follow_heartbeat`).
+Bars show on a terminal when `runtime.progress` is on; silent otherwise (CI logs, Prefect
+workers, redirected output). Training runs in worker processes whose output goes to per-rank
+log files, so the launching process follows rank 0's events and heartbeat
+(`follow_training`): one log line per epoch as it happens (terminal, log file, Prefect), the
+resume, back-off, restart and early-stop messages, and the bar with the last loss.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import json
+import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
 
+from enn_core.events import EVENTS_FILE
 from enn_core.runtime.heartbeat import read_heartbeats
 
 
 def bar(total: int | None, desc: str, enabled: bool = True, unit: str = "it") -> tqdm:
+    on = enabled and sys.stderr.isatty()
+    # A terminal that reports no size (a fresh pseudo-terminal, `docker run -t`) would make
+    # tqdm draw nothing at all (0 columns; -1 rows hides every bar): 100 x 24 then.
+    cols, rows = _size() if on else (0, 0)
     return tqdm(
         total=total,
         desc=desc,
         unit=unit,
-        disable=not (enabled and sys.stderr.isatty()),
+        disable=not on,
         leave=False,
-        dynamic_ncols=True,
+        dynamic_ncols=cols > 0 and rows > 0,
+        ncols=None if cols > 0 else 100,
+        nrows=None if rows > 0 else 24,
     )
 
 
+def _size() -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return 0, 0
+    return size.columns, size.lines
+
+
 @contextlib.contextmanager
-def follow_heartbeat(
-    run_dir: Path, total: int | None, desc: str, enabled: bool = True, interval: float = 1.0
+def follow_training(
+    run_dir: Path,
+    total: int | None,
+    desc: str,
+    logger: logging.Logger,
+    bar_enabled: bool = True,
+    interval: float = 0.5,
 ) -> Iterator[None]:
-    """A bar over rank 0's heartbeat step while the body (the worker launch) runs."""
-    pbar = bar(total, desc, enabled, unit="step")
-    if pbar.disable:
-        yield
-        return
+    """While the body (the worker launch) runs: one log line per epoch as rank 0 records it,
+    the resume, back-off, restart and early-stop messages when they happen, and (on a
+    terminal) a bar over rank 0's heartbeat step with the last loss."""
+    follower = TrainingFollower(run_dir, total, desc, logger, bar_enabled)
     stop = threading.Event()
 
     def poll() -> None:
         while not stop.wait(interval):
-            rec = read_heartbeats(run_dir).get(0)
-            if rec and isinstance(rec.get("step"), int):
-                pbar.n = rec["step"]
-                pbar.set_postfix_str(str(rec.get("phase", "")), refresh=True)
+            follower.poll()
 
-    t = threading.Thread(target=poll, name="enn-progress", daemon=True)
+    # the caller's context (a Prefect task run's): its log handlers accept the thread's lines
+    context = contextvars.copy_context()
+    t = threading.Thread(target=context.run, args=(poll,), name="enn-progress", daemon=True)
     t.start()
     try:
         yield
     finally:
         stop.set()
-        t.join(timeout=2 * interval)
-        pbar.close()
+        t.join(timeout=2 * interval + 5)
+        follower.poll()  # what the workers wrote last
+        follower.close()
+
+
+class TrainingFollower:
+    """Reads rank 0's events (new lines only) and heartbeat; says what happened."""
+
+    def __init__(
+        self, run_dir: Path, total: int | None, desc: str, logger: logging.Logger, bar_on: bool
+    ) -> None:
+        self.path = Path(run_dir) / EVENTS_FILE
+        self.run_dir, self.desc, self.log = Path(run_dir), desc, logger
+        self.pbar = bar(total, desc, bar_on, unit="step")
+        self.offset = 0
+        self.attempt = 0
+        self.epoch_s: list[float] = []
+
+    def poll(self) -> None:
+        for rec in self._new_records():
+            self._handle(rec)
+        beat = read_heartbeats(self.run_dir).get(0) or {}
+        attempt = beat.get("attempt")
+        if isinstance(attempt, int) and attempt > self.attempt:
+            self.log.warning("%s: workers restarted (attempt %d)", self.desc, attempt + 1)
+            self.attempt = attempt
+        if not self.pbar.disable and isinstance(beat.get("step"), int):
+            self.pbar.n = beat["step"]
+            self.pbar.refresh()
+
+    def close(self) -> None:
+        self.pbar.close()
+
+    def _handle(self, rec: dict[str, Any]) -> None:
+        kind, name = rec.get("type"), rec.get("name")
+        if kind == "param" and name == "resolved.train.total_steps":
+            self.pbar.total = int(rec["value"])
+            return
+        if kind != "event":
+            return
+        f = rec.get("fields") or {}
+        if name == "epoch":
+            self.log.info("%s", self._epoch_line(f))
+            self.pbar.set_postfix_str(f"loss {f.get('train_loss', float('nan')):.4g}", False)
+        elif name == "resumed":
+            self.log.info(
+                "%s: resumed from %s (saved by %s worker(s), now %s)",
+                self.desc,
+                Path(str(f.get("checkpoint", ""))).name,
+                f.get("saved_world_size"),
+                f.get("world_size"),
+            )
+        elif name == "early_stop":
+            self.log.info(
+                "%s: early stop after epoch %d: no better validation loss for train.patience "
+                "epochs (best: epoch %d, %.4g); keeping the best epoch's weights",
+                self.desc,
+                int(f.get("epoch", 0)) + 1,
+                int(f.get("best_epoch", 0)) + 1,
+                float(f.get("best_val_loss", float("nan"))),
+            )
+        elif name == "oom_backoff":
+            self.log.warning(
+                "%s: out of memory at step %s: micro-batch %s -> %s (accumulation %s)",
+                self.desc,
+                f.get("step"),
+                f.get("micro_batch_before"),
+                f.get("micro_batch_after"),
+                f.get("accumulation_after"),
+            )
+        elif name == "nonfinite_skip":
+            self.log.warning(
+                "%s: non-finite values in %s at step %s: step skipped",
+                self.desc,
+                f.get("tensor"),
+                f.get("step"),
+            )
+
+    def _epoch_line(self, f: dict[str, Any]) -> str:
+        """`distributed-train: epoch 3/20  train loss 0.1234  val loss 0.1111  val MAE 2.455
+        lr 9.5e-03  268 samples/s  ~0:45 left`"""
+        epoch, epochs = int(f.get("epoch", 0)) + 1, int(f.get("epochs", 0))
+        parts = [f"{self.desc}: epoch {epoch}/{epochs}"]
+        for key, label in (("train_loss", "train loss"), ("val_loss", "val loss")):
+            if isinstance(f.get(key), (int, float)):
+                parts.append(f"{label} {f[key]:.4g}")
+        if isinstance(f.get("val_mae"), (int, float)):
+            parts.append(f"val MAE {f['val_mae']:.4g}")
+        if isinstance(f.get("lr"), (int, float)):
+            parts.append(f"lr {f['lr']:.2e}")
+        if isinstance(f.get("samples_per_s"), (int, float)):
+            parts.append(f"{f['samples_per_s']:.0f} samples/s")
+        if isinstance(f.get("epoch_s"), (int, float)):
+            self.epoch_s.append(float(f["epoch_s"]))
+            left = (epochs - epoch) * sum(self.epoch_s) / len(self.epoch_s)
+            parts.append(f"~{int(left // 60)}:{int(left % 60):02d} left")
+        return "  ".join(parts)
+
+    def _new_records(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete.encode("utf-8"))
+        out = []
+        for line in complete.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out

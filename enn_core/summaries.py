@@ -120,3 +120,36 @@ class CheckSummary(StageSummary):
     released: bool
     report: str
     measures: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSummary(StageSummary):
+    """distributed-train: the workers' record (rank 0's summary with the restarts and each
+    rank's phase; `record.json`) and its metrics under docs/metrics.md's names. On a node that
+    did not host rank 0 the record holds this node's ranks and no outputs are written."""
+
+    record: Mapping[str, Any]
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
+    wall_s: float = 0.0
+    logs: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record with the stage's own fields (result.json; the Prefect task's table)."""
+        return {
+            **self.record,
+            "output": self.output,
+            "outputs": list(self.outputs),
+            "wall_s": self.wall_s,
+            "logs": self.logs,
+            "metrics": dict(self.metrics),
+        }
+
+    def lineage(self) -> dict[str, str]:
+        out = {}
+        if isinstance(self.record.get("world_size"), int):
+            out["enn.world_size"] = str(self.record["world_size"])
+        step = self.record.get("checkpoint_step", self.record.get("global_step"))
+        if isinstance(step, int):
+            out["enn.checkpoint_step"] = str(step)
+        return out

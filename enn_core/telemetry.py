@@ -31,6 +31,7 @@ import psutil
 import torch
 
 from enn_core.events import EventLog
+from enn_core.metric_names import telemetry
 
 BOUND_SHARE = 0.3  # data wait or communication share of step time that makes a run "bound"
 UTIL_MIN_PCT = 95.0  # seed 04: sustained GPU utilization below this -> data/communication bound
@@ -173,11 +174,11 @@ class Verdict:
         return asdict(self)
 
     def as_metrics(self) -> dict[str, float]:
-        out = {f"bottleneck/{k}_share": v for k, v in self.shares.items()}
-        out["bottleneck/code"] = float(VERDICTS.index(self.bottleneck))
+        out = {telemetry(f"bottleneck/{k}_share"): v for k, v in self.shares.items()}
+        out[telemetry("bottleneck/code")] = float(VERDICTS.index(self.bottleneck))
         for k in ("util_pct", "power_w", "power_limit_w", "temp_c", "sm_clock_mhz"):
             if self.gpu and self.gpu.get(k) is not None:
-                out[f"gpu/{k}"] = float(self.gpu[k])
+                out[telemetry(f"gpu/{k}")] = float(self.gpu[k])
         return out
 
 
@@ -276,9 +277,9 @@ def write_epoch(
     """Metrics (shares, memory, GPU) at step=epoch and one `bottleneck` event (-> MLflow)."""
     metrics = verdict.as_metrics()
     for k, v in ((record or {}).get("memory") or {}).items():
-        metrics[f"memory/{k}"] = float(v)
+        metrics[telemetry(f"memory/{k}")] = float(v)
     if record and record.get("samples_per_s"):
-        metrics["throughput/samples_per_s"] = float(record["samples_per_s"])
+        metrics[telemetry("throughput/samples_per_s")] = float(record["samples_per_s"])
     events.metrics(metrics, step=epoch)
     events.event(
         "bottleneck",

@@ -36,7 +36,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
     ds, model, _ = load_trained(staged, trained, ctx.stage)
     device, reason = resolve_device(cfg.runtime.device)
     model.to(device)
-    ctx.events.param("validate/device", f"{device} ({reason})")
+    ctx.events.param("validate.device", f"{device} ({reason})")
     manifest = ds.manifest
     axes = manifest.get("label_axes") or []
     axis_values = manifest.get("label_axis_values") or {}

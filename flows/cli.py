@@ -29,6 +29,7 @@ from enn_core.config import RunConfig
 from enn_core.errors import EnnError, exit_codes
 from enn_core.paths import Layout, find_root, project_root
 from enn_core.stages import FLOWS, PREDICTION, TRAINING, Flow, StageSpec, lookup
+from flows import console
 
 COMMON_EPILOG = (
     "Config: defaults -> params.yaml -> --set overrides (docs/config.md lists every key). "
@@ -166,31 +167,66 @@ def _config_path(args: argparse.Namespace) -> Path:
 
 
 def ui_command(cfg: RunConfig, layout: Layout, port: int | None) -> int:
-    from flows.servers import mlflow_server
+    """The MLflow UI and the Prefect UI over this project's stores, on loopback, until Ctrl-C;
+    `enn run` meanwhile reports its flow runs to this Prefect server (work/ui.json)."""
+    from flows.servers import announce_ui, mlflow_server, prefect_server
 
     uri = cfg.tracking.uri or layout.mlflow_uri
-    with mlflow_server(
-        uri,
-        layout.mlflow_artifacts,
-        cfg.deploy.host,
-        cfg.deploy.mlflow_port if port is None else port,
-        layout.work / "logs" / "mlflow-server.log",
-    ) as url:
-        print(f"MLflow UI: {url} (Ctrl-C stops)", flush=True)
+    logs = layout.work / "logs"
+    with (
+        mlflow_server(
+            uri,
+            layout.mlflow_artifacts,
+            cfg.deploy.host,
+            cfg.deploy.mlflow_port if port is None else port,
+            logs / "mlflow-server.log",
+        ) as url,
+        prefect_server(cfg.deploy.host, cfg.deploy.prefect_port, logs / "prefect-ui.log") as api,
+    ):
+        announce_ui(layout.work, api, url)
+        print(f"MLflow UI: {experiment_url(url, cfg.tracking.experiment)}", flush=True)
+        # the UI's own pages are client-side routes: its root is the address that loads
+        print(f"Prefect UI: {api.removesuffix('/api')} (Ctrl-C stops both)", flush=True)
         import time
 
         while True:
             time.sleep(3600)
 
 
-def run_stage_command(spec: StageSpec, cfg: RunConfig, config: Path, layout: Layout) -> int:
+def experiment_url(url: str, experiment: str) -> str:
+    """The experiment's run list in MLflow's model-training view (the UI otherwise opens in
+    its GenAI view, a per-browser setting); the server's root before the first run."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.urlencode({"experiment_name": experiment})
+    try:
+        with urllib.request.urlopen(
+            f"{url}/api/2.0/mlflow/experiments/get-by-name?{query}", timeout=10
+        ) as r:
+            exp_id = json.loads(r.read())["experiment"]["experiment_id"]
+    except (OSError, ValueError, KeyError):
+        return url
+    return f"{url}/#/experiments/{exp_id}?workflowType=machine_learning"
+
+
+def run_stage_command(
+    spec: StageSpec, cfg: RunConfig, config: Path, layout: Layout, overrides: list[str]
+) -> int:
+    """One stage, as `dvc repro` runs it; `--set` overrides are written into the config file
+    once it succeeded (as `enn run --set` and `dvc exp run -S` do: the outputs and params.yaml
+    agree; a failed run leaves the file as it was)."""
+    from flows.params_file import record_overrides
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
 
     group = dvc_group()
     name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
-    with pipeline_session(cfg, config, layout, name, group=group) as session:
+    with pipeline_session(cfg, config, layout, name, group=group, specs=(spec,)) as session:
         result = execute_stage(spec, session)
+        for change in record_overrides(config, overrides):
+            logging.getLogger("enn").info("params: %s", change)
     print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
     return 0
 
@@ -203,7 +239,18 @@ def prefect_api(layout: Layout) -> Iterator[str]:
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    from flows.servers import temporary_prefect_api
+    from flows.servers import running_ui, temporary_prefect_api
+
+    ui = running_ui(layout.work)
+    if ui is not None:  # `enn ui` serves this project's Prefect database: report to it
+        logging.getLogger("enn").info(
+            "Prefect API: %s (enn ui's; the run shows at %s)",
+            ui["prefect_api"],
+            ui["prefect_api"].removesuffix("/api"),
+        )
+        os.environ["PREFECT_API_URL"] = ui["prefect_api"]
+        yield ui["prefect_api"]
+        return
 
     api = temporary_prefect_api(layout.work / "logs" / "prefect-api.log")
     logging.getLogger("enn").info("Prefect API: %s (temporary: it stops with this run)", api)
@@ -240,9 +287,41 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
                 file=sys.stderr,
             )
             return 130
+    print_summary(results, layout, flow)
+    return 0
+
+
+def print_summary(results: dict, layout: Layout, flow: str) -> None:
+    """How the run went: each stage's status and time, the headline results against the naive
+    predictors, the registered version and the champion decision, and where to look."""
+    import json
+
+    from enn_core.stages import STAGE_DATA, VALIDATE
+
     for stage, r in results.items():
         print(f"{stage:20s} {r.status:8s} {r.seconds:7.1f} s  {r.reason}")
-    return 0
+    metrics = VALIDATE.output_dir(layout) / "metrics.json"
+    if flow == "training" and VALIDATE.name in results and metrics.is_file():
+        m = json.loads(metrics.read_text())
+        print(
+            "results: "
+            + "; ".join(
+                f"{split} MAE {m[f'{split}/mae']:.4g} (conditional naive "
+                f"{m[f'{split}/naive_conditional_mae']:.4g}, per-cell mean "
+                f"{m[f'{split}/naive_cell_mean_mae']:.4g})"
+                for split in ("val", "test")
+                if m.get(f"{split}/mae") is not None
+                and m.get(f"{split}/naive_conditional_mae") is not None
+                and m.get(f"{split}/naive_cell_mean_mae") is not None
+            )
+        )
+    for r in results.values():
+        if r.registry is not None:
+            print(f"model: {r.registry.line()}")
+    print(f"outputs: {layout.outputs}/<stage>/ (staged data: {layout.outputs / STAGE_DATA.name})")
+    if console.LOG_FILE is not None:
+        print(f"log: {console.LOG_FILE}")
+    print("look: enn ui (MLflow and Prefect), dvc metrics show")
 
 
 def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
@@ -259,7 +338,7 @@ def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Lay
     if args.command == "ui":
         return ui_command(cfg, layout, args.port)
     flow: Flow = getattr(args, "pipeline", "training")
-    return run_stage_command(lookup(args.command, flow), cfg, config, layout)
+    return run_stage_command(lookup(args.command, flow), cfg, config, layout, args.overrides)
 
 
 def wait_for_agents(timeout_s: float = 60.0) -> None:
@@ -282,19 +361,16 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_agents()
 
 
+def _log_name(args: argparse.Namespace) -> str:
+    """The log file's name after the command (`run-training`, `validate`)."""
+    if args.command == "run":
+        return f"run-{getattr(args, 'flow', None) or 'training'}"
+    return str(args.command)
+
+
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("httpx", "httpcore", "alembic", "mlflow.store.db.utils"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # torchelastic logs each worker's exit with a traceback, also when enn stopped the
-    # workers itself (Ctrl-C, cancel); enn reports failures with the rank and phase instead,
-    # and each rank's log is in the run directory. --verbose shows them.
-    if not args.verbose:
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    console.setup(None, args.command, verbose=args.verbose)  # the log file once work/ is known
     config = _config_path(args)
     root = project_root(config)  # an overlay under configs/ runs in the project, not in configs/
     try:
@@ -305,6 +381,7 @@ def _main(argv: list[str] | None) -> int:
         # any work); then the environment, before anything imports prefect or mlflow.
         cfg = load_config(config, args.overrides)
         layout = contain(project_layout(root, cfg.runtime.work_dir))
+        console.setup(layout.work / "logs", _log_name(args), verbose=args.verbose)
         return dispatch(args, cfg, config, layout)
     except EnnError as e:
         # one line, whatever a library put into the message it wraps

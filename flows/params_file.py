@@ -1,10 +1,20 @@
 """Apply `--set key=value` overrides of a pipeline run to params.yaml, as `dvc exp run -S`
 does: DVC owns staleness and reads params.yaml, so the values a run used must be the ones in
-the file. Comments and order are kept (ruamel round-trip)."""
+the file. Comments and order are kept (ruamel round-trip).
+
+`enn run --set` and `enn <stage> --set` treat the file the same way (`record_overrides`): a key
+of a section DVC tracks (a stage's `sections`: data, model, train, checkpoint, predict,
+collapse, export) is written; a key of the others (runtime, tracking, deploy, fault: how to
+run, not what to compute) applies to that run only and leaves the file as it was. A run that
+fails before any stage is recorded puts the file back as it was (`recorded_overrides`): bad
+input loses nothing, and params.yaml, the outputs and dvc.lock keep agreeing."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -20,6 +30,52 @@ def apply_overrides(path: Path, overrides: list[str]) -> list[str]:
         return []
     load_config(path, overrides)  # validates keys and values before touching the file
     return write_overrides(path, overrides)
+
+
+def tracked_sections() -> frozenset[str]:
+    """The config sections some stage reads, which dvc.yaml's `params:` track."""
+    from enn_core.stages import ALL
+
+    return frozenset(section for spec in ALL for section in spec.sections)
+
+
+def record_overrides(path: Path, overrides: list[str]) -> list[str]:
+    """What `--set` does to the config file: tracked keys written (validated already: the
+    run's config holds them), the others named as this run's only."""
+    tracked = tracked_sections()
+    keep = [o for o in overrides if parse_override(o)[0].split(".")[0] in tracked]
+    lines = write_overrides(path, keep)
+    once = [o for o in overrides if o not in keep]
+    if once:
+        lines.append(f"{', '.join(once)} for this run only (not written: not a pipeline parameter)")
+    return lines
+
+
+class Recorded:
+    """The overrides a run wrote; `keep()` once a stage's outputs were made with them."""
+
+    def __init__(self, path: Path, before: bytes) -> None:
+        self.path, self.before, self.kept = path, before, False
+
+    def keep(self) -> None:
+        self.kept = True
+
+
+@contextlib.contextmanager
+def recorded_overrides(path: Path, overrides: list[str], log: logging.Logger) -> Iterator[Recorded]:
+    """`record_overrides` for the body's run; the file restored if the body fails before
+    `keep()`."""
+    recorded = Recorded(path, path.read_bytes())
+    for change in record_overrides(path, overrides):
+        log.info("params: %s", change)
+    try:
+        yield recorded
+    except BaseException:
+        if not recorded.kept and path.read_bytes() != recorded.before:
+            with atomic_file(path, "wb") as f:
+                f.write(recorded.before)
+            log.info("params: %s restored (the run failed before any stage finished)", path.name)
+        raise
 
 
 def write_overrides(path: Path, overrides: list[str]) -> list[str]:
@@ -40,7 +96,8 @@ def write_overrides(path: Path, overrides: list[str]) -> list[str]:
             node = node[p]
         old = node.get(parts[-1], "<default>")
         node[parts[-1]] = value
-        changes.append(f"{key}: {old} -> {value}")
+        if old != value:
+            changes.append(f"{key}: {old} -> {value}")
     buf = io.StringIO()
     yaml.dump(doc, buf)
     with atomic_file(path) as f:
@@ -48,4 +105,4 @@ def write_overrides(path: Path, overrides: list[str]) -> list[str]:
     return changes
 
 
-__all__ = ["RunConfig", "apply_overrides"]
+__all__ = ["RunConfig", "apply_overrides", "record_overrides"]

@@ -144,12 +144,14 @@ def temporary_prefect_api(log: Path, timeout_s: float = 120.0) -> str:
 
 @contextlib.contextmanager
 def prefect_server(host: str, port: int, log: Path, scheduler_loop_s: float = 5.0) -> Iterator[str]:
-    """`prefect server start` on host:port; yields its API URL."""
+    """`prefect server start` on host:port, its UI on (the links it prints work); yields its
+    API URL (the UI is the same address without `/api`)."""
     port = port or free_port(host)
     env = {
         **os.environ,
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": str(scheduler_loop_s),
-        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "true",
+        "PREFECT_UI_API_URL": f"http://{host}:{port}/api",
     }
     env.pop("PREFECT_API_URL", None)
     exe = Path(sys.executable).parent / "prefect"
@@ -161,6 +163,36 @@ def prefect_server(host: str, port: int, log: Path, scheduler_loop_s: float = 5.
         log,
     ):
         yield api
+
+
+UI_FILE = "ui.json"  # under work/: the servers `enn ui` runs, for `enn run` to report to
+
+
+def announce_ui(work: Path, prefect_api: str, mlflow_url: str) -> Path:
+    """Write work/ui.json while `enn ui` runs (removed when it stops)."""
+    import json
+
+    path = work / UI_FILE
+    path.write_text(
+        json.dumps({"pid": os.getpid(), "prefect_api": prefect_api, "mlflow": mlflow_url}) + "\n"
+    )
+    atexit.register(lambda: path.unlink(missing_ok=True))
+    return path
+
+
+def running_ui(work: Path) -> dict[str, str] | None:
+    """The servers of an `enn ui` running over this work directory (its process alive and its
+    Prefect API answering), else None."""
+    import json
+
+    path = work / UI_FILE
+    try:
+        ui = json.loads(path.read_text())
+        os.kill(int(ui["pid"]), 0)
+        with urllib.request.urlopen(f"{ui['prefect_api']}/health", timeout=3) as r:  # noqa: S310
+            return ui if r.status == 200 else None
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def mlflow_server_command(tracking_uri: str, artifacts: Path, host: str, port: int) -> list[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from uuid import UUID
 
 import httpx
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
@@ -31,7 +31,7 @@ from enn_core.config import RunConfig, load_config
 from enn_core.paths import project_root
 from enn_core.stage import cancel_scope
 from enn_core.stages import StageSpec, up_to
-from flows.params_file import write_overrides
+from flows.params_file import Recorded, recorded_overrides
 from tasks import dvc_state
 from tasks.env import TOOLS, contain, project_layout
 from tasks.prefect_task import stage_task
@@ -108,11 +108,21 @@ def run_stages(
     name: str, config: str, overrides: list[str] | None, stages: tuple[StageSpec, ...]
 ) -> dict[str, StageResult] | State:
     """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled."""
-    logger = get_run_logger()
+    logger = logging.getLogger("enn.flow")  # console, log file and (extra logger) Prefect
     path = Path(config).resolve()
     cfg = load_once(path, list(overrides or []))
-    for change in write_overrides(path, list(overrides or [])):
-        logger.info("params: %s", change)
+    with recorded_overrides(path, list(overrides or []), logger) as recorded:
+        return _run_recorded(name, path, cfg, stages, recorded, logger)
+
+
+def _run_recorded(
+    name: str,
+    path: Path,
+    cfg: RunConfig,
+    stages: tuple[StageSpec, ...],
+    recorded: Recorded,
+    logger: logging.Logger,
+) -> dict[str, StageResult] | State:
     root = project_root(path)
     # A worker-started flow run: tool settings before mlflow is imported (the CLI did it already)
     layout = contain(project_layout(root, cfg.runtime.work_dir), groups=(TOOLS,))
@@ -129,7 +139,9 @@ def run_stages(
     run_id = str(flow_run.get_id() or "") or None
     try:
         with (
-            pipeline_session(cfg, path, layout, name, run_id=run_id, tags=tags) as session,
+            pipeline_session(
+                cfg, path, layout, name, run_id=run_id, tags=tags, specs=stages
+            ) as session,
             watch_cancellation(run_id) as cancel,
             cancel_scope(cancel),
         ):
@@ -147,14 +159,31 @@ def run_stages(
                             f"flow run cancelled during {spec.name}; its workers were stopped"
                         ) from e
                     raise
-                logger.info("%s: %s (%s)", spec.name, result.status, result.reason)
+                if result.status == "ran":
+                    recorded.keep()  # outputs (and dvc.lock) were made with these values
+                logger.info(
+                    "%s: %s in %.1f s (%s)", spec.name, result.status, result.seconds, result.reason
+                )
     except FlowRunCancelled as e:
         logger.warning("%s", e)
         return Cancelled(message=str(e))
     return results
 
 
-@flow(name="training", persist_result=False, log_prints=True)
+def run_name() -> str:
+    """A flow run's name in Prefect: what it does (`training params.yaml train.lr=0.02`),
+    not a random pair of words."""
+    params = flow_run.parameters
+    parts = [str(flow_run.flow_name), Path(str(params.get("config") or "")).name]
+    parts += [str(o) for o in params.get("overrides") or []]
+    if params.get("model"):
+        parts.append(f"model={params['model']}")
+    if params.get("until"):
+        parts.append(f"until {params['until']}")
+    return " ".join(p for p in parts if p)[:150]
+
+
+@flow(name="training", flow_run_name=run_name, persist_result=False, log_prints=True)
 def training(
     config: str = "params.yaml", overrides: list[str] | None = None, until: str | None = None
 ) -> dict[str, StageResult] | State:

@@ -9,7 +9,7 @@ bash scripts/setup.sh
 # 1. the training flow: seven stages; the exported model is registered in MLflow
 .venv/bin/enn run "$@"
 # 2. the prediction flow on new (generated) data with the registered champion
-.venv/bin/enn run --flow prediction --model models:/enn-model@champion
+.venv/bin/enn run --flow prediction
 echo
 echo "Done. Outputs: outputs/<stage>/ and prediction/outputs/<stage>/; metrics: .venv/bin/dvc metrics show;"
 echo "runs in the MLflow UI: .venv/bin/enn ui   (http://127.0.0.1:5000)"

@@ -10,6 +10,7 @@ repository root for the training pipeline, `prediction/` for the prediction pipe
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -43,9 +44,20 @@ def _target(root: Path, spec: StageSpec) -> tuple[Path, str]:
     return repo, f"{rel}:{spec.dvc_name}"
 
 
+def _repo_class() -> type:
+    """DVC's Repo, with DVC's loggers handing their records to this process's handlers
+    (`import dvc` gives them console handlers of their own, which print "Updating lock file"
+    on stdout once per stage, twice with ours): its INFO lines go to the log file only."""
+    from dvc.repo import Repo
+
+    for name in ("dvc", "dvc_objects", "dvc_data"):
+        logging.getLogger(name).handlers.clear()
+    return Repo
+
+
 def stage_status(root: Path, spec: StageSpec) -> tuple[bool, str]:
     """(up_to_date, why). `why` names what changed, in DVC's words."""
-    from dvc.repo import Repo
+    Repo = _repo_class()  # noqa: N806 - DVC's class
 
     repo_dir, target = _target(root, spec)
     with Repo(str(repo_dir)) as repo:
@@ -56,7 +68,7 @@ def stage_status(root: Path, spec: StageSpec) -> tuple[bool, str]:
 
 
 def commit(root: Path, spec: StageSpec) -> None:
-    from dvc.repo import Repo
+    Repo = _repo_class()  # noqa: N806 - DVC's class
 
     repo_dir, target = _target(root, spec)
     with Repo(str(repo_dir)) as repo:

@@ -32,6 +32,9 @@ FORCED = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DVC_NO_ANALYTICS": "1",
     "MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK": "true",
+    # MLflow's records go to this process's handlers (flows/console.py), not a console
+    # handler of its own that prints every INFO line
+    "MLFLOW_CONFIGURE_LOGGING": "false",
 }
 
 
@@ -47,6 +50,10 @@ def contained_env(layout: Layout, groups: tuple[str, ...] = (PREFECT, TOOLS)) ->
                 "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
                 "DVC_SITE_CACHE_DIR": str(layout.dvc_site_cache),
                 "GIT_PYTHON_REFRESH": "quiet",
+                # a download's progress bar is noise in a pipeline's console
+                "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+                # matplotlib's font cache and config under work/, not ~/.config
+                "MPLCONFIGDIR": str(layout.work / "matplotlib"),
             }
         )
     return out

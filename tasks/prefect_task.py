@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 
 from prefect import Task, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -20,17 +21,23 @@ from tasks.runner import PipelineSession, StageResult, execute_stage
 
 
 def only_transient(task_, task_run, state) -> bool:
-    """Prefect retry condition: retry transient errors only."""
+    """Prefect retry condition: retry transient errors only (and say so on the console:
+    Prefect's own retry line is INFO of a third-party logger, kept in the log file)."""
     try:
         state.result(raise_on_failure=True)
-    except TransientError:
+    except TransientError as e:
+        attempt = int(getattr(task_run, "run_count", 1) or 1)
+        if attempt <= task_.retries:
+            logging.getLogger("enn.flow").warning(
+                "%s: transient error (%s): retry %d/%d", task_.name, e, attempt, task_.retries
+            )
         return True
     except BaseException:  # noqa: BLE001 - any other failure is final by design
         return False
     return False
 
 
-def publish(result: StageResult) -> None:
+def publish(result: StageResult, session: PipelineSession) -> None:
     """A markdown summary and a table of headline numbers, per stage."""
     stage = result.stage
     lines = [
@@ -42,19 +49,29 @@ def publish(result: StageResult) -> None:
     rows = []
     fields = result.summary.as_dict() if result.summary is not None else {}
     if result.registry:
-        fields["registry"] = dict(result.registry)
+        fields["registry"] = result.registry.as_dict()
     for k, v in sorted(fields.items()):
         if isinstance(v, (int, float, str, bool)) or v is None:
             rows.append({"name": k, "value": v})
         else:
             lines.append(f"- `{k}`: `{json.dumps(v, default=str)[:300]}`")
     if result.mlflow_run_id:
-        lines.append(f"\nMLflow run: `{result.mlflow_run_id}`")
+        url = mlflow_run_url(session, result.mlflow_run_id)
+        lines.append(f"\nMLflow run: [{result.mlflow_run_id}]({url}) (the UI: `enn ui`)")
     create_markdown_artifact(
         key=f"{stage}-summary", markdown="\n".join(lines), description=f"{stage} summary"
     )
     if rows:
         create_table_artifact(key=f"{stage}-table", table=rows, description=f"{stage} figures")
+
+
+def mlflow_run_url(session: PipelineSession, run_id: str) -> str:
+    """The run's page in the MLflow UI: the tracking server's, or the one `enn ui` serves."""
+    cfg = session.cfg
+    base = cfg.tracking.uri if cfg.tracking.uri.startswith("http") else None
+    base = base or f"http://{cfg.deploy.host}:{cfg.deploy.mlflow_port}"
+    exp = session.tracker.experiment_id if session.tracker else "0"
+    return f"{base.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
 
 
 def publish_diagnostics(spec: StageSpec, session: PipelineSession) -> None:
@@ -86,7 +103,7 @@ def run_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         fresh, why = dvc_state.stage_status(root, spec)
         if fresh:
             result = StageResult(spec.name, "skipped", why, None, "", None, 0.0, 0.0)
-            publish(result)
+            publish(result, session)
             return result
     try:
         result = execute_stage(spec, session)
@@ -94,7 +111,7 @@ def run_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         publish_diagnostics(spec, session)
     if use_dvc:
         dvc_state.commit(root, spec)
-    publish(result)
+    publish(result, session)
     return result
 
 

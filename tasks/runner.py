@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 
@@ -36,6 +35,7 @@ from enn_core.summaries import StageSummary
 
 if TYPE_CHECKING:
     from tasks.tracking import Tracker
+    from tasks.tracking.registry import Registration
 
 log = logging.getLogger("enn")
 
@@ -53,6 +53,7 @@ class PipelineSession:
     tracker: Tracker | None = None  # None when tracking is off
     parent_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    registration: Registration | None = None  # set by the stage that registers the model
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class StageResult:
     mlflow_run_id: str | None
     seconds: float
     work_seconds: float
-    registry: Mapping[str, Any] | None = None  # the registered model (a registering stage)
+    registry: Registration | None = None  # the registered model (a registering stage)
 
 
 def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
@@ -110,10 +111,10 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
     config_path = write_resolved(cfg, run_dir)
     ctx = make_stage_context(spec, cfg, layout, run_dir)
     check_inputs(spec, layout)
-    cfg = resolve_model_refs(spec, cfg, run_dir)
+    cfg = resolve_model_refs(spec, cfg, run_dir, layout)
     params = sections_of(cfg, spec.sections)
     tracker = session.tracker
-    registry: Mapping[str, Any] | None = None
+    registry: Registration | None = None
     child_cm = (
         tracker.child(spec.name, session.parent_id, run_dir, params, session.tags)
         if tracker
@@ -126,7 +127,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         error: BaseException | None = None
         try:
             ctx.faults.at(spec.name)  # the stage's name is a fault phase (tests: raise, hang...)
-            summary = as_summary(spec.work(cfg, ctx))
+            summary = spec.work(cfg, ctx)
         except BaseException as e:
             error = e
             raise
@@ -148,6 +149,9 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             }
             lineage.update(summary.lineage())
             registry = tracker.after_stage(spec, child_id, layout, cfg, lineage, run_dir)
+            if registry is not None:
+                session.registration = registry
+                log.info("%s: %s", spec.name, registry.line())
     return StageResult(
         spec.name,
         "ran",
@@ -157,28 +161,8 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         child_id,
         time.perf_counter() - t0,
         work_seconds,
-        registry or None,
+        registry,
     )
-
-
-def as_summary(result: Any) -> StageSummary:
-    """The work's summary record (a stage that still returns a mapping gets a generic one)."""
-    if isinstance(result, StageSummary):
-        return result
-    return MappingSummary(output=str(result.get("output", "")), fields=dict(result or {}))
-
-
-@dataclass(frozen=True, kw_only=True)
-class MappingSummary(StageSummary):
-    """A work function's plain mapping (distributed-train's summary: the workers' record)."""
-
-    fields: Mapping[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.fields)
-
-    def lineage(self) -> dict[str, str]:
-        return lineage_of(self.fields)
 
 
 def write_diagnostics(
@@ -200,31 +184,23 @@ def write_diagnostics(
     return path
 
 
-def resolve_model_refs(spec: StageSpec, cfg: RunConfig, run_dir: Path) -> RunConfig:
-    """A registered model reference (`models:/name@alias`, `runs:/...`) in one of the spec's
+def resolve_model_refs(spec: StageSpec, cfg: RunConfig, run_dir: Path, layout: Layout) -> RunConfig:
+    """A registered model reference (`models:/name@alias`, `runs:/...`, `champion` for this
+    task's champion) in one of the spec's
     `model_refs` keys becomes a local folder holding its consolidated checkpoint, calibration
     and sidecar (with a SOURCE file naming the reference), before enn_core sees the config."""
     for key in spec.model_refs:
         section, name = key.split(".")
-        ref = str(getattr(getattr(cfg, section), name))
+        from tasks.tracking.models import expand, materialize
+
+        ref = expand(str(getattr(getattr(cfg, section), name)), cfg, layout.root)
         if not ref.startswith(("models:/", "runs:/")):
             continue
-        from tasks.tracking.models import materialize
 
         local = materialize(ref, run_dir / "models" / name, cfg.tracking.uri or None)
         log.info("%s: %s resolved to %s", spec.name, ref, local)
         cfg = replace_key(cfg, key, str(local))
     return cfg
-
-
-def lineage_of(summary: Mapping[str, Any]) -> dict[str, str]:
-    """World size and checkpoint step, when a stage reports them."""
-    out = {}
-    for key in ("world_size", "checkpoint_step", "step", "global_step"):
-        if key in summary and isinstance(summary[key], (int, float, str)):
-            name = "checkpoint_step" if key in ("step", "global_step") else key
-            out[f"enn.{name}"] = str(summary[key])
-    return out
 
 
 def publish_metrics(spec: StageSpec, layout: Layout) -> None:
@@ -233,8 +209,10 @@ def publish_metrics(spec: StageSpec, layout: Layout) -> None:
     out = spec.output_dir(layout)
     metrics = out / "metrics.json"
     if spec.metrics and metrics.exists():
+        values = json.loads(metrics.read_text())
         write_json(
-            layout.outputs / "metrics" / f"{spec.name}.json", json.loads(metrics.read_text())
+            layout.outputs / "metrics" / f"{spec.name}.json",
+            {k: values[k] for k in spec.metrics if k in values},
         )
     history = out / "history.json"
     if history.exists():

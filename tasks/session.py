@@ -17,6 +17,7 @@ import psutil
 
 from enn_core.config import RunConfig
 from enn_core.paths import Layout
+from enn_core.stages import StageSpec
 from tasks.lock import pipeline_lock
 from tasks.runner import PipelineSession
 from tasks.tracking.runs import ended_status
@@ -54,8 +55,10 @@ def pipeline_session(
     run_id: str | None = None,
     tags: dict[str, str] | None = None,
     group: str | None = None,
+    specs: tuple[StageSpec, ...] = (),
 ) -> Iterator[PipelineSession]:
-    """Lock the work directory, open the MLflow parent run, and close it with the right status.
+    """Lock the work directory, open the MLflow parent run (with the run's parameters), and
+    close it with the right status, after adding the headline results of `specs`' outputs.
 
     `cfg` is the run's config, loaded once from `config` by the entry point."""
     root = layout.root
@@ -68,7 +71,11 @@ def pipeline_session(
             lineage = {"enn.git_commit": git_commit(root), "enn.pipeline": name}
             tags = {**lineage, **(tags or {})}
         run_id = run_id or (group or new_run_id())
-        parent = tracker.start_parent(name, tags or {}, group=group) if tracker else None
+        parent = (
+            tracker.start_parent(name, tags or {}, group=group, cfg=cfg, data=data_name(cfg))
+            if tracker
+            else None
+        )
         session = PipelineSession(
             cfg=cfg,
             config=Path(config).resolve(),
@@ -82,7 +89,17 @@ def pipeline_session(
             yield session
         except BaseException as e:
             if tracker:
+                with contextlib.suppress(Exception):  # the stage's error is the one to report
+                    tracker.summarize(parent, layout, specs, session.registration)
                 tracker.end(parent, ended_status(e), f"{type(e).__name__}: {e}")
             raise
         if tracker:
+            tracker.summarize(parent, layout, specs, session.registration)
             tracker.end(parent, "FINISHED")
+
+
+def data_name(cfg: RunConfig) -> str:
+    """The data a run reads, in a word (`synthetic`, `speeds` for speeds.csv)."""
+    if cfg.data.source == "synthetic" or not cfg.data.path:
+        return cfg.data.source
+    return Path(cfg.data.path).stem

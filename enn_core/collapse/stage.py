@@ -145,7 +145,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Co
     out = ctx.output()
     ctx.events.table("candidates", candidate_rows(report))
     ctx.events.artifact(out / REPORT_FILE)
-    ctx.events.param("collapse/chosen", report.chosen or "none")
+    ctx.events.param("collapse.chosen", report.chosen or "none")
     ctx.events.metrics(metrics)
     if cal is None:
         ctx.events.event("collapse", why=report.why, diagnosis=report.cause.diagnosis)

@@ -173,7 +173,9 @@ class DataConfig:
     """Seed of the split shuffle."""
 
     fold_key: str = ""
-    """Key whose values define group folds (e.g. month); empty = random splits."""
+    """Column whose values define group folds (e.g. month); empty = random splits. It splits
+    the rows and is not a model input unless data.feature_columns names it (so new inputs to
+    predict need not carry it)."""
 
     folds: tuple[tuple[str, ...], ...] = ()
     """Fold definitions: each a list of fold_key values held out together."""

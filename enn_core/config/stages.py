@@ -11,8 +11,8 @@ from enn_core.errors import ConfigError
 @frozen
 class CheckpointConfig:
     init_from: str = ""
-    """Warm start: a consolidated checkpoint path or models:/name@alias; empty = fresh seeded
-    init."""
+    """Warm start: a consolidated checkpoint path, models:/name@alias, or `champion` (this
+    task's registered champion); empty = fresh seeded init."""
 
     dir: str = ""
     """Where distributed-train keeps its DCP checkpoints (one folder per fingerprint); empty =
@@ -50,8 +50,10 @@ class PredictConfig:
     """Split to predict in the training flow (train, val, test, all)."""
 
     model: str = ""
-    """Model for the prediction flow: a consolidated checkpoint path or models:/name@alias; empty =
-    this pipeline's model."""
+    """Model to predict with: a consolidated checkpoint path or models:/name@alias (in the
+    training flow, empty = this pipeline's model). The prediction pipeline's default,
+    model/model.pt, is its local copy of this task's champion, which `enn run --flow
+    prediction` refreshes from the registry when tracking is on."""
 
     input_dir: str = ""
     """Features-only staged dataset for the prediction flow; empty = the training staged data."""

@@ -201,7 +201,9 @@ def header_columns(
         raise DataError(
             f"{where}: data.label_columns is empty; name the label columns of the table"
         )
-    feats = list(cfg.feature_columns) or [c for c in names if c not in cfg.label_columns]
+    # the fold key splits the rows; it is a model input only when data.feature_columns says so
+    apart = {*cfg.label_columns, cfg.fold_key}
+    feats = list(cfg.feature_columns) or [c for c in names if c not in apart]
     for c in feats + labels:
         if c not in names:
             raise DataError(

@@ -61,7 +61,7 @@ SUFFIXES = {
 def run(cfg: RunConfig, ctx: StageContext) -> StagedSummary:
     """The stage-data stage: stage `cfg.data` into `ctx.output()`."""
     result = stage(cfg.data, ctx.layout, ctx.output(), ctx=ctx)
-    ctx.events.param("data_content_hash", result["content_hash"])
+    ctx.events.param("data.content_hash", result["content_hash"])
     ctx.events.metrics({"data/rows": result["n_rows"], "data/seconds": result["seconds"]})
     ctx.events.artifact(Path(result["path"]) / MANIFEST, ctx.stage)
     return StagedSummary(
@@ -263,10 +263,10 @@ def check_split_sizes(sizes: dict[str, int], data: DataConfig, file: str) -> Non
 
 def label_axes(data: DataConfig, shape: list[int], info: SourceInfo) -> list[str]:
     """data.label_axes for labels of `shape`; set to another length, it is refused (left at
-    its default, the axes are named axis0, axis1, ...)."""
+    its default or empty, the axes are named axis0, axis1, ...)."""
     if len(data.label_axes) == len(shape):
         return list(data.label_axes)
-    if data.label_axes != DataConfig().label_axes:
+    if data.label_axes and data.label_axes != DataConfig().label_axes:
         raise DataError(
             f"{info.path or 'the input'}: data.label_axes names {len(data.label_axes)} axes "
             f"{list(data.label_axes)} but the labels have shape {shape}; give one name per "

@@ -50,6 +50,15 @@ class _TableSource:
         self.feats, self.labels = header_columns(path, names, cfg, cfg.features_only)
         self.cats = [c for c in self.feats if c in cfg.categorical]
         keys = [c for c in self.feats if c in cfg.categorical or c == cfg.fold_key]
+        # the fold key, when not a feature: read to split the rows, never a model input (new
+        # inputs to predict need not carry it)
+        self.fold = (
+            cfg.fold_key
+            if cfg.fold_key and cfg.fold_key not in self.feats and cfg.fold_key in names
+            else None
+        )
+        if self.fold is not None and not cfg.features_only:
+            keys.append(self.fold)
         label_shape = None
         if self.labels:
             label_shape = reshape_labels(
@@ -84,7 +93,7 @@ class _TableSource:
                 flat[:, j] = numeric_column(get(c), c, where, self.path)
             # label columns give the label shape (__init__)
             y = flat.reshape((n, *cast(tuple[int, ...], self.info.label_shape)))
-        keys = {k: cols[k] for k in self.info.row_keys}
+        keys = {k: cols[k] if k in cols else get(k) for k in self.info.row_keys}
         return Chunk(start=start, cols=cols, y=y, keys=keys, where=where)
 
     def close(self) -> None:
@@ -201,7 +210,8 @@ class ParquetSource(_TableSource):
         start = 0
         for g in range(self.pf.num_row_groups):
             try:
-                table = self.pf.read_row_group(g, columns=self.feats + self.labels)
+                extra = [self.fold] if self.fold and self.fold in self.info.row_keys else []
+                table = self.pf.read_row_group(g, columns=self.feats + self.labels + extra)
             except (pa.ArrowException, OSError) as e:
                 first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
                 raise DataError(

@@ -54,9 +54,9 @@ def diagnostics(run_dir: str | Path) -> dict[str, Any]:
     return {
         "run_dir": str(run_dir),
         "choices": {
-            k.removeprefix("runtime/"): _plain(v)
+            k.removeprefix("resolved.runtime."): _plain(v)
             for k, v in params.items()
-            if k.startswith("runtime/")
+            if k.startswith("resolved.runtime.")
         },
         "bottleneck": read_verdicts(recs),
         "nonfinite": fields("nonfinite_skip"),

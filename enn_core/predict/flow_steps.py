@@ -156,7 +156,7 @@ def check_predictions(
     ctx.events.metrics(
         {f"collapse/{k}": v for k, v in verdict["measures"].items() if isinstance(v, (int, float))}
     )
-    ctx.events.param("collapse/released", report["released"])
+    ctx.events.param("collapse.released", report["released"])
     ctx.events.artifact(out / REPORT, ctx.stage)
     if verdict["collapsed"]:
         raise CollapseError(

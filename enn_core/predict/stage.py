@@ -297,10 +297,10 @@ def _row_keys(data_dir: Path, ds: StagedDataset, rows: np.ndarray) -> pa.Table |
 
 def _record(ctx: StageContext, s: PredictSummary) -> None:
     ev = ctx.events
-    ev.param("predict/calibration", s.calibration["candidate"])
-    ev.param("predict/calibration_reason", s.calibration["reason"])
-    ev.param("predict/device", s.device)
-    ev.param("predict/world_size", s.world_size)
+    ev.param("predict.calibration", s.calibration["candidate"])
+    ev.param("predict.calibration_reason", s.calibration["reason"])
+    ev.param("predict.device", s.device)
+    ev.param("predict.world_size", s.world_size)
     ev.metric("predict/rows", s.n_rows)
     ev.metric("predict/parts_computed", len(s.computed_parts))
     ev.metric("predict/parts_reused", len(s.reused_parts))

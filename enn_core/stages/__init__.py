@@ -21,13 +21,14 @@ from enn_core.stages.export import EXPORT
 from enn_core.stages.predict import PREDICT
 from enn_core.stages.prediction import CHECK_NEW_PREDICTIONS, PREDICT_NEW_DATA, STAGE_NEW_DATA
 from enn_core.stages.prepare_checkpoint import PREPARE_CHECKPOINT
-from enn_core.stages.spec import Flow, StageSpec, WorkResult
+from enn_core.stages.spec import Flow, StageSpec
 from enn_core.stages.stage_data import STAGE_DATA
 from enn_core.stages.validate import VALIDATE
 
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.paths import Layout
+    from enn_core.summaries import StageSummary
 
 TRAINING: tuple[StageSpec, ...] = (
     STAGE_DATA,
@@ -71,7 +72,7 @@ def run_direct(
     layout: Layout,
     run_id: str = "direct",
     cancel: threading.Event | None = None,
-) -> WorkResult:
+) -> StageSummary:
     """One stage's work in this process, without Prefect, MLflow or DVC (tests, benchmarks,
     the doctor); the pipeline runs stages through tasks/runner.py."""
     return spec.work(cfg, make_context(cfg, layout, spec, run_id, cancel))

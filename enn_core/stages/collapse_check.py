@@ -38,6 +38,5 @@ COLLAPSE_CHECK = StageSpec(
     ),
     outputs=("report.json", "metrics.json"),
     artifacts=("report.json", "calibration.json"),
-    metrics=True,
     bundle=("calibration.json", "slope.npy", "intercept.npy", "report.json"),
 )

@@ -3,8 +3,9 @@ consolidated model (enn_core/train/)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from enn_core.metric_names import DVC_TRAIN
 from enn_core.stages.prepare_checkpoint import PREPARE_CHECKPOINT
 from enn_core.stages.spec import StageSpec
 from enn_core.stages.stage_data import STAGE_DATA
@@ -12,9 +13,10 @@ from enn_core.stages.stage_data import STAGE_DATA
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
     from enn_core.stage import StageContext
+    from enn_core.summaries import TrainSummary
 
 
-def distributed_train(cfg: RunConfig, ctx: StageContext) -> dict[str, Any]:
+def distributed_train(cfg: RunConfig, ctx: StageContext) -> TrainSummary:
     from enn_core.train.stage import run
 
     return run(cfg, ctx, staged=ctx.input(STAGE_DATA), init=ctx.input(PREPARE_CHECKPOINT))
@@ -30,9 +32,9 @@ DISTRIBUTED_TRAIN = StageSpec(
     sections=("model", "train", "checkpoint"),
     inputs=(STAGE_DATA, PREPARE_CHECKPOINT),
     code=("enn_core/train", "enn_core/runtime", "enn_core/model", "enn_core/losses.py"),
-    outputs=("model.pt", "metrics.json", "history.json"),
-    artifacts=("model.pt", "metrics.json", "history.json"),
-    metrics=True,
+    outputs=("model.pt", "record.json", "metrics.json", "history.json"),
+    artifacts=("model.pt", "record.json", "metrics.json", "history.json"),
+    metrics=DVC_TRAIN,
     plots=("loss_curves",),
     bundle=("model.pt",),
 )

@@ -40,7 +40,6 @@ EXPORT = StageSpec(
     code=("enn_core/export.py", "enn_core/inference.py", "enn_core/collapse"),
     outputs=("sidecar.json", "parity.json", "metrics.json"),
     artifacts=("sidecar.json", "parity.json"),
-    metrics=True,
     bundle=("sidecar.json", "parity.json", "model.pt2"),
     registers_model=True,
 )

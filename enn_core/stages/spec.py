@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
@@ -24,9 +24,8 @@ if TYPE_CHECKING:
     from enn_core.summaries import StageSummary
 
 Flow = Literal["training", "prediction"]
-# What a work function returns: its summary record, or (distributed-train) the workers' mapping.
-WorkResult: TypeAlias = "StageSummary | dict[str, Any]"
-Work = Callable[["RunConfig", "StageContext"], WorkResult]
+# What a work function returns: its summary record (enn_core/summaries.py).
+Work = Callable[["RunConfig", "StageContext"], "StageSummary"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -69,8 +68,10 @@ class StageSpec:
     artifacts: tuple[str, ...] = ()
     """Output files logged to its MLflow run."""
 
-    metrics: bool = False
-    """Its `metrics.json` is published for `dvc metrics show` (`outputs/metrics/<name>.json`)."""
+    metrics: tuple[str, ...] = ()
+    """The headline names of its `metrics.json` that dvc.yaml declares as metrics
+    (`outputs/metrics/<name>.json`, what `dvc metrics show` and `dvc exp show` print: a few, so
+    the tables fit a terminal); the rest stays in `outputs/<name>/metrics.json`."""
 
     plots: tuple[str, ...] = ()
     """PNG plots the tracker draws after it runs (names of `tasks.tracking.plots.PLOTS`)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from enn_core.metric_names import DVC_VALIDATE
 from enn_core.stages.distributed_train import DISTRIBUTED_TRAIN
 from enn_core.stages.spec import StageSpec
 from enn_core.stages.stage_data import STAGE_DATA
@@ -36,5 +37,5 @@ VALIDATE = StageSpec(
     ),
     outputs=("metrics.json", "breakdown.json"),
     artifacts=("metrics.json", "breakdown.json"),
-    metrics=True,
+    metrics=DVC_VALIDATE,
 )

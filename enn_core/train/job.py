@@ -72,7 +72,7 @@ class WorkerJob:
     staged: Path  # outputs/stage-data
     init: Path  # outputs/prepare-checkpoint/init.pt
     run_dir: Path  # logs, heartbeats, events (rank 0), error records
-    result_dir: Path  # rank 0 writes model.pt, metrics.json, history.json here
+    result_dir: Path  # rank 0 writes model.pt, record.json, history.json here
     threads: int  # torch threads per worker
     marker_dir: Path  # where fired faults are counted across restarts
     stage: str = ""  # the stage's name, recorded in the consolidated checkpoint's meta

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from enn_core.config import TrainConfig
+from enn_core.metric_names import telemetry
 from enn_core.runtime.dist import agree_any, tighten_timeout
 from enn_core.runtime.memory import MemoryGovernor
 from enn_core.runtime.sampler import GlobalBlockSampler, make_plan
@@ -47,6 +48,9 @@ __all__ = ["Runtime", "TrainData", "TrainResult", "TrainState", "train"]
 
 # Per-step metrics, buffered; flushed every `log_every` steps.
 STEP_METRICS = 6
+# Per-epoch values that are learning curves (`epoch/<name>`); the rest of an epoch's row is
+# telemetry (`telemetry/epoch/<name>`): docs/metrics.md.
+CURVES = frozenset({"train_loss", "lr", "val_loss", "val_mae", "val_rmse"})
 
 
 def train(
@@ -95,10 +99,10 @@ def setup(
     scheduler = build_scheduler(optimizer, cfg, total_steps=sampler.steps_per_epoch * cfg.epochs)
     guard = NonFiniteGuard(cfg.max_nonfinite_steps, rt.run_dir / "nonfinite", rank=rt.env.rank)
     governor = MemoryGovernor(plan, cfg.max_oom_backoffs)
-    rt.events.param("train/micro_batch", plan.micro_batch)
-    rt.events.param("train/accumulation", plan.accumulation)
-    rt.events.param("train/steps_per_epoch", sampler.steps_per_epoch)
-    rt.events.param("train/total_steps", sampler.steps_per_epoch * cfg.epochs)
+    rt.events.param("train.micro_batch", plan.micro_batch)
+    rt.events.param("train.accumulation", plan.accumulation)
+    rt.events.param("train.steps_per_epoch", sampler.steps_per_epoch)
+    rt.events.param("train.total_steps", sampler.steps_per_epoch * cfg.epochs)
     gpu = GpuSampler(rt.env.device) if rt.env.device.type == "cuda" and rt.env.is_main else None
     return TrainState(
         cfg=cfg,
@@ -184,10 +188,10 @@ def record_step(st: TrainState, gstep: int, out: StepOutcome) -> None:
     prog.pending += [
         ("step/loss", out.loss, gstep),
         ("step/grad_norm", out.grad_norm, gstep),
-        ("time/data_wait_s", out.data_s, gstep),
-        ("time/compute_s", out.compute_s, gstep),
-        ("time/optimizer_s", out.optim_s, gstep),
-        ("time/communication_s", out.comm_s, gstep),
+        (telemetry("time/data_wait_s"), out.data_s, gstep),
+        (telemetry("time/compute_s"), out.compute_s, gstep),
+        (telemetry("time/optimizer_s"), out.optim_s, gstep),
+        (telemetry("time/communication_s"), out.comm_s, gstep),
     ]
     if len(prog.pending) >= STEP_METRICS * st.log_every:
         flush_telemetry(st)
@@ -228,9 +232,10 @@ def record_epoch(st: TrainState, epoch: int, val: dict[str, float] | None) -> No
     )
     st.progress.history.append({**row, "bottleneck": verdict.bottleneck})
     flush_telemetry(st)
-    st.rt.events.metrics(
-        {f"epoch/{k}": float(v) for k, v in row.items() if k != "epoch"}, step=epoch
-    )
+    names = {k: f"epoch/{k}" if k in CURVES else telemetry(f"epoch/{k}") for k in row}
+    st.rt.events.metrics({names[k]: float(v) for k, v in row.items() if k != "epoch"}, step=epoch)
+    # the launching process prints one line per epoch from this (enn_core/progress.py)
+    st.rt.events.event("epoch", epochs=st.cfg.epochs, **row)
 
 
 def early_stop(st: TrainState, epoch: int, val: dict[str, float] | None) -> bool:

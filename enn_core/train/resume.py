@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from enn_core.errors import ConfigError
+from enn_core.metric_names import telemetry
 from enn_core.runtime import safe_dcp
 from enn_core.runtime.safe_dcp import UntrustedCheckpointError
 from enn_core.runtime.sampler import Plan
@@ -102,7 +103,7 @@ def save_checkpoint(
         trainer_state(st, position, epoch_end=epoch_end, stopped=stopped),
         position,
     )
-    st.rt.events.metric("checkpoint/position", position, position)
+    st.rt.events.metric(telemetry("checkpoint/position"), position, position)
     if hb is not None:
         hb.phase("step", position)
 

@@ -5,7 +5,8 @@
 Reads the staged data (`outputs/stage-data/`) and the initial checkpoint
 (`outputs/prepare-checkpoint/init.pt`); launches `runtime.world_size` workers (0 = the number
 of GPUs, 1 on CPU) through elastic_launch, at world size 1 too, so there is one code path;
-writes `outputs/distributed-train/{model.pt, metrics.json, history.json}` in one atomic
+writes `outputs/distributed-train/{model.pt, record.json, metrics.json, history.json}` (the
+workers' record; its numbers under docs/metrics.md's names; the curves) in one atomic
 directory replace. Per-rank logs, heartbeats, stack dumps and error records stay in the run
 directory (`ctx.run_dir`), whose `events.jsonl` rank 0 appends its metrics to.
 """
@@ -29,16 +30,19 @@ from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, NoSpaceError, StaleOutputError, low_space
-from enn_core.progress import follow_heartbeat
+from enn_core.metric_names import telemetry, train_summary
+from enn_core.progress import follow_training
 from enn_core.runtime.heartbeat import read_heartbeats
 from enn_core.runtime.launch import Rendezvous, launch
 from enn_core.stage import StageContext
+from enn_core.summaries import TrainSummary
 from enn_core.train import worker
 from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, corrupt_files, step_name
 from enn_core.train.fingerprint import Fingerprint, diff, fingerprint
 from enn_core.train.job import JOB_FILE, CheckpointPlan, WorkerJob
 
-OUTPUTS = ("model.pt", "metrics.json", "history.json")
+WORKER_OUTPUTS = ("model.pt", "record.json", "history.json")
+OUTPUTS = (*WORKER_OUTPUTS, "metrics.json")
 
 
 def resolve_world_size(requested: int, device: str) -> tuple[int, str]:
@@ -60,7 +64,7 @@ def threads_per_worker(requested: int, world_size: int) -> int:
     return max(1, cores // world_size)
 
 
-def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[str, Any]:
+def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> TrainSummary:
     """Train on the staged data (`staged`) from the initial checkpoint in `init`."""
     init = init / "init.pt"
     for path in (staged / "manifest.json", init):
@@ -83,8 +87,8 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
         checkpoint=checkpoint_spec(cfg, ctx, fp),
     )
     job_path = job.write(ctx.run_dir / JOB_FILE)
-    ctx.events.param("runtime/world_size", world)
-    ctx.events.param("runtime/world_size_reason", why)
+    ctx.events.param("runtime.world_size", world)
+    ctx.events.param("runtime.world_size_reason", why)
     ctx.logger.info("distributed-train: %d worker(s) (%s), %d thread(s) each", world, why, threads)
     t0 = time.time()
     rows = len(StagedDataset(staged).split("train")) if cfg.runtime.progress else 0
@@ -92,7 +96,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
     workers: dict[str, Any] = {}
     try:
         with (
-            follow_heartbeat(ctx.run_dir, total, ctx.stage, ctx.progress),
+            follow_training(ctx.run_dir, total, ctx.stage, ctx.logger, ctx.progress),
             no_space_named(ctx, job),
         ):
             results = launch(
@@ -112,42 +116,47 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> dict[
                 cancel=ctx.cancel,
                 rdzv=Rendezvous.of(cfg.runtime),
             )
+    except Exception:
+        forward_logs(ctx)  # the ranks' last lines beside the error (Prefect's task log)
+        raise
     finally:
         try:
             workers = record_workers(ctx)
         except OSError as e:  # a full disk: the run record cannot take more
             ctx.logger.warning("%s: the workers' phases were not recorded (%s)", ctx.stage, e)
-        forward_logs(ctx)
     if 0 not in results:  # another node hosted global rank 0: it writes model.pt
         ctx.logger.info(
             "distributed-train: this node ran ranks %s; model.pt is written on the node of rank 0",
             sorted(results),
         )
-        return {
-            "node_ranks": sorted(int(r) for r in results),
-            "outputs": [],
-            "wall_s": time.time() - t0,
-            "ranks": {int(r): v for r, v in sorted(results.items())},
-        }
+        return TrainSummary(
+            record={
+                "node_ranks": sorted(int(r) for r in results),
+                "ranks": {int(r): v for r, v in sorted(results.items())},
+            },
+            wall_s=time.time() - t0,
+        )
     summary = {**results[0], **workers}  # restarts and phases: MLflow, Prefect and dvc metrics
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
     record_checkpoints(ctx, summary.get("checkpoint") or {}, fp)
     if (summary.get("checkpoint") or {}).get("saved_positions"):
         summary["checkpoint_step"] = summary["checkpoint"]["saved_positions"][-1]
     with atomic_dir(ctx.output()) as tmp:
-        for name in OUTPUTS:
+        for name in WORKER_OUTPUTS:
             shutil.copy2(result_dir / name, tmp / name)
-        metrics = json.loads((tmp / "metrics.json").read_text())
-        (tmp / "metrics.json").write_text(
-            json.dumps({**metrics, **workers}, indent=2, sort_keys=True)
-        )
-    summary.update(
-        outputs=[str(ctx.output() / n) for n in OUTPUTS],
-        wall_s=time.time() - t0,
+        record = {**json.loads((tmp / "record.json").read_text()), **workers}
+        write_json(tmp / "record.json", record)
+        metrics = {**train_summary(record), "train/wall_s": time.time() - t0}
+        write_json(tmp / "metrics.json", metrics)
+    ctx.events.metrics(metrics)
+    return TrainSummary(
+        output=str(ctx.output()),
+        record=summary,
+        metrics=metrics,
+        outputs=tuple(str(ctx.output() / n) for n in OUTPUTS),
+        wall_s=metrics["train/wall_s"],
         logs=str(ctx.run_dir / "logs"),
     )
-    ctx.events.metrics({"train/wall_s": summary["wall_s"]})
-    return summary
 
 
 @contextlib.contextmanager
@@ -192,22 +201,23 @@ def record_workers(ctx: StageContext) -> dict[str, Any]:
     beats = read_heartbeats(ctx.run_dir)
     phases = {str(r): h.get("phase") for r, h in sorted(beats.items())}
     for r, phase in phases.items():
-        ctx.events.param(f"workers/rank{r}_phase", phase)
+        ctx.events.param(f"workers.rank{r}_phase", phase)
     for log in sorted(Path(ctx.run_dir, "logs").glob("rank-*.log")):
         ctx.events.artifact(log, "logs")
     if not beats:
         return {}
     restarts = max(int(h.get("attempt", 0)) for h in beats.values())
-    ctx.events.param("workers/restarts", restarts)
+    ctx.events.param("workers.restarts", restarts)
     return {"restarts": restarts, "rank_phases": phases}
 
 
 def forward_logs(ctx: StageContext, tail: int = 20) -> None:
-    """The last lines of each rank's log into the stage's logger (the Prefect task log)."""
+    """After a failure: the last lines of each rank's log, at DEBUG (the log file, Prefect's
+    task log with --verbose); the error itself names the rank and its phase."""
     for log in sorted(Path(ctx.run_dir, "logs").glob("rank-*.log")):
         lines = log.read_text(errors="replace").splitlines()[-tail:]
         for line in lines:
-            ctx.logger.info("%s", line)
+            ctx.logger.debug("%s: %s", log.stem, line)
 
 
 def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> CheckpointPlan:
@@ -277,16 +287,19 @@ def explain_no_resume(ctx: StageContext, base: Path, fp: Fingerprint) -> None:
 
 def record_checkpoints(ctx: StageContext, info: dict, fp: Fingerprint) -> None:
     """Resume source, checkpoint steps and the fingerprint into the run record (MLflow)."""
-    ctx.events.param("checkpoint/fingerprint", fp.digest)
-    ctx.events.param("checkpoint/dir", info.get("dir", ""))
-    ctx.events.param("checkpoint/resumed_from", info.get("resumed_from") or "fresh")
+    ctx.events.param("checkpoint.fingerprint", fp.digest)
+    ctx.events.param("checkpoint.dir", info.get("dir", ""))
+    ctx.events.param("checkpoint.resumed_from", info.get("resumed_from") or "fresh")
     for moved in info.get("quarantined") or []:
         ctx.logger.warning("%s: a corrupt checkpoint was moved to %s", ctx.stage, moved)
     if info.get("quarantined"):
-        ctx.events.param("checkpoint/quarantined", ",".join(info["quarantined"])[:500])
+        ctx.events.param("checkpoint.quarantined", ",".join(info["quarantined"])[:500])
     saved = info.get("saved_positions") or []
-    ctx.events.param("checkpoint/saved", ",".join(step_name(p) for p in saved)[:500] or "none")
+    ctx.events.param("checkpoint.saved", ",".join(step_name(p) for p in saved)[:500] or "none")
     if saved:
         ctx.events.metrics(
-            {"checkpoint/last_step": float(saved[-1]), "checkpoint/count": float(len(saved))}
+            {
+                telemetry("checkpoint/last_step"): float(saved[-1]),
+                telemetry("checkpoint/count"): float(len(saved)),
+            }
         )

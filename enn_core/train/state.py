@@ -31,6 +31,7 @@ from torch import nn
 from enn_core.config import TrainConfig
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
+from enn_core.metric_names import telemetry
 from enn_core.model.enn import ENN
 from enn_core.runtime.comm_clock import CommClock
 from enn_core.runtime.dist import DistEnv
@@ -191,7 +192,7 @@ class TrainState:
     def back_off(self, epoch: int, gstep: int, reason: str) -> None:
         plan = self.governor.back_off(epoch=epoch, step=gstep, reason=reason)
         self.rt.events.event("oom_backoff", **self.governor.history[-1])
-        self.rt.events.metric("memory/micro_batch", plan.micro_batch, gstep)
+        self.rt.events.metric(telemetry("memory/micro_batch"), plan.micro_batch, gstep)
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         return self.rt.full_state() if self.rt.full_state is not None else None

@@ -7,7 +7,7 @@ resolved config and the paths. The worker walks named phases, each announced on 
 heartbeat so the launcher's watchdog can name where a silent rank stopped: bootstrap ->
 process_group -> load -> wrap -> first_forward -> step N -> validate -> checkpoint -> done.
 An exception is written to `<run_dir>/errors/rank-<r>.json` (the launcher turns it into the
-caller's error) and re-raised. Rank 0 writes model.pt, metrics.json and history.json to the
+caller's error) and re-raised. Rank 0 writes model.pt, record.json and history.json to the
 job's result dir.
 """
 
@@ -158,7 +158,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         choices.update(choice.as_record())
     for k, v in choices.items():
         events.param(
-            f"runtime/{k}",
+            f"runtime.{k}",
             v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str),
         )
     ckpt, resume_from = _checkpointer(job, env, events, faults)
@@ -353,7 +353,8 @@ def write_outputs(
     result: TrainResult,
     summary: dict,
 ) -> None:
-    """Rank 0: the consolidated checkpoint, metrics and history (the stage publishes them)."""
+    """Rank 0: the consolidated checkpoint, the workers' record and history (the stage
+    publishes them, with the record's metrics under docs/metrics.md's names)."""
     out, cfg = job.result_dir, job.config
     out.mkdir(parents=True, exist_ok=True)
     loss_state = {k: v.detach().cpu().tolist() for k, v in loss.state_dict().items()}
@@ -364,7 +365,7 @@ def write_outputs(
         **summary,
     }
     save_consolidated(out / "model.pt", state, cfg.model, manifest, meta)
-    metrics = {**summary, "backoffs": result.backoffs}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str))
+    record = {**summary, "backoffs": result.backoffs}
+    (out / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
     history = {"epochs": result.history, "step_losses": result.step_losses}
     (out / "history.json").write_text(json.dumps(history, indent=2, default=str))

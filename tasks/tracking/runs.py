@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from enn_core.config import RunConfig
+from enn_core.config import RunConfig, to_plain
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
+
+    from tasks.tracking.registry import Registration
 
 # mlflow is imported inside the functions that use it: importing this module has no side
 # effects (`import mlflow` writes its telemetry state and an environment variable unless the
@@ -44,7 +46,10 @@ TAG_PID_CREATED = "enn.pid_created"
 TAG_HOST = "enn.host"
 TAG_GROUP = "enn.group"
 TAG_KIND = "enn.kind"
+TAG_FLOW = "enn.flow"
 MAX_PARAM_LEN = 500
+# MLflow 3 opens an experiment in the view its kind names; without it, the GenAI view.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, str]:
@@ -99,10 +104,13 @@ class Tracker:
         if exp is None:
             loc = layout.mlflow_artifacts.as_uri() if uri.startswith("sqlite") else None
             self.experiment_id = self.client.create_experiment(
-                cfg.tracking.experiment, artifact_location=loc
+                cfg.tracking.experiment, artifact_location=loc, tags=EXPERIMENT_KIND
             )
         else:
             self.experiment_id = exp.experiment_id
+            for k, v in EXPERIMENT_KIND.items():
+                if exp.tags.get(k) != v:
+                    self.client.set_experiment_tag(self.experiment_id, k, v)
         self.sweep_killed()
 
     # -- run lifecycle -------------------------------------------------------------------
@@ -114,7 +122,16 @@ class Tracker:
             TAG_HOST: socket.gethostname(),
         }
 
-    def start_parent(self, name: str, tags: dict[str, str], group: str | None = None) -> str | None:
+    def start_parent(
+        self,
+        name: str,
+        tags: dict[str, str],
+        group: str | None = None,
+        cfg: RunConfig | None = None,
+        data: str = "",
+    ) -> str | None:
+        """The pipeline's parent run, holding the resolved parameters (`params.yaml`'s keys,
+        dotted) so Compare lines them up with the results `summarize` adds at the end."""
         if not self.enabled:
             return None
         if group:
@@ -125,11 +142,47 @@ class Tracker:
                 run_id = found[0].info.run_id
                 self.client.update_run(run_id, status="RUNNING")
                 return run_id
-        all_tags = {**self._own_tags(), TAG_KIND: "pipeline", **tags}
+        params = _flatten(to_plain(cfg)) if cfg is not None else {}
+        all_tags = {
+            **self._own_tags(),
+            **source_tags(name, tags.get("enn.git_commit", "")),
+            TAG_KIND: "pipeline",
+            TAG_FLOW: name,
+            **tags,
+        }
         if group:
             all_tags[TAG_GROUP] = group
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        run_name = self._parent_name(name, data, params)
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+        self.log_params(run.info.run_id, params)
         return run.info.run_id
+
+    def _parent_name(self, flow: str, data: str, params: dict[str, str]) -> str:
+        """`training #3 synthetic train.lr=0.02`: the flow, its run count, the data and the
+        parameters that differ from the flow's previous run (a name a person tells apart)."""
+        previous = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.`{TAG_FLOW}` = '{flow}'",
+            max_results=1000,
+            order_by=["attributes.start_time DESC"],
+        )
+        before = previous[0].data.params if previous else {}
+        changed = [
+            f"{k}={v}"
+            for k, v in params.items()
+            if before and before.get(k, v) != v[:MAX_PARAM_LEN]
+        ]
+        parts = [flow, f"#{len(previous) + 1}", data, *changed[:3]]
+        if len(changed) > 3:
+            parts.append(f"(+{len(changed) - 3})")
+        return " ".join(p for p in parts if p)[:250]
+
+    def log_params(self, run_id: str, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        batch = [Param(k, v[:MAX_PARAM_LEN]) for k, v in params.items()]
+        for i in range(0, len(batch), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(run_id, params=batch[i : i + 100])
 
     def end(self, run_id: str | None, status: str = "FINISHED", error: str | None = None) -> None:
         if not self.enabled or run_id is None:
@@ -152,10 +205,7 @@ class Tracker:
         run_id = self.client.create_run(
             self.experiment_id, run_name=stage, tags=all_tags
         ).info.run_id
-        from mlflow.entities import Param
-
-        flat = _flatten(params)
-        self.client.log_batch(run_id, params=[Param(k, v[:MAX_PARAM_LEN]) for k, v in flat.items()])
+        self.log_params(run_id, _flatten(params))
         forwarder = EventForwarder(self.client, run_id, run_dir)
         forwarder.start()
         try:
@@ -189,11 +239,11 @@ class Tracker:
         cfg: RunConfig,
         lineage: dict[str, str],
         run_dir: Path,
-    ) -> dict:
+    ) -> Registration | None:
         """Artifacts, plots, lineage and (after export) the registered model of one stage."""
         if not self.enabled or run_id is None:
-            return {}
-        from tasks.tracking import models, plots
+            return None
+        from tasks.tracking import models, plots, registry
 
         out = spec.output_dir(layout)
         tags = {**lineage, **dvc_lineage(layout.root)}
@@ -206,12 +256,27 @@ class Tracker:
             for png in plots.PLOTS[kind](layout, plot_dir):
                 self.log_artifact(run_id, png, "plots")
         if spec.registers_model:
-            result = models.register_export(
-                self.client, run_id, layout, cfg.tracking.registered_model, tags
-            )
-            self.set_tags(run_id, {f"enn.registry.{k}": v for k, v in result.items()})
+            name = models.model_name(cfg, layout.root)
+            result = registry.register(self.client, run_id, layout, name, tags)
+            self.set_tags(run_id, {f"enn.registry.{k}": v for k, v in result.as_dict().items()})
             return result
-        return {}
+        return None
+
+    def summarize(
+        self,
+        parent_id: str | None,
+        layout: Layout,
+        specs: tuple[StageSpec, ...],
+        registration: Registration | None,
+    ) -> None:
+        """The parent run's headline results (docs/metrics.md), from the outputs the pipeline
+        now has (also those of stages DVC skipped as up to date), its dataset input, and the
+        champion decision."""
+        if not self.enabled or parent_id is None:
+            return
+        from tasks.tracking import summary
+
+        summary.write_parent(self.client, parent_id, layout, specs, registration)
 
     def sweep_killed(self) -> list[str]:
         """Mark runs left RUNNING by a process that is gone (on this host) as KILLED."""
@@ -231,6 +296,19 @@ class Tracker:
             self.client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
         return killed
+
+
+def source_tags(name: str, commit: str) -> dict[str, str]:
+    """MLflow's Source column: the flow's module (or the `enn` command), and its git commit."""
+    from enn_core.stages import FLOWS
+
+    tags = {
+        "mlflow.source.type": "LOCAL",
+        "mlflow.source.name": f"flows/{name}.py" if name in FLOWS else name,
+    }
+    if commit and commit != "unknown":
+        tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
+    return tags
 
 
 def store_error(uri: str, error: Exception) -> StoreError | NoSpaceError:

@@ -17,7 +17,7 @@ def test_auto_micro_batch_is_probed_agreed_and_recorded(tiny_project):
     assert per_rank % summary["micro_batch"] == 0
     assert summary["accumulation"] == per_rank // summary["micro_batch"]
     params = {e["name"]: e["value"] for e in read_events(run_dir) if e.get("type") == "param"}
-    assert params["train/micro_batch"] == summary["micro_batch"]
-    assert "runtime/micro_batch_reason" in params and params["runtime/micro_batch_reason"]
+    assert params["resolved.train.micro_batch"] == summary["micro_batch"]
+    assert params.get("resolved.runtime.micro_batch_reason")
     ranks = summary["ranks"]
     assert ranks[0]["micro_batch"] == ranks[1]["micro_batch"]

@@ -65,7 +65,7 @@ def test_interrupted_run_resumes_at_the_exact_step_bit_identical(tiny_project, r
     assert [p.name for p in committed(root)][-1] == "step-00000006"  # 3 and 6 committed, keep 2
     summary, run_dir = run_train(tiny_project, cfg_of(*BASE))
     assert summary["checkpoint"]["resumed_from"].endswith("step-00000006")
-    assert params(run_dir)["checkpoint/resumed_from"].endswith("step-00000006")
+    assert params(run_dir)["resolved.checkpoint.resumed_from"].endswith("step-00000006")
     history, state = outputs(tiny_project)
     assert len(history["step_losses"]) == 18  # the resumed curve holds every step once
     assert_same(state, ref)
@@ -77,13 +77,13 @@ def test_sigkilled_worker_restarts_from_checkpoint_bit_identical(tiny_project, r
     )
     assert summary["checkpoint"]["attempt"] == 1
     assert summary["checkpoint"]["resumed_from"].endswith("step-00000006")
-    assert params(run_dir)["workers/restarts"] == 1
-    # the stage's summary (the Prefect task's) and its metrics (dvc metrics) record it too
-    published = json.loads(
-        (DISTRIBUTED_TRAIN.output_dir(tiny_project) / "metrics.json").read_text()
-    )
+    assert params(run_dir)["resolved.workers.restarts"] == 1
+    # the stage's summary (the Prefect task's), its record and its metrics (dvc metrics) too
+    out = DISTRIBUTED_TRAIN.output_dir(tiny_project)
+    published = json.loads((out / "record.json").read_text())
     for record in (summary, published):
         assert record["restarts"] == 1 and sorted(record["rank_phases"]) == ["0", "1"], record
+    assert json.loads((out / "metrics.json").read_text())["train/restarts"] == 1
     assert_same(outputs(tiny_project)[1], ref)
     assert not alive(worker_pids(run_dir))
 
@@ -245,7 +245,7 @@ def test_a_corrupt_checkpoint_is_quarantined_and_resume_falls_back(tiny_project,
     assert len(info["quarantined"]) == 1 and "quarantine/step-00000006-" in info["quarantined"][0]
     moved = [e for e in read_events(run_dir) if e.get("name") == "checkpoint_quarantined"]
     assert moved and moved[0]["fields"]["files"] == ["__0_0.distcp"]
-    assert params(run_dir)["checkpoint/quarantined"] == info["quarantined"][0]
+    assert params(run_dir)["resolved.checkpoint.quarantined"] == info["quarantined"][0]
     assert_same(outputs(tiny_project)[1], ref)  # and the result is the uninterrupted one
 
 

@@ -64,7 +64,7 @@ def test_hsdp_2x2_equals_fsdp_on_4(tiny_project, tmp_path):
     results = launch(main_each, tuple(map(str, jobs)), nprocs=4, run_dir=run_dir, hang_timeout_s=60)
     fsdp, hsdp = results[0]
     assert (fsdp["wrap"], hsdp["wrap"]) == ("fsdp2", "hsdp")
-    meshes = [e["value"] for e in _events(run_dir) if e.get("name") == "runtime/mesh"]
+    meshes = [e["value"] for e in _events(run_dir) if e.get("name") == "resolved.runtime.mesh"]
     assert meshes == ["4", "2x2"]
     # DCP saved the 2-D-sharded state at both epoch ends
     assert len(hsdp["checkpoint"]["saved_positions"]) == 2 and committed(specs[1].dir)

@@ -101,14 +101,9 @@ def ran(tmp_path_factory) -> Ran:
         with open(project.root / "enn_core" / "inference.py", "a") as f:
             f.write("\n# touched by the test\n")
         result.outputs["repro3"] = project.run("dvc", "repro", timeout=900).stdout
+        # no --model: this task's champion (models:/enn-synthetic@champion)
         result.outputs["predict_flow"] = project.run(
-            "enn",
-            "run",
-            "--flow",
-            "prediction",
-            "--model",
-            "models:/enn-model@champion",
-            timeout=900,
+            "enn", "run", "--flow", "prediction", timeout=900
         ).stdout
         result.outputs["predict_repro"] = project.run(
             "dvc", "repro", cwd=project.root / "prediction", timeout=600
@@ -150,12 +145,13 @@ def test_training_flow_ran_every_stage(ran):
         "outputs/plots/distributed-train.json",
     ):
         assert (root / path).exists(), path
-    train = json.loads((root / "outputs/distributed-train/metrics.json").read_text())
-    assert train["world_size"] == 2
-    # dvc metrics show: world size, each rank's last phase and the restarts
+    train = json.loads((root / "outputs/distributed-train/record.json").read_text())
+    assert train["world_size"] == 2 and sorted(train["rank_phases"]) == ["0", "1"], train
+    # dvc metrics show: docs/metrics.md's names, the headline only; the rest in the stage's own
+    metrics = json.loads((root / "outputs/distributed-train/metrics.json").read_text())
+    assert metrics["train/world_size"] == 2 and metrics["train/restarts"] == 0, metrics
     dvc_metrics = json.loads((root / "outputs/metrics/distributed-train.json").read_text())
-    assert dvc_metrics["world_size"] == 2 and dvc_metrics["restarts"] == 0, dvc_metrics
-    assert sorted(dvc_metrics["rank_phases"]) == ["0", "1"], dvc_metrics
+    assert list(dvc_metrics) == ["train/epochs_run"], dvc_metrics
     # quality on the synthetic data: better than the conditional naive predictor, not collapsed
     val = json.loads((root / "outputs/metrics/validate.json").read_text())
     assert val["test/mae"] < val["test/naive_conditional_mae"], val
@@ -206,18 +202,18 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     val_loss = [k for k in train.data.metrics if "val" in k and "loss" in k]
     assert val_loss, sorted(train.data.metrics)
     assert len(client.get_metric_history(train.info.run_id, val_loss[0])) >= 2  # per epoch
-    assert any(k.startswith("bottleneck/") for k in train.data.metrics), (
+    assert any(k.startswith("telemetry/bottleneck/") for k in train.data.metrics), (
         "telemetry: per-epoch verdict"
     )
-    assert any(k.startswith("memory/") for k in train.data.metrics), "telemetry: memory"
+    assert any(k.startswith("telemetry/memory/") for k in train.data.metrics), "memory"
     assert "diagnostics.json" in {a.path for a in client.list_artifacts(train.info.run_id)}
     arts = {a.path for a in client.list_artifacts(train.info.run_id)}
     assert "model.pt" in arts and "config.yaml" in arts
     assert any(a.path.endswith(".png") for a in client.list_artifacts(train.info.run_id, "plots"))
     assert train.data.tags.get("enn.world_size") == "2"
     params = train.data.params
-    assert params.get("runtime/world_size") == "2"
-    recorded = " ".join(k for k in params if k.startswith("runtime/"))
+    assert params.get("resolved.runtime.world_size") == "2"
+    recorded = " ".join(k for k in params if k.startswith("resolved.runtime."))
     assert "precision" in recorded and ("attention" in recorded or "backend" in recorded), sorted(
         params
     )
@@ -233,10 +229,10 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
         (ran.project.root / "outputs" / "stage-data" / "manifest.json").read_text()
     )
     assert staged.get("data.source") == manifest["source"]["kind"], sorted(staged)
-    assert staged.get("data_content_hash") == manifest["content_hash"], sorted(staged)
-    version = client.get_model_version_by_alias("enn-model", "champion")
+    assert staged.get("resolved.data.content_hash") == manifest["content_hash"], sorted(staged)
+    version = client.get_model_version_by_alias("enn-synthetic", "champion")
     # dvc repro re-ran export (same model, same MAE): a new candidate, the champion stays
-    candidate = client.get_model_version_by_alias("enn-model", "candidate")
+    candidate = client.get_model_version_by_alias("enn-synthetic", "candidate")
     assert int(candidate.version) > int(version.version)
     assert "does not beat the champion" in candidate.tags["enn.champion_decision"]
     for tag in ("enn.git_commit", "enn.data_fingerprint", "prefect.flow_run_id", "enn.world_size"):
@@ -248,18 +244,20 @@ def test_champion_loads_and_predicts_in_real_units(ran):
     import mlflow.pyfunc
 
     from enn_core.data.dataset import StagedDataset
+    from enn_core.serving import decode
 
     root = ran.project.root
     uri = f"sqlite:///{root / 'work' / 'mlflow' / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    model = mlflow.pyfunc.load_model("models:/enn-model@champion")
+    model = mlflow.pyfunc.load_model("models:/enn-synthetic@champion")
     ds = StagedDataset(root / "outputs" / "stage-data")
     rows = np.sort(np.asarray(ds.split("test")))
-    out = model.predict(np.ascontiguousarray(ds.features[rows], dtype=np.float32))
-    pred = next(iter(out.values())) if isinstance(out, dict) else np.asarray(out)
+    frame = decode(np.asarray(ds.features[rows]), ds.feature_specs)  # as the source spells them
+    assert frame["month"].iloc[0].isdigit() and len(frame["month"].iloc[0]) == 2
+    out = model.predict(frame)
     target = np.asarray(ds.labels[rows])
-    assert pred.shape == target.shape
+    pred = out.to_numpy().reshape(target.shape)
     assert (
         np.abs(pred - target).mean() < np.abs(target - target.mean()).mean()
     )  # real units, skilful
@@ -272,7 +270,7 @@ def test_prediction_flow_and_pipeline(ran):
     root = ran.project.root
     assert (
         root / "prediction" / "model" / "SOURCE"
-    ).read_text().strip() == "models:/enn-model@champion"
+    ).read_text().strip() == "models:/enn-synthetic@champion"
     assert not (root / "prediction" / "work").exists(), "state must stay in the project's work/"
     report = json.loads(
         (ran.project.root / "prediction/outputs/collapse-check/report.json").read_text()
@@ -323,7 +321,8 @@ def test_every_process_was_offline_and_watched(ran):
 
 
 def test_warm_start_from_the_registered_champion(ran):
-    """prepare-checkpoint with `checkpoint.init_from: models:/...`: the task layer downloads
+    """prepare-checkpoint with `checkpoint.init_from: champion` (this task's registered
+    champion, `models:/enn-synthetic@champion`): the task layer downloads
     the version, prepare-checkpoint checks it fits and records where the weights came from."""
     import torch
 
@@ -332,11 +331,11 @@ def test_warm_start_from_the_registered_champion(ran):
         "enn",
         "prepare-checkpoint",
         "--set",
-        "checkpoint.init_from=models:/enn-model@champion",
+        "checkpoint.init_from=champion",
         timeout=600,
     )
     info = json.loads((root / "outputs" / "prepare-checkpoint" / "init.json").read_text())
-    assert info["warm_start"]["registry_uri"] == "models:/enn-model@champion"
+    assert info["warm_start"]["registry_uri"] == "models:/enn-synthetic@champion"
     init = torch.load(root / "outputs" / "prepare-checkpoint" / "init.pt", weights_only=True)[
         "state_dict"
     ]

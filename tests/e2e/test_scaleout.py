@@ -57,7 +57,7 @@ def _exp_rows(project: Project) -> dict[str, dict]:
 def _epochs(data: dict) -> tuple[int, int]:
     """(train.epochs param, epochs_run metric) of one `dvc exp show` row."""
     params = data["params"]["params.yaml"]["data"]["train"]["epochs"]
-    metrics = data["metrics"]["outputs/metrics/distributed-train.json"]["data"]["epochs_run"]
+    metrics = data["metrics"]["outputs/metrics/distributed-train.json"]["data"]["train/epochs_run"]
     return params, metrics
 
 
@@ -163,12 +163,13 @@ def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
                 "filter": f"tags.`prefect.flow_run_id` = '{run_id}'",
             },
         )["runs"]
-        assert {r["info"]["run_name"] for r in found} == {"training", *(s.name for s in TRAINING)}
+        names = {r["info"]["run_name"] for r in found}
+        assert names == {"training #1 synthetic", *(s.name for s in TRAINING)}, names
         assert {r["info"]["status"] for r in found} == {"FINISHED"}
         from mlflow.tracking import MlflowClient  # telemetry off: tests/conftest.py
 
         client = MlflowClient(tracking_uri=url, registry_uri=url)
-        champion = client.get_model_version_by_alias("enn-model", "champion")
+        champion = client.get_model_version_by_alias("enn-synthetic", "champion")
         assert champion.tags["prefect.flow_run_id"] == run_id
 
         project.run(
@@ -177,12 +178,12 @@ def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
             "--flow",
             "prediction",
             "--model",
-            "models:/enn-model@champion",
+            "models:/enn-synthetic@champion",
             timeout=600,
         )
         assert (
             root / "prediction" / "model" / "SOURCE"
-        ).read_text().strip() == "models:/enn-model@champion"
+        ).read_text().strip() == "models:/enn-synthetic@champion"
         assert (root / "prediction" / "outputs" / "predict" / "predictions.npy").exists()
     # the server kept the runs in its database and the artifacts in its store, none locally
     assert list((store / "artifacts").rglob("model.onnx"))

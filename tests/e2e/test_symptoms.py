@@ -283,7 +283,7 @@ def test_data_starvation_is_data_bound(provoked):
         last = record["bottleneck"][-1]
         assert last["verdict"] == "data-bound" and last["shares"]["data"] >= 0.3, last
     assert json.loads(s.run.data.tags["event.bottleneck"])["verdict"] == "data-bound"
-    assert s.run.data.metrics["bottleneck/data_share"] >= 0.3
+    assert s.run.data.metrics["telemetry/bottleneck/data_share"] >= 0.3
     assert (
         "bottleneck: data-bound in the last epoch" in s.markdown
         and "| 0 | data-bound |" in s.markdown
@@ -324,7 +324,7 @@ def test_hang_names_the_rank_and_the_phase(provoked):
         assert record["workers"]["1"]["phase"] == "first_forward"
         assert any(p.endswith("rank-1.txt") for p in record["stacks"])
     assert s.run.info.status == "FAILED" and named in s.run.data.tags["enn.error"]
-    assert s.run.data.params["workers/rank1_phase"] == "first_forward"
+    assert s.run.data.params["resolved.workers.rank1_phase"] == "first_forward"
     assert f"- stage failed: WorkerError: attempt 0: {named}" in s.markdown
     assert "| 1 | first_forward | 0 |" in s.markdown
 
@@ -341,7 +341,7 @@ def test_out_of_memory_leaves_the_back_off_record(provoked):
             b["accumulation_after"],
         ) == (2, 8, 4, 2)
     assert json.loads(s.run.data.tags["event.oom_backoff"])["micro_batch_after"] == 4
-    assert s.run.data.metrics["memory/micro_batch"] == 4
+    assert s.run.data.metrics["telemetry/memory/micro_batch"] == 4
     assert "out of memory at step 2: micro-batch 8 -> 4 (accumulation 2)" in s.markdown
 
 
@@ -351,7 +351,7 @@ def test_collapse_shows_the_candidates_table(provoked, tmp_path):
     for record in (s.record, s.mlflow_record):
         assert record["stage_error"]["type"] == "CollapseError"
         assert "every candidate collapsed" in record["stage_error"]["message"]
-        rows = {r["candidate"]: r for r in record["candidates"]}
+        rows = {r["candidate"]: r for r in record["tables"]["candidates"]}
         assert set(rows) == {"raw", "calibrated", "fp32", "per_sample"}
         assert rows["raw"]["status"] == "failed" and rows["raw"]["spread_median"] == 0.0
         assert (
@@ -398,7 +398,7 @@ def test_forced_math_attention_reports_the_backend(provoked):
     for record in (s.record, s.mlflow_record):
         assert record["choices"]["attention"] == "math"
         assert record["choices"]["attention_reason"].startswith("train.attention=math")
-    assert s.run.data.params["runtime/attention"] == "math"
+    assert s.run.data.params["resolved.runtime.attention"] == "math"
     assert "attention backend math (train.attention=math" in s.markdown
     rows = {r["name"]: r["value"] for r in table(s.artifacts["distributed-train-table"])}
     assert rows["attention"] == "math"

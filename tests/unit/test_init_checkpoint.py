@@ -90,7 +90,7 @@ def test_folder_source_other_compatible_data_recorded(tmp_path, source):
     download = tmp_path / "registry-download"  # where the task layer puts a model version
     download.mkdir()
     shutil.copy2(source, download / "model.pt")
-    (download / "SOURCE").write_text("models:/enn-model@champion\n")  # as materialize writes it
+    (download / "SOURCE").write_text("models:/enn-synthetic@champion\n")  # as materialize writes it
     root = _project(tmp_path / "now", "data.synthetic.seed=7")  # same schema, other values
     got = _prepare(root, "checkpoint.init_from=../registry-download")  # relative to the root
     warm = got.warm_start
@@ -98,7 +98,7 @@ def test_folder_source_other_compatible_data_recorded(tmp_path, source):
     assert (
         warm["init_from"] == "../registry-download" and warm["meta"]["stage"] == "distributed-train"
     )
-    assert warm["registry_uri"] == "models:/enn-model@champion"
+    assert warm["registry_uri"] == "models:/enn-synthetic@champion"
     assert warm["same_data"] is False and warm["data_fingerprint"] != got.data_fingerprint
     fresh = _prepare(root)
     assert fresh.warm_start is None and fresh.init_from == "fresh"
@@ -186,7 +186,7 @@ def test_missing_or_unusable_source_says_where_and_what_to_do(tmp_path):
     ):
         _prepare(root, "checkpoint.init_from=junk.pt")
     with pytest.raises(ConfigError, match="resolved by the task layer"):
-        _prepare(root, "checkpoint.init_from=models:/enn-model@champion")
+        _prepare(root, "checkpoint.init_from=models:/enn-synthetic@champion")
 
 
 def test_refused_warm_start_writes_nothing(tmp_path, source):

@@ -111,10 +111,10 @@ def test_epoch_verdict_reaches_the_events_log(tmp_path):
     recs = list(read_events(tmp_path))
     names = {r["name"] for r in recs if r["type"] == "metric"}
     assert {
-        "bottleneck/data_share",
-        "bottleneck/code",
-        "memory/rss_mib",
-        "throughput/samples_per_s",
+        "telemetry/bottleneck/data_share",
+        "telemetry/bottleneck/code",
+        "telemetry/memory/rss_mib",
+        "telemetry/throughput/samples_per_s",
     } <= names
     verdicts = read_verdicts(recs)
     assert verdicts[0]["verdict"] == "data-bound" and verdicts[0]["epoch"] == 0

@@ -87,3 +87,52 @@ def test_default_demo_size_has_enough_rows():
     s = cfg.synthetic
     assert cfg.source == "synthetic"
     assert s.n_months * s.n_daytypes * s.n_directions * s.n_replicates >= 500
+
+
+def test_a_fold_column_splits_the_rows_and_is_not_a_model_input(tmp_path):
+    """A CSV's fold column (`data.fold_key`) holds out whole groups; the model does not read
+    it, so new inputs staged against the manifest need not carry it."""
+    import csv
+
+    from tests.fixtures.data import run_stage
+
+    rng = np.random.default_rng(0)
+    rows = [
+        [f"r{i % 3}", str(1 + i % 4), f"{x:.3f}", f"{2 * x + 1:.3f}"]
+        for i, x in enumerate(rng.normal(size=40))
+    ]
+    path = tmp_path / "t.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([["region", "quarter", "x", "y"], *rows])
+    common = {"source": "csv", "categorical": ("region",), "naive_keys": ("region",)}
+    folds = (("1",), ("2",), ("3",), ("4",))
+    _, out = run_stage(
+        tmp_path / "p",
+        **common,
+        path=str(path),
+        label_columns=("y",),
+        label_shape=(1,),
+        fold_key="quarter",
+        folds=folds,
+        test_fold=3,
+        val_fold=0,
+    )
+    ds = StagedDataset(out)
+    assert ds.manifest["feature_names"] == ["region", "x"]
+    quarter = ds.row_keys["quarter"].astype(str).to_numpy()
+    s = _splits(ds)
+    assert set(quarter[s["test"]]) == {"4"} and set(quarter[s["val"]]) == {"1"}
+    # new inputs without the fold column stage against the training manifest
+    new = tmp_path / "new.csv"
+    with open(new, "w", newline="") as f:
+        csv.writer(f).writerows([["region", "x"], ["r0", "0.5"], ["r2", "-1.0"]])
+    _, staged = run_stage(
+        tmp_path / "q",
+        **common,
+        path=str(new),
+        features_only=True,
+        training_manifest=str(out / "manifest.json"),
+        fold_key="quarter",
+        label_shape=(1,),
+    )
+    assert StagedDataset(staged).manifest["feature_names"] == ["region", "x"]

@@ -18,9 +18,9 @@ from enn_core.telemetry import bottleneck_verdict, write_epoch
 
 def test_record_gathers_what_the_runtime_wrote(tmp_path):
     events = EventLog(tmp_path)
-    events.param("runtime/attention", "math")
-    events.param("runtime/attention_reason", "train.attention=math (probe passed)")
-    events.param("runtime/attention_probes", json.dumps({"math": {"ok": True}}))
+    events.param("runtime.attention", "math")
+    events.param("runtime.attention_reason", "train.attention=math (probe passed)")
+    events.param("runtime.attention_probes", json.dumps({"math": {"ok": True}}))
     events.event(
         "nonfinite_skip", epoch=0, step=3, tensor="batch.features[micro 0]", rank=1, consecutive=1
     )

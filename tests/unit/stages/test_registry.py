@@ -40,7 +40,7 @@ def test_dvc_yaml_has_exactly_the_flows_stages(flow):
     for spec in specs:
         entry = dvc[spec.dvc_name]
         where = f"{DVC_FILES[flow].name}:{spec.dvc_name}"
-        assert entry["cmd"] == f"enn {spec.name}{flag}", where
+        assert entry["cmd"] == f"{up}scripts/enn {spec.name}{flag}", where
         assert tuple(entry.get("params", [])) == spec.sections, where
         assert _outs(entry, "outs") == [f"outputs/{spec.name}"], where
         assert all(o["persist"] for o in entry["outs"][0].values()), where

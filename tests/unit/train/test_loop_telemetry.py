@@ -57,4 +57,8 @@ def test_checkpoint_time_is_counted_and_world_size_1_has_no_communication(staged
         assert v["shares"]["checkpoint"] > 0 and row["checkpoint_s"] > 0, v
         assert "communication" not in v["shares"] and row["comm_share"] == 0.0
     names = {r["name"] for r in read_events(tmp_path / "run") if r["type"] == "metric"}
-    assert {"time/communication_s", "epoch/comm_share", "epoch/checkpoint_s"} <= names
+    assert {
+        "telemetry/time/communication_s",
+        "telemetry/epoch/comm_share",
+        "telemetry/epoch/checkpoint_s",
+    } <= names

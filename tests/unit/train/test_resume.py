@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from enn_core.train.ckpt import TRAINER, committed
+from enn_core.train.ckpt import COMMITTED, TRAINER, committed, content_hashes
 from tests.fixtures.train import run_local, tiny_cfg, with_fault
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -107,5 +107,10 @@ def test_an_unreadable_trainer_state_is_named_with_what_to_do(staged, tmp_path, 
         for f in p.iterdir():
             (dest / f.name).write_bytes(f.read_bytes())
         (dest / TRAINER).write_text("{not json")
+        # Its COMMITTED hashes match the broken file (written so, not corrupted on disk later):
+        # no quarantine, the unreadable state itself is reported.
+        record = json.loads((dest / COMMITTED).read_text())
+        record["files"] = content_hashes(dest)
+        (dest / COMMITTED).write_text(json.dumps(record))
     with pytest.raises(Exception, match=r"unreadable checkpoint state .* delete .* to fall back"):
         run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=broken)

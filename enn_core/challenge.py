@@ -1,0 +1,115 @@
+"""The champion's challenge: two trained models scored on the same rows.
+
+A retrain on refreshed data (more rows, other rows, the same columns) has another data
+fingerprint than the champion; its validation MAE and the champion's, each measured on its
+own data, do not compare. So the champion is scored on the candidate's validation rows,
+through the same prediction path (its own calibration), and the two MAEs are compared there.
+
+    schema_differences(candidate.data, champion.data)   # [] when the same task
+    score = score_split(champion_folder, staged, "val")   # Score(mae, rows, skipped)
+
+The schema is what makes two models the same task: the features (names, order, kinds, cyclic
+periods), the label shape and its axes. Vocabularies may differ (refreshed data meets a new
+category, or the same categories first appear in another order): the candidate's codes are
+mapped to the champion's by their spelling, and rows holding a category the champion never
+saw are left out of its score (counted in `skipped`). No category in common is a clash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from enn_core.checkpoint import DataSpec
+from enn_core.data.dataset import StagedDataset
+from enn_core.errors import DataError
+from enn_core.serving import TableModel
+
+
+class SchemaClash(DataError):
+    """The two models do not predict the same task (other features or labels)."""
+
+
+@dataclass(frozen=True)
+class Score:
+    """A model's MAE (real units) on the rows of one split it could read."""
+
+    mae: float
+    rows: int  # rows scored
+    skipped: int  # rows holding a category the model never saw
+
+
+def schema(data: DataSpec) -> dict[str, Any]:
+    """What two models must share to be compared (vocabularies apart)."""
+    return {
+        "features": [
+            [s.get("name"), s.get("kind"), s.get("cyclic_period")] for s in data.feature_specs
+        ],
+        "label_shape": list(data.label_shape),
+        "label_axes": list(data.label_axes),
+    }
+
+
+def schema_differences(ours: DataSpec, theirs: DataSpec) -> list[str]:
+    """What differs between two models' schemas, in words ([] when the same task)."""
+    a, b = schema(ours), schema(theirs)
+    out = []
+    names_a = [f[0] for f in a["features"]]
+    names_b = [f[0] for f in b["features"]]
+    if names_a != names_b:
+        out.append(f"features {names_a} vs {names_b}")
+    else:
+        for fa, fb in zip(a["features"], b["features"], strict=True):
+            if fa != fb:
+                out.append(f"feature {fa[0]!r} is {fa[1]} vs {fb[1]}")
+    if a["label_shape"] != b["label_shape"]:
+        out.append(f"label shape {a['label_shape']} vs {b['label_shape']}")
+    elif a["label_axes"] != b["label_axes"]:
+        out.append(f"label axes {a['label_axes']} vs {b['label_axes']}")
+    return out
+
+
+def remap_codes(
+    features: np.ndarray, ours: Sequence[Mapping[str, Any]], theirs: Sequence[Mapping[str, Any]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(features with categorical codes mapped from our vocabularies to theirs, mask of the
+    rows whose every category they know)."""
+    x = np.array(features, dtype=np.float32, copy=True)
+    ok = np.ones(len(x), dtype=bool)
+    for j, (mine, other) in enumerate(zip(ours, theirs, strict=True)):
+        if mine.get("kind") != "categorical":
+            continue
+        index = {v: i for i, v in enumerate(other.get("vocab") or [])}
+        table = np.array([index.get(v, -1) for v in mine.get("vocab") or []], dtype=np.int64)
+        codes = table[x[:, j].astype(np.int64)]
+        ok &= codes >= 0
+        x[:, j] = np.where(codes >= 0, codes, 0)
+    return x, ok
+
+
+def score_split(folder: str | Path, staged: str | Path, split: str = "val") -> Score:
+    """The MAE of the model in `folder` (model.pt + calibration.json) on `split` of the staged
+    dataset, through its chosen prediction path; SchemaClash when it is another task."""
+    model = TableModel.load(folder)
+    ds = StagedDataset(staged)
+    data = DataSpec.of(ds.manifest)
+    clash = schema_differences(data, model.checkpoint.data)
+    if clash:
+        raise SchemaClash(f"{Path(folder)} predicts another task: {'; '.join(clash)}")
+    rows = np.sort(np.asarray(ds.split(split)))
+    x, ok = remap_codes(np.asarray(ds.features[rows]), data.feature_specs, model.specs)
+    if not ok.any():
+        raise SchemaClash(
+            f"{Path(folder)} knows none of the categories of the {split} rows of {ds.path}"
+        )
+    kept = np.flatnonzero(ok)
+    from enn_core.inference import predict_rows
+
+    pred = predict_rows(model.path, x, kept, 256)
+    target = np.asarray(ds.targets[rows[kept]], dtype=np.float64)
+    mae = float(np.mean(np.abs(pred.astype(np.float64) - target)))
+    return Score(mae=mae, rows=len(kept), skipped=int(len(rows) - len(kept)))

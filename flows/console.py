@@ -1,0 +1,125 @@
+"""What a person sees in the terminal while enn runs, and the log file that keeps the rest.
+
+    log_file = setup(layout.work / "logs", "run", verbose=args.verbose)
+
+- **Console** (stderr): the project's own lines (loggers under `enn`: the stages, the flows,
+  the per-epoch training lines), warnings and errors from anything else except the known
+  noise in `NOISE`, and the progress bars (written around them, `tqdm.write`).
+- **Log file** (`work/logs/<time>-<command>.log`, named in the closing summary): every record
+  at INFO (DEBUG with `--verbose`), third-party included, the noise too.
+- `--verbose`: everything on the console as well.
+
+`NOISE` names each silenced message and why it is safe to hide it; a test runs the training
+flow and holds its console to the project's own lines (tests/e2e/test_console.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+# (logger, what it says, why nobody needs to see it): below CRITICAL, these loggers (and their
+# children) are silenced unless --verbose. Other third-party INFO stays in the log file only.
+NOISE: tuple[tuple[str, str, str], ...] = (
+    (
+        "torch.distributed.elastic",
+        "Failed to register signal handlers since torchelastic is running on a child thread; "
+        "each worker's exit with a traceback",
+        "enn runs the elastic agent in a thread and handles SIGINT/SIGTERM itself "
+        "(flows/cli.py), stopping the workers' process group; a failure is reported with the "
+        "rank and its last phase, and each rank's log is in the run directory",
+    ),
+    (
+        "torch.onnx._internal.exporter._registration",
+        "torchvision is not installed. Skipping torchvision::nms (roi_align, roi_pool)",
+        "the ONNX exporter probes torchvision's operators at start; no ENN model uses them",
+    ),
+    (
+        "matplotlib.font_manager",
+        "Matplotlib is building the font cache; this may take a moment",
+        "a one-time cache under work/ (MPLCONFIGDIR), built on the first plot",
+    ),
+)
+# Python warnings raised inside libraries, not by anything enn calls with a choice:
+# (message regex, category, why).
+QUIET_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
+    (
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        FutureWarning,
+        "raised by torch.export's own pytree code in torch 2.13 while exporting",
+    ),
+)
+
+
+class Console(logging.StreamHandler):  # type: ignore[type-arg]
+    """stderr, written through tqdm so that a progress bar is redrawn below the line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm  # type: ignore[import-untyped]
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+class ConsoleFilter(logging.Filter):
+    """The project's lines; warnings and errors from the rest."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "enn" or record.name.startswith("enn."):
+            return True
+        return record.levelno >= logging.WARNING
+
+
+class ConsoleFormat(logging.Formatter):
+    """`HH:MM:SS message`; a warning or error says so and whose it is."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = time.strftime("%H:%M:%S", time.localtime(record.created))
+        msg = record.getMessage()
+        if record.exc_info and record.levelno >= logging.ERROR:
+            msg += "\n" + self.formatException(record.exc_info)
+        if record.levelno >= logging.WARNING:
+            who = "" if record.name.startswith("enn") else f" ({record.name})"
+            return f"{when} {record.levelname}{who}: {msg}"
+        return f"{when} {msg}"
+
+
+LOG_FILE: Path | None = None  # this process's log file, once setup has made it
+
+
+def setup(log_dir: Path | None, command: str, verbose: bool = False) -> Path | None:
+    """Console and log file for this process; returns the log file's path (None without a
+    log directory)."""
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    console = Console(sys.stderr)
+    console.setFormatter(ConsoleFormat())
+    if not verbose:
+        console.addFilter(ConsoleFilter())
+    root.addHandler(console)
+    path = None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"
+        file = logging.FileHandler(path, encoding="utf-8")
+        file.setLevel(logging.DEBUG if verbose else logging.INFO)
+        file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(file)
+        global LOG_FILE
+        LOG_FILE = path
+    for name in ("httpx", "httpcore", "alembic", "mlflow.store.db.utils", "dvc"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # request and lock chatter
+    if not verbose:
+        for name, _, _ in NOISE:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        for pattern, category, _ in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern, category=category)
+    logging.captureWarnings(True)
+    return path

@@ -1,0 +1,290 @@
+"""The exported model in MLflow's registry: logged model, version, aliases, the champion rule.
+
+After export succeeds, `register` logs the model (pyfunc through tasks/tracking/pyfunc.py,
+with the `onnx` flavor beside it) as a logged model of the export stage's run, and registers
+it as a new version of the task's registered model (`TrackingConfig.model_name`):
+
+- alias `candidate`: every registered version (export only runs after collapse-check passed);
+- alias `champion`: moved when the version
+  1. beats the conditional naive predictor on its validation rows (`val/mae` below
+     `val/naive_conditional_mae`, docs/metrics.md), and
+  2. beats the current champion on the same rows: the champion is scored on the candidate's
+     validation rows through its own prediction path (enn_core/challenge.py), so a retrain on
+     refreshed data (another fingerprint, the same columns) can promote.
+  The version's tags say why, with the numbers (`enn.champion_decision`).
+
+A model of another task (other features, label shape; no category in common) is not
+registered under this name: the result says so, naming `tracking.registered_model`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from enn_core.challenge import SchemaClash, Score, schema, score_split
+from enn_core.checkpoint import DataSpec
+from enn_core.data.dataset import StagedDataset
+from enn_core.metric_names import PROMOTION_BASELINE, PROMOTION_METRIC
+from enn_core.paths import Layout
+from enn_core.serving import TableModel
+from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING
+from tasks.tracking import pyfunc
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+CHAMPION, CANDIDATE = "champion", "candidate"
+DESCRIPTION = (
+    "ENN prediction path in real units. pyfunc: a DataFrame of the training features' raw "
+    "columns in, one named column per label cell out; ONNX and torch.export beside it "
+    "(data/enn/)."
+)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What registering one export gave (the stage's result, the run's tags, the CLI's line)."""
+
+    model: str
+    registered: bool
+    reason: str  # why (not) champion, or why not registered
+    version: int | None = None
+    champion: bool = False
+    model_uri: str = ""  # models:/<model_id>: the logged model
+    model_id: str = ""
+    val_mae: float | None = None  # the candidate's, on its validation rows
+    champion_val_mae: float | None = None  # the previous champion's, on the same rows
+    naive_val_mae: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def line(self) -> str:
+        """One line for the terminal."""
+        if not self.registered:
+            return f"{self.model}: not registered: {self.reason}"
+        role = "champion" if self.champion else "candidate (champion unchanged)"
+        return f"{self.model} version {self.version}: {role}: {self.reason}"
+
+
+def bundle(layout: Layout, dest: Path) -> Path:
+    """`dest/enn/`: what predict, warm start and the pyfunc flavor load (TRAINING specs'
+    `bundle` files and the ONNX program)."""
+    out = dest / pyfunc.DATA_DIR
+    out.mkdir(parents=True)
+    for spec in TRAINING:
+        for name in spec.bundle:
+            src = spec.output_dir(layout) / name
+            if src.exists():
+                shutil.copy2(src, out / name)
+    onnx = EXPORT.output_dir(layout) / pyfunc.ONNX_FILE
+    if onnx.exists():
+        shutil.copy2(onnx, out / pyfunc.ONNX_FILE)
+    return out
+
+
+def log_model(
+    client: MlflowClient,
+    run_id: str,
+    name: str,
+    enn_dir: Path,
+    layout: Layout,
+    tags: dict[str, str],
+) -> Any:
+    """The pyfunc (+ onnx) model as a logged model named `name` in the experiment of `run_id`,
+    linked to that run; returns MLflow's ModelInfo."""
+    import numpy as np
+    from mlflow.entities import LoggedModelStatus
+    from mlflow.models import Model
+
+    model = TableModel.load(enn_dir)
+    staged = StagedDataset(STAGE_DATA.output_dir(layout))
+    rows = staged.split("test") if "test" in staged.split_names else staged.split("val")
+    features = np.asarray(staged.features[np.sort(np.asarray(rows))[: pyfunc.EXAMPLE_ROWS]])
+    signature, example = pyfunc.signature_and_example(model, features)
+    experiment_id = client.get_run(run_id).info.experiment_id
+    logged = client.create_logged_model(experiment_id, name=name, source_run_id=run_id, tags=tags)
+    info = Model.log(
+        artifact_path=None,
+        name=name,
+        flavor=pyfunc.Flavor,
+        run_id=run_id,
+        model_id=logged.model_id,
+        bundle=enn_dir,
+        signature=signature,
+        input_example=example,
+    )
+    client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    return info
+
+
+def register(
+    client: MlflowClient, run_id: str, layout: Layout, name: str, tags: dict[str, str]
+) -> Registration:
+    """Log the export of `layout` under `run_id`, register it as a version of `name`, decide
+    the champion."""
+    needed = (
+        DISTRIBUTED_TRAIN.output_dir(layout) / "model.pt",
+        COLLAPSE_CHECK.output_dir(layout) / "calibration.json",
+    )
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        return Registration(name, False, f"{missing[0]} is missing; run the training flow")
+    report = _json(COLLAPSE_CHECK.output_dir(layout) / "report.json")
+    chosen = report.get("chosen_metrics") or {}
+    naive = chosen.get(PROMOTION_BASELINE)
+    staged = STAGE_DATA.output_dir(layout)
+    with tempfile.TemporaryDirectory() as tmp:
+        enn_dir = bundle(layout, Path(tmp))
+        own = score_split(enn_dir, staged, "val")
+        info = log_model(client, run_id, name, enn_dir, layout, tags)
+        ours = TableModel.load(enn_dir).checkpoint.data
+        _ensure_registered_model(client, name)
+        champion = _champion(client, name)
+        verdict = _challenge(client, name, champion, ours, staged, Path(tmp))
+    if isinstance(verdict, str):  # another task: not registered under this name
+        return Registration(
+            name, False, verdict, model_uri=info.model_uri, model_id=info.model_id, val_mae=own.mae
+        )
+    promote, why = decide(
+        own,
+        None if naive is None else float(naive),
+        verdict,
+        champion.version if champion else None,
+    )
+    version_tags = {
+        **tags,
+        **_identity(layout, ours),
+        "enn.val_mae": f"{own.mae:.6g}",
+        "enn.val_rows": str(own.rows),
+        "enn.candidate": str(report.get("chosen", "")),
+        "enn.champion_decision": why,
+    }
+    if naive is not None:
+        version_tags["enn.naive_conditional_val_mae"] = f"{float(naive):.6g}"
+    if verdict is not None:
+        version_tags["enn.champion_val_mae_on_these_rows"] = f"{verdict.mae:.6g}"
+    version = client.create_model_version(
+        name, info.model_uri, run_id=run_id, tags=version_tags, model_id=info.model_id
+    )
+    client.set_registered_model_alias(name, CANDIDATE, version.version)
+    if promote:
+        client.set_registered_model_alias(name, CHAMPION, version.version)
+    return Registration(
+        model=name,
+        registered=True,
+        reason=why,
+        version=int(version.version),
+        champion=promote,
+        model_uri=info.model_uri,
+        model_id=info.model_id,
+        val_mae=own.mae,
+        champion_val_mae=None if verdict is None else verdict.mae,
+        naive_val_mae=None if naive is None else float(naive),
+    )
+
+
+def decide(
+    own: Score, naive: float | None, champion: Score | None, champion_version: str | None
+) -> tuple[bool, str]:
+    """(promote, why in words with the numbers)."""
+    metric = PROMOTION_METRIC
+    if naive is not None and not own.mae < naive:
+        return False, (
+            f"{metric} {own.mae:.4g} does not beat the conditional naive predictor's {naive:.4g}"
+        )
+    if champion is None:
+        return True, f"{metric} {own.mae:.4g} on {own.rows} rows; no champion yet"
+    rows = f"on this version's {champion.rows} validation rows"
+    if champion.skipped:
+        rows += f" ({champion.skipped} with categories the champion never saw left out)"
+    if own.mae < champion.mae:
+        return True, (
+            f"{metric} {own.mae:.4g} beats the champion's (version {champion_version}) "
+            f"{champion.mae:.4g} {rows}"
+        )
+    return False, (
+        f"{metric} {own.mae:.4g} does not beat the champion's (version {champion_version}) "
+        f"{champion.mae:.4g} {rows}"
+    )
+
+
+def _champion(client: MlflowClient, name: str) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        return None
+
+
+def _challenge(
+    client: MlflowClient, name: str, champion: Any, ours: DataSpec, staged: Path, tmp: Path
+) -> Score | str | None:
+    """The champion's score on our validation rows; None without a champion; a sentence
+    when the champion is another task."""
+    if champion is None:
+        return None
+    import mlflow.artifacts
+
+    local = Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=f"models:/{name}/{champion.version}",
+            dst_path=str(tmp / "champion"),
+        )
+    )
+    folder = enn_folder(local)
+    try:
+        return score_split(folder, staged, "val")
+    except SchemaClash as e:
+        theirs = TableModel.load(folder).checkpoint.data
+        return (
+            f"{name}'s champion (version {champion.version}) is another task "
+            f"({str(e).split(': ', 1)[-1]}); this model takes "
+            f"{[s['name'] for s in ours.feature_specs]} -> labels {list(ours.label_shape)}, "
+            f"the champion {[s['name'] for s in theirs.feature_specs]} -> "
+            f"{list(theirs.label_shape)}: give this data its own registered model with "
+            f"tracking.registered_model=<name>"
+        )
+
+
+def enn_folder(model_dir: Path) -> Path:
+    """The folder holding model.pt inside a downloaded model (`data/enn/`; `enn/` in models
+    registered before the pyfunc flavor)."""
+    for sub in (Path("data") / pyfunc.DATA_DIR, Path(pyfunc.DATA_DIR)):
+        if (model_dir / sub / "model.pt").is_file():
+            return model_dir / sub
+    raise FileNotFoundError(f"{model_dir}: no data/enn/model.pt; re-run export to register it")
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=DESCRIPTION)
+
+
+def _identity(layout: Layout, data: DataSpec) -> dict[str, str]:
+    """Data fingerprint, schema digest, world size and checkpoint step of the version."""
+    import hashlib
+
+    manifest = _json(STAGE_DATA.output_dir(layout) / "manifest.json")
+    record = _json(DISTRIBUTED_TRAIN.output_dir(layout) / "record.json")
+    digest = hashlib.sha256(json.dumps(schema(data), sort_keys=True).encode()).hexdigest()
+    return {
+        "enn.data_fingerprint": str(manifest.get("content_hash", "")),
+        "enn.schema": digest[:16],
+        "enn.world_size": str(record.get("world_size", "")),
+        "enn.checkpoint_step": str(record.get("applied_steps", "")),
+    }
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}

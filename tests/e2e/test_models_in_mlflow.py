@@ -1,0 +1,360 @@
+"""MLflow as its users meet it, over a sequence of trainings in one store.
+
+Four `enn run`s of one project: a short training (the first champion); a lower learning rate
+(worse: registered, not promoted); one so short that collapse-check fails (nothing registered,
+the parent run says why); then refreshed data with more rows trained longer (another data
+fingerprint: the champion is scored on the new version's validation rows, and loses). Then
+the prediction flow without `--model`, the registered model through `mlflow.pyfunc`, `mlflow
+models serve` over HTTP, `mlflow models predict` on a CSV, and MLflow's REST API through
+`mlflow server`. Every metric and decided parameter logged, and every DVC metrics file, is
+checked against docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.project import Project, make_project
+
+pytestmark = pytest.mark.timeout(900)
+NAME = "enn-synthetic"  # the demo data's registered model (tracking.registered_model empty)
+
+
+@dataclass
+class Store:
+    project: Project
+    uri: str
+    outputs: list[str]
+    consoles: list[tuple[str, str]]  # (stdout, stderr) of each run
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    tmp = tmp_path_factory.mktemp("models")
+    project = make_project(tmp / "proj", tmp / "prefect-home")
+    runs = [  # (overrides, exit code)
+        (["train.epochs=12"], 0),
+        (["train.lr=0.005"], 0),
+        (["train.lr=0.01", "train.epochs=4"], 6),  # collapse-check fails: CollapseError
+        (["data.synthetic.n_replicates=8", "train.epochs=40"], 0),
+    ]
+    outputs, consoles = [], []
+    for overrides, code in runs:
+        args = [a for o in overrides for a in ("--set", o)]
+        out = project.run("enn", "run", *args, check=False, timeout=600)
+        assert out.returncode == code, out.stdout[-2000:] + out.stderr[-3000:]
+        outputs.append(out.stdout + out.stderr)
+        consoles.append((out.stdout, out.stderr))
+    uri = f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
+    return Store(project, uri, outputs, consoles)
+
+
+def client(store: Store):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=store.uri, registry_uri=store.uri)
+
+
+def test_the_champion_moves_with_the_reasons_in_the_tags(store):
+    assert "version 1: champion" in store.outputs[0], store.outputs[0][-800:]
+    assert "version 2: candidate (champion unchanged)" in store.outputs[1], store.outputs[1][-800:]
+    assert "every candidate collapsed" in store.outputs[2] and "version 3" not in store.outputs[2]
+    assert "version 3: champion" in store.outputs[3], store.outputs[3][-800:]
+    c = client(store)
+    found = c.search_model_versions(f"name='{NAME}'")
+    versions = {int(v.version): c.get_model_version(NAME, v.version) for v in found}
+    assert sorted(versions) == [1, 2, 3]
+    second, third = versions[2].tags, versions[3].tags
+    assert second["enn.champion_decision"].startswith(
+        f"val/mae {float(second['enn.val_mae']):.4g} does not beat the champion's (version 1)"
+    )
+    assert float(second["enn.val_mae"]) > float(second["enn.champion_val_mae_on_these_rows"])
+    # refreshed data: another fingerprint, the champion scored on this version's rows
+    assert third["enn.data_fingerprint"] != versions[1].tags["enn.data_fingerprint"]
+    assert third["enn.schema"] == versions[1].tags["enn.schema"]
+    why = third["enn.champion_decision"]
+    assert "beats the champion's (version 1)" in why and "validation rows" in why, why
+    champion_here = float(third["enn.champion_val_mae_on_these_rows"])
+    assert champion_here != float(versions[1].tags["enn.val_mae"])
+    assert str(c.get_model_version_by_alias(NAME, "champion").version) == "3"
+    for v in versions.values():
+        assert float(v.tags["enn.val_mae"]) < float(v.tags["enn.naive_conditional_val_mae"])
+
+
+def test_parents_line_up_parameters_with_results(store):
+    import mlflow
+
+    mlflow.set_tracking_uri(store.uri)
+    exp = mlflow.get_experiment_by_name("enn")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    parents = mlflow.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.`enn.kind` = 'pipeline' and tags.`enn.flow` = 'training'",
+        order_by=["attributes.start_time ASC"],
+    )
+    assert parents["status"].tolist() == ["FINISHED", "FINISHED", "FAILED", "FINISHED"]
+    assert parents["params.train.lr"].tolist() == ["0.01", "0.005", "0.01", "0.01"]
+    assert parents["metrics.val/mae"].notna().all() and parents["metrics.test/mae"].notna().all()
+    done = parents[parents["status"] == "FINISHED"]
+    assert (done["metrics.val/skill_vs_naive_conditional"] > 0).all()
+    assert done["metrics.registry/promoted"].tolist() == [1.0, 0.0, 1.0]
+    assert "CollapseError" in parents["tags.enn.error"].iloc[2]
+    names = parents["tags.mlflow.runName"].tolist()
+    assert names[0] == "training #1 synthetic" and len(set(names)) == 4, names
+    assert "train.lr=0.005" in names[1] and "data.synthetic.n_replicates=8" in names[3], names
+    assert (parents["tags.mlflow.source.name"] == "flows/training.py").all()
+    c = client(store)
+    runs = [c.get_run(r) for r in parents["run_id"]]
+    digests = [r.inputs.dataset_inputs[0].dataset.digest for r in runs]
+    assert digests[0] == digests[1] == digests[2] != digests[3]
+    models = [r.outputs.model_outputs if r.outputs else [] for r in runs]  # the Models column
+    assert [len(m) for m in models] == [1, 1, 0, 1]
+    params = runs[0].data.params
+    assert params["data.synthetic.n_months"] == "4" and params["model.d_model"] == "16"
+
+
+def test_every_logged_name_is_in_the_table(store):
+    from tests.unit.test_metric_names import undocumented
+
+    c = client(store)
+    exp = c.get_experiment_by_name("enn")
+    names: set[str] = set()
+    for run in c.search_runs([exp.experiment_id], max_results=500):
+        names |= set(run.data.metrics)
+        names |= {k for k in run.data.params if k.startswith("resolved.")}
+    for path in (store.project.root / "outputs" / "metrics").glob("*.json"):
+        names |= set(json.loads(path.read_text()))
+    assert "epoch/val_loss" in names and "telemetry/bottleneck/code" in names
+    assert not undocumented(names)
+
+
+def test_prediction_flow_uses_the_champion_and_any_client_calls_it(store, tmp_path):
+    import mlflow.pyfunc
+    import pandas as pd
+
+    root = store.project.root
+    store.project.run("enn", "run", "--flow", "prediction", timeout=600)
+    assert (root / "prediction/model/SOURCE").read_text().strip() == f"models:/{NAME}@champion"
+    mlflow.set_tracking_uri(store.uri)
+    model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
+    frame = pd.DataFrame(
+        {"month": ["01", "04"], "daytype": ["sun", "mon"], "direction": ["up", "down"]}
+    )
+    out = model.predict(frame)
+    assert out.shape[0] == 2 and all("|" in c for c in out.columns)
+    # mlflow models predict on a CSV (pandas reads month 01 as the number 1)
+    csv = tmp_path / "new.csv"
+    frame.to_csv(csv, index=False)
+    Project(root, {**store.project.env, "MLFLOW_TRACKING_URI": store.uri}).run(
+        "mlflow",
+        "models",
+        "predict",
+        "-m",
+        f"models:/{NAME}@champion",
+        "-i",
+        str(csv),
+        "-t",
+        "csv",
+        "--env-manager",
+        "local",
+        "-o",
+        str(tmp_path / "out.json"),
+        timeout=300,
+    )
+    got = json.loads((tmp_path / "out.json").read_text())["predictions"]
+    assert len(got) == 2 and abs(got[0][out.columns[0]] - out.iloc[0, 0]) < 1e-3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def wait_up(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else proc.returncode
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer in {seconds} s")
+
+
+def test_mlflow_models_serve_answers_over_http(store, tmp_path):
+    port = free_port()
+    env = {**store.project.env, "MLFLOW_TRACKING_URI": store.uri}
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(
+        [
+            "mlflow",
+            "models",
+            "serve",
+            "-m",
+            f"models:/{NAME}@champion",
+            "--env-manager",
+            "local",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        cwd=store.project.root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_up(f"http://127.0.0.1:{port}/ping", proc)
+        columns = ["month", "daytype", "direction"]
+        status, body = post(
+            f"http://127.0.0.1:{port}/invocations",
+            {
+                "dataframe_split": {
+                    "columns": columns,
+                    "data": [["01", "sun", "up"], ["04", "mon", "down"]],
+                }
+            },
+        )
+        assert status == 200 and len(body["predictions"]) == 2, body
+        assert all(isinstance(v, float) for v in body["predictions"][0].values())
+        status, body = post(
+            f"http://127.0.0.1:{port}/invocations",
+            {"dataframe_split": {"columns": columns, "data": [["01", "someday", "up"]]}},
+        )
+        assert status == 400, body
+        line = "column 'daytype': value 'someday' is not in the training vocabulary"
+        assert line in body["message"] and "Traceback" not in body["message"], body
+    finally:
+        import os
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_the_rest_api_shows_parents_models_and_the_champion(store, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    artifacts = (store.project.root / "work" / "mlflow" / "artifacts").as_uri()
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen(
+        [
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            store.uri,
+            "--default-artifact-root",
+            artifacts,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=store.project.root,
+        env=store.project.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_up(f"{url}/health", proc)
+        exp = json.loads(
+            urllib.request.urlopen(
+                f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=enn"
+            ).read()
+        )["experiment"]
+        status, found = post(
+            f"{url}/api/2.0/mlflow/runs/search",
+            {
+                "experiment_ids": [exp["experiment_id"]],
+                "filter": "tags.`enn.kind` = 'pipeline' and tags.`enn.flow` = 'training'",
+            },
+        )
+        assert status == 200 and len(found["runs"]) == 4
+        for run in found["runs"]:
+            keys = {m["key"] for m in run["data"]["metrics"]}
+            params = {p["key"]: p["value"] for p in run["data"]["params"]}
+            assert {"val/mae", "test/mae", "val/r2"} <= keys and "train.lr" in params
+            assert run["inputs"]["dataset_inputs"][0]["dataset"]["name"] == "synthetic"
+        alias = json.loads(
+            urllib.request.urlopen(
+                f"{url}/api/2.0/mlflow/registered-models/alias?name={NAME}&alias=champion"
+            ).read()
+        )
+        version = alias["model_version"]
+        assert version["version"] == "3" and version["source"].startswith("models:/m-"), version
+        status, models = post(
+            f"{url}/api/2.0/mlflow/logged-models/search", {"experiment_ids": [exp["experiment_id"]]}
+        )
+        assert status == 200 and len(models["models"]) == 3, models
+        assert all(m["info"]["source_run_id"] for m in models["models"])
+        ids = {m["info"]["model_id"] for m in models["models"]}
+        assert version["source"].removeprefix("models:/") in ids
+    finally:
+        import os
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+# The project's own console lines (flows/console.py): a timestamp and a stage, the flow or the
+# run's closing summary. Anything else (a third-party INFO or warning line) fails the test.
+OWN = re.compile(
+    r"^\d\d:\d\d:\d\d (Prefect API: |params: |WARNING: |(stage-data|prepare-checkpoint|"
+    r"distributed-train|validate|predict|collapse-check|export)[: ])"
+)
+SUMMARY = re.compile(
+    r"^((stage-data|prepare-checkpoint|distributed-train|validate|predict|collapse-check|"
+    r"export) +(ran|skipped) |results: |model: |outputs: |log: |look: )"
+)
+
+
+def test_the_console_holds_only_the_projects_lines(store):
+    """The first training (all seven stages, 12 epochs): every line is the project's own; at
+    most a few per stage, plus one per epoch."""
+    stdout, stderr = store.consoles[0]
+    strange = [line for line in stderr.splitlines() if not OWN.match(line)]
+    strange += [line for line in stdout.splitlines() if not SUMMARY.match(line)]
+    assert not strange, "lines a user would wonder about:\n" + "\n".join(strange[:20])
+    epochs = [line for line in stderr.splitlines() if re.search(r"epoch \d+/12 ", line)]
+    assert len(epochs) == 12, stderr
+    assert len(stderr.splitlines()) <= 3 * 7 + 2 + len(epochs), stderr
+    assert "results: val MAE" in stdout and "model: enn-synthetic version 1: champion" in stdout
+    log = re.search(r"^log: (\S+)", stdout, re.M)
+    assert log and "Finished in state Completed()" in Path(log.group(1)).read_text()
+
+
+def test_dvc_metrics_show_fits_a_terminal(store):
+    wide = Project(store.project.root, {**store.project.env, "COLUMNS": "120"})
+    out = wide.run("dvc", "metrics", "show")
+    widths = [len(line) for line in out.stdout.splitlines()]
+    assert widths and max(widths) <= 120, out.stdout
+    assert "val/mae" in out.stdout and "train/epochs_run" in out.stdout

@@ -1,0 +1,198 @@
+"""The champion rule over a sequence, through a real MLflow store (MlflowClient, pyfunc).
+
+Tiny tabular ENNs trained for a few full-batch steps on staged synthetic data, each checked
+by the real collapse-check, are registered one after another in one store: the better one is
+promoted, a worse one is not, one that does not beat the conditional naive predictor is not,
+the tags say why with the numbers, a retrain on other rows of the same task is compared on
+its own validation rows, and a model of another task is not registered under the name.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from enn_core.challenge import Score, remap_codes
+from enn_core.checkpoint import save_consolidated
+from enn_core.config import RunConfig, load_config
+from enn_core.config.model import ModelConfig
+from enn_core.data.dataset import StagedDataset
+from enn_core.errors import DataError
+from enn_core.model import build_model
+from enn_core.paths import Layout
+from enn_core.serving import TableModel, decode
+from enn_core.stage import make_context
+from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, STAGE_DATA
+from enn_core.stages.demo import stage_synthetic
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+MODEL_CFG = ModelConfig(preset="tabular", d_model=32, layers=1, embed_dim=4)
+
+
+def trained(root: Path, steps: int, lr: float = 1e-2, **synthetic: int) -> Layout:
+    """Staged synthetic data, a tabular ENN trained `steps` full-batch steps, collapse-check."""
+    data_dir = stage_synthetic(root, **synthetic)
+    ds = StagedDataset(data_dir)
+    torch.manual_seed(0)
+    model = build_model(MODEL_CFG, ds.manifest, data_dir=data_dir)
+    train = ds.split("train")
+    x = torch.as_tensor(np.asarray(ds.features[train]), dtype=torch.float32)
+    y = model.normalize(torch.as_tensor(np.asarray(ds.labels[train])))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out = DISTRIBUTED_TRAIN.output_dir(Layout.for_root(root)) / "model.pt"
+    save_consolidated(out, model, MODEL_CFG, ds.manifest, {"precision": "fp32"})
+    layout = Layout.for_root(root)
+    COLLAPSE_CHECK.work(RunConfig(), make_context(RunConfig(), layout, COLLAPSE_CHECK, "t"))
+    return layout
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A Tracker's MLflow store and a function registering a layout's model under `name`."""
+    from tasks.tracking import Tracker
+    from tasks.tracking.registry import register
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    cfg = load_config(None, [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    tracker = Tracker(cfg, Layout.for_root(tmp_path))
+    client = tracker.client
+
+    def reg(layout: Layout, name: str = "enn-synthetic"):
+        run = client.create_run(tracker.experiment_id, run_name="export")
+        return register(client, run.info.run_id, layout, name, {"enn.test": "1"})
+
+    return client, reg
+
+
+def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
+    client, reg = store
+    first = reg(trained(tmp_path / "a", steps=25))
+    assert first.champion and first.version == 1 and "no champion yet" in first.reason
+    worse = reg(trained(tmp_path / "b", steps=10))
+    assert worse.registered and not worse.champion, worse
+    assert worse.val_mae > worse.champion_val_mae  # scored on the same rows
+    better = reg(trained(tmp_path / "c", steps=60))
+    assert better.champion and better.version == 3, better
+    assert f"beats the champion's (version 1) {first.val_mae:.4g}" in better.reason
+    champion = client.get_model_version_by_alias("enn-synthetic", "champion")
+    candidate = client.get_model_version_by_alias("enn-synthetic", "candidate")
+    assert str(champion.version) == str(candidate.version) == "3"
+    # the tags say why, with the numbers
+    tags = client.get_model_version("enn-synthetic", "2").tags
+    assert tags["enn.champion_decision"].startswith(f"val/mae {worse.val_mae:.4g} does not beat")
+    assert float(tags["enn.val_mae"]) == pytest.approx(worse.val_mae, rel=1e-5)
+    assert float(tags["enn.champion_val_mae_on_these_rows"]) == pytest.approx(first.val_mae, 1e-5)
+    assert float(tags["enn.naive_conditional_val_mae"]) > worse.val_mae
+    assert tags["enn.schema"] == client.get_model_version("enn-synthetic", "1").tags["enn.schema"]
+
+
+def test_a_model_no_better_than_the_naive_predictor_is_not_promoted(tmp_path, store):
+    from tasks.tracking.registry import decide
+
+    _, reg = store
+    layout = trained(tmp_path / "a", steps=60)
+    registration = reg(layout)
+    naive = registration.naive_val_mae
+    assert naive is not None and registration.val_mae < naive
+    # the gate, with the numbers a weaker model would have
+    own = Score(mae=naive * 1.01, rows=registration_rows(layout), skipped=0)
+    promote, why = decide(own, naive, None, None)
+    assert not promote and why == (
+        f"val/mae {own.mae:.4g} does not beat the conditional naive predictor's {naive:.4g}"
+    )
+    promote, why = decide(own, naive, Score(mae=naive * 2, rows=own.rows, skipped=0), "1")
+    assert not promote and "naive predictor" in why
+
+
+def registration_rows(layout: Layout) -> int:
+    return len(StagedDataset(STAGE_DATA.output_dir(layout)).split("val"))
+
+
+def test_a_retrain_on_more_rows_is_compared_on_its_own_validation_rows(tmp_path, store):
+    _, reg = store
+    first = reg(trained(tmp_path / "a", steps=10))
+    more = trained(tmp_path / "b", steps=60, n_replicates=3)
+    fp_a = StagedDataset(STAGE_DATA.output_dir(Layout.for_root(tmp_path / "a"))).fingerprint
+    assert StagedDataset(STAGE_DATA.output_dir(more)).fingerprint != fp_a
+    second = reg(more)
+    assert second.champion, second
+    assert f"on this version's {registration_rows(more)} validation rows" in second.reason
+    assert second.champion_val_mae != pytest.approx(first.val_mae)  # other rows, other score
+
+
+def test_another_task_is_not_registered_under_the_name(tmp_path, store):
+    client, reg = store
+    reg(trained(tmp_path / "a", steps=40))
+    other = trained(tmp_path / "b", steps=40, n_sections=4)  # another label shape
+    refused = reg(other)
+    assert not refused.registered and refused.version is None
+    assert "label shape" in refused.reason and "tracking.registered_model" in refused.reason
+    assert len(client.search_model_versions("name='enn-synthetic'")) == 1
+    assert reg(other, "enn-other").champion  # under its own name it is a champion
+
+
+def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path, store):
+    import mlflow.pyfunc
+    from mlflow.exceptions import MlflowException
+
+    client, reg = store
+    layout = trained(tmp_path / "a", steps=60)
+    reg(layout)
+    model = mlflow.pyfunc.load_model("models:/enn-synthetic@champion")
+    inputs = {c.name: str(c.type) for c in model.metadata.get_input_schema().inputs}
+    assert inputs["daytype"] == "DataType.string", inputs
+    ds = StagedDataset(STAGE_DATA.output_dir(layout))
+    rows = np.sort(np.asarray(ds.split("test")))
+    frame = decode(np.asarray(ds.features[rows]), ds.feature_specs)
+    out = model.predict(frame)
+    axes = ds.manifest["label_axis_values"]
+    first = f"{axes['section'][0]}|{axes['hour'][0]}"
+    assert out.shape == (len(rows), int(np.prod(ds.label_shape))) and out.columns[0] == first
+    # real units: the same numbers as the staged rows' prediction path
+    direct = TableModel.load(bundle_of(layout, tmp_path))
+    assert np.allclose(out.to_numpy(), direct.predict(frame).to_numpy(), atol=1e-5)
+    target = np.asarray(ds.labels[rows]).reshape(len(rows), -1)
+    assert abs(out.to_numpy().mean() - target.mean()) < 0.2 * target.std()
+    bad = frame.head(1).assign(daytype="someday")
+    with pytest.raises(MlflowException) as e:
+        model.predict(bad)
+    assert "\n" not in e.value.message and "'someday' is not in the training vocabulary" in str(
+        e.value.message
+    )
+    # nothing in the model's folder is code or a pickle
+    local = Path(mlflow.artifacts.download_artifacts("models:/enn-synthetic@champion"))
+    names = {p.suffix for p in local.rglob("*") if p.is_file()}
+    assert not names & {".pkl", ".pickle", ".py", ".cloudpickle"}, names
+    assert (local / "data" / "enn" / "model.pt").is_file()
+
+
+def bundle_of(layout: Layout, tmp: Path) -> Path:
+    from tasks.tracking.registry import bundle
+
+    dest = tmp / "bundle-copy"
+    shutil.rmtree(dest, ignore_errors=True)
+    return bundle(layout, dest)
+
+
+def test_codes_are_mapped_by_spelling_and_unknown_categories_left_out():
+    ours = [{"name": "d", "kind": "categorical", "vocab": ["b", "a", "c"]}]
+    theirs = [{"name": "d", "kind": "categorical", "vocab": ["a", "b"]}]
+    x, ok = remap_codes(np.array([[0.0], [1.0], [2.0]]), ours, theirs)
+    assert x[:2, 0].tolist() == [1.0, 0.0] and ok.tolist() == [True, True, False]
+
+
+def test_a_table_model_names_a_missing_column(tmp_path):
+    layout = trained(tmp_path, steps=5)
+    model = TableModel.load(bundle_of(layout, tmp_path))
+    with pytest.raises(DataError, match=r"column\(s\) \['direction'\] missing"):
+        model.predict(pd.DataFrame({"month": ["01"], "daytype": ["sun"]}))
