@@ -158,6 +158,9 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
             time.sleep(1)
         by_name = {d["name"]: d for d in deployments}
         assert set(by_name) == {"scheduled", "on-demand"}
+        # the UI that Prefect's banner links to is served (the link works)
+        with urllib.request.urlopen(api.removesuffix("/api"), timeout=30) as r:
+            assert r.status == 200 and b"<html" in r.read().lower()
         train_id = by_name["scheduled"]["id"]
         scheduled = []
         while time.time() < deadline and not scheduled:  # the server's scheduler, not a tick
