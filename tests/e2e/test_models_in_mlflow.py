@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.project import Project, make_project
+from tests.fixtures.project import Project, copy_project
 
 pytestmark = pytest.mark.timeout(900)
 NAME = "enn-synthetic"  # the demo data's registered model (tracking.registered_model empty)
@@ -39,16 +39,17 @@ class Store:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Store:
-    tmp = tmp_path_factory.mktemp("models")
-    project = make_project(tmp / "proj", tmp / "prefect-home")
+def store(tmp_path_factory, trained_project) -> Store:
+    """The session's trained project (its `enn run --set train.epochs=12`: the first
+    champion), copied, then three more trainings in the same store."""
+    project = copy_project(trained_project.project, tmp_path_factory.mktemp("models") / "proj")
     runs = [  # (overrides, exit code)
-        (["train.epochs=12"], 0),
         (["train.lr=0.005"], 0),
         (["train.lr=0.01", "train.epochs=4"], 6),  # collapse-check fails: CollapseError
         (["data.synthetic.n_replicates=8", "train.epochs=40"], 0),
     ]
-    outputs, consoles = [], []
+    outputs = [trained_project.stdout + trained_project.stderr]
+    consoles = [(trained_project.stdout, trained_project.stderr)]
     for overrides, code in runs:
         args = [a for o in overrides for a in ("--set", o)]
         out = project.run("enn", "run", *args, check=False, timeout=600)

@@ -153,7 +153,9 @@ def test_training_flow_ran_every_stage(ran):
     dvc_metrics = json.loads((root / "outputs/metrics/distributed-train.json").read_text())
     assert list(dvc_metrics) == ["train/epochs_run"], dvc_metrics
     # quality on the synthetic data: better than the conditional naive predictor, not collapsed
-    val = json.loads((root / "outputs/metrics/validate.json").read_text())
+    headline = json.loads((root / "outputs/metrics/validate.json").read_text())
+    assert list(headline) == ["val/mae", "test/mae"], headline
+    val = json.loads((root / "outputs/validate/metrics.json").read_text())
     assert val["test/mae"] < val["test/naive_conditional_mae"], val
     report = json.loads((root / "outputs/collapse-check/report.json").read_text())
     assert report["status"] == "passed", report["why"]

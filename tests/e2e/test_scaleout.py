@@ -97,7 +97,7 @@ def test_experiments_temp_and_workspace_then_push_and_pull_a_local_remote(
     rows = _exp_rows(project)
     assert _epochs(rows[temp_name]) == (1, 1)
     assert _epochs(rows[ws_name]) == (2, 2)
-    assert "val_mae" in project.run("dvc", "exp", "show", "--no-pager", "--md").stdout
+    assert "train/epochs_run" in project.run("dvc", "exp", "show", "--no-pager", "--md").stdout
 
     # 3. a DVC remote in a local directory: push, empty the cache and outputs, pull them back
     remote = tmp_path / "dvc-remote"

@@ -371,7 +371,7 @@ def test_collapse_shows_the_candidates_table(provoked, tmp_path):
     assert report["status"] == "failed" and set(report["candidates"]) == set(rows)
     prefect_rows = {r["candidate"]: r for r in table(s.artifacts["collapse-check-candidates"])}
     assert set(prefect_rows) == set(rows) and prefect_rows["raw"]["status"] == "failed"
-    assert "### Collapse candidates" in s.markdown and "| raw | failed |" in s.markdown
+    assert "### Candidates" in s.markdown and "| raw | failed |" in s.markdown
     assert "- stage failed: CollapseError: collapse-check: every candidate collapsed" in s.markdown
     # the healthy model's collapse-check passed and published the same table
     ok = provoked.results["baseline"]["artifacts"]
