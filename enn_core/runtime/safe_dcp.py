@@ -19,6 +19,7 @@ hashes (enn_core/train/ckpt.py) catch corruption; this is the security control.
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 import re
@@ -64,6 +65,19 @@ class UntrustedCheckpointError(EnnError):
     exit_code = 4
 
 
+def _enum_member(cls: Any, name: Any) -> Any:
+    """`builtins.getattr` as Python 3.11.0-3.11.4 pickle an enum member (`getattr(cls, name)`;
+    later releases pickle `cls(value)`): allowed for the metadata's own enum only."""
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and (cls.__module__, cls.__name__) in ALLOWED
+        and name in cls.__members__
+    ):
+        return cls.__members__[name]
+    raise pickle.UnpicklingError(f"getattr({cls!r}, {name!r}) is not an enum member lookup")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def __init__(self, f: IO[bytes], where: str) -> None:
         super().__init__(f)
@@ -73,6 +87,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
         if (module, name) in ALLOWED or dtype:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         raise UntrustedCheckpointError(
             f"{self.where}: refers to {module}.{name}, which checkpoint metadata never holds; "
             "it was not loaded (a crafted or foreign file): delete it, or resume from another "

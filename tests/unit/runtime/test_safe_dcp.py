@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from pathlib import Path
+from pathlib import Path, PosixPath
 
 import pytest
 import torch
@@ -93,3 +93,26 @@ def test_crafted_byte_item_in_a_shard_is_refused_and_runs_nothing(tmp_path):
     assert not marker.exists()
     dcp.load(_state(model, opt), checkpoint_id=str(tmp_path / "ck"))  # torch's own planner
     assert marker.exists(), "the crafted byte item did not run: the test proves nothing"
+
+
+class GetattrPayload:
+    """Python 3.11.0-3.11.4 pickle an enum member as `getattr(cls, name)`: the reader allows
+    that lookup for the metadata's enum, never `getattr` to reach a method that writes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (getattr, (PosixPath, "write_text"))  # PosixPath is allowed: paths are data
+
+
+def test_getattr_reaches_only_the_metadatas_enum_members(tmp_path):
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    member = safe_dcp._enum_member(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")
+    assert member is _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
+    model, opt = _checkpoint(tmp_path / "ck")
+    (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(GetattrPayload(tmp_path / "x")))
+    with pytest.raises(UntrustedCheckpointError) as e:
+        safe_dcp.load(_state(model, opt), tmp_path / "ck")
+    assert "\n" not in str(e.value) and "ck/.metadata: not readable" in str(e.value)
