@@ -34,6 +34,7 @@ from enn_core.config.loader import build, to_plain
 from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model.enn import ENN, build_model
+from enn_core.model_code import BUILTIN, ModelCode
 
 FORMAT_VERSION = 1
 DATA_KEYS = (
@@ -225,8 +226,11 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint.from_file(ckpt, str(path))
 
 
-def model_from_checkpoint(ckpt: Checkpoint, where: str = "checkpoint") -> ENN:
-    """Rebuild the model from the stored config and data spec, then load the weights."""
+def model_from_checkpoint(
+    ckpt: Checkpoint, where: str = "checkpoint", code: ModelCode = BUILTIN
+) -> ENN:
+    """Rebuild the model from the stored config and data spec, then load the weights. A custom
+    model's factory is imported only when it is the one `code` (the params in use) names."""
     try:
         cfg = build(ModelConfig, ckpt.model_config, root=ModelConfig, where=where)
     except ConfigError as e:
@@ -236,7 +240,7 @@ def model_from_checkpoint(ckpt: Checkpoint, where: str = "checkpoint") -> ENN:
     data = ckpt.data.as_dict()
     # Label statistics come from the state dict's buffers; per-cell stat files need no data dir.
     data["label_stats"] = {"mean": 0.0, "std": 1.0}
-    model = build_model(cfg, data)
+    model = build_model(cfg, data, code=code, where=where)
     if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise StaleOutputError(
             f"{where}: its weights do not fit the model its config describes: {capped(diffs)}; "
@@ -246,10 +250,11 @@ def model_from_checkpoint(ckpt: Checkpoint, where: str = "checkpoint") -> ENN:
     return model
 
 
-def load_model(path: str | Path) -> tuple[ENN, Checkpoint]:
-    """(model in eval mode on CPU, Checkpoint) from a consolidated checkpoint file."""
+def load_model(path: str | Path, code: ModelCode = BUILTIN) -> tuple[ENN, Checkpoint]:
+    """(model in eval mode on CPU, Checkpoint) from a consolidated checkpoint file; `code` is
+    the model code the params in use allow (a custom model's factory)."""
     ckpt = read_checkpoint(path)
-    return model_from_checkpoint(ckpt, where=str(path)).eval(), ckpt
+    return model_from_checkpoint(ckpt, where=str(path), code=code).eval(), ckpt
 
 
 # --- Compatibility: what differs between a checkpoint and this run, named (warm start, resume) ---

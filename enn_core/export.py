@@ -55,6 +55,7 @@ from enn_core.inference import (
     load_trained,
     sha256_file,
 )
+from enn_core.model_code import ModelCode
 from enn_core.stage import StageContext
 from enn_core.summaries import ExportSummary
 
@@ -266,7 +267,7 @@ def export_all(
             run = _program_runner(target)
         else:
             export_onnx(ep, example, target, cfg.opset)
-            run = _ort_runner(target)
+            run = ort_runner(target)
         parity = check_parity(run, path, x, cfg.parity_batch_sizes, tol)
         if not parity["ok"]:
             raise ExportError(
@@ -300,7 +301,8 @@ def _program_runner(target: Path) -> Runner:
     return lambda xb: module(torch.from_numpy(xb)).detach().numpy()
 
 
-def _ort_runner(target: Path) -> Runner:
+def ort_runner(target: Path) -> Runner:
+    """`model.onnx` under onnxruntime on CPU: a float32 batch in, the program's output out."""
     import onnxruntime as ort  # only when the onnx format is exported (optional dependency)
 
     sess = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
@@ -384,7 +386,8 @@ def run(
     cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path, calibration: Path
 ) -> ExportSummary:
     """The export stage; raises ExportError (writing nothing into its output) on failure."""
-    ds, model, ckpt = load_trained(staged, trained, ctx.stage)
+    code = ModelCode.of(cfg.model, ctx.layout.root)
+    ds, model, ckpt = load_trained(staged, trained, ctx.stage, code)
     cal, cal_meta = load_calibration(calibration)
     report = read_report(calibration)
     refuse_batch_dependent(cal, report.cause.batch_dependence if report else None)

@@ -31,6 +31,7 @@ from enn_core.checkpoint import Checkpoint, load_model
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.hashing import sha256_file
 from enn_core.errors import CollapseError, DataError, StaleOutputError
+from enn_core.model_code import BUILTIN, ModelCode
 from enn_core.runtime.device import resolve_device
 
 if TYPE_CHECKING:
@@ -127,7 +128,9 @@ def label_std(ds: StagedDataset) -> float:
     return float(np.std(np.asarray(ds.targets[train], dtype=np.float64)))
 
 
-def load_trained(staged: Path, trained: Path, stage: str) -> tuple[StagedDataset, ENN, Checkpoint]:
+def load_trained(
+    staged: Path, trained: Path, stage: str, code: ModelCode = BUILTIN
+) -> tuple[StagedDataset, ENN, Checkpoint]:
     """(staged dataset, model in eval mode, checkpoint) for `stage`, which reads the staged data
     and the trained model's folder; refuses features-only data and a model trained on other
     data."""
@@ -140,7 +143,7 @@ def load_trained(staged: Path, trained: Path, stage: str) -> tuple[StagedDataset
     path = trained / MODEL_FILE
     if not path.exists():
         raise StaleOutputError(f"{path} not found; run {trained.name} first")
-    model, ckpt = load_model(path)
+    model, ckpt = load_model(path, code)
     want, have = ckpt.data_fingerprint, ds.fingerprint
     if want and have and want != have:
         raise StaleOutputError(

@@ -38,7 +38,7 @@ from enn_core.config import RunConfig
 from enn_core.data.hashing import sha256_file
 from enn_core.data.manifest import FORMAT_VERSION as DATA_FORMAT_VERSION
 from enn_core.errors import ConfigError, StaleOutputError
-from enn_core.model import build_model
+from enn_core.model import ModelCode, build_model
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
 from enn_core.summaries import InitSummary, Scalar
@@ -174,7 +174,8 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
     outputs untouched.
     """
     manifest = read_manifest(staged)
-    model = build_model(cfg.model, manifest, data_dir=staged)
+    code = ModelCode.of(cfg.model, ctx.layout.root)
+    model = build_model(cfg.model, manifest, data_dir=staged, code=code)
     source = cfg.checkpoint.init_from
     warm = warm_start(cfg, manifest, source, ctx.layout, model) if source else None
     meta = {

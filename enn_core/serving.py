@@ -19,7 +19,7 @@ No mlflow here: the task layer's loader module wraps this class.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +28,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from enn_core.checkpoint import Checkpoint, DataSpec, load_model
+from enn_core.checkpoint import Checkpoint, DataSpec, model_from_checkpoint, read_checkpoint
 from enn_core.config import DataConfig
 from enn_core.data.encode import Encoder, value_key
 from enn_core.data.sources import Chunk
 from enn_core.errors import DataError
+from enn_core.export import FILES, ort_runner
 from enn_core.inference import MODEL_FILE, PredictionPath, load_calibration, predict_rows
 from enn_core.predict.outputs import cell_names
 
@@ -77,16 +78,23 @@ def decode(features: np.ndarray, specs: Sequence[Mapping[str, Any]]) -> pd.DataF
 class TableModel:
     """The prediction path of one trained model, called with a DataFrame of raw columns."""
 
-    path: PredictionPath
+    path: Callable[[torch.Tensor], torch.Tensor]  # raw features [B, F] -> real units
     checkpoint: Checkpoint
     where: str = "input"
 
     @classmethod
     def load(cls, folder: str | Path) -> TableModel:
         """From a folder holding model.pt and collapse-check's calibration.json (the `enn/`
-        folder of a registered model, or a training pipeline's outputs copied together)."""
+        folder of a registered model, or a training pipeline's outputs copied together).
+
+        A custom model (`model.preset: custom`) runs its exported ONNX program (`model.onnx`,
+        the same prediction path, parity-checked by export): serving imports none of the
+        user's code, so that a model file never chooses what code runs."""
         folder = Path(folder)
-        model, ckpt = load_model(folder / MODEL_FILE)
+        ckpt = read_checkpoint(folder / MODEL_FILE)
+        if ckpt.model_config.get("preset") == "custom":
+            return cls(_onnx_path(folder), ckpt)
+        model = model_from_checkpoint(ckpt, where=str(folder / MODEL_FILE)).eval()
         calibration, _ = load_calibration(folder)
         return cls(PredictionPath(model.float(), calibration).eval(), ckpt)
 
@@ -131,6 +139,17 @@ class TableModel:
         flat = pred.reshape(len(x), -1).astype(np.float64)
         index = frame.index if isinstance(frame, pd.DataFrame) else None
         return pd.DataFrame(flat, columns=self.output_columns, index=index)
+
+
+def _onnx_path(folder: Path) -> Callable[[torch.Tensor], torch.Tensor]:
+    onnx_file = folder / FILES["onnx"]
+    if not onnx_file.is_file():
+        raise DataError(
+            f"{folder}: a custom model is served from its ONNX program, and "
+            f"{onnx_file.name} is not there; keep onnx in export.formats and re-run export"
+        )
+    runner = ort_runner(onnx_file)
+    return lambda x: torch.from_numpy(np.ascontiguousarray(runner(x.numpy())))
 
 
 def _as_source(col: np.ndarray, spec: Mapping[str, Any]) -> np.ndarray:

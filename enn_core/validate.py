@@ -25,6 +25,7 @@ from enn_core.config import RunConfig
 from enn_core.errors import DataError
 from enn_core.inference import load_trained, predict_rows, resolve_device
 from enn_core.metrics import AxisBreakdown, evaluate_split, finite_or_none, naive_predictions
+from enn_core.model_code import ModelCode
 from enn_core.stage import StageContext
 from enn_core.summaries import ValidateSummary
 
@@ -33,7 +34,8 @@ SPLITS: tuple[str, ...] = ("val", "test")
 
 def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> ValidateSummary:
     """The validate stage: metrics.json + breakdown.json; returns the headline metrics."""
-    ds, model, _ = load_trained(staged, trained, ctx.stage)
+    code = ModelCode.of(cfg.model, ctx.layout.root)
+    ds, model, _ = load_trained(staged, trained, ctx.stage, code)
     device, reason = resolve_device(cfg.runtime.device)
     model.to(device)
     ctx.events.param("validate.device", f"{device} ({reason})")

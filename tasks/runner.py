@@ -28,6 +28,7 @@ from enn_core.config import RunConfig, replace_key, sections_of, to_plain
 from enn_core.errors import StaleOutputError
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
+from enn_core.model_code import check_dvc_deps
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
 from enn_core.stages import StageSpec
@@ -102,6 +103,16 @@ def check_inputs(spec: StageSpec, layout: Layout) -> None:
         )
 
 
+def check_model_code(spec: StageSpec, session: PipelineSession) -> None:
+    """A custom model's code is a dependency of the stages that build it in the pipeline's
+    dvc.yaml (an overlay config keeps DVC out, and so is not checked)."""
+    model = session.cfg.model
+    root = session.layout.root
+    pipeline_params = session.config.resolve() == (root / "params.yaml").resolve()
+    if "model" in spec.sections and model.preset == "custom" and pipeline_params:
+        check_dvc_deps(model.factory, root, root / "dvc.yaml", spec.dvc_name)
+
+
 def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
     t0 = time.perf_counter()
     cfg = session.cfg
@@ -111,6 +122,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
     config_path = write_resolved(cfg, run_dir)
     ctx = make_stage_context(spec, cfg, layout, run_dir)
     check_inputs(spec, layout)
+    check_model_code(spec, session)
     cfg = resolve_model_refs(spec, cfg, run_dir, layout)
     params = sections_of(cfg, spec.sections)
     tracker = session.tracker

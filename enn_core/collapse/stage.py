@@ -42,6 +42,7 @@ from enn_core.inference import (
 )
 from enn_core.metrics import naive_predictions
 from enn_core.model.enn import ENN
+from enn_core.model_code import BUILTIN, ModelCode
 from enn_core.stage import StageContext
 from enn_core.summaries import CollapseSummary
 
@@ -94,10 +95,10 @@ def candidate_rows(report: CollapseReport) -> list[dict[str, str | float | None]
 
 
 def check_rows(
-    ds_path: Path, trained: Path, stage: str, max_rows: int
+    ds_path: Path, trained: Path, stage: str, max_rows: int, code: ModelCode = BUILTIN
 ) -> tuple[StagedDataset, ENN, Checkpoint, CheckRows]:
     """(dataset, model, checkpoint, CheckRows) of the validation rows (sampled to max_rows)."""
-    ds, model, ckpt = load_trained(ds_path, trained, stage)
+    ds, model, ckpt = load_trained(ds_path, trained, stage, code)
     val = np.asarray(ds.split("val"))
     if len(val) > max_rows:  # the per-sample candidate runs one row at a time
         val = np.sort(np.random.default_rng(0).choice(val, max_rows, replace=False))
@@ -121,7 +122,9 @@ def check_rows(
 def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> CollapseSummary:
     """The collapse-check stage; raises CollapseError (after writing the report) when all
     candidates collapse."""
-    ds, model, ckpt, rows = check_rows(staged, trained, ctx.stage, cfg.collapse.max_rows)
+    ds, model, ckpt, rows = check_rows(
+        staged, trained, ctx.stage, cfg.collapse.max_rows, ModelCode.of(cfg.model, ctx.layout.root)
+    )
     device, dev_reason = resolve_device(cfg.runtime.device)
     model.to(device)
     precision, prec_reason = run_precision(cfg.collapse.precision, ckpt)

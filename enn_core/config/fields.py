@@ -17,10 +17,29 @@ import ast
 import dataclasses
 import functools
 import inspect
+import json
 import textwrap
-from typing import TypeVar, dataclass_transform
+from typing import Any, TypeVar, dataclass_transform
 
 _T = TypeVar("_T")
+
+
+class FrozenMap(dict[str, Any]):
+    """A read-only dict that hashes (by its JSON text), so that a frozen config holding one
+    (`model.options`) stays hashable; what a YAML mapping becomes in a config. A dict, so that
+    `json.dumps` writes it as one."""
+
+    def __hash__(self) -> int:  # type: ignore[override]  # dict is unhashable; this is not
+        return hash(json.dumps(self, sort_keys=True, default=str))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by value, not item by item
+        return (FrozenMap, (dict(self),))
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a config mapping is read-only; build a new config instead")
+
+    __setitem__ = __delitem__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
 
 
 def _immutable(value: object) -> bool:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
+from enn_core.config.fields import FrozenMap
 from enn_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -115,13 +116,13 @@ def _coerce_sequence(value: Any, tp: Any, key: str, where: str) -> tuple[Any, ..
     return tuple(_coerce(v, inner, f"{key}[{i}]", where) for i, v in enumerate(value))
 
 
-def _coerce_mapping(value: Any, tp: Any, key: str, where: str) -> types.MappingProxyType[Any, Any]:
-    """A YAML mapping -> a read-only mapping, keys and values checked."""
+def _coerce_mapping(value: Any, tp: Any, key: str, where: str) -> FrozenMap:
+    """A YAML mapping -> a read-only, hashable mapping, keys and values checked."""
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
     args = typing.get_args(tp)
     kt, vt = args if args else (Any, Any)
-    return types.MappingProxyType(
+    return FrozenMap(
         {_coerce(k, kt, key, where): _coerce(v, vt, f"{key}.{k}", where) for k, v in value.items()}
     )
 
@@ -196,9 +197,23 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _mapping_keys(cls: type, prefix: str = "") -> list[str]:
+    """The dotted keys of free mappings (`model.options`), whose own keys are the user's."""
+    keys: list[str] = []
+    hints = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        tp, sub = hints[f.name], _dataclass_of(hints[f.name])
+        if sub is not None:
+            keys.extend(_mapping_keys(sub, f"{prefix}{f.name}."))
+        elif typing.get_origin(tp) in (dict, Mapping):
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
 def deep_merge(base: dict[str, Any], key: str, value: Any, root: type) -> None:
     valid = set(all_keys(root))
-    if key not in valid:
+    free = any(key.startswith(m + ".") for m in _mapping_keys(root))
+    if key not in valid and not free:
         raise _unknown_key_error(key, root, "--set")
     parts = key.split(".")
     node = base

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from enn_core.config.fields import frozen
+from enn_core.config.fields import FrozenMap, frozen
 from enn_core.errors import ConfigError
+
+FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 @frozen
 class ModelConfig:
-    preset: Literal["spatiotemporal", "tabular"] = "spatiotemporal"
-    """Model preset: factorized section/hour attention over output-axis tokens, or a residual
-    MLP."""
+    preset: Literal["spatiotemporal", "tabular", "custom"] = "spatiotemporal"
+    """Model preset: factorized section/hour attention over output-axis tokens, a residual MLP,
+    or your own nn.Module built by `model.factory` (README, "Your own model")."""
+
+    factory: str = ""
+    """`package.module:function` that builds your model (preset custom), importable from the
+    project's root. Also the only factory a checkpoint may name: loading a checkpoint built by
+    another factory is refused, so a checkpoint never chooses what code runs."""
+
+    options: Mapping[str, Any] = FrozenMap()
+    """preset custom: keyword options passed to the factory (JSON types only: numbers, strings,
+    booleans, lists, mappings). The other model.* fields are the built-in presets' own."""
 
     d_model: int = 64
     """Width of tokens and hidden layers."""
@@ -47,6 +61,7 @@ class ModelConfig:
     """Hidden width of the per-token MLP as a multiple of d_model."""
 
     def __post_init__(self) -> None:
+        self._check_custom()
         if self.d_model < 1 or self.layers < 1 or self.heads < 1:
             raise ConfigError("model.d_model, model.layers and model.heads must be >= 1")
         if self.d_model % self.heads:
@@ -70,3 +85,40 @@ class ModelConfig:
             raise ConfigError(f"model.ffn_mult={self.ffn_mult} must be >= 1 (e.g. 2)")
         if self.context_tokens < 1:
             raise ConfigError(f"model.context_tokens={self.context_tokens} must be >= 1 (e.g. 4)")
+
+    def _check_custom(self) -> None:
+        if self.factory and not FACTORY.match(self.factory):
+            raise ConfigError(
+                f"model.factory={self.factory!r} is not 'package.module:function'; "
+                "e.g. examples.tcn.model:build"
+            )
+        if self.preset == "custom" and not self.factory:
+            raise ConfigError(
+                "model.preset=custom needs model.factory ('package.module:function' that "
+                "builds your nn.Module, e.g. examples.tcn.model:build)"
+            )
+        if self.options and self.preset != "custom":
+            raise ConfigError(
+                f"model.options is for model.preset=custom (here {self.preset!r}); remove it "
+                "or set model.preset=custom"
+            )
+        _check_json("model.options", self.options)
+
+
+def _check_json(key: str, value: Any) -> None:
+    """JSON types only (checkpoints load with weights_only=True, which takes nothing else)."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{key}: key {k!r} is not a string; quote it")
+            _check_json(f"{key}.{k}", v)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_json(f"{key}[{i}]", v)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value} is not finite; give a finite number")
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        raise ConfigError(
+            f"{key}={value!r} is a {type(value).__name__}; options hold JSON types only "
+            "(numbers, strings, booleans, lists, mappings)"
+        )

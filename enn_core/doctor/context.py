@@ -186,10 +186,13 @@ class DoctorContext:
     def model(self) -> ENN:
         """The configured model built for the sample's manifest (raises the build error)."""
         if "model" not in self.shared:
-            from enn_core.model import build_model
+            from enn_core.model import ModelCode, build_model
 
             manifest, _, data_dir, _ = self.sample()
-            self.shared["model"] = build_model(self.cfg.model, manifest, data_dir=data_dir).eval()
+            code = ModelCode.of(self.cfg.model, self.layout.root)
+            self.shared["model"] = build_model(
+                self.cfg.model, manifest, data_dir=data_dir, code=code
+            ).eval()
         return self.shared["model"]
 
     def precision_dtype(self) -> torch.dtype:

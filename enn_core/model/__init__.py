@@ -1,8 +1,10 @@
 """The ENN model (no ranks, no meshes): `build_model(model_cfg, manifest) -> ENN`."""
 
+from enn_core.model.custom import ModelSpec
 from enn_core.model.enn import (
     ENN,
     PRESETS,
+    CustomENN,
     SpatioTemporalENN,
     TabularENN,
     build_model,
@@ -13,9 +15,14 @@ from enn_core.model.layers import (
     set_attention_backend,
     use_attention_backend,
 )
+from enn_core.model_code import BUILTIN, ModelCode
 
 __all__ = [
+    "BUILTIN",
     "ENN",
+    "CustomENN",
+    "ModelCode",
+    "ModelSpec",
     "PRESETS",
     "SpatioTemporalENN",
     "TabularENN",

@@ -28,10 +28,12 @@ from torch import nn
 
 from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError, DataError
+from enn_core.model.custom import build_body, describe_body, model_spec
 from enn_core.model.encoding import FeatureEncoder, floor_std, parse_feature_specs
 from enn_core.model.layers import MLP, FP32Head, ResidualBlock, SpatioTemporalBlock, autocast_off
+from enn_core.model_code import BUILTIN, ModelCode
 
-PRESETS = ("tabular", "spatiotemporal")
+PRESETS = ("tabular", "spatiotemporal", "custom")
 
 
 class ENN(nn.Module):
@@ -173,6 +175,41 @@ class SpatioTemporalENN(ENN):
             return out + self.cell_bias + torch.einsum("bd,std->bst", c.float(), self.cell_readout)
 
 
+class CustomENN(ENN):
+    """Your own module (enn_core.model.custom) inside the pipeline's encoder and label
+    statistics: the same forward/predict contract as the presets."""
+
+    preset = "custom"
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        manifest: Mapping[str, Any],
+        label_mean: np.ndarray,
+        label_std: np.ndarray,
+        code: ModelCode,
+    ) -> None:
+        super().__init__(cfg, manifest, label_mean, label_std)
+        spec = model_spec(manifest, self.encoder)
+        self.body, self.raw_features = build_body(cfg, spec, code, self.n_features)
+
+    @property
+    def blocks(self) -> nn.ModuleList:  # type: ignore[override]  # read-only: the body's own
+        """FSDP2's units: the module's own `blocks`, or none (the whole model is one unit)."""
+        blocks = getattr(self.body, "blocks", None)
+        return blocks if isinstance(blocks, nn.ModuleList) else nn.ModuleList()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inputs = x.float() if self.raw_features else self.encoder(x)
+        return self.body(inputs).float()
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out.update(d_model=None, heads=None, factory=self.cfg.factory, **describe_body(self.body))
+        out["options"] = dict(self.cfg.options)
+        return out
+
+
 def label_statistics(
     manifest: Mapping[str, Any], data_dir: str | Path | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -228,12 +265,21 @@ def check_fit(cfg: ModelConfig, manifest: Mapping[str, Any]) -> None:
 
 
 def build_model(
-    cfg: ModelConfig, manifest: Mapping[str, Any], *, data_dir: str | Path | None = None
+    cfg: ModelConfig,
+    manifest: Mapping[str, Any],
+    *,
+    data_dir: str | Path | None = None,
+    code: ModelCode = BUILTIN,
+    where: str = "model",
 ) -> ENN:
-    """The model for `manifest`'s data, initialised from `cfg.init_seed` (global RNG untouched)."""
+    """The model for `manifest`'s data, initialised from `cfg.init_seed` (global RNG untouched).
+    A custom model's factory is imported only when `code` (the params in use) allows it."""
     check_fit(cfg, manifest)
     mean, std = label_statistics(manifest, data_dir)
-    cls = SpatioTemporalENN if cfg.preset == "spatiotemporal" else TabularENN
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
+        if cfg.preset == "custom":
+            code.allow(cfg.factory, where)
+            return CustomENN(cfg, manifest, mean, std, code)
+        cls = SpatioTemporalENN if cfg.preset == "spatiotemporal" else TabularENN
         return cls(cfg, manifest, mean, std)

@@ -27,6 +27,7 @@ from enn_core.inference import (
     sha256_file,
 )
 from enn_core.model.enn import ENN
+from enn_core.model_code import BUILTIN, ModelCode
 
 
 @dataclass(frozen=True)
@@ -133,10 +134,10 @@ def prediction_path(model: ENN, choice: CalibrationChoice) -> PredictionPath:
 
 
 def load_predictor(
-    model_path: str, choice: CalibrationChoice, device: str = "cpu"
+    model_path: str, choice: CalibrationChoice, device: str = "cpu", code: ModelCode = BUILTIN
 ) -> PredictionPath:
     """What each worker runs: the consolidated checkpoint, unsharded, on its device."""
-    model, _ = load_model(model_path)
+    model, _ = load_model(model_path, code)
     return prediction_path(model, choice).to(device)
 
 

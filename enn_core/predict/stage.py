@@ -40,6 +40,7 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.data.hashing import sha256_file
 from enn_core.errors import ConfigError, DataError
 from enn_core.inference import resolve_device
+from enn_core.model_code import ModelCode
 from enn_core.predict import model_io, outputs, schema, workers
 from enn_core.predict.assemble import assemble
 from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore
@@ -105,7 +106,8 @@ def run(
     data_dir = ctx.layout.resolve(p.input_dir) if features_only else staged
     ds = StagedDataset(data_dir)
     model_path = model_io.resolve_model_path(p.model, model, root)
-    net, ckpt = load_model(model_path)
+    code = ModelCode.of(cfg.model, root)
+    net, ckpt = load_model(model_path, code)
     schema.check_schema(ds.manifest, ds.features, ckpt.data.as_dict(), where=str(data_dir))
     index, selection = select_rows(ds, p.split, features_only)
     n_rows = ds.features.shape[0] if index is None else len(index)
@@ -149,7 +151,9 @@ def run(
             features_path=str(Path(data_dir) / ds.manifest["features"]["file"]),
             index_path=str(index_path) if index_path else None,
             batch_size=p.batch_size,
-            loader=functools.partial(model_io.load_predictor, str(model_path), choice, str(device)),
+            loader=functools.partial(
+                model_io.load_predictor, str(model_path), choice, str(device), code
+            ),
             device=_rank_device(device, r),
             threads=_threads(cfg, world),
             fault=cfg.fault,

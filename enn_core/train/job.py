@@ -77,6 +77,7 @@ class WorkerJob:
     marker_dir: Path  # where fired faults are counted across restarts
     stage: str = ""  # the stage's name, recorded in the consolidated checkpoint's meta
     checkpoint: CheckpointPlan | None = None  # None: no DCP checkpoints
+    root: Path = Path(".")  # the project root: a custom model's factory is imported from it
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -90,6 +91,7 @@ class WorkerJob:
             "marker_dir": str(self.marker_dir),
             "stage": self.stage,
             "checkpoint": self.checkpoint.as_record() if self.checkpoint else None,
+            "root": str(self.root),
         }
 
     def write(self, path: Path) -> Path:
@@ -119,4 +121,5 @@ class WorkerJob:
             marker_dir=Path(rec["marker_dir"]),
             stage=str(rec.get("stage") or ""),
             checkpoint=CheckpointPlan.from_record(ckpt) if ckpt else None,
+            root=Path(rec.get("root") or "."),
         )

@@ -85,6 +85,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
         marker_dir=ctx.faults.marker_dir or ctx.run_dir,
         stage=ctx.stage,
         checkpoint=checkpoint_spec(cfg, ctx, fp),
+        root=ctx.layout.root,
     )
     job_path = job.write(ctx.run_dir / JOB_FILE)
     ctx.events.param("runtime.world_size", world)

@@ -40,6 +40,7 @@ from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss
 from enn_core.model.enn import ENN
+from enn_core.model_code import ModelCode
 from enn_core.runtime.batch_probe import (
     MicroBatchChoice,
     agree_choice,
@@ -122,7 +123,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
     hb.phase("load")
     data = StagedDataset(job.staged)
     labels = _labels(data)
-    model, _ = load_model(job.init)
+    model, _ = load_model(job.init, ModelCode.of(cfg.model, job.root))
     model.train()
     precision = choose_precision(cfg.train, env.device)
     attention = choose_attention(

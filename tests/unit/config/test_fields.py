@@ -12,7 +12,7 @@ import pytest
 
 import enn_core.config
 from enn_core.config import RunConfig
-from enn_core.config.fields import field_help, frozen
+from enn_core.config.fields import FrozenMap, field_help, frozen
 
 
 def _sections(cls: type) -> set[type]:
@@ -63,8 +63,17 @@ def test_every_config_default_is_immutable(cls: type):
             assert f.default_factory in CONFIG_CLASSES, f"{cls.__name__}.{f.name}"  # a section
         else:
             hash(f.default)  # a list, dict or set (also inside a tuple) is unhashable
-            assert not isinstance(f.default, (list, dict, set)), f"{cls.__name__}.{f.name}"
+            mutable = isinstance(f.default, (list, dict, set))
+            assert not mutable or isinstance(f.default, FrozenMap), f"{cls.__name__}.{f.name}"
     hash(cls())  # the whole default tree, sub-sections included
+
+
+def test_a_config_mapping_is_read_only_and_hashable():
+    m = FrozenMap({"channels": 8})
+    for mutate in (lambda: m.__setitem__("x", 1), m.clear, lambda: m.update(x=1)):
+        with pytest.raises(TypeError, match="read-only"):
+            mutate()
+    assert hash(m) == hash(FrozenMap({"channels": 8})) and m == {"channels": 8}
 
 
 def test_frozen_refuses_mutable_defaults():

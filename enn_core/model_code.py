@@ -1,0 +1,93 @@
+"""The model code a run may import (no torch here: the task layer checks it before a stage).
+
+- `ModelCode`: the `model.factory` of the params in use and the project root it is imported
+  from; a checkpoint naming another factory is refused (a checkpoint never chooses what code
+  runs). `BUILTIN` allows the built-in presets only.
+- `module_file`: the factory's module file, found by path without importing it.
+- `check_dvc_deps`: that module is a dependency of the stages that build the model in
+  `dvc.yaml`, so that editing it re-runs training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from enn_core.config.model import ModelConfig
+from enn_core.errors import ConfigError, StaleOutputError
+
+
+@dataclass(frozen=True)
+class ModelCode:
+    """The model code the params in use allow: their `model.factory` and the project root it
+    is imported from. The default allows only the built-in presets."""
+
+    factory: str = ""
+    root: str = "."
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, root: str | Path = ".") -> ModelCode:
+        return cls(cfg.factory, str(root))
+
+    def allow(self, factory: str, where: str) -> None:
+        """Refuse a checkpoint built by a factory other than the one the params name."""
+        if factory and factory != self.factory:
+            here = f"model.factory is {self.factory!r}" if self.factory else "none is named"
+            raise StaleOutputError(
+                f"{where} was built by model.factory {factory!r}, but {here} in the params in "
+                "use; a checkpoint never chooses what code runs: set model.factory to it if "
+                "you trust that code"
+            )
+
+
+BUILTIN = ModelCode()
+
+
+def code_root(factory: str, root: str | Path) -> Path:
+    """Where the factory's module is importable from: the pipeline's directory, or the nearest
+    directory above it that holds the module's path (prediction/ runs the repository's code),
+    up to the repository (the first directory holding .git)."""
+    parts = factory.split(":", 1)[0].split(".")
+    here = Path(root).resolve()
+    for d in (here, *here.parents):
+        base = d.joinpath(*parts)
+        if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+            return d
+        if (d / ".git").exists():
+            break
+    raise ConfigError(
+        f"model.factory={factory!r}: no {Path(*parts)}.py under the project root {here} (or "
+        "the repository above it); the factory's module must be importable from the root"
+    )
+
+
+def module_file(factory: str, root: str | Path) -> Path:
+    """The file of the factory's module (`a.b:c` -> a/b.py or a/b/__init__.py), found by path
+    without importing anything."""
+    parts = factory.split(":", 1)[0].split(".")
+    base = code_root(factory, root).joinpath(*parts)
+    return base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+
+
+def check_dvc_deps(factory: str, root: Path, dvc_yaml: Path, stage_key: str) -> None:
+    """The factory's module must be a dependency of `stage_key` in `dvc.yaml`, so that editing
+    the model re-runs the stages that build it; a one-line error names the line to add."""
+    import yaml
+
+    if not dvc_yaml.is_file():
+        return
+    stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages") or {}
+    if stage_key not in stages:
+        return
+    try:
+        rel = module_file(factory, root).resolve().relative_to(root.resolve())
+    except ValueError:  # code above this pipeline's directory: outside what its DVC tracks
+        return
+    deps = [Path(str(d)) for d in stages[stage_key].get("deps") or [] if "${" not in str(d)]
+    if any(d == rel or d in rel.parents for d in deps):
+        return
+    raise ConfigError(
+        f"{dvc_yaml}: stage {stage_key} does not depend on {rel}, the module of model.factory "
+        f"{factory!r}; add '- {rel.parent if rel.name == '__init__.py' else rel}' under its deps "
+        "so that editing your model re-runs training"
+    )

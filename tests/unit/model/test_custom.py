@@ -1,0 +1,140 @@
+"""Your own nn.Module (`model.preset: custom`): built by the factory the params name, saved and
+loaded like the presets, and never imported because a checkpoint names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from enn_core.checkpoint import load_model, read_checkpoint, save_consolidated
+from enn_core.config import RunConfig
+from enn_core.config.loader import build, deep_merge
+from enn_core.config.model import ModelConfig
+from enn_core.errors import ConfigError, StaleOutputError
+from enn_core.model import CustomENN, ModelCode, build_model
+from enn_core.model_code import check_dvc_deps
+from tests.fixtures.model import make_features, make_manifest
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository: examples/ is importable from it
+TCN = "examples.tcn.model:build"
+
+
+def _cfg(**model) -> ModelConfig:
+    data = {"preset": "custom", "factory": TCN, "options": {"channels": 8}, **model}
+    return build(ModelConfig, data, root=ModelConfig, where="params.yaml")
+
+
+def test_the_example_builds_trains_a_step_and_predicts_the_label_shape():
+    cfg = _cfg()
+    model = build_model(cfg, make_manifest(), code=ModelCode.of(cfg, ROOT))
+    assert isinstance(model, CustomENN) and len(model.blocks) == 2  # two FSDP units
+    x = torch.from_numpy(make_features(6))
+    out = model(x)
+    assert out.shape == (6, 5, 4) and out.dtype == torch.float32
+    out.pow(2).mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert model.predict(x).shape == (6, 5, 4)
+    info = model.describe()
+    assert info["factory"] == TCN and info["options"] == {"channels": 8}
+    assert info["fsdp_units"] == 2
+
+
+def test_a_checkpoint_records_factory_and_options_and_loads_only_with_the_same_factory(
+    tmp_path,
+):
+    cfg = _cfg()
+    code = ModelCode.of(cfg, ROOT)
+    model = build_model(cfg, make_manifest(), code=code).eval()
+    path = save_consolidated(tmp_path / "model.pt", model, cfg, make_manifest())
+    stored = read_checkpoint(path).model_config  # weights_only=True: JSON types only
+    assert stored["factory"] == TCN and stored["options"] == {"channels": 8}
+    loaded, _ = load_model(path, code)
+    x = torch.from_numpy(make_features(3))
+    torch.testing.assert_close(loaded(x), model(x))
+    for other in (ModelCode(), ModelCode("examples.tcn.other:build", str(ROOT))):
+        with pytest.raises(StaleOutputError) as e:
+            load_model(path, other)
+        msg = str(e.value)
+        assert "\n" not in msg and f"built by model.factory {TCN!r}" in msg
+        assert "never chooses what code runs" in msg
+
+
+def test_a_checkpoint_naming_other_code_never_imports_it(tmp_path):
+    """A crafted checkpoint whose factory's module would run code on import is refused before
+    anything is imported."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    marker = tmp_path / "MARKER"
+    (evil / "mod.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef build(spec): ...\n")
+    cfg = _cfg()
+    model = build_model(cfg, make_manifest(), code=ModelCode.of(cfg, ROOT))
+    crafted = ModelConfig(preset="custom", factory="evil.mod:build")
+    path = save_consolidated(tmp_path / "model.pt", model, crafted, make_manifest())
+    with pytest.raises(StaleOutputError, match="built by model.factory 'evil.mod:build'"):
+        load_model(path, ModelCode(TCN, str(tmp_path)))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"factory": ""}, "model.preset=custom needs model.factory"),
+        ({"factory": "examples/tcn.py"}, "is not 'package.module:function'"),
+        ({"options": {"x": float("inf")}}, "model.options.x=inf is not finite"),
+        ({"preset": "tabular"}, "model.options is for model.preset=custom"),
+    ],
+)
+def test_bad_custom_config_is_one_line(model, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        _cfg(**model)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"factory": "examples.nothing:build"}, "no examples/nothing.py under the project root"),
+        ({"factory": "examples.tcn.model:nothing"}, "has no function 'nothing'"),
+        ({"options": {"kernel": 2}}, "ValueError: kernel=2 must be odd"),
+        ({"options": {"width": 2}}, "TypeError: build() got an unexpected keyword"),
+    ],
+)
+def test_a_factory_that_cannot_build_is_one_line(model, message):
+    cfg = _cfg(**model)
+    with pytest.raises(ConfigError) as e:
+        build_model(cfg, make_manifest(), code=ModelCode.of(cfg, ROOT))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_output_of_another_shape_is_one_line(tmp_path):
+    (tmp_path / "flat.py").write_text(
+        "import torch\ndef build(spec):\n    return torch.nn.Linear(spec.encoded_dim, 3)\n"
+    )
+    cfg = _cfg(factory="flat:build", options={})
+    with pytest.raises(ConfigError, match=r"maps \[2, \d+\] to \[2, 3\], not \[2, 5, 4\]"):
+        build_model(cfg, make_manifest(), code=ModelCode.of(cfg, tmp_path))
+
+
+def test_options_take_set_keys():
+    data: dict = {}
+    deep_merge(data, "model.preset", "custom", RunConfig)
+    deep_merge(data, "model.factory", TCN, RunConfig)
+    deep_merge(data, "model.options.channels", 16, RunConfig)
+    cfg = build(RunConfig, data, root=RunConfig, where="--set")
+    assert dict(cfg.model.options) == {"channels": 16} and hash(cfg.model)
+
+
+def test_dvc_must_know_the_models_code(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "net.py").write_text("def build(spec): ...\n")
+    dvc = tmp_path / "dvc.yaml"
+    dvc.write_text("stages:\n  prepare_checkpoint:\n    cmd: x\n    deps:\n      - enn_core\n")
+    with pytest.raises(ConfigError) as e:
+        check_dvc_deps("models.net:build", tmp_path, dvc, "prepare_checkpoint")
+    assert "stage prepare_checkpoint does not depend on models/net.py" in str(e.value)
+    assert "add '- models/net.py' under its deps" in str(e.value)
+    for dep in ("models", "models/net.py"):
+        dvc.write_text(f"stages:\n  prepare_checkpoint:\n    cmd: x\n    deps:\n      - {dep}\n")
+        check_dvc_deps("models.net:build", tmp_path, dvc, "prepare_checkpoint")
