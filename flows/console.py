@@ -21,6 +21,8 @@ import time
 import warnings
 from pathlib import Path
 
+from enn_core.errors import EnnError
+
 # (logger, what it says, why nobody needs to see it): below CRITICAL, these loggers (and their
 # children) are silenced unless --verbose. Other third-party INFO stays in the log file only.
 NOISE: tuple[tuple[str, str, str], ...] = (
@@ -72,7 +74,30 @@ class ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "enn" or record.name.startswith("enn."):
             return True
+        if _prefects_account_of_an_enn_error(record):
+            return False  # enn says it in one line (`error: ...`); the log file keeps Prefect's
         return record.levelno >= logging.WARNING
+
+
+def _prefects_account_of_an_enn_error(record: logging.LogRecord) -> bool:
+    """Prefect's engine logs a failed task or flow run with the exception and its traceback;
+    for an enn error (bad input, a refused checkpoint: one line by design) that is noise."""
+    if not record.name.startswith("prefect."):
+        return False
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, EnnError):
+        return True
+    msg = record.getMessage()
+    return any(f"exception {n}:" in msg or f"{n}(" in msg for n in _enn_error_names())
+
+
+def _enn_error_names() -> set[str]:
+    found, todo = set(), [EnnError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return found
 
 
 class ConsoleFormat(logging.Formatter):
