@@ -41,7 +41,12 @@ def custom(tmp_path_factory, trained_project) -> Custom:
     root = project.root
     shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("__py*"))
     project.set_params(
-        ["model.preset=custom", f"model.factory={TCN}", "model.options={channels: 8, layers: 2}"]
+        [
+            "model.preset=custom",
+            f"model.factory={TCN}",
+            "model.options={channels: 8, layers: 2}",
+            "runtime.world_size=2",  # two FSDP2 workers
+        ]
     )
     # DVC does not know the model's code yet: the stage that builds the model refuses, one line
     refused = project.run("enn", "run", check=False, timeout=600)
@@ -68,6 +73,7 @@ def test_two_workers_train_it_and_every_stage_runs(custom):
     root = custom.project.root
     record = json.loads((root / "outputs/distributed-train/record.json").read_text())
     assert record["world_size"] == 2 and record["wrap"] == "fsdp2", record
+    assert sorted(record["rank_phases"]) == ["0", "1"], record
     init = json.loads((root / "outputs/prepare-checkpoint/init.json").read_text())
     assert TCN in json.dumps(init), init
     parity = json.loads((root / "outputs/export/parity.json").read_text())
