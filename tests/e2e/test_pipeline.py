@@ -154,7 +154,7 @@ def test_training_flow_ran_every_stage(ran):
     assert list(dvc_metrics) == ["train/epochs_run"], dvc_metrics
     # quality on the synthetic data: better than the conditional naive predictor, not collapsed
     headline = json.loads((root / "outputs/metrics/validate.json").read_text())
-    assert list(headline) == ["val/mae", "test/mae"], headline
+    assert set(headline) == {"val/mae", "test/mae"}, headline
     val = json.loads((root / "outputs/validate/metrics.json").read_text())
     assert val["test/mae"] < val["test/naive_conditional_mae"], val
     report = json.loads((root / "outputs/collapse-check/report.json").read_text())
