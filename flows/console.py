@@ -15,6 +15,7 @@ flow and holds its console to the project's own lines (tests/e2e/test_console.py
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -91,13 +92,14 @@ def _prefects_account_of_an_enn_error(record: logging.LogRecord) -> bool:
     return any(f"exception {n}:" in msg or f"{n}(" in msg for n in _enn_error_names())
 
 
-def _enn_error_names() -> set[str]:
+@functools.cache
+def _enn_error_names() -> frozenset[str]:
     found, todo = set(), [EnnError]
     while todo:
         cls = todo.pop()
         found.add(cls.__name__)
         todo.extend(cls.__subclasses__())
-    return found
+    return frozenset(found)
 
 
 class ConsoleFormat(logging.Formatter):

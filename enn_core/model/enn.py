@@ -205,9 +205,8 @@ class CustomENN(ENN):
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
-        out.update(d_model=None, heads=None, factory=self.cfg.factory, **describe_body(self.body))
-        out["options"] = dict(self.cfg.options)
-        return out
+        custom = {"factory": self.cfg.factory, "options": dict(self.cfg.options)}
+        return {**out, "d_model": None, "heads": None, **custom, **describe_body(self.body)}
 
 
 def label_statistics(

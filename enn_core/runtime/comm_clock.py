@@ -31,8 +31,9 @@ communication-bound.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -80,6 +81,19 @@ class CommClock:
         self.add(time.perf_counter() - self._t0)
 
 
+def _timed(
+    clock: CommClock, delay_s: float, call: Callable[..., dist.Work | None], *args: Any
+) -> dist.Work | None:
+    """`call(*args)` with the time it blocks (and an injected delay) added to `clock`."""
+    t0 = time.perf_counter()
+    try:
+        if delay_s:
+            time.sleep(delay_s)
+        return call(*args)
+    finally:
+        clock.add(time.perf_counter() - t0)
+
+
 class _TimedAllGather(AllGather):
     def __init__(self, clock: CommClock, delay_s: float = 0.0) -> None:
         self.clock, self.delay_s, self.inner = clock, delay_s, DefaultAllGather()
@@ -96,13 +110,9 @@ class _TimedAllGather(AllGather):
         group: dist.ProcessGroup,
         async_op: bool = False,
     ) -> dist.Work | None:
-        t0 = time.perf_counter()
-        try:
-            if self.delay_s:
-                time.sleep(self.delay_s)
-            return self.inner(output_tensor, input_tensor, group, async_op)
-        finally:
-            self.clock.add(time.perf_counter() - t0)
+        return _timed(
+            self.clock, self.delay_s, self.inner, output_tensor, input_tensor, group, async_op
+        )
 
 
 class _TimedReduceScatter(ReduceScatter):
@@ -122,13 +132,9 @@ class _TimedReduceScatter(ReduceScatter):
         op: dist.ReduceOp | dist.ReduceOp.RedOpType,
         async_op: bool = False,
     ) -> dist.Work | None:
-        t0 = time.perf_counter()
-        try:
-            if self.delay_s:
-                time.sleep(self.delay_s)
-            return self.inner(output_tensor, input_tensor, group, op, async_op)
-        finally:
-            self.clock.add(time.perf_counter() - t0)
+        return _timed(
+            self.clock, self.delay_s, self.inner, output_tensor, input_tensor, group, op, async_op
+        )
 
 
 def time_fsdp_collectives(
