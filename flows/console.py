@@ -76,19 +76,22 @@ class ConsoleFilter(logging.Filter):
         if record.name == "enn" or record.name.startswith("enn."):
             return True
         if _prefects_account_of_an_enn_error(record):
-            return False  # enn says it in one line (`error: ...`); the log file keeps Prefect's
+            return False  # enn says it in one line (`error: ...`, `interrupted`); the log keeps it
         return record.levelno >= logging.WARNING
 
 
 def _prefects_account_of_an_enn_error(record: logging.LogRecord) -> bool:
-    """Prefect's engine logs a failed task or flow run with the exception and its traceback;
-    for an enn error (bad input, a refused checkpoint: one line by design) that is noise."""
+    """Prefect's engine logs a failed or crashed task or flow run with the exception and its
+    traceback; for an enn error (bad input, a refused checkpoint: one line by design) or a
+    Ctrl-C (enn prints `interrupted` and exits 130) that is noise."""
     if not record.name.startswith("prefect."):
         return False
     exc = record.exc_info[1] if record.exc_info else None
-    if isinstance(exc, EnnError):
+    if isinstance(exc, (EnnError, KeyboardInterrupt)):
         return True
     msg = record.getMessage()
+    if "aborted by an interrupt signal" in msg:
+        return True
     return any(f"exception {n}:" in msg or f"{n}(" in msg for n in _enn_error_names())
 
 

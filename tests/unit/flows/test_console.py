@@ -29,6 +29,11 @@ def test_prefects_traceback_of_an_enn_error_is_not_on_the_console():
         f'Finished in state Failed("Task run encountered an exception ConfigError: {err}")',
     )
     assert not keep(flow) and not keep(task)
+    # Ctrl-C: enn prints `interrupted` and exits 130; Prefect's two crash lines are the log's
+    aborted = "Execution was aborted by an interrupt signal."
+    crashed = _record("prefect.task_runs", f"Finished in state Crashed({aborted!r})")
+    detected = _record("prefect.flow_runs", f"Crash detected! {aborted}")
+    assert not keep(crashed) and not keep(detected)
     other = _record("prefect.flow_runs", "Encountered exception: KeyError('x')", KeyError("x"))
     assert keep(other)  # a bug is not one of enn's one-line errors: its traceback shows
     assert keep(_record("enn", "error: something"))
