@@ -35,8 +35,8 @@ class ModelCode:
             here = f"model.factory is {self.factory!r}" if self.factory else "none is named"
             raise StaleOutputError(
                 f"{where} was built by model.factory {factory!r}, but {here} in the params in "
-                "use; a checkpoint never chooses what code runs: set model.factory to it if "
-                "you trust that code"
+                "use; a checkpoint never chooses what code runs: if you trust that code, name "
+                f"it (--set model.factory={factory}, or in the params file)"
             )
 
 
