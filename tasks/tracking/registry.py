@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 
 CHAMPION, CANDIDATE = "champion", "candidate"
 DESCRIPTION = (
-    "ENN prediction path in real units. pyfunc: a DataFrame of the training features' raw "
-    "columns in, one named column per label cell out; ONNX and torch.export beside it "
-    "(data/enn/)."
+    "The prediction path in real units. pyfunc: a DataFrame of the training features' raw "
+    "columns in, one named column per label cell out (a built-in ENN preset runs eagerly; "
+    "your own module, model.preset custom, runs its ONNX program); ONNX and torch.export "
+    "beside it (data/enn/)."
 )
 
 
