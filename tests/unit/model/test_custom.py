@@ -138,3 +138,87 @@ def test_dvc_must_know_the_models_code(tmp_path):
     for dep in ("models", "models/net.py"):
         dvc.write_text(f"stages:\n  prepare_checkpoint:\n    cmd: x\n    deps:\n      - {dep}\n")
         check_dvc_deps("models.net:build", tmp_path, dvc, "prepare_checkpoint")
+
+
+RAW = """
+import torch
+
+
+class Raw(torch.nn.Module):
+    raw_features = True  # the raw feature row, categorical values as vocabulary codes
+
+    def __init__(self, spec):
+        super().__init__()
+        self.shape = spec.label_shape
+        self.seen = None
+        self.head = torch.nn.Linear(len(spec.features), spec.label_shape[0] * spec.label_shape[1])
+
+    def forward(self, x):
+        self.seen = x
+        return self.head(x).reshape(x.shape[0], *self.shape)
+
+
+def build(spec):
+    return Raw(spec)
+"""
+
+
+def test_a_module_that_declares_raw_features_gets_the_raw_rows(tmp_path):
+    (tmp_path / "raw.py").write_text(RAW)
+    cfg = _cfg(factory="raw:build", options={})
+    model = build_model(cfg, make_manifest(), code=ModelCode.of(cfg, tmp_path))
+    x = torch.from_numpy(make_features(5))
+    assert model(x).shape == (5, 5, 4)
+    torch.testing.assert_close(model.body.seen, x)  # not the encoding: the row as staged
+    assert model.describe()["fsdp_units"] == 0  # no `blocks`: the whole model is one unit
+
+
+TWISTED = """
+import torch
+
+
+@torch.library.custom_op("enncustom::twist", mutates_args=())
+def twist(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twist.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Twisted(torch.nn.Module):
+    def __init__(self, spec):
+        super().__init__()
+        self.shape = spec.label_shape
+        self.head = torch.nn.Linear(spec.encoded_dim, spec.label_shape[0] * spec.label_shape[1])
+
+    def forward(self, x):
+        return twist(self.head(x)).reshape(x.shape[0], *self.shape)
+
+
+def build(spec):
+    return Twisted(spec)
+"""
+
+
+@pytest.mark.slow
+def test_a_module_that_cannot_export_gets_the_one_line_naming_its_operator(tmp_path):
+    from enn_core import export as export_mod
+    from enn_core.config import ExportConfig
+    from enn_core.errors import ExportError
+    from enn_core.inference import Calibration, PredictionPath
+
+    (tmp_path / "code" / "twisted").mkdir(parents=True)
+    (tmp_path / "code" / "twisted" / "__init__.py").write_text(TWISTED)
+    cfg = _cfg(factory="twisted:build", options={})
+    model = build_model(cfg, make_manifest(), code=ModelCode.of(cfg, tmp_path / "code")).eval()
+    out = tmp_path / "export"
+    out.mkdir()
+    with pytest.raises(ExportError) as e:
+        export_mod.export_all(
+            PredictionPath(model, Calibration()), make_features(16), out, ExportConfig(), 15.0
+        )
+    msg = str(e.value)
+    assert msg.startswith("export onnx: operator enncustom.twist.default has no ONNX"), msg
+    assert "\n" not in msg
