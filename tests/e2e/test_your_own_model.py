@@ -2,7 +2,7 @@
 the hours) as `model.preset: custom`, trained by `enn run` with two FSDP2 workers, validated,
 collapse-checked, exported (ONNX and torch.export, parity checked), registered in MLflow,
 called through `mlflow.pyfunc`, used by the prediction flow, and known to DVC: editing the
-module makes the stages that build the model stale.
+module makes the stages that build the model stale, and `dvc repro` re-trains it.
 
 Starts from the session's trained project (tests/e2e/conftest.py), copied."""
 
@@ -133,3 +133,12 @@ def test_editing_the_model_makes_training_stale_in_dvc(custom):
     stale = json.loads(status)
     assert {"prepare_checkpoint", "distributed_train"} <= set(stale), stale
     assert all(any("examples/tcn" in json.dumps(c) for c in stale[k]) for k in MODEL_STAGES)
+    # dvc repro re-trains the edited model (two workers) and leaves the pipeline up to date
+    out = project.run("dvc", "repro", timeout=900).stdout
+    for key in MODEL_STAGES:
+        assert f"Running stage '{key}'" in out, out[-2000:]
+    record = json.loads((project.root / "outputs/distributed-train/record.json").read_text())
+    assert record["world_size"] == 2 and record["wrap"] == "fsdp2", record
+    # (prediction/dvc.yaml, which reads the new collapse-check, is stale now: that is its job)
+    after = json.loads(project.run("dvc", "status", "dvc.yaml", "--json").stdout)
+    assert not after, after
