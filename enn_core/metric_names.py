@@ -22,6 +22,8 @@ TELEMETRY = "telemetry/"
 RESOLVED = "resolved."
 SPLITS: tuple[str, ...] = ("val", "test")
 NAIVE: tuple[str, ...] = ("naive_conditional", "naive_cell_mean")
+# The fitted baselines validate scores beside them (validate.baselines).
+BASELINES: tuple[str, ...] = ("ridge", "gbt")
 
 # The validation metric the champion rule and the early stopping compare (lower is better).
 PROMOTION_METRIC = "val/mae"
@@ -37,6 +39,10 @@ HEADLINE: tuple[str, ...] = (
     "naive_cell_mean_mae",
     "skill_vs_naive_conditional",
     "skill_vs_naive_cell_mean",
+    "ridge_mae",
+    "gbt_mae",
+    "skill_vs_ridge",
+    "skill_vs_gbt",
 )
 
 # What dvc.yaml declares as metrics, per stage (few and short, so that `dvc metrics show` and

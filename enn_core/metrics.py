@@ -1,11 +1,12 @@
 """Regression metrics in real units, per split and per label axis, against the naive
-predictors: what validate reports and collapse-check judges candidates by.
+predictors and the fitted baselines: what validate reports and collapse-check judges
+candidates by.
 
 R² is variance-weighted over outputs: 1 - sum of squared errors / sum over outputs of the
-squared deviations from that output's mean over the split's rows. `<split>/worse_than_<naive>`
-is 1 when the model does not beat that naive predictor (MAE not strictly lower);
-`<split>/skill_vs_<naive>` is 1 - MAE / the naive predictor's MAE (0: no better than it, 1: no
-error; negative: worse). Names: docs/metrics.md.
+squared deviations from that output's mean over the split's rows. `<split>/worse_than_<b>` is
+1 when the model does not beat the baseline `<b>` (a naive predictor or a fitted baseline; MAE
+not strictly lower); `<split>/skill_vs_<b>` is 1 - MAE / the baseline's MAE (0: no better than
+it, 1: no error; negative: worse). Names: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -75,14 +76,17 @@ def evaluate_split(
     naive: Mapping[str, np.ndarray],
     axes: Sequence[str] = (),
     axis_values: Mapping[str, Sequence[str]] | None = None,
+    fitted: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, float], dict[str, AxisBreakdown], list[str]]:
-    """Flat metrics, the breakdown (the model's and each naive predictor's) and the flags (in
-    words) of one split."""
+    """Flat metrics, the breakdown (the model's and each baseline's) and the flags (in words)
+    of one split. `naive`: the naive predictors, flagged when the model does not beat them;
+    `fitted`: the fitted baselines (enn_core.fitted_baselines), scored the same way, reported
+    but not flagged."""
     m = regression_metrics(pred, target)
     metrics = {f"{split}/{k}": v for k, v in m.items()}
     breakdown = {"model": axis_breakdown(pred, target, axes, axis_values)}
     flags: list[str] = []
-    for name, npred in naive.items():
+    for name, npred in {**naive, **(fitted or {})}.items():
         nm = regression_metrics(npred, target)
         metrics[f"{split}/{name}_mae"] = nm["mae"]
         metrics[f"{split}/{name}_rmse"] = nm["rmse"]
@@ -90,7 +94,7 @@ def evaluate_split(
         metrics[f"{split}/worse_than_{name}"] = float(worse)
         metrics[f"{split}/skill_vs_{name}"] = skill(m["mae"], nm["mae"])
         breakdown[name] = axis_breakdown(npred, target, axes, axis_values)
-        if worse:
+        if worse and name in naive:
             flags.append(
                 f"{split}: the model's MAE {m['mae']:.4g} does not beat the {name} predictor's "
                 f"{nm['mae']:.4g}; the model adds nothing over it on this split"

@@ -7,7 +7,10 @@ section, and the flags in words) into its output folder.
 
 Both naive predictors of `enn_core.baselines` (the conditional naive predictor and the per-cell
 mean) are scored on the same rows (enn_core.metrics); a flag says, in words, which one the model
-does not beat, and is logged and written as an event.
+does not beat, and is logged and written as an event. The fitted baselines of
+`enn_core.fitted_baselines` (ridge regression, gradient-boosted trees; `validate.baselines`)
+are scored the same way and reported, not flagged: a table of every predictor (the Prefect
+table `validate-baselines`, the log) and `breakdown.json`'s `baselines` say how each was fitted.
 
 The model runs its plain `predict` in fp32 (collapse-check compares precisions and paths).
 Run: `enn validate`.
@@ -23,7 +26,9 @@ import numpy as np
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import RunConfig
 from enn_core.errors import DataError
+from enn_core.fitted_baselines import BaselineResult, fitted_baselines
 from enn_core.inference import load_trained, predict_rows, resolve_device
+from enn_core.metric_names import NAIVE
 from enn_core.metrics import AxisBreakdown, evaluate_split, finite_or_none, naive_predictions
 from enn_core.model_code import ModelCode
 from enn_core.stage import StageContext
@@ -46,6 +51,11 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
     breakdown: dict[str, object] = {"label_axes": axes}
     per_split: dict[str, dict[str, AxisBreakdown]] = {}
     flags: list[str] = []
+    fitted = fitted_baselines(ds, cfg.validate, SPLITS, ctx.layout.work / "cache" / "baselines")
+    for name, res in fitted.items():
+        ctx.events.param(f"validate.{name}", res.fit.detail)
+        if not res.fit.cached:
+            ctx.logger.info("%s: %s baseline: %s", ctx.stage, name, _how(res))
     for split in SPLITS:
         rows = np.asarray(ds.split(split))
         if len(rows) == 0:
@@ -55,12 +65,19 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size, device)
         target = np.asarray(ds.targets[rows])
         m, b, f = evaluate_split(
-            split, pred, target, naive_predictions(ds, rows), axes, axis_values
+            split,
+            pred,
+            target,
+            naive_predictions(ds, rows),
+            axes,
+            axis_values,
+            {name: res.predictions[split] for name, res in fitted.items()},
         )
         metrics.update(m)
         per_split[split] = b
         flags.extend(f)
     breakdown.update(splits=per_split, flags=flags)
+    breakdown["baselines"] = {name: fit_record(res) for name, res in fitted.items()}
     breakdown["data_fingerprint"] = ds.fingerprint
     with atomic_dir(ctx.output()) as tmp:
         write_json(tmp / "metrics.json", finite_or_none(metrics))
@@ -69,6 +86,11 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         ctx.logger.warning(flag)
         ctx.events.event("naive_not_beaten", message=flag)
     ctx.events.metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
+    table = comparison(metrics, fitted)
+    ctx.events.table("baselines", table)
+    for split in SPLITS:
+        maes = ", ".join(f"{row['predictor']} {row[f'{split}_mae']:.4g}" for row in table)
+        ctx.logger.info("%s: %s MAE: %s", ctx.stage, split, maes)
     out = ctx.output()
     ctx.events.artifact(out / "metrics.json")
     ctx.events.artifact(out / "breakdown.json")
@@ -82,3 +104,62 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         test_rmse=metrics["test/rmse"],
         test_r2=metrics["test/r2"],
     )
+
+
+def fit_record(res: BaselineResult) -> dict[str, object]:
+    fit = res.fit
+    return {
+        "fit_s": round(fit.fit_s, 3),
+        "samples": fit.samples,
+        "available": fit.available,
+        "subsampled": fit.subsampled,
+        "detail": fit.detail,
+        "cached": fit.cached,
+    }
+
+
+def comparison(
+    metrics: dict[str, float], fitted: dict[str, BaselineResult]
+) -> list[dict[str, object]]:
+    """One row per predictor (the model, the naive predictors, the fitted baselines): MAE on
+    both splits, the model's skill against it, and how it was made."""
+    names = [n for n in NAIVE if f"val/{n}_mae" in metrics] + list(fitted)
+    rows: list[dict[str, object]] = [
+        {
+            "predictor": "model",
+            "val_mae": metrics["val/mae"],
+            "test_mae": metrics["test/mae"],
+            "model_skill_val": None,
+            "model_skill_test": None,
+            "how": "this run",
+        }
+    ]
+    for name in names:
+        res = fitted.get(name)
+        how = "naive: training means" if res is None else _how(res)
+        rows.append(
+            {
+                "predictor": name,
+                "val_mae": metrics[f"val/{name}_mae"],
+                "test_mae": metrics[f"test/{name}_mae"],
+                "model_skill_val": _finite(metrics[f"val/skill_vs_{name}"]),
+                "model_skill_test": _finite(metrics[f"test/skill_vs_{name}"]),
+                "how": how,
+            }
+        )
+    return rows
+
+
+def _how(res: BaselineResult) -> str:
+    fit = res.fit
+    used = (
+        f"{fit.samples} of {fit.available} samples (subsampled)"
+        if fit.subsampled
+        else f"{fit.samples} samples"
+    )
+    source = "cached fit" if fit.cached else "fitted now"
+    return f"{fit.detail}; {used}; {fit.fit_s:.1f} s ({source})"
+
+
+def _finite(v: float) -> float | None:
+    return round(v, 4) if math.isfinite(v) else None

@@ -28,7 +28,13 @@ from enn_core.config.loader import (
 )
 from enn_core.config.model import ModelConfig
 from enn_core.config.runtime import RuntimeConfig
-from enn_core.config.stages import CheckpointConfig, CollapseConfig, ExportConfig, PredictConfig
+from enn_core.config.stages import (
+    CheckpointConfig,
+    CollapseConfig,
+    ExportConfig,
+    PredictConfig,
+    ValidateConfig,
+)
 from enn_core.config.tracking import TrackingConfig
 from enn_core.config.train import TrainConfig
 from enn_core.errors import ConfigError
@@ -50,6 +56,9 @@ class RunConfig:
 
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """prepare-checkpoint and training checkpoints."""
+
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
+    """validate: the baselines scored beside the model."""
 
     predict: PredictConfig = field(default_factory=PredictConfig)
     """predict."""
@@ -124,6 +133,7 @@ __all__ = [
     "SyntheticConfig",
     "TrackingConfig",
     "TrainConfig",
+    "ValidateConfig",
     "WorkbookLayout",
     "canonical_json",
     "load_config",

@@ -86,6 +86,34 @@ class PredictConfig:
 
 
 @frozen
+class ValidateConfig:
+    baselines: tuple[str, ...] = ("ridge", "gbt")
+    """What validate scores beside the naive predictors, fitted on the training rows: `ridge`
+    (RidgeCV on the encoded features, one linear model per output cell) and `gbt` (scikit-learn's
+    HistGradientBoosting, one sample per row and output cell); [] = none. Cached per data,
+    split and these settings under <work_dir>/cache/baselines/."""
+
+    baseline_max_rows: int = 200_000
+    """Training samples a baseline fits on (gbt: rows x output cells); more are subsampled
+    (seeded) down to this, and the metrics files say so."""
+
+    baseline_time_s: float = 60.0
+    """Time cap of one baseline's fit: gbt stops adding trees when it is reached (the record
+    says at how many)."""
+
+    def __post_init__(self) -> None:
+        bad = [b for b in self.baselines if b not in ("ridge", "gbt")]
+        if bad or len(set(self.baselines)) != len(self.baselines):
+            raise ConfigError(
+                f"validate.baselines={list(self.baselines)}: use some of [ridge, gbt], each once"
+            )
+        if self.baseline_max_rows < 100 or self.baseline_time_s <= 0:
+            raise ConfigError(
+                "validate.baseline_max_rows must be >= 100 and validate.baseline_time_s > 0"
+            )
+
+
+@frozen
 class CollapseConfig:
     median_ratio_min: float = 0.5
     """Collapse when the median spread ratio (pred std / target std per output) is below this."""

@@ -1,5 +1,5 @@
 """validate: metrics in real units on the validation and test splits, against the naive
-predictors (enn_core/validate.py)."""
+predictors and the fitted baselines (enn_core/validate.py)."""
 
 from __future__ import annotations
 
@@ -26,14 +26,16 @@ VALIDATE = StageSpec(
     key="validate",
     name="validate",
     flow="training",
-    help="Metrics on the validation and test splits in real units, against both naive predictors.",
+    help="Metrics on the validation and test splits in real units, against the baselines.",
     work=validate,
+    sections=("validate",),
     inputs=(STAGE_DATA, DISTRIBUTED_TRAIN),
     code=(
         "enn_core/validate.py",
         "enn_core/metrics.py",
         "enn_core/inference.py",
         "enn_core/baselines.py",
+        "enn_core/fitted_baselines.py",
     ),
     outputs=("metrics.json", "breakdown.json"),
     artifacts=("metrics.json", "breakdown.json"),

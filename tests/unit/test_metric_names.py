@@ -15,6 +15,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 PLACEHOLDERS = {
     "<split>": "(val|test)",
     "<naive>": "(naive_conditional|naive_cell_mean)",
+    "<fitted>": "(ridge|gbt)",
     "<candidate>": "(raw|calibrated|fp32|per_sample)",
     "<format>": "(onnx|torch_export)",
     "<name>": "[a-z0-9_]+",

@@ -93,7 +93,16 @@ def test_work_reaches_its_implementation(spec):
     for upstream in spec.inputs:
         assert upstream in order[: order.index(spec)], f"{spec.key} reads {upstream.key}"
     for section in spec.sections:
-        assert section in {"data", "model", "train", "checkpoint", "predict", "collapse", "export"}
+        assert section in {
+            "data",
+            "model",
+            "train",
+            "checkpoint",
+            "validate",
+            "predict",
+            "collapse",
+            "export",
+        }
 
 
 def test_cli_and_prefect_tasks_come_from_the_specs():

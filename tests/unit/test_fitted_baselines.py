@@ -1,0 +1,108 @@
+"""The fitted baselines validate scores beside the model (ridge regression, gradient-boosted
+trees): the encoding they see, that they learn what the data holds, the cache per data and
+settings, the row and time caps and what the record says of them, and a damaged cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from enn_core.baselines import regression_errors
+from enn_core.config import ValidateConfig
+from enn_core.data.dataset import StagedDataset
+from enn_core.errors import ConfigError
+from enn_core.fitted_baselines import encode, fitted_baselines
+from enn_core.metrics import naive_predictions
+from enn_core.model.encoding import parse_feature_specs
+from tests.fixtures.model import make_manifest
+from tests.fixtures.train import staged_dir, tiny_cfg
+
+SPLITS = ("val", "test")
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory) -> StagedDataset:
+    """Synthetic expressway-like data: 12 months x day types x directions -> (section, hour)."""
+    root = tmp_path_factory.mktemp("fitted")
+    return StagedDataset(staged_dir(root, tiny_cfg("data.synthetic.n_months=12")))
+
+
+def test_the_encoding_is_one_hot_sin_cos_and_z_scores():
+    layout = parse_feature_specs(make_manifest()["feature_specs"])
+    # month code 3 (cyclic, period 12), day type 6, direction 1, temp 16; then an unknown code
+    x = np.array([[3, 6, 1, 16.0], [12, 9, -1, np.nan]], dtype=np.float32)
+    enc = encode(x, layout)
+    assert enc.shape == (2, 1 + 12 + 7 + 2 + 2) and enc.dtype == np.float32
+    assert enc[0, 0] == pytest.approx(1.0)  # (16 - 12) / 4
+    onehot = enc[0, 1:22]
+    assert onehot.sum() == 3 and onehot[3] == 1 and onehot[12 + 6] == 1 and onehot[19 + 1] == 1
+    assert enc[0, 22:] == pytest.approx([np.sin(np.pi / 2), np.cos(np.pi / 2)], abs=1e-6)
+    assert not enc[1, :22].any()  # unknown codes and a missing number: zeros, no NaN
+    assert np.isfinite(enc).all()
+
+
+def test_both_learn_what_the_data_holds_and_are_cached_per_data_and_settings(ds, tmp_path):
+    cfg = ValidateConfig()
+    first = fitted_baselines(ds, cfg, SPLITS, tmp_path)
+    assert list(first) == ["ridge", "gbt"]
+    rows = np.asarray(ds.split("val"))
+    target = np.asarray(ds.targets[rows])
+    cell_mean = regression_errors(naive_predictions(ds, rows)["naive_cell_mean"], target)["mae"]
+    for name, res in first.items():
+        pred = res.predictions["val"]
+        assert pred.shape == target.shape and np.isfinite(pred).all(), name
+        assert regression_errors(pred, target)["mae"] < 0.9 * cell_mean, name  # month, day...
+        assert not res.fit.cached and not res.fit.subsampled and res.fit.fit_s > 0
+    assert first["ridge"].fit.detail.startswith("alpha ")
+    assert "trees, stopped by" in first["gbt"].fit.detail
+    again = fitted_baselines(ds, cfg, SPLITS, tmp_path)
+    for name in first:
+        assert again[name].fit.cached and again[name].fit.detail == first[name].fit.detail
+        for split in SPLITS:
+            assert np.array_equal(again[name].predictions[split], first[name].predictions[split])
+    # other settings are another fit (and the first stays cached beside it)
+    other = fitted_baselines(ds, dataclasses.replace(cfg, baseline_max_rows=500), SPLITS, tmp_path)
+    assert not any(r.fit.cached for r in other.values())
+    assert len(list(tmp_path.iterdir())) == 4
+
+
+def test_large_data_is_subsampled_and_the_time_cap_stops_the_trees(ds, tmp_path):
+    cfg = ValidateConfig(baseline_max_rows=300, baseline_time_s=1e-6)
+    out = fitted_baselines(ds, cfg, SPLITS, tmp_path)
+    n_train = len(ds.split("train"))
+    gbt, ridge = out["gbt"].fit, out["ridge"].fit
+    assert gbt.samples == 300 and gbt.available == n_train * 24 and gbt.subsampled
+    assert ridge.samples == n_train and not ridge.subsampled  # fewer rows than the cap
+    assert gbt.detail == "25 trees, stopped by the time cap (validate.baseline_time_s=1e-06)"
+    record = json.loads(next(tmp_path.glob("gbt-*/fit.json")).read_text())
+    assert record["samples"] == 300 and record["available"] == n_train * 24
+
+
+def test_a_damaged_cache_is_refitted_never_unpickled(ds, tmp_path):
+    cfg = ValidateConfig(baselines=("ridge",))
+    good = fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"]
+    folder = next(tmp_path.glob("ridge-*"))
+    marker = tmp_path / "MARKER"
+    # a pickled object where an array should be: np.load(allow_pickle=False) refuses it
+    np.save(folder / "val.npy", np.array([{"x": marker}], dtype=object), allow_pickle=True)
+    again = fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"]
+    assert not again.fit.cached
+    assert np.array_equal(again.predictions["val"], good.predictions["val"])
+    (folder / "test.npy").write_bytes(b"not an array")
+    assert not fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"].fit.cached
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"baselines": ("ridge", "lasso")}, r"validate.baselines=\['ridge', 'lasso'\]"),
+        ({"baselines": ("gbt", "gbt")}, "each once"),
+        ({"baseline_max_rows": 10}, "baseline_max_rows must be >= 100"),
+    ],
+)
+def test_bad_settings_are_one_line(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        ValidateConfig(**fields)
