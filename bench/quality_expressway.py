@@ -37,10 +37,16 @@ from enn_core.config import load_config  # noqa: E402
 from enn_core.data.dataset import StagedDataset  # noqa: E402
 from enn_core.inference import predict_rows  # noqa: E402
 from enn_core.paths import Layout  # noqa: E402
-from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA, VALIDATE  # noqa: E402
+from enn_core.stages import (  # noqa: E402
+    DISTRIBUTED_TRAIN,
+    PREPARE_CHECKPOINT,
+    STAGE_DATA,
+    VALIDATE,
+)
 from tasks.runner import PipelineSession, execute_stage  # noqa: E402
 
-TRAIN_STAGES = ("prepare-checkpoint", "distributed-train", "validate")
+TRAIN_STAGES = (PREPARE_CHECKPOINT, DISTRIBUTED_TRAIN, VALIDATE)
+FITTED = ("ridge", "gbt")  # validate's fitted baselines (validate.baselines)
 
 
 def fold_config(config: Path, fold: int, seed: int, extra: list[str]):
@@ -72,16 +78,19 @@ def test_collapse(layout: Layout, cfg) -> dict:
     )
 
 
-def run_one(layout: Layout, cfg, fold: int, seed: int) -> dict:
+def session(layout: Layout, cfg, config: Path, run_id: str) -> PipelineSession:
+    return PipelineSession(cfg, config, layout, run_id, tracker=None)
+
+
+def run_one(layout: Layout, cfg, config: Path, fold: int, seed: int) -> dict:
     """prepare-checkpoint -> distributed-train -> validate for one seed; the row of the table."""
-    session = PipelineSession(layout, f"fold{fold}-seed{seed}", tracker=None)
+    run = session(layout, cfg, config, f"fold{fold}-seed{seed}")
     t0 = time.perf_counter()
-    for stage in TRAIN_STAGES:
-        execute_stage(stage, cfg, session)
+    for spec in TRAIN_STAGES:
+        execute_stage(spec, run)
     wall = time.perf_counter() - t0
     metrics = json.loads((VALIDATE.output_dir(layout) / "metrics.json").read_text())
-    params = json.loads((DISTRIBUTED_TRAIN.output_dir(layout) / "params.json").read_text())
-    train_metrics = json.loads((DISTRIBUTED_TRAIN.output_dir(layout) / "metrics.json").read_text())
+    record = json.loads((DISTRIBUTED_TRAIN.output_dir(layout) / "record.json").read_text())
     return {
         "fold": fold,
         "seed": seed,
@@ -90,18 +99,22 @@ def run_one(layout: Layout, cfg, fold: int, seed: int) -> dict:
         "val_mae": metrics.get("val/mae"),
         "naive_conditional_mae": metrics["test/naive_conditional_mae"],
         "naive_cell_mean_mae": metrics["test/naive_cell_mean_mae"],
+        **{f"{b}_mae": metrics.get(f"test/{b}_mae") for b in FITTED},
         "collapse": test_collapse(layout, cfg),
-        "epochs_run": train_metrics.get("epochs_run"),
-        "best_epoch": train_metrics.get("best_epoch"),
-        "stopped_early": train_metrics.get("stopped_early"),
-        "params_model": params.get("model"),
-        "params_train": params.get("train"),
+        "epochs_run": record.get("epochs_run"),
+        "best_epoch": record.get("best_epoch"),
+        "stopped_early": record.get("stopped_early"),
+        "model": cfg.model.preset,
     }
 
 
 def report(rows: list[dict], folds: list[int], seeds: list[int], command: str) -> None:
     by = {(r["fold"], r["seed"]): r for r in rows}
-    head = "fold | " + " | ".join(f"model s{s}" for s in seeds) + " | cond. naive | cell mean"
+    head = (
+        "fold | "
+        + " | ".join(f"model s{s}" for s in seeds)
+        + " | cond. naive | cell mean |    ridge |      gbt"
+    )
     print("\n" + head + "\n" + "-" * len(head))
     naive: dict[int, float] = {}
     for f in folds:
@@ -109,11 +122,13 @@ def report(rows: list[dict], folds: list[int], seeds: list[int], command: str) -
         any_row = next((by[(f, s)] for s in seeds if (f, s) in by), None)
         if any_row:
             naive[f] = any_row["naive_conditional_mae"]
+            fitted = " | ".join(f"{any_row.get(f'{b}_mae') or float('nan'):8.3f}" for b in FITTED)
             tail = (
-                f"{any_row['naive_conditional_mae']:11.3f} | {any_row['naive_cell_mean_mae']:9.3f}"
+                f"{any_row['naive_conditional_mae']:11.3f} | "
+                f"{any_row['naive_cell_mean_mae']:9.3f} | {fitted}"
             )
         else:
-            tail = "          - |         -"
+            tail = "          - |         - |        - |        -"
         print(f"{f:4d} | " + " | ".join(cells) + " | " + tail)
     print()
     for s in seeds:
@@ -123,6 +138,9 @@ def report(rows: list[dict], folds: list[int], seeds: list[int], command: str) -
         m = float(np.mean([r["test_mae"] for r in mine]))
         n = float(np.mean([naive[r["fold"]] for r in mine]))
         c = float(np.mean([r["naive_cell_mean_mae"] for r in mine]))
+        fitted = "  ".join(
+            f"{b} mean {np.mean([r.get(f'{b}_mae') or np.nan for r in mine]):.3f}" for b in FITTED
+        )
         collapsed = [r["fold"] for r in mine if r["collapse"]["collapsed"]]
         spread = ", ".join(
             f"f{r['fold']}: med {r['collapse']['median_ratio']:.2f} "
@@ -133,7 +151,8 @@ def report(rows: list[dict], folds: list[int], seeds: list[int], command: str) -
         print(
             f"seed {s}: folds {[r['fold'] for r in mine]}  model mean {m:.3f}  "
             f"cond. naive mean {n:.3f}"
-            f"  cell mean {c:.3f}  beats naive: {m < n}  collapsed folds: {collapsed or 'none'}"
+            f"  cell mean {c:.3f}  {fitted}  beats naive: {m < n}"
+            f"  collapsed folds: {collapsed or 'none'}"
             f"  -> {verdict}\n   spread ratios: {spread}"
         )
     walls = [r["wall_s"] for r in rows]
@@ -203,15 +222,14 @@ def main(argv: list[str] | None = None) -> int:
                 root = tmp / f"fold{f}"
                 root.mkdir()
                 layouts[f] = Layout.for_root(root)
-                execute_stage(
-                    "stage-data", cfg, PipelineSession(layouts[f], f"fold{f}-data", tracker=None)
-                )
-            row = run_one(layouts[f], cfg, f, s)
+                execute_stage(STAGE_DATA, session(layouts[f], cfg, args.config, f"fold{f}-data"))
+            row = run_one(layouts[f], cfg, args.config, f, s)
             rows.append(row)
             print(
                 f"fold {f} seed {s}: test MAE {row['test_mae']:.3f} "
                 f"(cond. naive {row['naive_conditional_mae']:.3f}, "
-                f"cell mean {row['naive_cell_mean_mae']:.3f}), "
+                f"cell mean {row['naive_cell_mean_mae']:.3f}, ridge {row['ridge_mae']:.3f}, "
+                f"gbt {row['gbt_mae']:.3f}), "
                 f"collapsed {row['collapse']['collapsed']}, "
                 f"epochs {row['epochs_run']} (best {row['best_epoch']}), {row['wall_s']:.0f} s",
                 flush=True,
