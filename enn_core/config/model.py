@@ -57,6 +57,11 @@ class ModelConfig:
     """Training only: probability of zeroing a whole feature's encoding per sample (what an unseen
     category looks like), so the model learns predictions that do not lean on one key."""
 
+    cyclic_embeddings: bool = True
+    """A categorical feature with a cycle (the month) gets an embedding besides its sin/cos;
+    false = sin/cos only, so that a month no training row had lies between its neighbours
+    instead of meeting an embedding no gradient moved."""
+
     ffn_mult: int = 2
     """Hidden width of the per-token MLP as a multiple of d_model."""
 

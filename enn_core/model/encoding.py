@@ -15,6 +15,7 @@ raw periodic value. Encoding lives here so that an exported model takes the same
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,17 @@ class FeatureLayout:
     @property
     def n_features(self) -> int:
         return len(self.names)
+
+
+def without_cyclic_embeddings(layout: FeatureLayout) -> FeatureLayout:
+    """The layout with the categorical features that are also cyclic (a month) encoded by
+    their sin/cos only (`model.cyclic_embeddings: false`)."""
+    keep = [j for j, i in enumerate(layout.categorical) if i not in layout.cyclic]
+    return dataclasses.replace(
+        layout,
+        categorical=tuple(layout.categorical[j] for j in keep),
+        vocab_sizes=tuple(layout.vocab_sizes[j] for j in keep),
+    )
 
 
 def floor_std(std: float, scale: float = 1.0) -> float:

@@ -29,7 +29,12 @@ from torch import nn
 from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError, DataError
 from enn_core.model.custom import build_body, describe_body, model_spec
-from enn_core.model.encoding import FeatureEncoder, floor_std, parse_feature_specs
+from enn_core.model.encoding import (
+    FeatureEncoder,
+    floor_std,
+    parse_feature_specs,
+    without_cyclic_embeddings,
+)
 from enn_core.model.layers import MLP, FP32Head, ResidualBlock, SpatioTemporalBlock, autocast_off
 from enn_core.model_code import BUILTIN, ModelCode
 
@@ -56,9 +61,10 @@ class ENN(nn.Module):
         self.cfg = cfg
         self.label_shape = tuple(int(s) for s in manifest["label_shape"])
         self.feature_names = parse_feature_specs(manifest["feature_specs"]).names
-        self.encoder = FeatureEncoder(
-            parse_feature_specs(manifest["feature_specs"]), cfg.embed_dim, cfg.feature_dropout
-        )
+        layout = parse_feature_specs(manifest["feature_specs"])
+        if not cfg.cyclic_embeddings:
+            layout = without_cyclic_embeddings(layout)
+        self.encoder = FeatureEncoder(layout, cfg.embed_dim, cfg.feature_dropout)
         self.register_buffer("label_mean", torch.as_tensor(label_mean, dtype=torch.float32))
         self.register_buffer("label_std", torch.as_tensor(label_std, dtype=torch.float32))
 

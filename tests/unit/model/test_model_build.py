@@ -160,3 +160,25 @@ def test_feature_dropout_training_only(manifest):
     assert (full[:, 1:13] == 1.0).all() and torch.equal(full, model.encoder(x))
     with pytest.raises(ConfigError, match="feature_dropout"):
         ModelConfig(feature_dropout=1.0)
+
+
+def test_without_cyclic_embeddings_the_month_is_its_sin_and_cos_only(manifest):
+    """model.cyclic_embeddings=false: no embedding for the month (categorical and cyclic), so
+    a month no training row had lies between its neighbours."""
+    cfg = ModelConfig(preset="spatiotemporal", d_model=16, heads=2, embed_dim=4)
+    both = build_model(cfg, manifest).encoder
+    only = build_model(ModelConfig(**{**cfg.__dict__, "cyclic_embeddings": False}), manifest)
+    enc = only.encoder
+    assert both.layout.categorical == (0, 1, 2) and enc.layout.categorical == (1, 2)
+    assert enc.out_dim == both.out_dim - 4 and len(enc.embeddings) == 2
+    x = torch.from_numpy(make_features(3))
+
+    def at(month: float) -> torch.Tensor:
+        rows = x.clone()
+        rows[:, 0] = month
+        return enc(rows)
+
+    may, june, july = at(4.0), at(5.0), at(6.0)
+    torch.testing.assert_close(may[:, :-2], july[:, :-2])  # the month is only its sin/cos
+    assert (june - may).abs().max() < (july - may).abs().max()  # June lies nearer May
+    assert only(x).shape == (3, 5, 4)
