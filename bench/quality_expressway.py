@@ -97,7 +97,7 @@ def run_one(layout: Layout, cfg, config: Path, fold: int, seed: int) -> dict:
         "wall_s": wall,
         "test_mae": metrics["test/mae"],
         "val_mae": metrics.get("val/mae"),
-        "naive_conditional_mae": metrics["test/naive_conditional_mae"],
+        "naive_conditional_mae": metrics.get("test/naive_conditional_mae"),
         "naive_cell_mean_mae": metrics["test/naive_cell_mean_mae"],
         **{f"{b}_mae": metrics.get(f"test/{b}_mae") for b in FITTED},
         "collapse": test_collapse(layout, cfg),
