@@ -2,7 +2,8 @@
 scikit-learn's diabetes set (442 rows, 10 numeric features; shipped inside scikit-learn,
 nothing is downloaded) written as a CSV with a fold column, fixed 5-fold (rows assigned to
 folds by a seeded permutation), through the real stages (stage-data -> prepare-checkpoint ->
-distributed-train -> validate). The fold column splits the rows and is not a model input.
+distributed-train -> validate) with configs/tabular.yaml. The fold column splits the rows and
+is not a model input.
 
 Per fold it reads validate's metrics: the model's test MAE beside RidgeCV on the same encoded
 features (validate's `ridge`), gradient-boosted trees (`gbt`) and the per-cell mean, all on
@@ -34,6 +35,7 @@ from enn_core.paths import Layout  # noqa: E402
 from enn_core.stages import STAGE_DATA  # noqa: E402
 from tasks.runner import execute_stage  # noqa: E402
 
+CONFIG = ROOT / "configs" / "tabular.yaml"  # the preset and its measured train settings
 FOLDS = 5
 FEATURES = ("age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6")
 
@@ -50,7 +52,7 @@ def write_csv(path: Path) -> None:
 def fold_config(csv: Path, fold: int, seed: int, extra: list[str]):
     folds = "[" + ", ".join(f"[f{k}]" for k in range(FOLDS)) + "]"
     return load_config(
-        None,
+        CONFIG,
         [
             "data.source=csv",
             f"data.path={csv}",
@@ -65,7 +67,6 @@ def fold_config(csv: Path, fold: int, seed: int, extra: list[str]):
             "data.fold_key=fold",
             f"data.folds={folds}",
             f"data.test_fold={fold}",
-            "model.preset=tabular",
             f"model.init_seed={seed}",
             f"runtime.seed={seed}",
             "runtime.threads_per_worker=1",

@@ -1,5 +1,5 @@
 """configs/expressway.yaml (issue 4, quality on the real data) loads and declares the month
-folds."""
+folds; configs/tabular.yaml carries the tabular preset's measured settings."""
 
 from __future__ import annotations
 
@@ -56,3 +56,11 @@ def test_expressway_config_path_resolves_to_the_shared_workbook_from_the_project
 def test_expressway_config_test_fold_override_selects_each_fold() -> None:
     for k in range(4):
         assert load_config(CONFIG, [f"data.test_fold={k}"]).data.test_fold == k
+
+
+@pytest.mark.timeout(60)
+def test_tabular_config_carries_the_measured_train_values() -> None:
+    cfg = load_config(ROOT / "configs" / "tabular.yaml")
+    assert cfg.model.preset == "tabular"
+    assert (cfg.train.lr, cfg.train.weight_decay) == (pytest.approx(1e-3), pytest.approx(0.1))
+    assert (cfg.train.epochs, cfg.train.patience) == (80, 20)
