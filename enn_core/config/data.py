@@ -187,6 +187,12 @@ class DataConfig:
     """Index of the fold held out as the validation split; -1 = a seeded val_fraction of the
     non-test rows."""
 
+    val_by_key: bool = False
+    """With data.folds and val_fold -1: the validation rows are whole fold_key values (e.g.
+    months) drawn (seeded) from the training folds, a val_fraction share of them (at least
+    one), instead of a share of the rows; early stopping then measures what the test fold asks
+    of the model, a key value no training row had."""
+
     naive_keys: tuple[str, ...] = ("daytype", "direction")
     """Keys of the conditional naive predictor (mean of the same cell over training rows sharing
     them)."""
@@ -224,6 +230,11 @@ class DataConfig:
             raise ConfigError(
                 f"data.val_fold={self.val_fold} must name a declared fold other than "
                 "data.test_fold, or be -1"
+            )
+        if self.val_by_key and (not self.folds or self.val_fold >= 0):
+            raise ConfigError(
+                "data.val_by_key needs data.folds and data.val_fold -1 (it draws the "
+                "validation key values from the training folds); set them or turn it off"
             )
         if len(self.cyclic_starts) != len(self.cyclic):
             raise ConfigError(

@@ -38,11 +38,26 @@ def fold_codes(cfg: DataConfig, keys: dict[str, np.ndarray], n: int, file: str) 
             f"({sorted(keys)}); fix it"
         )
     test = {value_key(v) for v in cfg.folds[cfg.test_fold]}
-    val = {value_key(v) for v in cfg.folds[cfg.val_fold]} if cfg.val_fold >= 0 else set()
+    val = val_values(cfg)
     vals = np.array([value_key(v) for v in keys[cfg.fold_key]], dtype=object)
     codes[np.isin(vals, list(test))] = TEST
     codes[np.isin(vals, list(val))] = VAL
     return codes
+
+
+def val_values(cfg: DataConfig) -> set[str]:
+    """The fold_key values held out for validation: the val_fold's, or with data.val_by_key a
+    seeded val_fraction share (at least one) of the training folds' values."""
+    if cfg.val_fold >= 0:
+        return {value_key(v) for v in cfg.folds[cfg.val_fold]}
+    if not (cfg.folds and cfg.val_by_key):
+        return set()
+    pool = sorted(
+        {value_key(v) for i, fold in enumerate(cfg.folds) if i != cfg.test_fold for v in fold}
+    )
+    k = min(len(pool) - 1, max(1, int(round(cfg.val_fraction * len(pool)))))
+    rng = np.random.default_rng([cfg.split_seed, 2])
+    return {pool[j] for j in rng.choice(len(pool), k, replace=False)}
 
 
 class _Draw:
@@ -84,7 +99,7 @@ class Splits:
             self.draws.append(
                 _Draw(k_test, n_rows, TEST, np.random.default_rng([cfg.split_seed, 0]))
             )
-        if cfg.val_fold < 0:
+        if cfg.val_fold < 0 and not (cfg.folds and cfg.val_by_key):
             pool = (n_rows if n_pool is None else n_pool) - k_test
             k_val = int(round(cfg.val_fraction * pool))
             self.draws.append(_Draw(k_val, pool, VAL, np.random.default_rng([cfg.split_seed, 1])))
@@ -110,7 +125,8 @@ class Splits:
 
 def streaming(cfg: DataConfig, n_rows: int | None) -> Splits | None:
     """A Splits assigning rows while they are staged, when nothing needs a full pass first."""
-    if n_rows is None or cfg.features_only or (cfg.folds and cfg.val_fold < 0):
+    val_drawn = cfg.folds and cfg.val_fold < 0 and not cfg.val_by_key  # needs the pool size
+    if n_rows is None or cfg.features_only or val_drawn:
         return None
     return Splits(cfg, n_rows)
 

@@ -345,6 +345,8 @@ def _manifest(
             test_fold=data.test_fold,
             val_fold=data.val_fold,
         )
+        if data.val_by_key:
+            split_def["val_by_key"] = True
     else:
         split_def.update(test_fraction=data.test_fraction)
     return {

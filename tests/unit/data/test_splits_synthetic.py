@@ -57,6 +57,26 @@ def test_fold_with_random_validation(tmp_path):
     assert len(s["val"]) == round(0.25 * (ds.n_rows - len(s["test"])))
 
 
+def test_validation_by_key_holds_out_whole_training_months(tmp_path):
+    """data.val_by_key: validation is whole months of the training folds (seeded), so early
+    stopping measures a month no training row had, as the test fold does."""
+    folds = (("01", "02", "03"), ("04", "05", "06"), ("07", "08", "09"), ("10", "11", "12"))
+    fields = {"fold_key": "month", "folds": folds, "test_fold": 0, "val_by_key": True}
+    data = small_config({**fields, "val_fraction": 0.2})
+    ds = StagedDataset(stage_synthetic(tmp_path / "a", data=data))
+    month = ds.row_keys["month"].to_numpy()
+    s = _splits(ds)
+    val, train = set(month[s["val"]]), set(month[s["train"]])
+    assert set(month[s["test"]]) == {"01", "02", "03"}
+    assert len(val) == 2 and not val & train and not val & {"01", "02", "03"}  # 20% of 9
+    assert val | train == {f"{m:02d}" for m in range(4, 13)}
+    assert ds.manifest["split_definition"]["val_by_key"] is True
+    again = StagedDataset(stage_synthetic(tmp_path / "b", data=data))
+    assert set(again.row_keys["month"].to_numpy()[again.split("val")]) == val  # seeded
+    rows = StagedDataset(stage_synthetic(tmp_path / "c", data=small_config(fields)))
+    assert rows.fingerprint != ds.fingerprint
+
+
 def _design(ds: StagedDataset, rows: np.ndarray) -> np.ndarray:
     """One-hot (month) + one-hot (daytype x direction): what a model of the keys can learn."""
     x = np.asarray(ds.features[rows]).astype(int)
@@ -136,3 +156,13 @@ def test_a_fold_column_splits_the_rows_and_is_not_a_model_input(tmp_path):
         label_shape=(1,),
     )
     assert StagedDataset(staged).manifest["feature_names"] == ["region", "x"]
+
+
+def test_validation_by_key_needs_folds_and_no_val_fold():
+    import pytest
+
+    from enn_core.config import DataConfig
+    from enn_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.val_by_key needs data.folds and data.val_fold -1"):
+        DataConfig(val_by_key=True)
