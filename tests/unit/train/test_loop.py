@@ -60,7 +60,10 @@ def test_matches_a_hand_written_loop_with_clipping_and_accumulation(staged, tmp_
     result, rt = run_local(cfg, staged, tmp_path)
     ref = hand_loop(cfg, staged)
     assert result.best_epoch == cfg.train.epochs - 1  # so the restored weights are the last ones
-    torch.testing.assert_close(params(rt.model), ref, rtol=1e-4, atol=1e-5)  # norm in fp64 vs fp32
+    # The hand loop takes each batch whole; accumulation sums micro-batch gradients in another
+    # order, and clipping's norm is fp64 there, fp32 here: after 11k weights and a few dozen
+    # AdamW steps one weight near zero differed by 1.3e-5 on CI (a summation-order effect).
+    torch.testing.assert_close(params(rt.model), ref, rtol=1e-4, atol=5e-5)
     assert result.accumulation == (4 if micro == 2 else 1)
     assert max(result.step_losses) < 10 and result.applied_steps == len(result.step_losses)
 
