@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from enn_core.config import RunConfig
-from enn_core.errors import EnnError
+from enn_core.errors import ConfigError, EnnError
 from enn_core.paths import Layout
+from enn_core.runtime.device import resolve_device
 from enn_core.stages import STAGE_DATA
 
 if TYPE_CHECKING:
@@ -111,14 +112,14 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def resolve_device(requested: str) -> tuple[torch.device, str]:
-    """The device the runtime would use, and a problem when the config asks for a missing one."""
-    has_cuda = torch.cuda.is_available()
-    if requested == "cuda" and not has_cuda:
+def doctor_device(requested: str) -> tuple[torch.device, str]:
+    """The device the runtime would use (runtime.device's one resolver), and a problem instead
+    of its refusal when the config asks for a missing CUDA device: the doctor reports it."""
+    try:
+        device, _ = resolve_device(requested)
+    except ConfigError:
         return torch.device("cpu"), "runtime.device=cuda but torch.cuda.is_available() is False"
-    if requested == "cuda" or (requested == "auto" and has_cuda):
-        return torch.device("cuda", 0), ""
-    return torch.device("cpu"), ""
+    return device, ""
 
 
 @dataclass
@@ -133,7 +134,7 @@ class DoctorContext:
 
     @classmethod
     def create(cls, cfg: RunConfig, layout: Layout, quick: bool) -> DoctorContext:
-        device, problem = resolve_device(cfg.runtime.device)
+        device, problem = doctor_device(cfg.runtime.device)
         return cls(cfg, layout, quick, device, problem)
 
     @property
