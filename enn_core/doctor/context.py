@@ -26,6 +26,7 @@ from enn_core.runtime.device import resolve_device
 from enn_core.stages import STAGE_DATA
 
 if TYPE_CHECKING:
+    from enn_core.data.manifest import StagedManifest
     from enn_core.model.enn import ENN
 
 # Filesystems whose random reads are slow or whose semantics surprise memmaps and renames.
@@ -152,13 +153,13 @@ class DoctorContext:
             shutil.rmtree(d, ignore_errors=True)
         self._tmp.clear()
 
-    def sample(self) -> tuple[dict[str, Any], np.ndarray, Path, str]:
+    def sample(self) -> tuple[StagedManifest, np.ndarray, Path, str]:
         """(manifest, a few feature rows, data dir, 'staged' | 'synthetic (why)'), cached."""
         if "sample" not in self.shared:
             self.shared["sample"] = self._load_sample()
         return self.shared["sample"]
 
-    def _load_sample(self) -> tuple[dict[str, Any], np.ndarray, Path, str]:
+    def _load_sample(self) -> tuple[StagedManifest, np.ndarray, Path, str]:
         from enn_core.data.dataset import StagedDataset
 
         why = "no staged data"
@@ -173,7 +174,7 @@ class DoctorContext:
                 why = f"staged data unusable ({str(e).splitlines()[0][:120]})"
         return (*self._synthetic(), f"synthetic manifest ({why})")
 
-    def _synthetic(self) -> tuple[dict[str, Any], np.ndarray, Path]:
+    def _synthetic(self) -> tuple[StagedManifest, np.ndarray, Path]:
         from enn_core.data.dataset import StagedDataset
         from enn_core.stages.demo import stage_synthetic
 
@@ -192,7 +193,7 @@ class DoctorContext:
             manifest, _, data_dir, _ = self.sample()
             code = ModelCode.of(self.cfg.model, self.layout.root)
             self.shared["model"] = build_model(
-                self.cfg.model, manifest, data_dir=data_dir, code=code
+                self.cfg.model, manifest.model_data(), data_dir=data_dir, code=code
             ).eval()
         return self.shared["model"]
 
