@@ -61,7 +61,7 @@ OVERRIDES = [
 
 
 def hand_written(cfg, ds: StagedDataset, staged: Path) -> None:
-    model = build_model(cfg.model, ds.manifest, data_dir=staged).train()
+    model = build_model(cfg.model, ds.manifest.model_data(), data_dir=staged).train()
     loss_fn = make_loss(cfg.train)
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, foreach=True
@@ -93,7 +93,7 @@ def hand_written(cfg, ds: StagedDataset, staged: Path) -> None:
 
 
 def runtime_loop(cfg, ds: StagedDataset, staged: Path, run_dir: Path) -> None:
-    model = build_model(cfg.model, ds.manifest, data_dir=staged).train()
+    model = build_model(cfg.model, ds.manifest.model_data(), data_dir=staged).train()
     hb = Heartbeat(run_dir, 0).start()
     rt = Runtime(
         env=local_env(),
@@ -121,7 +121,8 @@ def fsdp_rank(rank: int, staged: str, port: int, pairs: int, steps: int) -> None
     models = []
     for timed in (False, True):
         torch.manual_seed(0)
-        model, _ = apply_parallelism(build_model(cfg.model, ds.manifest, data_dir=staged), env)
+        built = build_model(cfg.model, ds.manifest.model_data(), data_dir=staged)
+        model, _ = apply_parallelism(built, env)
         if timed:
             time_fsdp_collectives(model, CommClock())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)

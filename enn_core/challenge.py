@@ -96,7 +96,7 @@ def score_split(folder: str | Path, staged: str | Path, split: str = "val") -> S
     dataset, through its chosen prediction path; SchemaClash when it is another task."""
     model = TableModel.load(folder)
     ds = StagedDataset(staged)
-    data = DataSpec.of(ds.manifest)
+    data = DataSpec.of(ds.manifest.model_data())
     clash = schema_differences(data, model.checkpoint.data)
     if clash:
         raise SchemaClash(f"{Path(folder)} predicts another task: {'; '.join(clash)}")

@@ -32,20 +32,13 @@ from torch import nn
 from enn_core.atomic import atomic_file
 from enn_core.config.loader import build, to_plain
 from enn_core.config.model import ModelConfig
+from enn_core.data.manifest import MODEL_DATA_KEYS
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model.enn import ENN, build_model
 from enn_core.model_code import BUILTIN, ModelCode
 
 FORMAT_VERSION = 1
-DATA_KEYS = (
-    "feature_specs",
-    "label_shape",
-    "label_axes",
-    "label_axis_values",
-    "label_stats",
-    "row_keys",
-    "naive_keys",
-)
+DATA_KEYS = MODEL_DATA_KEYS  # the staged manifest's part a model is rebuilt from
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.")
 
 

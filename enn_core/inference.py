@@ -171,6 +171,19 @@ def write_calibration(directory: Path, cal: Calibration, extra: Mapping[str, obj
     )
 
 
+def read_calibration_meta(directory: str | Path) -> dict[str, Any]:
+    """calibration.json of a collapse-check output as read from the file (candidate not yet
+    checked: `load_calibration` checks it and loads the affine arrays)."""
+    path = Path(directory) / CALIBRATION_FILE
+    if not path.is_file():
+        raise StaleOutputError(f"{path} not found; run collapse-check first")
+    try:
+        meta: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise StaleOutputError(f"{path}: not valid JSON ({e}); re-run collapse-check") from e
+    return meta
+
+
 def load_calibration(directory: str | Path) -> tuple[Calibration, dict[str, Any]]:
     """(Calibration, calibration.json) of a collapse-check output; refuses a failed check."""
     d = Path(directory)
@@ -180,12 +193,7 @@ def load_calibration(directory: str | Path) -> tuple[Calibration, dict[str, Any]
             f"{d / 'report.json'}); fix or retrain the model and re-run collapse-check"
         )
     path = d / CALIBRATION_FILE
-    if not path.is_file():
-        raise StaleOutputError(f"{path} not found; run collapse-check first")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise StaleOutputError(f"{path}: not valid JSON ({e}); re-run collapse-check") from e
+    meta = read_calibration_meta(d)
     if meta.get("candidate") not in CANDIDATES:
         raise StaleOutputError(
             f"{path}: candidate {meta.get('candidate')!r} is not one of {CANDIDATES}; "
@@ -222,6 +230,7 @@ __all__ = [
     "load_calibration",
     "load_trained",
     "predict_rows",
+    "read_calibration_meta",
     "resolve_device",
     "sha256_file",
     "write_calibration",

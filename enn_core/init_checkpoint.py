@@ -15,7 +15,6 @@ data fingerprint, meta) and whether it was trained on the same data.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,33 +35,21 @@ from enn_core.checkpoint import (
 )
 from enn_core.config import RunConfig
 from enn_core.data.hashing import sha256_file
-from enn_core.data.manifest import FORMAT_VERSION as DATA_FORMAT_VERSION
+from enn_core.data.manifest import MANIFEST, StagedManifest
+from enn_core.data.manifest import read_manifest as read_staged_manifest
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model import ModelCode, build_model
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
 from enn_core.summaries import InitSummary, Scalar
 
-MANIFEST_VERSION = DATA_FORMAT_VERSION  # the staged manifest format this code reads
 
-
-def read_manifest(staged: Path) -> dict[str, Any]:
+def read_manifest(staged: Path) -> StagedManifest:
     """The staged manifest, checked for presence and format version."""
-    path = staged / "manifest.json"
+    path = staged / MANIFEST
     if not path.is_file():
         raise StaleOutputError(f"{path}: no staged manifest; run stage-data first")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise StaleOutputError(
-            f"{path}: manifest is not valid JSON ({e}); re-run stage-data"
-        ) from e
-    if manifest.get("format_version") != MANIFEST_VERSION:
-        raise StaleOutputError(
-            f"{path}: manifest format_version={manifest.get('format_version')} but this code "
-            f"reads {MANIFEST_VERSION}; re-run stage-data"
-        )
-    return manifest
+    return read_staged_manifest(staged)
 
 
 FRESH_START = "start fresh (checkpoint.init_from: '')"
@@ -123,7 +110,7 @@ def _scalars(meta: Mapping[str, Any]) -> dict[str, Scalar]:
 
 def warm_start(
     cfg: RunConfig,
-    manifest: Mapping[str, Any],
+    manifest: StagedManifest,
     source: str,
     layout: Layout,
     model: torch.nn.Module,
@@ -140,7 +127,7 @@ def warm_start(
         ckpt = read_checkpoint(path)
     except StaleOutputError as e:
         raise ConfigError(f"checkpoint.init_from={source}: {e}") from e
-    ours_data = data_spec(manifest)
+    ours_data = data_spec(manifest.model_data())
     _refuse_mismatch(
         source,
         model_config_differences(ckpt.model_config, plain(cfg.model)),
@@ -153,7 +140,7 @@ def warm_start(
         )
     model.load_state_dict(ckpt.state_dict, strict=True)
     theirs_fp = ckpt.data_fingerprint
-    ours_fp = str(manifest.get("content_hash") or "")
+    ours_fp = manifest.content_hash
     registry = path.parent / "SOURCE"  # written by the task layer's registry download
     return {
         "init_from": source,
@@ -175,7 +162,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
     """
     manifest = read_manifest(staged)
     code = ModelCode.of(cfg.model, ctx.layout.root)
-    model = build_model(cfg.model, manifest, data_dir=staged, code=code)
+    model = build_model(cfg.model, manifest.model_data(), data_dir=staged, code=code)
     source = cfg.checkpoint.init_from
     warm = warm_start(cfg, manifest, source, ctx.layout, model) if source else None
     meta = {
@@ -186,7 +173,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
     }
     described = model.describe()
     with atomic_dir(ctx.output()) as tmp:
-        save_consolidated(tmp / "init.pt", model, cfg.model, manifest, meta)
+        save_consolidated(tmp / "init.pt", model, cfg.model, manifest.model_data(), meta)
         summary = InitSummary(
             output=str(ctx.output()),
             path=str(ctx.output() / "init.pt"),
@@ -194,7 +181,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
             init_seed=cfg.model.init_seed,
             init_from=source or "fresh",
             warm_start=warm,
-            data_fingerprint=str(manifest.get("content_hash") or ""),
+            data_fingerprint=manifest.content_hash,
             parameters=int(described["parameters"]),
         )
         record = {

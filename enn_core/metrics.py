@@ -120,7 +120,7 @@ def naive_predictions(ds: StagedDataset, rows: np.ndarray) -> dict[str, np.ndarr
     train = np.asarray(ds.split("train"))
     y_train = np.asarray(ds.targets[train])
     out: dict[str, np.ndarray] = {}
-    names = list(ds.manifest.get("naive_keys") or [])
+    names = list(ds.manifest.naive_keys)
     if names:
         keys = ds.row_keys
         out["naive_conditional"] = conditional_naive_predict(

@@ -45,8 +45,8 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
     model.to(device)
     ctx.events.param("validate.device", f"{device} ({reason})")
     manifest = ds.manifest
-    axes = manifest.get("label_axes") or []
-    axis_values = manifest.get("label_axis_values") or {}
+    axes = list(manifest.label_axes)
+    axis_values = dict(manifest.label_axis_values)
     metrics: dict[str, float] = {}
     breakdown: dict[str, object] = {"label_axes": axes}
     per_split: dict[str, dict[str, AxisBreakdown]] = {}

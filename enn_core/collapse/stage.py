@@ -113,8 +113,8 @@ def check_rows(
         target=np.asarray(ds.targets[val]),
         naive=naive_predictions(ds, val),
         label_std=label_std(ds),
-        axes=tuple(manifest.get("label_axes") or ()),
-        axis_values=manifest.get("label_axis_values") or {},
+        axes=manifest.label_axes,
+        axis_values=manifest.label_axis_values,
     )
     return ds, model, ckpt, rows
 

@@ -29,7 +29,8 @@ class TrackingConfig:
     `enn-speeds` for data.path speeds.csv); set it to keep one name across renamed files."""
 
     log_system_metrics: bool = False
-    """MLflow system metrics (CPU, memory) during training."""
+    """MLflow system metrics (CPU, memory) during training: sampled every 10 s onto the
+    pipeline's parent run (`system/...`) while the flow runs."""
 
     def __post_init__(self) -> None:
         if not self.experiment.strip():

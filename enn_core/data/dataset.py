@@ -3,7 +3,7 @@
     ds = StagedDataset(ctx.input(STAGE_DATA))    # in a stage reading the staged data
     x, y = ds.features, ds.labels           # np.memmap, mode "r"
     train = ds.split("train")               # int64 row indices
-    ds.manifest["feature_specs"], ds.fingerprint
+    ds.manifest.feature_specs, ds.fingerprint   # manifest: a StagedManifest record
 
 The manifest is checked on open (format version, file shapes, dtypes, split sizes); any
 mismatch raises StaleOutputError saying to re-run stage-data.
@@ -11,6 +11,7 @@ mismatch raises StaleOutputError saying to re-run stage-data.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, NoReturn
@@ -19,46 +20,51 @@ import numpy as np
 import pandas as pd
 
 from enn_core.data import hashing
-from enn_core.data.manifest import content_hash, file_hash, read_manifest
+from enn_core.data.manifest import (
+    ArrayEntry,
+    FileEntry,
+    StagedManifest,
+    content_hash,
+    read_manifest,
+)
 from enn_core.errors import DataError, StaleOutputError
 
 
 class StagedDataset:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.manifest: dict[str, Any] = read_manifest(self.path)
+        self.manifest: StagedManifest = read_manifest(self.path)
         m = self.manifest
-        self.features = self._open(m["features"])
-        self.labels = self._open(m["labels"]) if m.get("labels") else None
-        if self.features.shape[0] != m["n_rows"]:
-            self._stale(f"features have {self.features.shape[0]} rows, manifest says {m['n_rows']}")
+        self.features = self._open(m.features)
+        self.labels = self._open(m.labels) if m.labels else None
+        if self.features.shape[0] != m.n_rows:
+            self._stale(f"features have {self.features.shape[0]} rows, manifest says {m.n_rows}")
         self._splits: dict[str, np.ndarray] = {}
-        for name, size in m["splits"].items():
-            arr = self._open({"file": f"splits/{name}.npy", "dtype": "int64", "shape": [size]})
-            self._splits[name] = arr
+        for name, size in m.splits.items():
+            self._splits[name] = self._open(ArrayEntry(f"splits/{name}.npy", "int64", (size,)))
 
     def _stale(self, what: str) -> NoReturn:
         raise StaleOutputError(f"{self.path}: {what}; re-run stage-data")
 
-    def _open(self, spec: dict[str, Any]) -> np.ndarray:
-        p = self.path / spec["file"]
+    def _open(self, spec: ArrayEntry) -> np.ndarray:
+        p = self.path / spec.file
         if not p.exists():
-            self._stale(f"{spec['file']} is missing")
+            self._stale(f"{spec.file} is missing")
         try:
             arr = np.load(p, mmap_mode="r", allow_pickle=False)
         except ValueError as e:
-            self._stale(f"{spec['file']} is unreadable ({e})")
-        if list(arr.shape) != list(spec["shape"]) or str(arr.dtype) != spec["dtype"]:
+            self._stale(f"{spec.file} is unreadable ({e})")
+        if tuple(arr.shape) != spec.shape or str(arr.dtype) != spec.dtype:
             self._stale(
-                f"{spec['file']} is {arr.dtype}{list(arr.shape)} "
-                f"but the manifest says {spec['dtype']}{list(spec['shape'])}"
+                f"{spec.file} is {arr.dtype}{list(arr.shape)} "
+                f"but the manifest says {spec.dtype}{list(spec.shape)}"
             )
         return arr
 
     @property
     def fingerprint(self) -> str:
         """The content hash of features, labels and splits (changes when the data does)."""
-        return self.manifest["content_hash"]
+        return self.manifest.content_hash
 
     @property
     def targets(self) -> np.ndarray:
@@ -72,16 +78,15 @@ class StagedDataset:
 
     @property
     def n_rows(self) -> int:
-        return int(self.manifest["n_rows"])
+        return self.manifest.n_rows
 
     @property
-    def feature_specs(self) -> list[dict[str, Any]]:
-        return self.manifest["feature_specs"]
+    def feature_specs(self) -> tuple[Mapping[str, Any], ...]:
+        return self.manifest.feature_specs
 
     @property
     def label_shape(self) -> tuple[int, ...] | None:
-        shape = self.manifest.get("label_shape")
-        return tuple(shape) if shape is not None else None
+        return self.manifest.label_shape
 
     @property
     def split_names(self) -> list[str]:
@@ -108,13 +113,13 @@ class StagedDataset:
         Each file is re-hashed with the algorithm its manifest entry names (hashing.hasher_for).
         """
         files = {}
-        for name, spec in self.manifest["files"].items():
+        for name, spec in self.manifest.files.items():
             arr = np.load(self.path / name, mmap_mode="r")
             try:
-                make, spell = hashing.hasher_for(file_hash(spec))
+                make, spell = hashing.hasher_for(spec.hash)
             except ValueError as e:
                 self._stale(f"{name}: {e}")
-            files[name] = {**spec, "hash": spell(_data_hash(arr, make()))}
+            files[name] = FileEntry(spec.dtype, spec.shape, spell(_data_hash(arr, make())))
         if content_hash(files) != self.fingerprint:
             self._stale("staged files do not match their content hash")
 

@@ -30,9 +30,13 @@ from enn_core.config import DataConfig, RunConfig, SyntheticConfig
 from enn_core.data import hashing, splits
 from enn_core.data.encode import Encoder
 from enn_core.data.manifest import (
-    FORMAT_POLICY,
-    FORMAT_VERSION,
     MANIFEST,
+    ArrayEntry,
+    FileEntry,
+    LabelInfo,
+    LabelStats,
+    SourceRecord,
+    StagedManifest,
     content_hash,
     read_manifest,
 )
@@ -152,8 +156,14 @@ def stage(
         raise _output_error(e, target) from e
     finally:
         source.close()
-    manifest_summary = {k: manifest[k] for k in ("n_rows", "splits", "content_hash", "mode")}
-    out = {"path": str(target), **manifest_summary, "seconds": round(time.perf_counter() - t0, 3)}
+    out = {
+        "path": str(target),
+        "n_rows": manifest.n_rows,
+        "splits": dict(manifest.splits),
+        "content_hash": manifest.content_hash,
+        "mode": manifest.mode,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
     if ctx is not None:
         ctx.events.event("staged", **out)
     return out
@@ -186,11 +196,11 @@ def _write(
     data: DataConfig,
     source: Source,
     tmp: Path,
-    training: dict[str, Any] | None,
+    training: StagedManifest | None,
     ctx: StageContext | None,
-) -> dict[str, Any]:
+) -> StagedManifest:
     info = source.info
-    frozen = training["feature_specs"] if training else None
+    frozen = [dict(s) for s in training.feature_specs] if training else None
     enc = Encoder(info.feature_names, data, frozen)
     file = str(info.path or "synthetic")
     writer = ChunkWriter(tmp, data, info, enc, file, ctx)
@@ -228,14 +238,14 @@ def _write(
             mean=float(fx.mean[k]), std=1.0 if constant else float(std[k]), constant=constant
         )
     files = {
-        **writer.files(),
+        **{n: FileEntry.from_json(f) for n, f in writer.files().items()},
         **{
-            n: {"dtype": "int64", "shape": [sizes[n.split("/")[1][:-4]]], "hash": h}
+            n: FileEntry("int64", (sizes[n.split("/")[1][:-4]],), h)
             for n, h in split_hashes.items()
         },
     }
     manifest = _manifest(data, info, writer, specs, sizes, files, fy, training)
-    write_json(tmp / MANIFEST, manifest)
+    write_json(tmp / MANIFEST, manifest.to_json())
     return manifest
 
 
@@ -301,16 +311,14 @@ def _manifest(
     writer: ChunkWriter,
     specs: list[dict[str, Any]],
     sizes: dict[str, int],
-    files: dict[str, dict[str, Any]],
+    files: dict[str, FileEntry],
     fy: splits.Moments | None,
-    training: dict[str, Any] | None,
-) -> dict[str, Any]:
+    training: StagedManifest | None,
+) -> StagedManifest:
     labelled = writer.has_labels
+    label: LabelInfo | None
     if training:
-        label_meta = {
-            k: training.get(k)
-            for k in ("label_shape", "label_axes", "label_axis_values", "label_stats")
-        }
+        label = training.label
     else:  # training data: labels were staged, and their statistics gathered (fy)
         shape = list(cast(tuple[int, ...], info.label_shape))
         fy = cast(splits.Moments, fy)
@@ -319,16 +327,8 @@ def _manifest(
             a: [str(i) for i in range(n)] for a, n in zip(axes, shape, strict=True)
         }
         values = dict(zip(axes, values.values(), strict=True))
-        label_meta = {
-            "label_shape": shape,
-            "label_axes": axes,
-            "label_axis_values": values,
-            "label_stats": {
-                "mean": float(fy.mean[0]),
-                "std": float(fy.std()[0]),
-                "cell_mean_file": None,
-            },
-        }
+        stats = LabelStats(mean=float(fy.mean[0]), std=float(fy.std()[0]))
+        label = LabelInfo(tuple(shape), tuple(axes), values, stats)
     if info.inputs:
         src_hash, hash_of = writer.source_hash, "file bytes"
     elif info.path is not None:  # arrays: each array's data hash, hashed while staged
@@ -349,39 +349,36 @@ def _manifest(
             split_def["val_by_key"] = True
     else:
         split_def.update(test_fraction=data.test_fraction)
-    return {
-        "format_version": FORMAT_VERSION,
-        "format_policy": FORMAT_POLICY,
-        "mode": "training" if labelled else "features_only",
-        "n_rows": writer.rows,
-        "features": {
-            "file": "features.npy",
-            **{k: files["features.npy"][k] for k in ("dtype", "shape")},
-        },
-        "labels": {"file": "labels.npy", **{k: files["labels.npy"][k] for k in ("dtype", "shape")}}
-        if labelled
-        else None,
-        "dtype_reason": writer.dtype_reason,
-        "feature_names": [s["name"] for s in specs],
-        "feature_specs": specs,
-        **label_meta,
-        "row_keys": info.row_keys,
-        "naive_keys": naive_keys(data, info),
-        "splits": sizes,
-        "split_definition": split_def,
-        "dropped_rows": writer.dropped,
-        "source": {
-            "kind": info.kind,
-            "path": str(info.path) if info.path else None,
-            "hash": src_hash,
-            "hash_of": hash_of,
-            "config": _plain(data.synthetic) if info.kind == "synthetic" else None,
-        },
-        "training_manifest": str(data.training_manifest) if training else None,
-        "training_content_hash": training["content_hash"] if training else None,
-        "files": files,
-        "content_hash": content_hash(files),
-    }
+    return StagedManifest(
+        mode="training" if labelled else "features_only",
+        n_rows=writer.rows,
+        features=_array("features.npy", files),
+        labels=_array("labels.npy", files) if labelled else None,
+        dtype_reason=writer.dtype_reason,
+        feature_names=tuple(s["name"] for s in specs),
+        feature_specs=tuple(specs),
+        label=label,
+        row_keys=tuple(info.row_keys),
+        naive_keys=tuple(naive_keys(data, info)),
+        splits=sizes,
+        split_definition=split_def,
+        dropped_rows=writer.dropped,
+        source=SourceRecord(
+            kind=info.kind,
+            path=str(info.path) if info.path else None,
+            hash=src_hash,
+            hash_of=hash_of,
+            config=_plain(data.synthetic) if info.kind == "synthetic" else None,
+        ),
+        training_manifest=str(data.training_manifest) if training else None,
+        training_content_hash=training.content_hash if training else None,
+        files=files,
+        content_hash=content_hash(files),
+    )
+
+
+def _array(name: str, files: dict[str, FileEntry]) -> ArrayEntry:
+    return ArrayEntry(name, files[name].dtype, files[name].shape)
 
 
 def _plain(obj: SyntheticConfig) -> dict[str, Any]:

@@ -169,6 +169,6 @@ def _staged_fingerprint(ctx: DoctorContext) -> str:
     from enn_core.data.manifest import read_manifest
 
     try:
-        return str(read_manifest(ctx.staged_dir).get("content_hash") or "")
+        return read_manifest(ctx.staged_dir).content_hash
     except EnnError:
         return ""

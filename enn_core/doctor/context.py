@@ -20,11 +20,13 @@ import numpy as np
 import torch
 
 from enn_core.config import RunConfig
-from enn_core.errors import EnnError
+from enn_core.errors import ConfigError, EnnError
 from enn_core.paths import Layout
+from enn_core.runtime.device import resolve_device
 from enn_core.stages import STAGE_DATA
 
 if TYPE_CHECKING:
+    from enn_core.data.manifest import StagedManifest
     from enn_core.model.enn import ENN
 
 # Filesystems whose random reads are slow or whose semantics surprise memmaps and renames.
@@ -111,14 +113,14 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def resolve_device(requested: str) -> tuple[torch.device, str]:
-    """The device the runtime would use, and a problem when the config asks for a missing one."""
-    has_cuda = torch.cuda.is_available()
-    if requested == "cuda" and not has_cuda:
+def doctor_device(requested: str) -> tuple[torch.device, str]:
+    """The device the runtime would use (runtime.device's one resolver), and a problem instead
+    of its refusal when the config asks for a missing CUDA device: the doctor reports it."""
+    try:
+        device, _ = resolve_device(requested)
+    except ConfigError:
         return torch.device("cpu"), "runtime.device=cuda but torch.cuda.is_available() is False"
-    if requested == "cuda" or (requested == "auto" and has_cuda):
-        return torch.device("cuda", 0), ""
-    return torch.device("cpu"), ""
+    return device, ""
 
 
 @dataclass
@@ -133,7 +135,7 @@ class DoctorContext:
 
     @classmethod
     def create(cls, cfg: RunConfig, layout: Layout, quick: bool) -> DoctorContext:
-        device, problem = resolve_device(cfg.runtime.device)
+        device, problem = doctor_device(cfg.runtime.device)
         return cls(cfg, layout, quick, device, problem)
 
     @property
@@ -151,13 +153,13 @@ class DoctorContext:
             shutil.rmtree(d, ignore_errors=True)
         self._tmp.clear()
 
-    def sample(self) -> tuple[dict[str, Any], np.ndarray, Path, str]:
+    def sample(self) -> tuple[StagedManifest, np.ndarray, Path, str]:
         """(manifest, a few feature rows, data dir, 'staged' | 'synthetic (why)'), cached."""
         if "sample" not in self.shared:
             self.shared["sample"] = self._load_sample()
         return self.shared["sample"]
 
-    def _load_sample(self) -> tuple[dict[str, Any], np.ndarray, Path, str]:
+    def _load_sample(self) -> tuple[StagedManifest, np.ndarray, Path, str]:
         from enn_core.data.dataset import StagedDataset
 
         why = "no staged data"
@@ -172,7 +174,7 @@ class DoctorContext:
                 why = f"staged data unusable ({str(e).splitlines()[0][:120]})"
         return (*self._synthetic(), f"synthetic manifest ({why})")
 
-    def _synthetic(self) -> tuple[dict[str, Any], np.ndarray, Path]:
+    def _synthetic(self) -> tuple[StagedManifest, np.ndarray, Path]:
         from enn_core.data.dataset import StagedDataset
         from enn_core.stages.demo import stage_synthetic
 
@@ -191,7 +193,7 @@ class DoctorContext:
             manifest, _, data_dir, _ = self.sample()
             code = ModelCode.of(self.cfg.model, self.layout.root)
             self.shared["model"] = build_model(
-                self.cfg.model, manifest, data_dir=data_dir, code=code
+                self.cfg.model, manifest.model_data(), data_dir=data_dir, code=code
             ).eval()
         return self.shared["model"]
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
 
+from enn_core.data.manifest import FORMAT_VERSION
 from enn_core.doctor.context import DoctorContext, Mount, free_bytes, gib, mount_of
 from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError
@@ -107,19 +108,15 @@ def staged(ctx: DoctorContext, rec: Recorder) -> StagedDataset | None:
             rec.add("manifest", "fail", str(e), "re-run `enn stage-data`", t())
             return None
     m = ds.manifest
-    labels = (
-        f", labels {m['labels']['dtype']}{m['labels']['shape']}"
-        if m.get("labels")
-        else ", features only"
-    )
+    labels = f", labels {m.labels.dtype}{list(m.labels.shape)}" if m.labels else ", features only"
     rec.add(
         "manifest",
         "ok",
-        f"format v{m['format_version']}, {ds.n_rows} rows, features "
-        f"{m['features']['dtype']}{m['features']['shape']}{labels}, splits {m['splits']}",
+        f"format v{FORMAT_VERSION}, {ds.n_rows} rows, features "
+        f"{m.features.dtype}{list(m.features.shape)}{labels}, splits {dict(m.splits)}",
         seconds=t(),
         n_rows=ds.n_rows,
-        splits=m["splits"],
+        splits=dict(m.splits),
         content_hash=ds.fingerprint,
     )
     return ds
@@ -162,7 +159,7 @@ def content_hash(ctx: DoctorContext, rec: Recorder, ds: StagedDataset) -> None:
     rec.add(
         "content hash",
         "ok",
-        f"{len(ds.manifest['files'])} files ({gib(size)}) match content_hash "
+        f"{len(ds.manifest.files)} files ({gib(size)}) match content_hash "
         f"{ds.fingerprint[:12]} (re-hashed at {rate:.0f} MiB/s)",
         seconds=secs,
     )
@@ -206,7 +203,7 @@ def nonfinite(rec: Recorder, ds: StagedDataset) -> None:
 
 def memmaps(rec: Recorder, ds: StagedDataset) -> None:
     """Every array opens as a read-only memmap; read the first rows of each and time it."""
-    names = sorted(ds.manifest.get("files", {})) or ["features.npy"]
+    names = sorted(ds.manifest.files) or ["features.npy"]
     read = 0
     with rec.timer() as t:
         try:

@@ -32,7 +32,7 @@ def run(ctx: DoctorContext) -> list[Check]:
             from enn_core.inference import PredictionPath
 
             manifest, rows, _, source = ctx.sample()
-            label_std = float((manifest.get("label_stats") or {}).get("std") or 1.0)
+            label_std = float(manifest.label_stats.std or 1.0)
             path = PredictionPath(model.cpu().eval())
             export_parity(rec, path, rows, label_std, ctx.cfg.export.parity_rel_tol, source)
     onnx_deps(rec, ctx)

@@ -41,12 +41,12 @@ def run(ctx: DoctorContext) -> list[Check]:
         "build",
         "ok",
         f"{ctx.cfg.model.preset}: {n_params:,} parameters for features "
-        f"{len(manifest['feature_specs'])} -> labels {list(manifest['label_shape'])} ({source})",
+        f"{len(manifest.feature_specs)} -> labels {list(manifest.label_shape or ())} ({source})",
         seconds=secs,
         parameters=n_params,
         source=source,
     )
-    forward(ctx, rec, model, rows, list(manifest["label_shape"]), source)
+    forward(ctx, rec, model, rows, list(manifest.label_shape or ()), source)
     return rec.checks
 
 

@@ -104,9 +104,7 @@ def training_spread(
         )
     idx = np.sort(np.asarray(ds.split(split)))
     spread = target_spread(ds.labels[idx])
-    return spread, float(
-        (ds.manifest.get("label_stats") or {}).get("std") or float(np.mean(spread))
-    )
+    return spread, float(ds.manifest.label_stats.std or float(np.mean(spread)))
 
 
 def check_predictions(

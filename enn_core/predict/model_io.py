@@ -24,6 +24,7 @@ from enn_core.inference import (
     MODEL_KEY,
     PredictionPath,
     load_calibration,
+    read_calibration_meta,
     sha256_file,
 )
 from enn_core.model.enn import ENN
@@ -103,10 +104,7 @@ def choose_calibration(
         return CalibrationChoice(
             False, "raw", f"no {cal_file} (collapse-check has not run for this model)"
         )
-    try:
-        cal = json.loads(cal_file.read_text())
-    except json.JSONDecodeError as e:
-        raise StaleOutputError(f"{cal_file}: not valid JSON ({e}); re-run collapse-check") from e
+    cal = read_calibration_meta(collapse_dir)
     named = cal.get(MODEL_KEY)
     if named != model_sha:
         why = (

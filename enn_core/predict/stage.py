@@ -108,7 +108,9 @@ def run(
     model_path = model_io.resolve_model_path(p.model, model, root)
     code = ModelCode.of(cfg.model, root)
     net, ckpt = load_model(model_path, code)
-    schema.check_schema(ds.manifest, ds.features, ckpt.data.as_dict(), where=str(data_dir))
+    schema.check_schema(
+        ds.manifest.model_data(), ds.features, ckpt.data.as_dict(), where=str(data_dir)
+    )
     index, selection = select_rows(ds, p.split, features_only)
     n_rows = ds.features.shape[0] if index is None else len(index)
     if n_rows == 0:
@@ -148,7 +150,7 @@ def run(
             world_size=world,
             parts_dir=str(store.root),
             plan=plan,
-            features_path=str(Path(data_dir) / ds.manifest["features"]["file"]),
+            features_path=str(Path(data_dir) / ds.manifest.features.file),
             index_path=str(index_path) if index_path else None,
             batch_size=p.batch_size,
             loader=functools.partial(
@@ -241,7 +243,7 @@ def _write_outputs(
     axis_values = dict(data.label_axis_values)
     rows = np.arange(ds.features.shape[0], dtype=np.int64) if index is None else index
     keys = _row_keys(data_dir, ds, rows)
-    source = dict(ds.manifest.get("source") or {})
+    source = ds.manifest.source
     files: dict[str, str] = {}
     with atomic_dir(ctx.output()) as tmp:
         preds = assemble(store, tmp / "predictions.npy")
@@ -255,8 +257,8 @@ def _write_outputs(
         )
         files["predictions.parquet"] = sha256_file(tmp / "predictions.parquet")
         workbook = None
-        if source.get("kind") == "workbook" and cfg.predict.xlsx and keys is not None:
-            src = ctx.layout.resolve(source["path"])
+        if source.kind == "workbook" and source.path and cfg.predict.xlsx and keys is not None:
+            src = ctx.layout.resolve(source.path)
             workbook = outputs.write_workbook(
                 tmp / "predictions.xlsx", src, cfg.data.workbook, preds, keys, axis_values, axes
             )

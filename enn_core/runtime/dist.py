@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from enn_core.errors import ConfigError
+from enn_core.runtime.device import resolve_device
 from enn_core.runtime.stores import tcp_store
 
 if TYPE_CHECKING:
@@ -120,11 +121,12 @@ def set_deterministic(on: bool, *, compile: bool = False) -> None:
         torch._C._set_deterministic_algorithms(on)
 
 
-def resolve_device(requested: str, local_rank: int) -> torch.device:
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+def worker_device(requested: str, local_rank: int) -> torch.device:
+    """This worker's device (runtime.device's one resolver), made current when it is CUDA."""
+    dev, _ = resolve_device(requested, local_rank)
+    if dev.type == "cuda":
         torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    return dev
 
 
 def _store(rank: int, restart: int) -> dist.Store:
@@ -167,7 +169,7 @@ def bootstrap(
     set_threads(threads)
     seed_everything(seed, rank)
     set_deterministic(deterministic, compile=compile)
-    dev = resolve_device(device, local_rank)
+    dev = worker_device(device, local_rank)
     # CPU collectives (metrics, agreement flags) always have gloo; NCCL carries CUDA tensors.
     backend = "cuda:nccl,cpu:gloo" if dev.type == "cuda" else "gloo"
     dist.init_process_group(
@@ -223,7 +225,7 @@ def mesh_layout(world: int, hsdp_replicas: int) -> tuple[tuple[int, ...], tuple[
 def local_env(device: str = "cpu") -> DistEnv:
     """World size 1 in the calling process, no process group (tests, benchmarks): every
     agreement helper is then the identity, as it is for a 1-worker job."""
-    dev = resolve_device(device, 0)
+    dev = worker_device(device, 0)
     return DistEnv(
         rank=0, world_size=1, local_rank=0, device=dev, backend="none", restart=0, mesh=None
     )

@@ -197,7 +197,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         summary = {**_summary(result, env, choices), **rank_summary(result, env)}
         summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
         if env.is_main:
-            write_outputs(job, state, loss, data.manifest, result, summary)
+            write_outputs(job, state, loss, data.manifest.model_data(), result, summary)
         if ckpt is not None:
             ckpt.complete()
     finally:
@@ -350,7 +350,7 @@ def write_outputs(
     job: WorkerJob,
     state: dict,
     loss: torch.nn.Module,
-    manifest: dict,
+    manifest: dict[str, Any],
     result: TrainResult,
     summary: dict,
 ) -> None:

@@ -12,13 +12,13 @@ Registering, the champion rule and the pyfunc flavor: registry.py and pyfunc.py.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
 
 from enn_core.atomic import atomic_dir
 from enn_core.config import RunConfig
+from enn_core.data.manifest import read_manifest
 from enn_core.errors import ConfigError
 
 CHAMPION_REF = "champion"  # --model / checkpoint.init_from shorthand for this task's champion
@@ -33,8 +33,8 @@ def model_name(cfg: RunConfig, root: Path) -> str:
         manifest = Path(data.training_manifest)
         manifest = manifest if manifest.is_absolute() else root / manifest
         if manifest.is_file():
-            source = json.loads(manifest.read_text()).get("source") or {}
-            return cfg.tracking.model_name(str(source.get("kind", "")), source.get("path"))
+            source = read_manifest(manifest.parent).source
+            return cfg.tracking.model_name(source.kind, source.path)
     return cfg.tracking.model_name(data.source, data.path)
 
 

@@ -99,7 +99,7 @@ def prediction_plots(layout: Layout, out_dir: Path, n_groups: int = 3) -> list[P
         picks = np.linspace(0, len(pred) - 1, num=min(n_groups, len(pred))).astype(int)
         fig, axes = plt.subplots(len(picks), 2, figsize=(8, 2.6 * len(picks)), squeeze=False)
         lo, hi = float(np.min(target[picks])), float(np.max(target[picks]))
-        axes_names = ds.manifest.get("label_axes") or ["axis 0", "axis 1"]
+        axes_names = list(ds.manifest.label_axes) or ["axis 0", "axis 1"]
         for r, i in enumerate(picks):
             for c, (name, grid) in enumerate((("actual", target[i]), ("predicted", pred[i]))):
                 im = axes[r][c].imshow(grid, aspect="auto", vmin=lo, vmax=hi, cmap="viridis")

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from enn_core.challenge import SchemaClash, Score, schema, score_split
 from enn_core.checkpoint import DataSpec
+from enn_core.collapse.report import read_report
 from enn_core.data.dataset import StagedDataset
+from enn_core.data.manifest import read_manifest
 from enn_core.metric_names import PROMOTION_BASELINE, PROMOTION_METRIC
 from enn_core.paths import Layout
 from enn_core.serving import TableModel
@@ -136,8 +138,8 @@ def register(
     missing = [str(p) for p in needed if not p.is_file()]
     if missing:
         return Registration(name, False, f"{missing[0]} is missing; run the training flow")
-    report = _json(COLLAPSE_CHECK.output_dir(layout) / "report.json")
-    chosen = report.get("chosen_metrics") or {}
+    report = read_report(COLLAPSE_CHECK.output_dir(layout))
+    chosen = (report.chosen_metrics if report else None) or {}
     naive = chosen.get(PROMOTION_BASELINE)
     staged = STAGE_DATA.output_dir(layout)
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,7 +165,7 @@ def register(
         **_identity(layout, ours),
         "enn.val_mae": f"{own.mae:.6g}",
         "enn.val_rows": str(own.rows),
-        "enn.candidate": str(report.get("chosen", "")),
+        "enn.candidate": str(report.chosen) if report else "",
         "enn.champion_decision": why,
     }
     if naive is not None:
@@ -276,11 +278,10 @@ def _identity(layout: Layout, data: DataSpec) -> dict[str, str]:
     """Data fingerprint, schema digest, world size and checkpoint step of the version."""
     import hashlib
 
-    manifest = _json(STAGE_DATA.output_dir(layout) / "manifest.json")
     record = _json(DISTRIBUTED_TRAIN.output_dir(layout) / "record.json")
     digest = hashlib.sha256(json.dumps(schema(data), sort_keys=True).encode()).hexdigest()
     return {
-        "enn.data_fingerprint": str(manifest.get("content_hash", "")),
+        "enn.data_fingerprint": read_manifest(STAGE_DATA.output_dir(layout)).content_hash,
         "enn.schema": digest[:16],
         "enn.world_size": str(record.get("world_size", "")),
         "enn.checkpoint_step": str(record.get("applied_steps", "")),

@@ -88,9 +88,12 @@ class Tracker:
         self.layout = layout
         self.client: MlflowClient | None = None
         self.experiment_id = ""
+        self.system_metrics = cfg.tracking.log_system_metrics
+        self._monitors: dict[str, Any] = {}  # run id -> MLflow's SystemMetricsMonitor
         if not self.enabled:
             return
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or layout.mlflow_uri
+        self.uri = uri
         layout.mlflow_dir.mkdir(parents=True, exist_ok=True)
         import mlflow
         from mlflow.tracking import MlflowClient
@@ -141,6 +144,7 @@ class Tracker:
             if found:
                 run_id = found[0].info.run_id
                 self.client.update_run(run_id, status="RUNNING")
+                self._monitor(run_id, resumed=True)
                 return run_id
         params = _flatten(to_plain(cfg)) if cfg is not None else {}
         all_tags = {
@@ -155,7 +159,20 @@ class Tracker:
         run_name = self._parent_name(name, data, params)
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.log_params(run.info.run_id, params)
+        self._monitor(run.info.run_id)
         return run.info.run_id
+
+    def _monitor(self, run_id: str, resumed: bool = False) -> None:
+        """`tracking.log_system_metrics`: MLflow's system metrics (`system/cpu_...`, memory, disk,
+        network; what `mlflow.start_run(log_system_metrics=True)` starts) on the parent run
+        while the pipeline runs, sampled every 10 s (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL)."""
+        if not self.system_metrics:
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(run_id, resume_logging=resumed, tracking_uri=self.uri)
+        monitor.start()
+        self._monitors[run_id] = monitor
 
     def _parent_name(self, flow: str, data: str, params: dict[str, str]) -> str:
         """`training #3 synthetic train.lr=0.02`: the flow, its run count, the data and the
@@ -187,6 +204,8 @@ class Tracker:
     def end(self, run_id: str | None, status: str = "FINISHED", error: str | None = None) -> None:
         if not self.enabled or run_id is None:
             return
+        if monitor := self._monitors.pop(run_id, None):
+            monitor.finish()  # its last samples are flushed while the run still runs
         if error:
             self.client.set_tag(run_id, "enn.error", error[:5000])
         self.client.set_terminated(run_id, status=status)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from enn_core.data.manifest import MANIFEST, read_manifest
 from enn_core.metric_names import TRAIN_SUMMARY, headline
 from enn_core.paths import Layout
 from enn_core.serving import columns
@@ -55,24 +56,24 @@ def dataset(layout: Layout, specs: tuple[StageSpec, ...]) -> Any:
     from mlflow.entities import Dataset
 
     staged = next((s for s in specs if s.name == STAGE_DATA.name), None)
-    manifest_path = staged.output_dir(layout) / "manifest.json" if staged else None
-    if manifest_path is None or not manifest_path.is_file():
+    staged_dir = staged.output_dir(layout) if staged else None
+    if staged_dir is None or not (staged_dir / MANIFEST).is_file():
         return None
-    manifest = json.loads(manifest_path.read_text())
-    source = manifest.get("source") or {}
-    path = source.get("path")
-    name = Path(path).stem if path else str(source.get("kind") or "data")
-    uri = Path(path).resolve().as_uri() if path else f"enn:{source.get('kind', 'data')}"
-    schema = [{"name": n, "type": t} for n, t in columns(manifest.get("feature_specs") or [])]
+    manifest = read_manifest(staged_dir)
+    path = manifest.source.path
+    name = Path(path).stem if path else manifest.source.kind or "data"
+    uri = Path(path).resolve().as_uri() if path else f"enn:{manifest.source.kind or 'data'}"
+    schema = [{"name": n, "type": t} for n, t in columns(list(manifest.feature_specs))]
+    label_shape = manifest.label_shape
     profile = {
-        "num_rows": manifest.get("n_rows"),
-        "splits": manifest.get("splits"),
-        "label_shape": manifest.get("label_shape"),
-        "mode": manifest.get("mode"),
+        "num_rows": manifest.n_rows,
+        "splits": dict(manifest.splits),
+        "label_shape": list(label_shape) if label_shape is not None else None,
+        "mode": manifest.mode,
     }
     return Dataset(
         name=name,
-        digest=str(manifest.get("content_hash", ""))[:DIGEST_CHARS],
+        digest=manifest.content_hash[:DIGEST_CHARS],
         source_type="local",
         source=json.dumps({"uri": uri}),
         schema=json.dumps({"mlflow_colspec": schema}),

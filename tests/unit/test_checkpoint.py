@@ -75,7 +75,14 @@ def _ctx(tmp_path, overrides=()):
     (tmp_path / "params.yaml").write_text("{}\n")
     staged = tmp_path / "outputs" / "stage-data"
     staged.mkdir(parents=True, exist_ok=True)
-    (staged / "manifest.json").write_text(json.dumps(make_manifest()))
+    # the model's part of a manifest, and the file-level keys a staged manifest always has
+    manifest = {
+        **make_manifest(),
+        "features": {"file": "features.npy", "dtype": "float32", "shape": [24, 4]},
+        "splits": {},
+        "files": {},
+    }
+    (staged / "manifest.json").write_text(json.dumps(manifest))
     cfg = load_config(None, ["model.d_model=16", "model.heads=2", "model.layers=1", *overrides])
     return cfg, make_context(cfg, Layout.for_root(tmp_path), PREPARE_CHECKPOINT, "r1")
 

@@ -161,7 +161,7 @@ def test_manifests_with_earlier_hashes_still_verify(tmp_path, key, spell):
     """Version-1 manifests written by earlier versions (tree BLAKE2b; plain BLAKE2b; bare sha256
     hex under "sha256") are read and verified as before; an unknown hash spelling is refused
     clearly."""
-    from enn_core.data.manifest import content_hash
+    from enn_core.data.manifest import FileEntry, content_hash
 
     # labels of 3 MiB: several 1 MiB leaves, so the tree hash is checked across their boundaries
     x, y = write_npy_pair(tmp_path, n=200_000, f=3, label_shape=(4,))
@@ -173,7 +173,8 @@ def test_manifests_with_earlier_hashes_still_verify(tmp_path, key, spell):
         data = np.ascontiguousarray(np.load(out / name)).tobytes()
         legacy[name] = {"dtype": spec["dtype"], "shape": spec["shape"], key: spell(data)}
     assert os.path.getsize(out / "labels.npy") > 3 << 20
-    old = {**manifest, "files": legacy, "content_hash": content_hash(legacy)}
+    entries = {name: FileEntry.from_json(spec) for name, spec in legacy.items()}
+    old = {**manifest, "files": legacy, "content_hash": content_hash(entries)}
     (out / "manifest.json").write_text(json.dumps(old))
     ds = StagedDataset(out)
     ds.verify()

@@ -30,8 +30,8 @@ def test_npy_stages_values_exactly(tmp_path):
     np.testing.assert_array_equal(ds.features, np.load(x))
     np.testing.assert_array_equal(ds.labels, np.load(y))
     assert not ds.features.flags.writeable
-    assert result.n_rows == 50 and sum(ds.manifest["splits"].values()) == 50
-    assert ds.manifest["feature_names"] == ["f0", "f1", "f2", "f3"]
+    assert result.n_rows == 50 and sum(ds.manifest.splits.values()) == 50
+    assert ds.manifest.feature_names == ("f0", "f1", "f2", "f3")
     ds.verify()
 
 
@@ -42,7 +42,7 @@ def test_npy_labels_reshaped_and_relative_paths(tmp_path):
         tmp_path, source="npy", path="in/x.npy", labels_path="in/y.npy", label_shape=(2, 3)
     )
     ds = StagedDataset(out)
-    assert ds.labels.shape == (20, 2, 3) and ds.manifest["label_shape"] == [2, 3]
+    assert ds.labels.shape == (20, 2, 3) and ds.manifest.label_shape == (2, 3)
     np.testing.assert_array_equal(ds.labels.reshape(20, 6), np.load(tmp_path / "in/y.npy"))
 
 
@@ -68,7 +68,7 @@ def test_large_magnitudes_stage_as_float64_with_reason(tmp_path):
         chunk_rows=3,
     )
     ds = StagedDataset(out)
-    assert ds.features.dtype == np.float64 and "2**24" in ds.manifest["dtype_reason"]
+    assert ds.features.dtype == np.float64 and "2**24" in ds.manifest.dtype_reason
     np.testing.assert_array_equal(ds.features, x)
 
 
@@ -91,7 +91,7 @@ def _check_table(ds: StagedDataset, rows) -> None:
     assert abs(specs["temp"]["std"] - temp[train].std()) < 1e-9
     labels = np.array([r[3:] for r in rows], np.float32).reshape(-1, 2, 2)
     np.testing.assert_array_equal(ds.labels, labels)
-    assert ds.manifest["row_keys"] == ["region", "month"]
+    assert ds.manifest.row_keys == ("region", "month")
     assert list(ds.row_keys["region"][:3]) == ["north", "south", "east"]
 
 
@@ -141,7 +141,7 @@ def test_nonfinite_drop_policy(tmp_path):
     ds = StagedDataset(out)
     keep = [i for i in range(30) if i not in (4, 17)]
     np.testing.assert_array_equal(ds.features, xa[keep])
-    assert ds.manifest["dropped_rows"] == 2
+    assert ds.manifest.dropped_rows == 2
     assert list(ds.row_keys["source_row"]) == keep
 
 
@@ -164,11 +164,11 @@ def test_source_hash_of_arrays_hashed_while_staging(tmp_path):
     )
     ds = StagedDataset(out)
     data = {"features": _b3(x.tobytes()), "labels": _b3(y.tobytes())}
-    assert ds.manifest["source"]["hash"] == _b3(json.dumps(data, sort_keys=True).encode())
+    assert ds.manifest.source.hash == _b3(json.dumps(data, sort_keys=True).encode())
     # y passed through unchanged: one hash served both the staged file and the source
-    assert ds.manifest["files"]["labels.npy"]["hash"] == data["labels"]
-    assert ds.manifest["files"]["features.npy"]["hash"] == _b3(x.astype(np.float32).tobytes())
-    assert "re-run stage-data" in ds.manifest["format_policy"]
+    assert ds.manifest.files["labels.npy"].hash == data["labels"]
+    assert ds.manifest.files["features.npy"].hash == _b3(x.astype(np.float32).tobytes())
+    assert "re-run stage-data" in ds.manifest.to_json()["format_policy"]
     ds.verify()
 
 
@@ -190,10 +190,10 @@ def test_array_hash_ignores_chunking_and_forks_mid_stream(tmp_path):
             chunk_rows=chunk_rows,
         )
         ds = StagedDataset(out)
-        files = ds.manifest["files"]
-        assert files["features.npy"]["hash"] == _b3(x.astype(np.float32).tobytes())
-        assert files["labels.npy"]["hash"] == want["labels"]
-        assert ds.manifest["source"]["hash"] == _b3(json.dumps(want, sort_keys=True).encode())
+        files = ds.manifest.files
+        assert files["features.npy"].hash == _b3(x.astype(np.float32).tobytes())
+        assert files["labels.npy"].hash == want["labels"]
+        assert ds.manifest.source.hash == _b3(json.dumps(want, sort_keys=True).encode())
         ds.verify()
 
 
@@ -231,7 +231,7 @@ def test_streaming_and_after_pass_splits_agree(tmp_path):
     assert da.fingerprint == db.fingerprint
     sa, sb = da.feature_specs[2], db.feature_specs[2]
     assert abs(sa["mean"] - sb["mean"]) < 1e-12 and abs(sa["std"] - sb["std"]) < 1e-12
-    assert da.manifest["label_stats"] == db.manifest["label_stats"]
+    assert da.manifest.label_stats == db.manifest.label_stats
 
 
 def test_csv_features_only_reuses_training_encodings(tmp_path):

@@ -41,7 +41,7 @@ def test_group_folds_hold_out_whole_months(tmp_path):
         "03",
     }
     assert not set(month[s["train"]]) & {"01", "02", "03", "07", "08", "09"}
-    d = ds.manifest["split_definition"]
+    d = ds.manifest.split_definition
     assert d["fold_key"] == "month" and d["test_fold"] == 2 and d["folds"][2] == ["07", "08", "09"]
     # a held-out month still has its code and cyclic phase (vocabulary = the whole period)
     spec = ds.feature_specs[0]
@@ -70,7 +70,7 @@ def test_validation_by_key_holds_out_whole_training_months(tmp_path):
     assert set(month[s["test"]]) == {"01", "02", "03"}
     assert len(val) == 2 and not val & train and not val & {"01", "02", "03"}  # 20% of 9
     assert val | train == {f"{m:02d}" for m in range(4, 13)}
-    assert ds.manifest["split_definition"]["val_by_key"] is True
+    assert ds.manifest.split_definition["val_by_key"] is True
     again = StagedDataset(stage_synthetic(tmp_path / "b", data=data))
     assert set(again.row_keys["month"].to_numpy()[again.split("val")]) == val  # seeded
     rows = StagedDataset(stage_synthetic(tmp_path / "c", data=small_config(fields)))
@@ -138,7 +138,7 @@ def test_a_fold_column_splits_the_rows_and_is_not_a_model_input(tmp_path):
         val_fold=0,
     )
     ds = StagedDataset(out)
-    assert ds.manifest["feature_names"] == ["region", "x"]
+    assert ds.manifest.feature_names == ("region", "x")
     quarter = ds.row_keys["quarter"].astype(str).to_numpy()
     s = _splits(ds)
     assert set(quarter[s["test"]]) == {"4"} and set(quarter[s["val"]]) == {"1"}
@@ -155,7 +155,7 @@ def test_a_fold_column_splits_the_rows_and_is_not_a_model_input(tmp_path):
         fold_key="quarter",
         label_shape=(1,),
     )
-    assert StagedDataset(staged).manifest["feature_names"] == ["region", "x"]
+    assert StagedDataset(staged).manifest.feature_names == ("region", "x")
 
 
 def test_validation_by_key_needs_folds_and_no_val_fold():

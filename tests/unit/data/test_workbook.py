@@ -38,27 +38,25 @@ def test_real_workbook_stages_168_x_39_x_24(real):
     _, ds = real
     m = ds.manifest
     assert ds.labels.shape == (168, 39, 24) and ds.features.shape == (168, 3)
-    assert m["row_keys"] == ["month", "daytype", "direction"] and m["naive_keys"] == [
-        "daytype",
-        "direction",
-    ]
-    assert m["label_axes"] == ["section", "hour"]
-    assert m["label_axis_values"]["hour"] == [f"{h:02d}" for h in range(24)]
-    assert len(set(m["label_axis_values"]["section"])) == 39
-    specs = {s["name"]: s for s in m["feature_specs"]}
+    assert m.row_keys == ("month", "daytype", "direction")
+    assert m.naive_keys == ("daytype", "direction")
+    assert m.label_axes == ("section", "hour")
+    assert m.label_axis_values["hour"] == [f"{h:02d}" for h in range(24)]
+    assert len(set(m.label_axis_values["section"])) == 39
+    specs = {s["name"]: s for s in m.feature_specs}
     assert specs["daytype"]["vocab"] == ["일", "월", "화", "수", "목", "금", "토"]
     assert specs["direction"]["vocab"] == ["상행", "하행"]
     whole = blake3.blake3(SHARED_WORKBOOK.read_bytes()).hexdigest()  # b3sum of the file
-    assert m["source"]["hash"] == f"blake3:{whole}"
+    assert m.source.hash == f"blake3:{whole}"
     assert 10 < ds.labels.min() and ds.labels.max() < 160
-    assert abs(m["label_stats"]["mean"] - 85.4) < 2
+    assert abs(m.label_stats.mean - 85.4) < 2
 
 
 @needs_shared
 @real_workbook
 def test_sections_canonicalised_so_both_directions_share_one_order(real):
     _, ds = real
-    sections = ds.manifest["label_axis_values"]["section"]
+    sections = ds.manifest.label_axis_values["section"]
     assert sections[0] == "성남IC-판교JC"  # "판교JC-성남IC" (up) and "성남IC-판교JC" (down) sorted
     wb = openpyxl.load_workbook(SHARED_WORKBOOK, read_only=True, data_only=True)
     rows = list(wb["01월 일요일"].iter_rows(values_only=True))
@@ -86,20 +84,20 @@ def test_features_only_real_workbook_without_hour_columns(real, tmp_path):
         ws = wb.create_sheet(f"{month}월 {daytype}요일")
         ws.append(["노선", "구간", "방향"])
         for direction in ("상행", "하행"):
-            for section in ds.manifest["label_axis_values"]["section"]:
+            for section in ds.manifest.label_axis_values["section"]:
                 ws.append(["수도권제1순환선", section, direction])
     wb.save(tmp_path / "new.xlsx")
     cfg = load_config(None, ["data.source=workbook", f"data.path={tmp_path / 'new.xlsx'}"])
     out = tmp_path / "features"
     stage_features(cfg.data, Layout.for_root(tmp_path), out, ds.path / "manifest.json")
     new = StagedDataset(out)
-    assert new.labels is None and new.manifest["mode"] == "features_only"
+    assert new.labels is None and new.manifest.mode == "features_only"
     np.testing.assert_array_equal(new.features, ds.features)
     assert (
         new.feature_specs == ds.feature_specs
     )  # vocabularies and encodings reused, not recomputed
-    assert new.manifest["label_axis_values"] == ds.manifest["label_axis_values"]
-    assert new.manifest["training_content_hash"] == ds.fingerprint
+    assert new.manifest.label_axis_values == ds.manifest.label_axis_values
+    assert new.manifest.training_content_hash == ds.fingerprint
 
 
 def test_second_layout_stages_by_params_alone(tmp_path):
@@ -149,9 +147,9 @@ def test_second_layout_stages_by_params_alone(tmp_path):
     run(cfg, make_context(cfg, Layout.for_root(tmp_path), STAGE_DATA, "t"))
     ds = StagedDataset(tmp_path / "outputs" / "stage-data")
     assert ds.labels.shape == (12, 2, 24)
-    assert ds.manifest["label_axis_values"]["section"] == ["X~Y", "Y~Z"]
-    assert ds.manifest["label_axis_values"]["hour"] == [str(h) for h in range(24)]
-    assert ds.manifest["row_keys"] == ["month", "daytype", "dir"]
+    assert ds.manifest.label_axis_values["section"] == ["X~Y", "Y~Z"]
+    assert ds.manifest.label_axis_values["hour"] == [str(h) for h in range(24)]
+    assert ds.manifest.row_keys == ("month", "daytype", "dir")
     assert ds.feature_specs[0]["vocab"][2] == "03"
     r = rows("M03_weekday")
     np.testing.assert_allclose(

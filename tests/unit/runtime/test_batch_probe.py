@@ -40,7 +40,7 @@ def _setup(staged, device="cpu", *extra):
     torch.set_num_threads(1)
     cfg = tiny_cfg("model.dropout=0.1", *extra)
     ds = StagedDataset(staged)
-    model = build_model(cfg.model, ds.manifest, data_dir=staged).to(device).train()
+    model = build_model(cfg.model, ds.manifest.model_data(), data_dir=staged).to(device).train()
     loss = make_loss(cfg.train).to(device)
     sample = sample_from_staged(ds.features, ds.labels, ds.split("train"), device, model.normalize)
     return model, loss, sample
@@ -112,7 +112,7 @@ def test_training_after_the_probe_is_bit_identical_to_training_without_it(staged
     cfg = tiny_cfg("model.dropout=0.1", "train.epochs=1", "train.micro_batch=auto")
     ds = StagedDataset(staged)
     torch.manual_seed(cfg.runtime.seed)  # as run_local does; the probe runs after seeding
-    model = build_model(cfg.model, ds.manifest, data_dir=staged).train()
+    model = build_model(cfg.model, ds.manifest.model_data(), data_dir=staged).train()
     loss = make_loss(cfg.train)
     sample = sample_from_staged(ds.features, ds.labels, ds.split("train"), "cpu", model.normalize)
     got = choose_micro_batch(model, loss, sample, 8, "cpu", budget_bytes=0, probe_rows=8)

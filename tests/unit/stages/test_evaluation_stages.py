@@ -33,7 +33,7 @@ def _project(root, steps: int, seed: int = 0) -> RunConfig:
     data_dir = stage_synthetic(root)
     ds = StagedDataset(data_dir)
     torch.manual_seed(seed)
-    model = build_model(MODEL_CFG, ds.manifest, data_dir=data_dir)
+    model = build_model(MODEL_CFG, ds.manifest.model_data(), data_dir=data_dir)
     train = ds.split("train")
     x = torch.as_tensor(np.asarray(ds.features[train]), dtype=torch.float32)
     y = model.normalize(torch.as_tensor(np.asarray(ds.labels[train])))
@@ -47,7 +47,7 @@ def _project(root, steps: int, seed: int = 0) -> RunConfig:
         root / "outputs" / "distributed-train" / "model.pt",
         model,
         MODEL_CFG,
-        ds.manifest,
+        ds.manifest.model_data(),
         {"precision": "fp32"},
     )
     return RunConfig()

@@ -39,7 +39,7 @@ def trained(root: Path, steps: int, lr: float = 1e-2, **synthetic: int) -> Layou
     data_dir = stage_synthetic(root, **synthetic)
     ds = StagedDataset(data_dir)
     torch.manual_seed(0)
-    model = build_model(MODEL_CFG, ds.manifest, data_dir=data_dir)
+    model = build_model(MODEL_CFG, ds.manifest.model_data(), data_dir=data_dir)
     train = ds.split("train")
     x = torch.as_tensor(np.asarray(ds.features[train]), dtype=torch.float32)
     y = model.normalize(torch.as_tensor(np.asarray(ds.labels[train])))
@@ -50,7 +50,7 @@ def trained(root: Path, steps: int, lr: float = 1e-2, **synthetic: int) -> Layou
         loss.backward()
         opt.step()
     out = DISTRIBUTED_TRAIN.output_dir(Layout.for_root(root)) / "model.pt"
-    save_consolidated(out, model, MODEL_CFG, ds.manifest, {"precision": "fp32"})
+    save_consolidated(out, model, MODEL_CFG, ds.manifest.model_data(), {"precision": "fp32"})
     layout = Layout.for_root(root)
     COLLAPSE_CHECK.work(RunConfig(), make_context(RunConfig(), layout, COLLAPSE_CHECK, "t"))
     return layout
@@ -155,7 +155,7 @@ def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path,
     rows = np.sort(np.asarray(ds.split("test")))
     frame = decode(np.asarray(ds.features[rows]), ds.feature_specs)
     out = model.predict(frame)
-    axes = ds.manifest["label_axis_values"]
+    axes = ds.manifest.label_axis_values
     first = f"{axes['section'][0]}|{axes['hour'][0]}"
     assert out.shape == (len(rows), int(np.prod(ds.label_shape))) and out.columns[0] == first
     # real units: the same numbers as the staged rows' prediction path

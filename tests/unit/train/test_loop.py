@@ -25,7 +25,7 @@ def params(model: torch.nn.Module) -> torch.Tensor:
 def hand_loop(cfg, staged) -> torch.Tensor:
     """A plain PyTorch loop: same init, rows, AdamW, schedule, clipping, loss. No validation."""
     ds = StagedDataset(staged)
-    model = build_model(cfg.model, ds.manifest, data_dir=staged).train()
+    model = build_model(cfg.model, ds.manifest.model_data(), data_dir=staged).train()
     loss_fn = make_loss(cfg.train)
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, foreach=True
@@ -141,7 +141,7 @@ def test_nonfinite_in_a_row_stops_naming_tensor_and_step_and_replays(staged, tmp
     saved = tmp_path / "nonfinite" / "rank-0-step-0.pt"
     assert str(saved) in str(e.value) and saved.exists()
     ds = StagedDataset(staged)
-    model = build_model(cfg.model, ds.manifest, data_dir=staged)
+    model = build_model(cfg.model, ds.manifest.model_data(), data_dir=staged)
     assert not math.isfinite(float(replay_loss(saved, model, make_loss(cfg.train))))
 
 
