@@ -37,6 +37,10 @@ class StaleOutputError(EnnError):
     exit_code = 4
 
 
+class UntrustedCheckpointError(StaleOutputError):
+    """A checkpoint file holds something other than checkpoint data: refused, nothing ran."""
+
+
 class TrainingError(EnnError):
     """Training stopped for a reason it names (non-finite steps, OOM back-offs exhausted...)."""
 
@@ -121,12 +125,16 @@ TERMINATED = 143  # SIGTERM
 
 
 def exit_codes() -> dict[int, str]:
-    """Every exit code of `enn` and what it means, in order."""
-    classes: list[type[EnnError]] = [EnnError, *_subclasses(EnnError)]
+    """Every exit code of `enn` and what it means, in order; a code two classes of this module
+    share (StaleOutputError, UntrustedCheckpointError) lists both. Subclasses defined elsewhere
+    (a test's injected fault) mean what their base means, so the list does not depend on which
+    modules happen to be imported."""
+    ours = [c for c in _subclasses(EnnError) if c.__module__ == __name__]
     codes = {0: "success"}
-    for cls in sorted(classes, key=lambda c: c.exit_code)[1:]:
+    for cls in sorted(ours, key=lambda c: c.exit_code):
         doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
-        codes.setdefault(cls.exit_code, f"{cls.__name__}: {doc}")
+        said = f"{codes[cls.exit_code]} " if cls.exit_code in codes else ""
+        codes[cls.exit_code] = f"{said}{cls.__name__}: {doc}"
     codes[EnnError.exit_code] = (
         "any other failure (one not named by the codes below prints its traceback)"
     )

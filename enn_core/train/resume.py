@@ -30,10 +30,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from enn_core.errors import ConfigError
+from enn_core.errors import ConfigError, UntrustedCheckpointError
 from enn_core.metric_names import telemetry
 from enn_core.runtime import safe_dcp
-from enn_core.runtime.safe_dcp import UntrustedCheckpointError
 from enn_core.runtime.sampler import Plan
 from enn_core.train.ckpt import TRAINER, read_trainer, step_name
 from enn_core.train.state import EpochStats, TrainState
