@@ -8,6 +8,7 @@ retries those and nothing else. Everything else (bad input, bad config) fails at
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,6 +40,18 @@ class StaleOutputError(EnnError):
 
 class UntrustedCheckpointError(StaleOutputError):
     """A checkpoint file holds something other than checkpoint data: refused, nothing ran."""
+
+    @classmethod
+    def refused(cls, path: str | Path, detail: str, fix: str) -> UntrustedCheckpointError:
+        """The error for a file `torch.load(weights_only=True)` refused; `detail` is torch's
+        message, of which only the global it names is kept: its advice (load it again with
+        weights_only off) is the one thing not to do with a file nobody vouches for."""
+        found = re.search(r"GLOBAL ([\w.]+)", detail)
+        what = f" (it refers to {found.group(1)})" if found else ""
+        return cls(
+            f"{path}: holds something other than tensors and plain values{what}, so it was "
+            f"refused and nothing in it ran (a crafted or foreign file): {fix}"
+        )
 
 
 class TrainingError(EnnError):
