@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from enn_core.errors import UntrustedCheckpointError
+from enn_core.events import read_events
 from enn_core.train.ckpt import COMMITTED, TRAINER, committed, content_hashes
 from tests.fixtures.train import run_local, tiny_cfg, with_fault
 
@@ -164,3 +166,17 @@ def test_a_crafted_rng_state_on_resume_is_refused_and_runs_nothing(staged, tmp_p
         run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=tmp_path / "ckpt")
     _assert_refused(e, f"{step / 'rng-rank0.pt'}: holds something other than tensors", marker)
     assert f"delete {step}" in str(e.value)
+
+
+def test_a_warm_start_from_a_crafted_metadata_is_refused_and_runs_nothing(
+    staged, tmp_path, reference
+):
+    """checkpoint.resume_from=<dir> with checkpoint.warm_start=true reads only the weights,
+    through the same safe reader as a resume."""
+    step = _copy_first(reference, tmp_path / "theirs")
+    marker = tmp_path / "MARKER"
+    (step / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(UntrustedCheckpointError) as e:
+        run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", weights_from=step)
+    _assert_refused(e, f"{step / '.metadata'}: refers to posix.system", marker)
+    assert not [e for e in read_events(tmp_path / "run") if e.get("name") == "warm_start"]
