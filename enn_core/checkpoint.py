@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import struct
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from enn_core.atomic import atomic_file
 from enn_core.config.loader import build, to_plain
 from enn_core.config.model import ModelConfig
 from enn_core.data.manifest import MODEL_DATA_KEYS
-from enn_core.errors import ConfigError, StaleOutputError
+from enn_core.errors import ConfigError, StaleOutputError, UntrustedCheckpointError
 from enn_core.model.enn import ENN, build_model
 from enn_core.model_code import BUILTIN, ModelCode
 
@@ -211,10 +212,22 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, EOFError) as e:
+    except pickle.UnpicklingError as e:
+        # torch's message advises loading it again with weights_only=False: never pass it on
+        fix = (
+            "use a checkpoint this project wrote (prepare-checkpoint, distributed-train or the "
+            "registry), or re-train"
+        )
+        if "GLOBAL" in str(e):  # it names code to run: crafted, or another program's pickle
+            raise UntrustedCheckpointError.refused(path, str(e), fix) from None
+        raise StaleOutputError(  # an opcode the safe reader lacks: damaged, or another pickle
+            f"{path}: not a readable consolidated checkpoint (it holds something other than "
+            f"tensors and plain values, so it was refused and nothing in it ran): {fix}"
+        ) from None
+    except (RuntimeError, zipfile.BadZipFile, EOFError, struct.error) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise StaleOutputError(
-            f"{path}: not a readable consolidated checkpoint ({str(e).splitlines()[0]}); "
-            "re-create it"
+            f"{path}: not a readable consolidated checkpoint ({first[:200]}); re-create it"
         ) from e
     return Checkpoint.from_file(ckpt, str(path))
 

@@ -8,6 +8,7 @@ retries those and nothing else. Everything else (bad input, bad config) fails at
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,6 +36,22 @@ class StaleOutputError(EnnError):
     """An artifact on disk does not match what its reader expects (re-run the producing stage)."""
 
     exit_code = 4
+
+
+class UntrustedCheckpointError(StaleOutputError):
+    """A checkpoint file holds something other than checkpoint data: refused, nothing ran."""
+
+    @classmethod
+    def refused(cls, path: str | Path, detail: str, fix: str) -> UntrustedCheckpointError:
+        """The error for a file `torch.load(weights_only=True)` refused; `detail` is torch's
+        message, of which only the global it names is kept: its advice (load it again with
+        weights_only off) is the one thing not to do with a file nobody vouches for."""
+        found = re.search(r"GLOBAL ([\w.]+)", detail)
+        what = f" (it refers to {found.group(1)})" if found else ""
+        return cls(
+            f"{path}: holds something other than tensors and plain values{what}, so it was "
+            f"refused and nothing in it ran (a crafted or foreign file): {fix}"
+        )
 
 
 class TrainingError(EnnError):
@@ -121,12 +138,16 @@ TERMINATED = 143  # SIGTERM
 
 
 def exit_codes() -> dict[int, str]:
-    """Every exit code of `enn` and what it means, in order."""
-    classes: list[type[EnnError]] = [EnnError, *_subclasses(EnnError)]
+    """Every exit code of `enn` and what it means, in order; a code two classes of this module
+    share (StaleOutputError, UntrustedCheckpointError) lists both. Subclasses defined elsewhere
+    (a test's injected fault) mean what their base means, so the list does not depend on which
+    modules happen to be imported."""
+    ours = [c for c in _subclasses(EnnError) if c.__module__ == __name__]
     codes = {0: "success"}
-    for cls in sorted(classes, key=lambda c: c.exit_code)[1:]:
+    for cls in sorted(ours, key=lambda c: c.exit_code):
         doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
-        codes.setdefault(cls.exit_code, f"{cls.__name__}: {doc}")
+        said = f"{codes[cls.exit_code]} " if cls.exit_code in codes else ""
+        codes[cls.exit_code] = f"{said}{cls.__name__}: {doc}"
     codes[EnnError.exit_code] = (
         "any other failure (one not named by the codes below prints its traceback)"
     )

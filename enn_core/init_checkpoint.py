@@ -37,7 +37,7 @@ from enn_core.config import RunConfig
 from enn_core.data.hashing import sha256_file
 from enn_core.data.manifest import MANIFEST, StagedManifest
 from enn_core.data.manifest import read_manifest as read_staged_manifest
-from enn_core.errors import ConfigError, StaleOutputError
+from enn_core.errors import ConfigError, StaleOutputError, UntrustedCheckpointError
 from enn_core.model import ModelCode, build_model
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
@@ -125,6 +125,8 @@ def warm_start(
     path = resolve_source(source, layout)
     try:
         ckpt = read_checkpoint(path)
+    except UntrustedCheckpointError:
+        raise  # a crafted file is not a config problem: exit 4, as every refused file
     except StaleOutputError as e:
         raise ConfigError(f"checkpoint.init_from={source}: {e}") from e
     ours_data = data_spec(manifest.model_data())

@@ -40,10 +40,38 @@ def stack_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / STACKS / f"rank-{rank}.txt"
 
 
+def _temp_path(path: Path) -> Path:
+    """Where `path`'s next version is written before the rename: one per process and thread."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
 def _write_atomic(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = _temp_path(path)
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive, and not ours to judge
+        return True
+    return True
+
+
+def stale_temp_files(run_dir: Path) -> list[Path]:
+    """This run's heartbeat temp files whose writer is gone: what a write that failed (a full
+    disk) leaves before its rename. A file whose process is still alive may be mid-write and
+    is left alone."""
+    d = Path(run_dir) / HEARTBEATS
+    out = []
+    for p in sorted(d.glob(".rank-*.json.*.tmp")) if d.is_dir() else []:
+        pid = p.name.split(".")[-3]  # .rank-<r>.json.<pid>.<tid>.tmp
+        if not (pid.isdigit() and _alive(int(pid))):
+            out.append(p)
+    return out
 
 
 def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:

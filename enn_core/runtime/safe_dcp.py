@@ -11,7 +11,8 @@ code on resume, and a multi-node `checkpoint.dir` is shared storage (FIELD_NOTES
 - `SafeLoadPlanner.load_bytes` reads byte items with `torch.load(weights_only=True)`;
 - tensors were already read with `weights_only=True` by torch itself.
 
-Anything else is refused with one line naming the file: `UntrustedCheckpointError`. Content
+Anything else is refused with one line naming the file: `UntrustedCheckpointError` (in
+enn_core/errors.py, so a worker's refusal reaches the launcher as itself: exit 4). Content
 hashes (enn_core/train/ckpt.py) catch corruption; this is the security control.
 
     load(state_dict, path)          # dcp.load through the safe reader and planner
@@ -35,7 +36,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.utils import CheckpointException
 
-from enn_core.errors import EnnError
+from enn_core.errors import UntrustedCheckpointError
 
 METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 # What a DCP `.metadata` pickle is made of (read off the checkpoints torch 2.13 writes).
@@ -57,12 +58,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("collections", "OrderedDict"),
     }
 )
-
-
-class UntrustedCheckpointError(EnnError):
-    """A checkpoint file holds something other than checkpoint data: it is not loaded."""
-
-    exit_code = 4
 
 
 def _enum_member(cls: Any, name: Any) -> Any:

@@ -17,6 +17,7 @@ seeded stream (the sampler's state is a global position, so the batches are the 
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from enn_core.errors import ConfigError
+from enn_core.errors import ConfigError, UntrustedCheckpointError
 from enn_core.metric_names import telemetry
 from enn_core.runtime import safe_dcp
-from enn_core.runtime.safe_dcp import UntrustedCheckpointError
 from enn_core.runtime.sampler import Plan
 from enn_core.train.ckpt import TRAINER, read_trainer, step_name
 from enn_core.train.state import EpochStats, TrainState
@@ -186,7 +186,13 @@ def _restore_rng(st: TrainState, path: Path, trainer: dict[str, Any]) -> None:
     f = path / f"rng-rank{st.rt.env.rank}.pt"
     if trainer["world_size"] != st.rt.env.world_size or not f.exists():
         return
-    rng = torch.load(f, weights_only=True)
+    try:
+        rng = torch.load(f, weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's message advises loading it again with weights_only=False: never pass it on
+        raise UntrustedCheckpointError.refused(
+            f, str(e), f"delete {path} (resume falls back to an earlier one) or re-train"
+        ) from None
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])

@@ -32,7 +32,7 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, NoSpaceError, StaleOutputError, low_space
 from enn_core.metric_names import telemetry, train_summary
 from enn_core.progress import follow_training
-from enn_core.runtime.heartbeat import read_heartbeats
+from enn_core.runtime.heartbeat import read_heartbeats, stale_temp_files
 from enn_core.runtime.launch import Rendezvous, launch
 from enn_core.stage import StageContext
 from enn_core.summaries import TrainSummary
@@ -194,6 +194,8 @@ def sweep_temp(ctx: StageContext, job: WorkerJob) -> None:
     for tmp in ctx.run_dir.rglob(".tmp-*"):
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+    for tmp in stale_temp_files(ctx.run_dir):  # named after the heartbeat file, not .tmp-*
+        tmp.unlink(missing_ok=True)
 
 
 def record_workers(ctx: StageContext) -> dict[str, Any]:

@@ -4,13 +4,15 @@ prepare-checkpoint."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from enn_core.checkpoint import FORMAT_VERSION, load_model, save_consolidated
 from enn_core.config import load_config
-from enn_core.errors import ConfigError, StaleOutputError
+from enn_core.errors import ConfigError, StaleOutputError, UntrustedCheckpointError
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.stage import make_context
@@ -64,11 +66,56 @@ def test_refuses_wrong_version_and_garbage(tmp_path, manifest, tiny_cfg):
     torch.save(ckpt, tmp_path / "v99.pt")
     with pytest.raises(StaleOutputError, match="format_version=99"):
         load_model(tmp_path / "v99.pt")
-    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(StaleOutputError, match="junk.pt"):
-        load_model(tmp_path / "junk.pt")
+    for junk in (b"not a checkpoint", b"junk"):
+        (tmp_path / "junk.pt").write_bytes(junk)
+        with pytest.raises(StaleOutputError, match="junk.pt: not a readable") as e:
+            load_model(tmp_path / "junk.pt")
+        assert "weights_only" not in str(e.value) and "\n" not in str(e.value), str(e.value)
     with pytest.raises(StaleOutputError, match="run prepare-checkpoint"):
         load_model(tmp_path / "missing.pt")
+
+
+class Shell:
+    """An attacker's model.pt: unpickling it runs a shell command (a module torch blocks)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _touch(path: str) -> None:
+    Path(path).touch()
+
+
+class Touch:
+    """The same through a harmless function of a module torch does not block (its refusal
+    reads differently: "This file can still be loaded...", in bold)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (_touch, (str(self.marker),))
+
+
+@pytest.mark.parametrize(
+    ("payload", "names"), [(Shell, "posix.system"), (Touch, "test_checkpoint._touch")]
+)
+def test_a_crafted_model_file_is_refused_in_one_line_and_runs_nothing(tmp_path, payload, names):
+    marker = tmp_path / "MARKER"
+    path = tmp_path / "model.pt"
+    torch.save({"format_version": FORMAT_VERSION, "state_dict": payload(marker)}, path)
+    with pytest.raises(UntrustedCheckpointError) as e:
+        load_model(path)
+    msg = str(e.value)
+    assert not marker.exists()
+    assert e.value.exit_code == 4 and "\n" not in msg and "\x1b" not in msg, msg
+    assert "weights_only" not in msg, msg  # torch's advice: load it again with it off
+    assert msg.startswith(f"{path}: holds something other than tensors and plain values"), msg
+    assert names in msg and "nothing in it ran" in msg and "re-train" in msg, msg
+    assert e.value.__suppress_context__  # torch's message is not in a traceback either
 
 
 def _ctx(tmp_path, overrides=()):

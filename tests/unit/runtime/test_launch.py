@@ -21,3 +21,17 @@ def test_multi_node_config_needs_endpoint_and_id():
         load_config(None, ["runtime.rdzv_endpoint=node0"])
     with pytest.raises(ConfigError, match="needs runtime.rdzv_endpoint"):
         Rendezvous(nnodes=3)
+
+
+def test_a_workers_refused_checkpoint_reaches_the_caller_as_itself(tmp_path):
+    """A rank that refused a crafted checkpoint file: the launcher raises the same class (exit 4,
+    the README's code for it), not a generic WorkerError (exit 9)."""
+    from enn_core.errors import UntrustedCheckpointError
+    from enn_core.runtime.launch import worker_error, write_error
+
+    refused = UntrustedCheckpointError(f"{tmp_path}/step-3/.metadata: refers to posix.system")
+    write_error(tmp_path, 0, refused, "resume", None, "Traceback ...")
+    err = worker_error(tmp_path, None, watchdog=None)  # type: ignore[arg-type]
+    assert type(err) is UntrustedCheckpointError and err.exit_code == 4
+    assert f"{tmp_path}/step-3/.metadata: refers to posix.system" in str(err)
+    assert "\n" not in str(err)

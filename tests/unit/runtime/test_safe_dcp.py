@@ -16,8 +16,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from enn_core.errors import UntrustedCheckpointError
 from enn_core.runtime import safe_dcp
-from enn_core.runtime.safe_dcp import UntrustedCheckpointError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

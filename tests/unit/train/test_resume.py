@@ -5,12 +5,17 @@ checkpoint whose partial-epoch statistics predate the communication and checkpoi
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
+from enn_core.errors import UntrustedCheckpointError
+from enn_core.events import read_events
 from enn_core.train.ckpt import COMMITTED, TRAINER, committed, content_hashes
 from tests.fixtures.train import run_local, tiny_cfg, with_fault
 
@@ -114,3 +119,64 @@ def test_an_unreadable_trainer_state_is_named_with_what_to_do(staged, tmp_path, 
         (dest / COMMITTED).write_text(json.dumps(record))
     with pytest.raises(Exception, match=r"unreadable checkpoint state .* delete .* to fall back"):
         run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=broken)
+
+
+# -- crafted files (issue 16): refused in one line naming the file, and nothing in them runs --
+
+
+class Payload:
+    """An attacker's object: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _copy_first(reference, dest: Path) -> Path:
+    """The reference run's first committed checkpoint, alone in `dest` (no COMPLETE: resumed)."""
+    *_, ckpt = reference
+    step = committed(ckpt)[0]
+    shutil.copytree(step, dest / step.name)
+    return dest / step.name
+
+
+def _forge_hashes(step: Path) -> None:
+    """What an attacker who can write the checkpoint directory also does: hashes that match."""
+    record = json.loads((step / COMMITTED).read_text())
+    record["files"] = content_hashes(step)
+    (step / COMMITTED).write_text(json.dumps(record))
+
+
+def _assert_refused(e, names: str, marker: Path) -> None:
+    msg = str(e.value)
+    assert not marker.exists()
+    assert e.value.exit_code == 4 and "\n" not in msg and "\x1b" not in msg, msg
+    assert "weights_only" not in msg, msg  # torch's advice: load it again with it off
+    assert names in msg and "posix.system" in msg, msg
+
+
+def test_a_crafted_rng_state_on_resume_is_refused_and_runs_nothing(staged, tmp_path, reference):
+    step = _copy_first(reference, tmp_path / "ckpt")
+    marker = tmp_path / "MARKER"
+    torch.save({"torch": Payload(marker)}, step / "rng-rank0.pt")
+    _forge_hashes(step)
+    with pytest.raises(UntrustedCheckpointError) as e:
+        run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=tmp_path / "ckpt")
+    _assert_refused(e, f"{step / 'rng-rank0.pt'}: holds something other than tensors", marker)
+    assert f"delete {step}" in str(e.value)
+
+
+def test_a_warm_start_from_a_crafted_metadata_is_refused_and_runs_nothing(
+    staged, tmp_path, reference
+):
+    """checkpoint.resume_from=<dir> with checkpoint.warm_start=true reads only the weights,
+    through the same safe reader as a resume."""
+    step = _copy_first(reference, tmp_path / "theirs")
+    marker = tmp_path / "MARKER"
+    (step / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(UntrustedCheckpointError) as e:
+        run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", weights_from=step)
+    _assert_refused(e, f"{step / '.metadata'}: refers to posix.system", marker)
+    assert not [e for e in read_events(tmp_path / "run") if e.get("name") == "warm_start"]
