@@ -9,6 +9,8 @@ its own validation rows, and a model of another task is not registered under the
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.serving import TableModel, decode
 from enn_core.stage import make_context
-from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, STAGE_DATA
+from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA
 from enn_core.stages.demo import stage_synthetic
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -144,13 +146,22 @@ def test_another_task_is_not_registered_under_the_name(tmp_path, store):
 def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path, store):
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
+    from mlflow.models import Model
+
+    from tasks.tracking import pyfunc
 
     client, reg = store
-    layout = trained(tmp_path / "a", steps=60)
+    layout = exported(trained(tmp_path / "a", steps=60))
     reg(layout)
     model = mlflow.pyfunc.load_model("models:/enn-synthetic@champion")
     inputs = {c.name: str(c.type) for c in model.metadata.get_input_schema().inputs}
-    assert inputs["daytype"] == "DataType.string", inputs
+    # month is spelled "01" but a CSV reader gives the number 1 (`mlflow models predict -i
+    # x.csv` reads without the schema): a string column would refuse it, so it takes either
+    assert inputs == {
+        "month": "Any",
+        "daytype": "DataType.string",
+        "direction": "DataType.string",
+    }, inputs
     ds = StagedDataset(STAGE_DATA.output_dir(layout))
     rows = np.sort(np.asarray(ds.split("test")))
     frame = decode(np.asarray(ds.features[rows]), ds.feature_specs)
@@ -169,11 +180,40 @@ def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path,
     assert "\n" not in e.value.message and "'someday' is not in the training vocabulary" in str(
         e.value.message
     )
+    as_read_from_csv = frame.head(2).assign(month=frame["month"].head(2).astype(int))
+    assert np.allclose(model.predict(as_read_from_csv).to_numpy(), out.head(2).to_numpy())
     # nothing in the model's folder is code or a pickle
     local = Path(mlflow.artifacts.download_artifacts("models:/enn-synthetic@champion"))
-    names = {p.suffix for p in local.rglob("*") if p.is_file()}
-    assert not names & {".pkl", ".pickle", ".py", ".cloudpickle"}, names
-    assert (local / "data" / "enn" / "model.pt").is_file()
+    files = [p.relative_to(local) for p in local.rglob("*") if p.is_file()]
+    assert not [
+        f for f in files if f.suffix in {".pkl", ".pickle", ".py"} or "pickle" in f.name.lower()
+    ], files
+    # the MLmodel: pyfunc through the installed project's loader module (no python_model, no
+    # code paths), an input example spelled as the source spells it, and the `onnx` flavor
+    # pointing at the ONNX program, with the torch.export program beside it
+    mlmodel = Model.load(str(local / "MLmodel"))
+    flavor = mlmodel.flavors["python_function"]
+    assert flavor["loader_module"] == pyfunc.__name__ == "tasks.tracking.pyfunc"
+    assert flavor["data"] == "data/enn" and not flavor.get("code"), flavor
+    assert "python_model" not in flavor and "cloudpickle_version" not in flavor, flavor
+    assert (local / "data/enn/model.pt").is_file()
+    onnx = mlmodel.flavors["onnx"]
+    assert onnx["data"] == "data/enn/model.onnx" and (local / onnx["data"]).is_file(), onnx
+    assert (local / "data/enn/model.pt2").is_file()
+    assert (local / "data/enn/sidecar.json").is_file()
+    info = mlmodel.saved_input_example_info
+    assert info is not None and info["type"] == "dataframe", info
+    example = json.loads((local / info["artifact_path"]).read_text())
+    assert example["columns"] == ["month", "daytype", "direction"]
+    assert len(example["data"]) == 2 and all(isinstance(v, str) for v in example["data"][0])
+    assert re.fullmatch(r"\d\d", example["data"][0][0]), example  # month as the source: "01"
+    assert not any("pickle" in line for line in (local / "requirements.txt").read_text().split())
+
+
+def exported(layout: Layout) -> Layout:
+    """`layout` after the real export stage (model.onnx and model.pt2, with parity)."""
+    EXPORT.work(RunConfig(), make_context(RunConfig(), layout, EXPORT, "t"))
+    return layout
 
 
 def bundle_of(layout: Layout, tmp: Path) -> Path:
