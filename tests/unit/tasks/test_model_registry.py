@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
-from enn_core.challenge import Score, remap_codes
+from enn_core.challenge import Score
 from enn_core.checkpoint import save_consolidated
 from enn_core.config import DataConfig, RunConfig, load_config
 from enn_core.config.model import ModelConfig
@@ -27,6 +27,7 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
 from enn_core.model import build_model
 from enn_core.paths import Layout
+from enn_core.predict.schema import remap_codes
 from enn_core.serving import TableModel, decode
 from enn_core.stage import make_context
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA
