@@ -201,6 +201,21 @@ def _first_unseen(row: np.ndarray, data_specs: Sequence[Spec], model_specs: Sequ
     raise AssertionError("remap_codes found a row with an unseen category, and none is")
 
 
+def check_labels(manifest: Mapping[str, Any], model_data: Mapping[str, Any], where: str) -> None:
+    """The model must predict the labels of the data's task: a features-only dataset carries
+    the label shape of the training data it was staged against."""
+    want = list(manifest.get("label_shape") or [])
+    have = list(model_data.get("label_shape") or [])
+    if want and have and want != have:
+        against = manifest.get("training_manifest") or "its training data"
+        raise DataError(
+            f"{where}: the model predicts labels of shape {have} but this task's are {want} "
+            f"(staged against {against}): it is a model of another task; predict with this "
+            "task's model (--model champion) or stage the input against the model's training "
+            "manifest"
+        )
+
+
 def check_schema(
     manifest: Mapping[str, Any],
     features: np.ndarray,

@@ -108,6 +108,7 @@ def run(
     model_path = model_io.resolve_model_path(p.model, model, root)
     code = ModelCode.of(cfg.model, root)
     net, ckpt = load_model(model_path, code)
+    schema.check_labels(ds.manifest, ckpt.data.as_dict(), where=str(data_dir))
     features_file = _features_for(ctx, ds, data_dir, ckpt)
     remapped = features_file != Path(data_dir) / ds.manifest["features"]["file"]
     features = np.load(features_file, mmap_mode="r") if remapped else ds.features
