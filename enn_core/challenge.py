@@ -17,7 +17,6 @@ saw are left out of its score (counted in `skipped`). No category in common is a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 from enn_core.checkpoint import DataSpec
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
+from enn_core.predict.schema import remap_codes
 from enn_core.serving import TableModel
 
 
@@ -71,24 +71,6 @@ def schema_differences(ours: DataSpec, theirs: DataSpec) -> list[str]:
     elif a["label_axes"] != b["label_axes"]:
         out.append(f"label axes {a['label_axes']} vs {b['label_axes']}")
     return out
-
-
-def remap_codes(
-    features: np.ndarray, ours: Sequence[Mapping[str, Any]], theirs: Sequence[Mapping[str, Any]]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(features with categorical codes mapped from our vocabularies to theirs, mask of the
-    rows whose every category they know)."""
-    x = np.array(features, dtype=np.float32, copy=True)
-    ok = np.ones(len(x), dtype=bool)
-    for j, (mine, other) in enumerate(zip(ours, theirs, strict=True)):
-        if mine.get("kind") != "categorical":
-            continue
-        index = {v: i for i, v in enumerate(other.get("vocab") or [])}
-        table = np.array([index.get(v, -1) for v in mine.get("vocab") or []], dtype=np.int64)
-        codes = table[x[:, j].astype(np.int64)]
-        ok &= codes >= 0
-        x[:, j] = np.where(codes >= 0, codes, 0)
-    return x, ok
 
 
 def score_split(folder: str | Path, staged: str | Path, split: str = "val") -> Score:

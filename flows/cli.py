@@ -272,14 +272,14 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
             if flow == "prediction":
                 from flows.prediction import prediction
 
-                with preloaded(config, cfg):
+                with preloaded(config, overrides, cfg):
                     results = prediction(
                         config=str(config), overrides=overrides, model=args.model, until=args.until
                     )
             else:
                 from flows.training import training
 
-                with preloaded(config, cfg):
+                with preloaded(config, overrides, cfg):
                     results = training(config=str(config), overrides=overrides, until=args.until)
         except CancelledRun as e:
             print(

@@ -84,14 +84,16 @@ def watch_cancellation(flow_run_id: str | None, poll_s: float = 1.0) -> Iterator
         watcher.join(5.0)
 
 
-_PRELOADED: ContextVar[tuple[Path, RunConfig] | None] = ContextVar("enn_preloaded", default=None)
+_PRELOADED: ContextVar[tuple[Path, tuple[str, ...], RunConfig] | None] = ContextVar(
+    "enn_preloaded", default=None
+)
 
 
 @contextlib.contextmanager
-def preloaded(config: Path, cfg: RunConfig) -> Iterator[None]:
-    """Flows called inside this block use `cfg` (which `enn run` loaded and validated, its
-    overrides included) for `config` instead of loading it again: once per process."""
-    token = _PRELOADED.set((Path(config).resolve(), cfg))
+def preloaded(config: Path, overrides: list[str], cfg: RunConfig) -> Iterator[None]:
+    """Flows called inside this block use `cfg` (which `enn run` loaded and validated from
+    `config` with `overrides`) instead of loading it again: once per process."""
+    token = _PRELOADED.set((Path(config).resolve(), tuple(overrides), cfg))
     try:
         yield
     finally:
@@ -99,9 +101,13 @@ def preloaded(config: Path, cfg: RunConfig) -> Iterator[None]:
 
 
 def load_once(path: Path, overrides: list[str]) -> RunConfig:
-    """The run's config: the one `preloaded` holds for `path`, else loaded (and validated) here."""
+    """The run's config: the one `preloaded` holds for `path` and these `overrides`, else
+    loaded (and validated) here (a flow that adds an override, as the prediction flow's
+    `--model PATH` adds predict.model, gets a config that has it)."""
     held = _PRELOADED.get()
-    return held[1] if held is not None and held[0] == path else load_config(path, overrides)
+    if held is not None and held[0] == path and held[1] == tuple(overrides):
+        return held[2]
+    return load_config(path, overrides)
 
 
 def run_stages(

@@ -108,9 +108,12 @@ def run(
     model_path = model_io.resolve_model_path(p.model, model, root)
     code = ModelCode.of(cfg.model, root)
     net, ckpt = load_model(model_path, code)
-    schema.check_schema(
-        ds.manifest.model_data(), ds.features, ckpt.data.as_dict(), where=str(data_dir)
-    )
+    data = {**ds.manifest.model_data(), "training_manifest": ds.manifest.training_manifest}
+    schema.check_labels(data, ckpt.data.as_dict(), where=str(data_dir))
+    features_file = _features_for(ctx, ds, data_dir, ckpt)
+    remapped = features_file != Path(data_dir) / ds.manifest.features.file
+    features = np.load(features_file, mmap_mode="r") if remapped else ds.features
+    schema.check_schema(data, features, ckpt.data.as_dict(), where=str(data_dir), remapped=remapped)
     index, selection = select_rows(ds, p.split, features_only)
     n_rows = ds.features.shape[0] if index is None else len(index)
     if n_rows == 0:
@@ -150,7 +153,7 @@ def run(
             world_size=world,
             parts_dir=str(store.root),
             plan=plan,
-            features_path=str(Path(data_dir) / ds.manifest.features.file),
+            features_path=str(features_file),
             index_path=str(index_path) if index_path else None,
             batch_size=p.batch_size,
             loader=functools.partial(
@@ -213,7 +216,32 @@ def run(
     write_json(ctx.run_dir / "predict_summary.json", summary.as_dict())
     _record(ctx, summary)
     shutil.rmtree(store.root, ignore_errors=True)
+    if remapped:
+        features_file.unlink(missing_ok=True)
     return summary
+
+
+def _features_for(ctx: StageContext, ds: StagedDataset, data_dir: Path, ckpt: Checkpoint) -> Path:
+    """The staged features file, or, when its categories are coded otherwise than the model's
+    (staged against another training manifest: a retrain that met them in another order), a
+    copy under the work directory coded by the model's vocabularies, read by spelling."""
+    own = Path(data_dir) / ds.manifest.features.file
+    data_specs = list(ds.manifest.feature_specs)
+    model_specs = ckpt.data.feature_specs
+    if not schema.needs_remap(data_specs, model_specs):
+        return own
+    where = str(data_dir)
+    schema.check_specs(data_specs, model_specs, where, vocabularies=False)
+    dest = ctx.layout.work / "predict-inputs" / f"{ctx.output().name}.npy"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    schema.remap_file(own, dest, data_specs, model_specs, where)
+    ctx.logger.info(
+        "predict: %s codes its categories otherwise than the model (another training "
+        "manifest); its rows are read by the spelling of each category",
+        data_dir,
+    )
+    ctx.events.event("predict_inputs_remapped", input=where)
+    return dest
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,7 @@ def _challenge(
         theirs = TableModel.load(folder).checkpoint.data
         return (
             f"{name}'s champion (version {champion.version}) is another task "
-            f"({str(e).split(': ', 1)[-1]}); this model takes "
+            f"({str(e).split('another task: ', 1)[-1]}); this model takes "
             f"{[s['name'] for s in ours.feature_specs]} -> labels {list(ours.label_shape)}, "
             f"the champion {[s['name'] for s in theirs.feature_specs]} -> "
             f"{list(theirs.label_shape)}: give this data its own registered model with "

@@ -176,6 +176,38 @@ def test_prediction_flow_uses_the_champion_and_any_client_calls_it(store, tmp_pa
     assert len(got) == 2 and abs(got[0][out.columns[0]] - out.iloc[0, 0]) < 1e-3
 
 
+def test_prediction_with_a_model_of_another_task_is_one_line_and_exit_3(trained_project, tmp_path):
+    """`--model` a checkpoint of the same features but another label grid (3 sections, not 4):
+    refused before predicting, exit 3 (DataError), one line, no traceback."""
+    from enn_core.checkpoint import save_consolidated
+    from enn_core.config.model import ModelConfig
+    from enn_core.data.dataset import StagedDataset
+    from enn_core.model import build_model
+    from enn_core.stages.demo import stage_synthetic
+    from tests.fixtures.project import TINY
+
+    synthetic = {**TINY["data"]["synthetic"], "n_sections": 3}
+    data_dir = stage_synthetic(tmp_path / "other", **synthetic)
+    ds = StagedDataset(data_dir)
+    cfg = ModelConfig(preset="tabular", d_model=16, layers=1, embed_dim=4)
+    other = tmp_path / "other" / "model.pt"
+    save_consolidated(
+        other,
+        build_model(cfg, ds.manifest, data_dir=data_dir),
+        cfg,
+        ds.manifest,
+        {"precision": "fp32"},
+    )
+    project = copy_project(trained_project.project, tmp_path / "proj")
+    out = project.run("enn", "run", "--flow", "prediction", "--model", str(other), check=False)
+    said = out.stdout + out.stderr
+    assert out.returncode == 3, said[-3000:]
+    line = "the model predicts labels of shape [3, 6] but this task's are [4, 6]"
+    hits = [x for x in said.splitlines() if line in x]
+    assert len(hits) == 1 and "it is a model of another task" in hits[0], said[-3000:]
+    assert "Traceback" not in said
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -90,3 +90,69 @@ def test_collapsed_predictions_are_held_back_with_the_report(project):
     assert not (out / "predictions.npy").exists()
     report = json.loads((out / "report.json").read_text())
     assert report["released"] is False and report["measures"]["broadcast_fraction"] == 1.0
+
+
+def test_a_champion_reads_inputs_staged_against_a_retrain_that_met_categories_in_another_order(
+    tmp_path,
+):
+    """The prediction flow stages new inputs against the latest training manifest. When that
+    retrain was not promoted and met the stores in another order (vocabularies grow in order
+    of first appearance), the champion still reads each row by its category's spelling: the
+    same predictions as inputs staged against its own manifest. A store only the retrain
+    knows is one line naming it."""
+    import dataclasses
+
+    import pandas as pd
+
+    from enn_core.errors import DataError
+    from tests.fixtures.data import csv_data, sales_csv
+
+    root = tmp_path / "p"
+    (root / "data").mkdir(parents=True)
+    (root / "params.yaml").write_text("{}\n")
+    first = sales_csv(root / "data" / "first.csv", 80, seed=0)
+    table = pd.read_csv(first)
+    table[table["store"] != "store3"].to_csv(first, index=False)  # the champion never saw it
+    later = sales_csv(root / "data" / "later.csv", 80, seed=3)
+    new = sales_csv(root / "data" / "new.csv", 30, seed=4)
+    model = ["model.preset=tabular", "model.d_model=16", "model.layers=1", "model.embed_dim=4"]
+    cfg = dataclasses.replace(load_config(None, model), data=csv_data(first))
+    layout = Layout.for_root(root)
+    manifest = root / "outputs/stage-data/manifest.json"
+    staging.run(cfg, make_context(cfg, layout, STAGE_DATA, "r0"))
+    PREPARE_CHECKPOINT.work(cfg, make_context(cfg, layout, PREPARE_CHECKPOINT, "r0"))
+    champion = root / "champion.pt"
+    shutil.copy(root / "outputs/prepare-checkpoint/init.pt", champion)
+    known = pd.read_csv(new)
+    known = known[known["store"] != "store3"]
+    known.to_csv(root / "data" / "known.csv", index=False)
+    staging.stage_features(csv_data(root / "data" / "known.csv"), layout, root / "own", manifest)
+
+    later_cfg = dataclasses.replace(cfg, data=csv_data(later))  # the retrain, not promoted
+    staging.run(later_cfg, make_context(later_cfg, layout, STAGE_DATA, "r1"))
+    vocab = json.loads(manifest.read_text())["feature_specs"][0]["vocab"]
+    own_vocab = json.loads((root / "own/manifest.json").read_text())["feature_specs"][0]["vocab"]
+    assert vocab[: len(own_vocab)] != own_vocab and set(own_vocab) < set(vocab)  # the premise
+    staging.stage_features(csv_data(root / "data" / "known.csv"), layout, root / "in", manifest)
+    staging.stage_features(csv_data(new), layout, root / "all", manifest)
+
+    def predicted(input_dir):
+        flow_steps.predict(
+            cfg,
+            make_context(cfg, layout, PREDICT, "r2"),
+            input_dir=input_dir,
+            model_path=champion,
+            calibration_name=COLLAPSE_CHECK.name,
+        )
+        return np.load(root / "outputs/predict/predictions.npy")
+
+    reference = predicted(root / "own")
+    assert np.allclose(predicted(root / "in"), reference, atol=1e-6)
+    with pytest.raises(DataError) as e:
+        predicted(root / "all")
+    row = int(np.flatnonzero(pd.read_csv(new)["store"] == "store3")[0])
+    assert str(e.value).endswith(
+        f"row {row}, feature 'store': category 'store3' was not seen in training (the model "
+        "knows 3 values); drop those rows or retrain with them"
+    ), e.value
+    assert "\n" not in str(e.value)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from enn_core.errors import DataError
-from enn_core.predict.schema import check_schema
+from enn_core.predict.schema import check_labels, check_schema
 
 MONTHS = [f"{m:02d}" for m in range(1, 13)]
 SPECS = [
@@ -76,3 +76,17 @@ def test_codes_outside_the_vocabulary_are_refused(bad):
 def test_feature_count_must_match():
     with pytest.raises(DataError, match=r"shape \[1, 4\] but the model expects \[N, 3\]"):
         check_schema({"feature_specs": SPECS}, _x([[0, 0, 1.0, 2.0]]), MODEL, "in")
+
+
+def test_a_model_of_other_labels_is_another_task():
+    """A features-only dataset carries its training data's label shape; a model of the same
+    features but other labels is refused before anything is predicted."""
+    data = {"feature_specs": SPECS, "label_shape": [4, 6], "training_manifest": "t/manifest.json"}
+    check_labels(data, {**MODEL, "label_shape": [4, 6]}, "in")
+    with pytest.raises(DataError) as e:
+        check_labels(data, {**MODEL, "label_shape": [3, 6]}, "in")
+    assert str(e.value).startswith(
+        "in: the model predicts labels of shape [3, 6] but this task's are [4, 6] (staged "
+        "against t/manifest.json): it is a model of another task"
+    )
+    assert "\n" not in str(e.value)

@@ -9,6 +9,8 @@ its own validation rows, and a model of another task is not registered under the
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,26 +19,31 @@ import pandas as pd
 import pytest
 import torch
 
-from enn_core.challenge import Score, remap_codes
+from enn_core.challenge import Score
 from enn_core.checkpoint import save_consolidated
-from enn_core.config import RunConfig, load_config
+from enn_core.config import DataConfig, RunConfig, load_config
 from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
 from enn_core.model import build_model
 from enn_core.paths import Layout
+from enn_core.predict.schema import remap_codes
 from enn_core.serving import TableModel, decode
 from enn_core.stage import make_context
-from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, STAGE_DATA
+from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA
 from enn_core.stages.demo import stage_synthetic
+from tests.fixtures.data import csv_data, sales, sales_csv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MODEL_CFG = ModelConfig(preset="tabular", d_model=32, layers=1, embed_dim=4)
 
 
-def trained(root: Path, steps: int, lr: float = 1e-2, **synthetic: int) -> Layout:
-    """Staged synthetic data, a tabular ENN trained `steps` full-batch steps, collapse-check."""
-    data_dir = stage_synthetic(root, **synthetic)
+def trained(
+    root: Path, steps: int, lr: float = 1e-2, data: DataConfig | None = None, **synthetic: int
+) -> Layout:
+    """Staged synthetic data (or `data`), a tabular ENN trained `steps` full-batch steps,
+    collapse-check."""
+    data_dir = stage_synthetic(root, data=data, **synthetic)
     ds = StagedDataset(data_dir)
     torch.manual_seed(0)
     model = build_model(MODEL_CFG, ds.manifest.model_data(), data_dir=data_dir)
@@ -67,7 +74,11 @@ def store(tmp_path):
     tracker = Tracker(cfg, Layout.for_root(tmp_path))
     client = tracker.client
 
-    def reg(layout: Layout, name: str = "enn-synthetic"):
+    def reg(layout: Layout, name: str = ""):
+        """Register under `name`, by default the name derived from the staged data's source
+        (`enn-synthetic`, `enn-sales` for data/sales.csv)."""
+        source = StagedDataset(STAGE_DATA.output_dir(layout)).manifest.source
+        name = name or cfg.tracking.model_name(source.kind, source.path)
         run = client.create_run(tracker.experiment_id, run_name="export")
         return register(client, run.info.run_id, layout, name, {"enn.test": "1"})
 
@@ -96,20 +107,32 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     assert tags["enn.schema"] == client.get_model_version("enn-synthetic", "1").tags["enn.schema"]
 
 
-def test_a_model_no_better_than_the_naive_predictor_is_not_promoted(tmp_path, store):
+def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(tmp_path, store):
+    """Sales that mostly follow the store: after 10 steps the model passes collapse-check but
+    its validation MAE is above the per-store mean's (the conditional naive predictor)."""
+    from mlflow.exceptions import MlflowException
+
     from tasks.tracking.registry import decide
 
-    _, reg = store
-    layout = trained(tmp_path / "a", steps=60)
-    registration = reg(layout)
-    naive = registration.naive_val_mae
-    assert naive is not None and registration.val_mae < naive
-    # the gate, with the numbers a weaker model would have
-    own = Score(mae=naive * 1.01, rows=registration_rows(layout), skipped=0)
-    promote, why = decide(own, naive, None, None)
-    assert not promote and why == (
-        f"val/mae {own.mae:.4g} does not beat the conditional naive predictor's {naive:.4g}"
+    client, reg = store
+    layout = trained(tmp_path / "a", steps=10, lr=3e-2, data=csv_data(sales(tmp_path)))
+    report = json.loads((COLLAPSE_CHECK.output_dir(layout) / "report.json").read_text())
+    mae, naive = (report["chosen_metrics"][k] for k in ("val/mae", "val/naive_conditional_mae"))
+    assert mae > naive, report["chosen_metrics"]  # the premise: it does not beat the store mean
+    weak = reg(layout, "enn-sales")
+    assert weak.registered and weak.version == 1 and not weak.champion, weak
+    assert weak.val_mae == pytest.approx(mae, rel=1e-4) and weak.naive_val_mae == naive
+    tags = client.get_model_version("enn-sales", "1").tags
+    assert tags["enn.champion_decision"] == (
+        f"val/mae {weak.val_mae:.4g} does not beat the conditional naive predictor's {naive:.4g}"
     )
+    assert float(tags["enn.val_mae"]) == pytest.approx(mae, rel=1e-4)
+    assert float(tags["enn.naive_conditional_val_mae"]) == pytest.approx(naive, rel=1e-5)
+    assert str(client.get_model_version_by_alias("enn-sales", "candidate").version) == "1"
+    with pytest.raises(MlflowException, match="champion"):
+        client.get_model_version_by_alias("enn-sales", "champion")
+    # the gate comes first: beating a champion does not make up for it
+    own = Score(mae=naive * 1.01, rows=registration_rows(layout), skipped=0)
     promote, why = decide(own, naive, Score(mae=naive * 2, rows=own.rows, skipped=0), "1")
     assert not promote and "naive predictor" in why
 
@@ -141,16 +164,79 @@ def test_another_task_is_not_registered_under_the_name(tmp_path, store):
     assert reg(other, "enn-other").champion  # under its own name it is a champion
 
 
+def test_a_model_of_other_features_is_not_registered_under_the_name(tmp_path, store):
+    """The same label grid from other columns (`shop` instead of `store`) is another task."""
+    client, reg = store
+    champion = reg(trained(tmp_path / "a", steps=40, lr=3e-2, data=csv_data(sales(tmp_path))))
+    assert champion.champion, champion
+    (tmp_path / "other").mkdir()
+    shops = sales_csv(tmp_path / "other" / "sales.csv", 300, first="shop")
+    other = trained(tmp_path / "b", steps=40, lr=3e-2, data=csv_data(shops, first="shop"))
+    refused = reg(other, champion.model)
+    assert not refused.registered and refused.version is None, refused
+    line = refused.line()
+    assert "\n" not in line and line.startswith(f"{champion.model}: not registered: "), line
+    assert "(version 1) is another task (features ['shop', 'month', 'temp'] vs ['store'," in line
+    assert "tracking.registered_model=<name>" in line, line
+    assert len(client.search_model_versions(f"name='{champion.model}'")) == 1
+    assert str(client.get_model_version_by_alias(champion.model, "champion").version) == "1"
+
+
+def test_a_retrain_on_appended_rows_of_the_same_csv_promotes_a_better_model(tmp_path, store):
+    """`data/sales.csv` grows by 200 rows; the retrain (another fingerprint, more validation
+    rows) is compared with the champion scored on the retrain's own validation rows."""
+    from enn_core.challenge import score_split
+
+    client, reg = store
+    csv = sales(tmp_path)
+    first_layout = trained(tmp_path / "a", steps=40, lr=3e-2, data=csv_data(csv))
+    first = reg(first_layout)
+    assert first.model == "enn-sales" and first.champion, first
+    sales_csv(csv, 200, seed=1)  # the same file, 200 rows appended
+    layout = trained(tmp_path / "b", steps=150, lr=3e-2, data=csv_data(csv))
+    staged = STAGE_DATA.output_dir(layout)
+    rows = registration_rows(layout)
+    assert rows > registration_rows(first_layout)
+    retrain = reg(layout)
+    assert retrain.champion and retrain.version == 2, retrain
+    # the champion's MAE on the retrain's validation rows, through its own prediction path
+    theirs = score_split(bundle_of(first_layout, tmp_path), staged, "val")
+    assert theirs.rows == rows and retrain.champion_val_mae == pytest.approx(theirs.mae)
+    assert retrain.champion_val_mae != pytest.approx(first.val_mae)
+    assert retrain.reason == (
+        f"val/mae {retrain.val_mae:.4g} beats the champion's (version 1) {theirs.mae:.4g} "
+        f"on this version's {rows} validation rows"
+    )
+    tags = client.get_model_version("enn-sales", "2").tags
+    assert tags["enn.champion_decision"] == retrain.reason
+    assert tags["enn.val_rows"] == str(rows)
+    assert float(tags["enn.champion_val_mae_on_these_rows"]) == pytest.approx(theirs.mae, 1e-5)
+    assert (
+        tags["enn.data_fingerprint"]
+        != client.get_model_version("enn-sales", "1").tags["enn.data_fingerprint"]
+    )
+    assert str(client.get_model_version_by_alias("enn-sales", "champion").version) == "2"
+
+
 def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path, store):
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
+    from mlflow.models import Model
+
+    from tasks.tracking import pyfunc
 
     client, reg = store
-    layout = trained(tmp_path / "a", steps=60)
+    layout = exported(trained(tmp_path / "a", steps=60))
     reg(layout)
     model = mlflow.pyfunc.load_model("models:/enn-synthetic@champion")
     inputs = {c.name: str(c.type) for c in model.metadata.get_input_schema().inputs}
-    assert inputs["daytype"] == "DataType.string", inputs
+    # month is spelled "01" but a CSV reader gives the number 1 (`mlflow models predict -i
+    # x.csv` reads without the schema): a string column would refuse it, so it takes either
+    assert inputs == {
+        "month": "Any",
+        "daytype": "DataType.string",
+        "direction": "DataType.string",
+    }, inputs
     ds = StagedDataset(STAGE_DATA.output_dir(layout))
     rows = np.sort(np.asarray(ds.split("test")))
     frame = decode(np.asarray(ds.features[rows]), ds.feature_specs)
@@ -169,11 +255,40 @@ def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path,
     assert "\n" not in e.value.message and "'someday' is not in the training vocabulary" in str(
         e.value.message
     )
+    as_read_from_csv = frame.head(2).assign(month=frame["month"].head(2).astype(int))
+    assert np.allclose(model.predict(as_read_from_csv).to_numpy(), out.head(2).to_numpy())
     # nothing in the model's folder is code or a pickle
     local = Path(mlflow.artifacts.download_artifacts("models:/enn-synthetic@champion"))
-    names = {p.suffix for p in local.rglob("*") if p.is_file()}
-    assert not names & {".pkl", ".pickle", ".py", ".cloudpickle"}, names
-    assert (local / "data" / "enn" / "model.pt").is_file()
+    files = [p.relative_to(local) for p in local.rglob("*") if p.is_file()]
+    assert not [
+        f for f in files if f.suffix in {".pkl", ".pickle", ".py"} or "pickle" in f.name.lower()
+    ], files
+    # the MLmodel: pyfunc through the installed project's loader module (no python_model, no
+    # code paths), an input example spelled as the source spells it, and the `onnx` flavor
+    # pointing at the ONNX program, with the torch.export program beside it
+    mlmodel = Model.load(str(local / "MLmodel"))
+    flavor = mlmodel.flavors["python_function"]
+    assert flavor["loader_module"] == pyfunc.__name__ == "tasks.tracking.pyfunc"
+    assert flavor["data"] == "data/enn" and not flavor.get("code"), flavor
+    assert "python_model" not in flavor and "cloudpickle_version" not in flavor, flavor
+    assert (local / "data/enn/model.pt").is_file()
+    onnx = mlmodel.flavors["onnx"]
+    assert onnx["data"] == "data/enn/model.onnx" and (local / onnx["data"]).is_file(), onnx
+    assert (local / "data/enn/model.pt2").is_file()
+    assert (local / "data/enn/sidecar.json").is_file()
+    info = mlmodel.saved_input_example_info
+    assert info is not None and info["type"] == "dataframe", info
+    example = json.loads((local / info["artifact_path"]).read_text())
+    assert example["columns"] == ["month", "daytype", "direction"]
+    assert len(example["data"]) == 2 and all(isinstance(v, str) for v in example["data"][0])
+    assert re.fullmatch(r"\d\d", example["data"][0][0]), example  # month as the source: "01"
+    assert not any("pickle" in line for line in (local / "requirements.txt").read_text().split())
+
+
+def exported(layout: Layout) -> Layout:
+    """`layout` after the real export stage (model.onnx and model.pt2, with parity)."""
+    EXPORT.work(RunConfig(), make_context(RunConfig(), layout, EXPORT, "t"))
+    return layout
 
 
 def bundle_of(layout: Layout, tmp: Path) -> Path:
