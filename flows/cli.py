@@ -165,11 +165,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser(
         "ui",
-        help="Start the MLflow UI (mlflow server on 127.0.0.1 over the project's store).",
-        description="mlflow server over work/mlflow with job execution off; Ctrl-C stops it.",
+        help="Start the MLflow UI and the Prefect UI over the project's stores, on 127.0.0.1.",
+        description="The MLflow UI (mlflow server over work/mlflow, job execution off: runs, "
+        "metrics, registered models) and the Prefect UI (prefect server start over work/prefect: "
+        "flow runs, task runs, their logs and artifacts), on deploy.host; prints both URLs. "
+        "While it runs, `enn run` reports its flow runs to this Prefect server. Ctrl-C stops both.",
     )
     _common(p)
-    p.add_argument("--port", type=int, default=None, help="Port (default: deploy.mlflow_port).")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="The MLflow UI's port (default: deploy.mlflow_port; the Prefect UI's: "
+        "deploy.prefect_port).",
+    )
     return parser
 
 
