@@ -158,9 +158,16 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
             time.sleep(1)
         by_name = {d["name"]: d for d in deployments}
         assert set(by_name) == {"scheduled", "on-demand"}
-        # the UI that Prefect's banner links to is served (the link works)
-        with urllib.request.urlopen(api.removesuffix("/api"), timeout=30) as r:
-            assert r.status == 200 and b"<html" in r.read().lower()
+        # every link the console prints (Prefect's banner: "...via the Prefect UI: <url>")
+        # answers a browser (which asks for HTML: the UI's pages are client-side routes, served
+        # as its index page only then) with the UI, not a 404
+        banner = _read_until(proc, r"via the Prefect UI: (http://\S+)", 120)
+        links = [banner.group(1)]
+        assert links == [f"{api.removesuffix('/api')}/deployments"], links
+        for link in links:
+            browser = urllib.request.Request(link, headers={"Accept": "text/html"})
+            with urllib.request.urlopen(browser, timeout=30) as r:
+                assert r.status == 200 and b"<html" in r.read().lower(), link
         train_id = by_name["scheduled"]["id"]
         scheduled = []
         while time.time() < deadline and not scheduled:  # the server's scheduler, not a tick
