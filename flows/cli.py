@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -24,12 +25,26 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enn_core.config import RunConfig
 from enn_core.errors import EnnError, exit_codes
 from enn_core.paths import Layout, find_root, project_root
-from enn_core.stages import FLOWS, PREDICTION, TRAINING, Flow, StageSpec, lookup
+from enn_core.stages import (
+    FLOWS,
+    PREDICTION,
+    STAGE_DATA,
+    TRAINING,
+    VALIDATE,
+    Flow,
+    StageSpec,
+    lookup,
+    up_to,
+)
 from flows import console
+
+if TYPE_CHECKING:
+    from tasks.runner import FlowRecord
 
 COMMON_EPILOG = (
     "Config: defaults -> params.yaml -> --set overrides (docs/config.md lists every key). "
@@ -150,11 +165,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser(
         "ui",
-        help="Start the MLflow UI (mlflow server on 127.0.0.1 over the project's store).",
-        description="mlflow server over work/mlflow with job execution off; Ctrl-C stops it.",
+        help="Start the MLflow UI and the Prefect UI over the project's stores, on 127.0.0.1.",
+        description="The MLflow UI (mlflow server over work/mlflow, job execution off: runs, "
+        "metrics, registered models) and the Prefect UI (prefect server start over work/prefect: "
+        "flow runs, task runs, their logs and artifacts), on deploy.host; prints both URLs. "
+        "While it runs, `enn run` reports its flow runs to this Prefect server. Ctrl-C stops both.",
     )
     _common(p)
-    p.add_argument("--port", type=int, default=None, help="Port (default: deploy.mlflow_port).")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="The MLflow UI's port (default: deploy.mlflow_port; the Prefect UI's: "
+        "deploy.prefect_port).",
+    )
     return parser
 
 
@@ -169,7 +193,8 @@ def _config_path(args: argparse.Namespace) -> Path:
 def ui_command(cfg: RunConfig, layout: Layout, port: int | None) -> int:
     """The MLflow UI and the Prefect UI over this project's stores, on loopback, until Ctrl-C;
     `enn run` meanwhile reports its flow runs to this Prefect server (work/ui.json)."""
-    from flows.servers import announce_ui, mlflow_server, prefect_server
+    from flows.servers import mlflow_server, prefect_server
+    from tasks.ui import announce_ui
 
     uri = cfg.tracking.uri or layout.mlflow_uri
     logs = layout.work / "logs"
@@ -239,7 +264,8 @@ def prefect_api(layout: Layout) -> Iterator[str]:
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    from flows.servers import running_ui, temporary_prefect_api
+    from flows.servers import temporary_prefect_api
+    from tasks.ui import running_ui
 
     ui = running_ui(layout.work)
     if ui is not None:  # `enn ui` serves this project's Prefect database: report to it
@@ -263,65 +289,148 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
 
     flow, overrides = args.flow, args.overrides
     # the lock first: a second run fails fast, before Prefect starts
-    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"), prefect_api(layout):
+    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"), prefect_api(layout) as api:
         from prefect.exceptions import CancelledRun
 
-        from flows.training import preloaded
+        from flows.training import preloaded, recorded_flow
 
-        try:
-            if flow == "prediction":
-                from flows.prediction import prediction
+        summary = Summary(layout, cfg, flow, args.until, api)
+        with recorded_flow() as record:
+            try:
+                if flow == "prediction":
+                    from flows.prediction import prediction
 
-                with preloaded(config, overrides, cfg):
-                    results = prediction(
-                        config=str(config), overrides=overrides, model=args.model, until=args.until
-                    )
-            else:
-                from flows.training import training
+                    with preloaded(config, overrides, cfg):
+                        prediction(
+                            config=str(config),
+                            overrides=overrides,
+                            model=args.model,
+                            until=args.until,
+                        )
+                else:
+                    from flows.training import training
 
-                with preloaded(config, overrides, cfg):
-                    results = training(config=str(config), overrides=overrides, until=args.until)
-        except CancelledRun as e:
-            print(
-                f"cancelled: {str(e).splitlines()[0] if str(e) else 'the flow run was cancelled'}",
-                file=sys.stderr,
-            )
-            return 130
-    print_summary(results, layout, flow)
+                    with preloaded(config, overrides, cfg):
+                        training(config=str(config), overrides=overrides, until=args.until)
+            except CancelledRun as e:
+                summary.print(record, ended="cancelled")
+                why = str(e).splitlines()[0] if str(e) else "the flow run was cancelled"
+                print(f"cancelled: {why}", file=sys.stderr)
+                return 130
+            except BaseException as e:
+                # what ran, what stopped, where to look; the error's one line (printed by
+                # _main: `error: ...`, `interrupted`) stays the last line
+                summary.print(record, ended=ended_by(e))
+                raise
+    summary.print(record)
     return 0
 
 
-def print_summary(results: dict, layout: Layout, flow: str) -> None:
-    """How the run went: each stage's status and time, the headline results against the naive
-    predictors, the registered version and the champion decision, and where to look."""
-    import json
+def ended_by(e: BaseException) -> str:
+    """The stopped stage's status in the summary."""
+    if isinstance(e, Terminated):
+        return "terminated"
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return "failed"
 
-    from enn_core.stages import STAGE_DATA, VALIDATE
 
-    for stage, r in results.items():
-        print(f"{stage:20s} {r.status:8s} {r.seconds:7.1f} s  {r.reason}")
-    metrics = VALIDATE.output_dir(layout) / "metrics.json"
-    if flow == "training" and VALIDATE.name in results and metrics.is_file():
-        m = json.loads(metrics.read_text())
-        print(
-            "results: "
-            + "; ".join(
-                f"{split} MAE {m[f'{split}/mae']:.4g} (conditional naive "
-                f"{m[f'{split}/naive_conditional_mae']:.4g}, per-cell mean "
-                f"{m[f'{split}/naive_cell_mean_mae']:.4g})"
-                for split in ("val", "test")
-                if m.get(f"{split}/mae") is not None
-                and m.get(f"{split}/naive_conditional_mae") is not None
-                and m.get(f"{split}/naive_cell_mean_mae") is not None
+class Summary:
+    """How a flow run went: each stage's status and time, the headline results against the naive
+    predictors, the registered version and the champion decision, and where to look (the run's
+    MLflow and Prefect pages when a UI serves them, the log file, the outputs)."""
+
+    def __init__(
+        self, layout: Layout, cfg: RunConfig, flow: Flow, until: str | None, prefect_api: str
+    ) -> None:
+        self.layout, self.cfg, self.flow, self.until = layout, cfg, flow, until
+        self.prefect_api = prefect_api
+
+    def print(self, record: FlowRecord, ended: str | None = None) -> None:
+        for line in self.lines(record, ended):
+            print(line, flush=True)
+
+    def lines(self, record: FlowRecord, ended: str | None = None) -> list[str]:
+        log = [f"log: {console.LOG_FILE}"] if console.LOG_FILE is not None else []
+        if ended is not None and not record.results and record.running is None:
+            return log  # stopped before any stage (a config error): its one line says it
+        out = self.stage_lines(record, ended)
+        if ended is None:
+            out += self.result_lines(record)
+            out.append(
+                f"outputs: {self.layout.outputs}/<stage>/ "
+                f"(staged data: {self.layout.outputs / STAGE_DATA.name})"
             )
-        )
-    for r in results.values():
-        if r.registry is not None:
-            print(f"model: {r.registry.line()}")
-    print(f"outputs: {layout.outputs}/<stage>/ (staged data: {layout.outputs / STAGE_DATA.name})")
-    if console.LOG_FILE is not None:
-        print(f"log: {console.LOG_FILE}")
-    print("look: enn ui (MLflow and Prefect), dvc metrics show")
+        return out + log + self.look_lines(record)
+
+    def stage_lines(self, record: FlowRecord, ended: str | None) -> list[str]:
+        """`validate   ran   0.7 s  executed`; a stopped run adds the stage it stopped (its
+        status: failed, cancelled, interrupted, terminated) and the stages that did not run."""
+        out = [
+            f"{s:20s} {r.status:8s} {r.seconds:7.1f} s  {r.reason}"
+            for s, r in record.results.items()
+        ]
+        if ended is None:
+            return out
+        if record.running is not None:
+            took = time.monotonic() - record.running_since
+            out.append(f"{record.running:20s} {ended:8s} {took:7.1f} s")
+        try:
+            planned = [s.name for s in up_to(self.flow, self.until)]
+        except EnnError:
+            planned = []
+        done = {*record.results, record.running}
+        out += [f"{name:20s} not run" for name in planned if name not in done]
+        return out
+
+    def result_lines(self, record: FlowRecord) -> list[str]:
+        out = []
+        metrics = VALIDATE.output_dir(self.layout) / "metrics.json"
+        if self.flow == "training" and VALIDATE.name in record.results and metrics.is_file():
+            m = json.loads(metrics.read_text())
+            out.append(
+                "results: "
+                + "; ".join(
+                    f"{split} MAE {m[f'{split}/mae']:.4g} (conditional naive "
+                    f"{m[f'{split}/naive_conditional_mae']:.4g}, per-cell mean "
+                    f"{m[f'{split}/naive_cell_mean_mae']:.4g})"
+                    for split in ("val", "test")
+                    if m.get(f"{split}/mae") is not None
+                    and m.get(f"{split}/naive_conditional_mae") is not None
+                    and m.get(f"{split}/naive_cell_mean_mae") is not None
+                )
+            )
+        out += [f"model: {r.registry.line()}" for r in record.results.values() if r.registry]
+        return out
+
+    def look_lines(self, record: FlowRecord) -> list[str]:
+        """The run's pages where a UI serves them; else how to start one."""
+        from tasks.ui import mlflow_run_url, mlflow_ui
+
+        out = []
+        mlflow = mlflow_ui(self.cfg, self.layout.work) if record.mlflow_run_id else None
+        if mlflow and record.mlflow_experiment_id and record.mlflow_run_id:
+            url = mlflow_run_url(mlflow, record.mlflow_experiment_id, record.mlflow_run_id)
+            out.append(f"look: MLflow run {url}")
+        prefect = prefect_ui(self.prefect_api) if record.flow_run_id else None
+        if prefect:
+            out.append(f"look: Prefect flow run {prefect}/runs/flow-run/{record.flow_run_id}")
+        hint = "dvc metrics show" if out else "enn ui (MLflow and Prefect), dvc metrics show"
+        return [*out, f"look: {hint}"]
+
+
+def prefect_ui(api: str) -> str | None:
+    """The Prefect UI at the API's server (its root, where `prefect server start` serves it),
+    or None: enn run's temporary API serves no UI (PREFECT_UI_ENABLED=0)."""
+    import urllib.request
+
+    base = api.rstrip("/").removesuffix("/api")
+    try:
+        with urllib.request.urlopen(f"{base}/", timeout=3) as r:  # noqa: S310 - the run's API
+            html = r.status == 200 and "html" in r.headers.get("content-type", "")
+    except (OSError, ValueError):
+        return None
+    return base if html else None
 
 
 def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
 import time
-import warnings
 from pathlib import Path
 
 from enn_core.errors import EnnError
 
-# (logger, what it says, why nobody needs to see it): below CRITICAL, these loggers (and their
-# children) are silenced unless --verbose. Other third-party INFO stays in the log file only.
+# (logger, what it says, why nobody needs to see it): these loggers (and their children) are kept
+# off the console unless --verbose; the log file keeps their lines. Other third-party INFO
+# stays in the log file only as well.
 NOISE: tuple[tuple[str, str, str], ...] = (
     (
         "torch.distributed.elastic",
@@ -47,7 +48,7 @@ NOISE: tuple[tuple[str, str, str], ...] = (
     ),
 )
 # Python warnings raised inside libraries, not by anything enn calls with a choice:
-# (message regex, category, why).
+# (message regex, category, why). Off the console unless --verbose; the log file keeps them.
 QUIET_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
     (
         r"`isinstance\(treespec, LeafSpec\)` is deprecated",
@@ -70,14 +71,29 @@ class Console(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 class ConsoleFilter(logging.Filter):
-    """The project's lines; warnings and errors from the rest."""
+    """The project's lines; warnings and errors from the rest, but not the known noise."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "enn" or record.name.startswith("enn."):
             return True
         if _prefects_account_of_an_enn_error(record):
             return False  # enn says it in one line (`error: ...`, `interrupted`); the log keeps it
+        if _noise(record):
+            return False  # known and explained (NOISE, QUIET_WARNINGS); the log keeps it
         return record.levelno >= logging.WARNING
+
+
+def _noise(record: logging.LogRecord) -> bool:
+    """A line of a `NOISE` logger, or a `QUIET_WARNINGS` warning (logging.captureWarnings)."""
+    if any(record.name == n or record.name.startswith(f"{n}.") for n, _, _ in NOISE):
+        return True
+    if record.name != "py.warnings":
+        return False
+    msg = record.getMessage()  # `file:line: Category: message` (warnings.formatwarning)
+    return any(
+        f"{category.__name__}: " in msg and re.search(pattern, msg)
+        for pattern, category, _ in QUIET_WARNINGS
+    )
 
 
 def _prefects_account_of_an_enn_error(record: logging.LogRecord) -> bool:
@@ -120,6 +136,22 @@ class ConsoleFormat(logging.Formatter):
 
 
 LOG_FILE: Path | None = None  # this process's log file, once setup has made it
+_ROUTED: list[tuple[logging.Logger, logging.Handler]] = []  # what _route_noise attached
+
+
+def _route_noise(handlers: list[logging.Handler]) -> None:
+    """The NOISE loggers write to this process's console and log file, not past them: torch's
+    loggers (torch._logging) do not propagate to the root but print through a stderr handler of
+    their own, which would show the noise and keep it out of the log file."""
+    for logger, handler in _ROUTED:
+        logger.removeHandler(handler)
+    _ROUTED.clear()
+    for name, _, _ in NOISE:
+        logger = logging.getLogger(name)
+        logger.propagate = False
+        for handler in handlers:
+            logger.addHandler(handler)
+            _ROUTED.append((logger, handler))
 
 
 def setup(log_dir: Path | None, command: str, verbose: bool = False) -> Path | None:
@@ -146,10 +178,6 @@ def setup(log_dir: Path | None, command: str, verbose: bool = False) -> Path | N
         LOG_FILE = path
     for name in ("httpx", "httpcore", "alembic", "mlflow.store.db.utils", "dvc"):
         logging.getLogger(name).setLevel(logging.WARNING)  # request and lock chatter
-    if not verbose:
-        for name, _, _ in NOISE:
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-        for pattern, category, _ in QUIET_WARNINGS:
-            warnings.filterwarnings("ignore", message=pattern, category=category)
-    logging.captureWarnings(True)
+    _route_noise(root.handlers)
+    logging.captureWarnings(True)  # warnings are records: ConsoleFilter holds back QUIET_WARNINGS
     return path

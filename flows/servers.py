@@ -165,36 +165,6 @@ def prefect_server(host: str, port: int, log: Path, scheduler_loop_s: float = 5.
         yield api
 
 
-UI_FILE = "ui.json"  # under work/: the servers `enn ui` runs, for `enn run` to report to
-
-
-def announce_ui(work: Path, prefect_api: str, mlflow_url: str) -> Path:
-    """Write work/ui.json while `enn ui` runs (removed when it stops)."""
-    import json
-
-    path = work / UI_FILE
-    path.write_text(
-        json.dumps({"pid": os.getpid(), "prefect_api": prefect_api, "mlflow": mlflow_url}) + "\n"
-    )
-    atexit.register(lambda: path.unlink(missing_ok=True))
-    return path
-
-
-def running_ui(work: Path) -> dict[str, str] | None:
-    """The servers of an `enn ui` running over this work directory (its process alive and its
-    Prefect API answering), else None."""
-    import json
-
-    path = work / UI_FILE
-    try:
-        ui = json.loads(path.read_text())
-        os.kill(int(ui["pid"]), 0)
-        with urllib.request.urlopen(f"{ui['prefect_api']}/health", timeout=3) as r:  # noqa: S310
-            return ui if r.status == 200 else None
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 def mlflow_server_command(tracking_uri: str, artifacts: Path, host: str, port: int) -> list[str]:
     exe = Path(sys.executable).parent / "mlflow"
     return [

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
@@ -35,7 +36,7 @@ from flows.params_file import Recorded, recorded_overrides
 from tasks import dvc_state
 from tasks.env import TOOLS, contain, project_layout
 from tasks.prefect_task import stage_task
-from tasks.runner import StageResult
+from tasks.runner import FlowRecord, StageResult
 from tasks.session import pipeline_session
 
 
@@ -87,6 +88,20 @@ def watch_cancellation(flow_run_id: str | None, poll_s: float = 1.0) -> Iterator
 _PRELOADED: ContextVar[tuple[Path, tuple[str, ...], RunConfig] | None] = ContextVar(
     "enn_preloaded", default=None
 )
+
+
+_RECORD: ContextVar[FlowRecord | None] = ContextVar("enn_flow_record", default=None)
+
+
+@contextlib.contextmanager
+def recorded_flow() -> Iterator[FlowRecord]:
+    """Flows called inside this block (in this process) record their stages in the record."""
+    record = FlowRecord()
+    token = _RECORD.set(record)
+    try:
+        yield record
+    finally:
+        _RECORD.reset(token)
 
 
 @contextlib.contextmanager
@@ -141,8 +156,10 @@ def _run_recorded(
             root / "params.yaml",
         )
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
-    results: dict[str, StageResult] = {}
     run_id = str(flow_run.get_id() or "") or None
+    record = _RECORD.get() or FlowRecord()
+    record.flow_run_id = run_id
+    results = record.results
     try:
         with (
             pipeline_session(
@@ -151,12 +168,16 @@ def _run_recorded(
             watch_cancellation(run_id) as cancel,
             cancel_scope(cancel),
         ):
+            if session.tracker is not None:
+                record.mlflow_experiment_id = session.tracker.experiment_id
+                record.mlflow_run_id = session.parent_id
             for spec in stages:
                 if cancel.is_set():
                     raise FlowRunCancelled(
                         f"flow run cancelled before {spec.name}; no further stage ran"
                     )
                 opts = stage_task(spec).with_options(timeout_seconds=cfg.runtime.task_timeout_s)
+                record.running, record.running_since = spec.name, time.monotonic()
                 try:
                     result = results[spec.name] = opts(session)
                 except Exception as e:
@@ -165,6 +186,7 @@ def _run_recorded(
                             f"flow run cancelled during {spec.name}; its workers were stopped"
                         ) from e
                     raise
+                record.running = None
                 if result.status == "ran":
                     recorded.keep()  # outputs (and dvc.lock) were made with these values
                 logger.info(

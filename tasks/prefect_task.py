@@ -18,6 +18,7 @@ from enn_core.errors import TransientError
 from enn_core.stages import StageSpec
 from tasks import dvc_state
 from tasks.runner import PipelineSession, StageResult, execute_stage
+from tasks.ui import mlflow_run_url, mlflow_ui
 
 
 def only_transient(task_, task_run, state) -> bool:
@@ -56,8 +57,7 @@ def publish(result: StageResult, session: PipelineSession) -> None:
         else:
             lines.append(f"- `{k}`: `{json.dumps(v, default=str)[:300]}`")
     if result.mlflow_run_id:
-        url = mlflow_run_url(session, result.mlflow_run_id)
-        lines.append(f"\nMLflow run: [{result.mlflow_run_id}]({url}) (the UI: `enn ui`)")
+        lines.append(f"\nMLflow run: {run_link(session, result.mlflow_run_id)} (the UI: `enn ui`)")
     create_markdown_artifact(
         key=f"{stage}-summary", markdown="\n".join(lines), description=f"{stage} summary"
     )
@@ -65,13 +65,14 @@ def publish(result: StageResult, session: PipelineSession) -> None:
         create_table_artifact(key=f"{stage}-table", table=rows, description=f"{stage} figures")
 
 
-def mlflow_run_url(session: PipelineSession, run_id: str) -> str:
-    """The run's page in the MLflow UI: the tracking server's, or the one `enn ui` serves."""
+def run_link(session: PipelineSession, run_id: str) -> str:
+    """`[<run id>](<its page in the MLflow UI>)`: the tracking server's, the one `enn ui`
+    serves, or where `enn ui` serves it by default (deploy.host, deploy.mlflow_port)."""
     cfg = session.cfg
-    base = cfg.tracking.uri if cfg.tracking.uri.startswith("http") else None
+    base = mlflow_ui(cfg, session.layout.work)
     base = base or f"http://{cfg.deploy.host}:{cfg.deploy.mlflow_port}"
     exp = session.tracker.experiment_id if session.tracker else "0"
-    return f"{base.rstrip('/')}/#/experiments/{exp}/runs/{run_id}"
+    return f"[{run_id}]({mlflow_run_url(base, exp, run_id)})"
 
 
 def publish_diagnostics(spec: StageSpec, session: PipelineSession) -> None:

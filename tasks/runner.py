@@ -72,6 +72,19 @@ class StageResult:
     registry: Registration | None = None  # the registered model (a registering stage)
 
 
+@dataclass
+class FlowRecord:
+    """What a flow run did so far, filled in as it goes (flows/training.py), for `enn run`'s
+    closing summary (flows/cli.py): also when the flow fails or is cancelled, returning nothing."""
+
+    results: dict[str, StageResult] = field(default_factory=dict)
+    running: str | None = None  # the stage under way (the one a failure or a cancel stopped)
+    running_since: float = 0.0  # time.monotonic() when it started
+    flow_run_id: str | None = None
+    mlflow_experiment_id: str | None = None
+    mlflow_run_id: str | None = None  # the pipeline's parent run
+
+
 def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
     path = run_dir / "config.yaml"
     with atomic_file(path) as f:

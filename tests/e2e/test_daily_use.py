@@ -158,9 +158,16 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
             time.sleep(1)
         by_name = {d["name"]: d for d in deployments}
         assert set(by_name) == {"scheduled", "on-demand"}
-        # the UI that Prefect's banner links to is served (the link works)
-        with urllib.request.urlopen(api.removesuffix("/api"), timeout=30) as r:
-            assert r.status == 200 and b"<html" in r.read().lower()
+        # every link the console prints (Prefect's banner: "...via the Prefect UI: <url>")
+        # answers a browser (which asks for HTML: the UI's pages are client-side routes, served
+        # as its index page only then) with the UI, not a 404
+        banner = _read_until(proc, r"via the Prefect UI: (http://\S+)", 120)
+        links = [banner.group(1)]
+        assert links == [f"{api.removesuffix('/api')}/deployments"], links
+        for link in links:
+            browser = urllib.request.Request(link, headers={"Accept": "text/html"})
+            with urllib.request.urlopen(browser, timeout=30) as r:
+                assert r.status == 200 and b"<html" in r.read().lower(), link
         train_id = by_name["scheduled"]["id"]
         scheduled = []
         while time.time() < deadline and not scheduled:  # the server's scheduler, not a tick
@@ -226,6 +233,20 @@ def test_enn_ui_serves_mlflow_and_prefect_and_a_run_reports_to_it(two_stage):
         query = {"flow_runs": {"name": {"any_": [name]}}, "limit": 10}
         runs = http(f"{prefect}/api/flow_runs/filter", query)
         assert [r["name"] for r in runs] == [name], runs
+        # the closing summary links this run's own pages in both UIs, and they answer
+        mlflow_link = re.search(r"^look: MLflow run (http://\S+)$", out.stdout, re.M)
+        prefect_link = re.search(r"^look: Prefect flow run (http://\S+)$", out.stdout, re.M)
+        assert mlflow_link and prefect_link, out.stdout
+        assert prefect_link.group(1) == f"{prefect}/runs/flow-run/{runs[0]['id']}"
+        page = re.fullmatch(rf"{url}/#/experiments/(\d+)/runs/(\w+)", mlflow_link.group(1))
+        assert page and page.group(1) == exp["experiment_id"], mlflow_link.group(1)
+        run = http(f"{url}/api/2.0/mlflow/runs/get?run_id={page.group(2)}")["run"]
+        tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+        assert tags["prefect.flow_run_id"] == runs[0]["id"], tags  # this run's parent run
+        for link in (mlflow_link.group(1), prefect_link.group(1)):
+            browser = urllib.request.Request(link, headers={"Accept": "text/html"})
+            with urllib.request.urlopen(browser, timeout=30) as r:
+                assert r.status == 200 and b"<html" in r.read().lower(), link
         listening = {
             c.laddr.ip
             for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]

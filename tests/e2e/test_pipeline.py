@@ -95,6 +95,7 @@ def ran(tmp_path_factory) -> Ran:
     result = Ran(project, guard_dir, {})
     with TreeWatcher() as tree:
         result.outputs["flow"] = project.run("enn", "run", timeout=1200).stdout
+        result.outputs["git_after_flow"] = git_changes(project)  # the Quick start's first half
         result.outputs["repro1"] = project.run("dvc", "repro", timeout=600).stdout
         result.outputs["repro2"] = project.run("dvc", "repro", timeout=600).stdout
         # a change in the inference code: dvc repro runs validate, predict, collapse-check, export
@@ -102,9 +103,11 @@ def ran(tmp_path_factory) -> Ran:
             f.write("\n# touched by the test\n")
         result.outputs["repro3"] = project.run("dvc", "repro", timeout=900).stdout
         # no --model: this task's champion (models:/enn-synthetic@champion)
+        result.outputs["git_before_predict_flow"] = git_changes(project)
         result.outputs["predict_flow"] = project.run(
             "enn", "run", "--flow", "prediction", timeout=900
         ).stdout
+        result.outputs["git_after_predict_flow"] = git_changes(project)
         result.outputs["predict_repro"] = project.run(
             "dvc", "repro", cwd=project.root / "prediction", timeout=600
         ).stdout
@@ -119,6 +122,81 @@ def ran(tmp_path_factory) -> Ran:
         result.outputs["status_after"] = project.run("dvc", "status", "dvc.yaml").stdout
     result.tree = tree.seen
     return result
+
+
+def git_changes(project: Project) -> str:
+    """The tracked files a command changed (`git status`, untracked files left out)."""
+    return project.run("git", "status", "--porcelain", "--untracked-files=no").stdout
+
+
+def test_the_quick_start_changes_no_tracked_file(ran):
+    """scripts/demo.sh's two flows (training, then prediction) leave `git status` clean: the
+    training flow changes nothing tracked, and the prediction flow adds nothing to what the
+    test itself changed between them (its edit of enn_core/inference.py; `dvc repro` stages
+    dvc.lock, core.autostage)."""
+    assert ran.outputs["git_after_flow"] == "", ran.outputs["git_after_flow"]
+    assert " M enn_core/inference.py\n" in ran.outputs["git_before_predict_flow"]
+    assert ran.outputs["git_after_predict_flow"] == ran.outputs["git_before_predict_flow"]
+
+
+ARTIFACT = """
+import asyncio, json, sys
+from uuid import UUID
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter
+from prefect.client.schemas.filters import FlowRunFilterId, TaskRunFilter
+async def main():
+    async with get_client() as c:
+        arts = await c.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[sys.argv[2]])),
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(sys.argv[1])])),
+            task_run_filter=TaskRunFilter(), limit=10, offset=0, sort="KEY_ASC")
+        print(json.dumps([a.data for a in arts]))
+asyncio.run(main())
+"""
+
+
+def test_a_stages_prefect_artifact_links_its_mlflow_run(ran):
+    """distributed-train's summary artifact in Prefect, read through Prefect's client (a
+    temporary API over the project's PREFECT_HOME), links the stage's MLflow run page."""
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{ran.project.root / 'work' / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("enn").experiment_id
+    flow = [
+        r
+        for r in client.search_runs([exp], "tags.`enn.kind` = 'pipeline'")
+        if r.data.tags.get("enn.pipeline") == "training"
+    ][0]
+    flow_run_id = flow.data.tags["prefect.flow_run_id"]
+    child = client.search_runs(
+        [exp],
+        f"tags.`mlflow.parentRunId` = '{flow.info.run_id}' and attributes.run_name = "
+        "'distributed-train'",
+    )[0]
+    from tasks.env import FORCED  # telemetry off: the temporary API would phone home
+
+    env = {k: v for k, v in ran.project.env.items() if k != "PREFECT_API_URL"} | FORCED
+    for _ in range(3):  # the temporary API's SQLite can answer "database is locked" under load
+        out = Project(ran.project.root, env).run(
+            sys.executable,
+            "-c",
+            ARTIFACT,
+            flow_run_id,
+            "distributed-train-summary",
+            timeout=180,
+            check=False,
+        )
+        if out.returncode == 0:
+            break
+    assert out.returncode == 0, out.stderr[-3000:]
+    (markdown,) = json.loads(out.stdout.strip().splitlines()[-1])
+    run_id = child.info.run_id
+    # no UI runs: the address `enn ui` serves it at by default (deploy.host, deploy.mlflow_port)
+    link = f"[{run_id}](http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id})"
+    assert f"MLflow run: {link}" in markdown, markdown
 
 
 def test_training_flow_ran_every_stage(ran):

@@ -98,6 +98,14 @@ def test_experiments_temp_and_workspace_then_push_and_pull_a_local_remote(
     assert _epochs(rows[temp_name]) == (1, 1)
     assert _epochs(rows[ws_name]) == (2, 2)
     assert "train/epochs_run" in project.run("dvc", "exp", "show", "--no-pager", "--md").stdout
+    # the README's form fits a 120-column terminal after two experiments (dvc.lock is not
+    # committed here: the README's --drop hides the code and output hashes then)
+    wide = Project(root, {**project.env, "COLUMNS": "120"})
+    drop = "enn_core.*|outputs.*"
+    out = wide.run("dvc", "exp", "show", "--only-changed", "--no-pager", "--drop", drop).stdout
+    widths = [len(line) for line in out.splitlines()]
+    assert widths and max(widths) <= 120, out
+    assert "train.epochs" in out and "train/epochs_run" in out and temp_name in out, out
 
     # 3. a DVC remote in a local directory: push, empty the cache and outputs, pull them back
     remote = tmp_path / "dvc-remote"

@@ -3,6 +3,7 @@ console script, the exit codes listed once and shown in the README."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,16 @@ def test_exit_codes_are_listed_once_and_the_readme_shows_them():
         assert f"| {code} | {meaning.replace('|', '/')} |" in readme, code
     epilog = build_parser().epilog or ""
     assert all(f"{code:>3}  {meaning}" in epilog for code, meaning in codes.items())
+
+
+def test_ui_help_names_both_uis(capsys):
+    from flows.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = re.search(r"^\s+ui\s+(.*(?:\n\s{6,}.*)*)", capsys.readouterr().out, re.M)
+    assert listed and "MLflow UI" in listed.group(1) and "Prefect UI" in listed.group(1)
+    with pytest.raises(SystemExit):
+        main(["ui", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "The MLflow UI" in text and "the Prefect UI" in text and "Ctrl-C stops both" in text

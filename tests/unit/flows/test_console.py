@@ -1,12 +1,18 @@
 """The console filter: Prefect's account of an enn error (with its traceback) stays in the log
-file, since enn says it in one line; any other error from Prefect still reaches the console."""
+file, since enn says it in one line; any other error from Prefect still reaches the console.
+The known noise (console.NOISE, console.QUIET_WARNINGS) is kept off the console but not out of
+the log file; --verbose shows it."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
+
+import pytest
 
 from enn_core.errors import ConfigError
+from flows import console
 from flows.console import ConsoleFilter
 
 
@@ -37,3 +43,70 @@ def test_prefects_traceback_of_an_enn_error_is_not_on_the_console():
     other = _record("prefect.flow_runs", "Encountered exception: KeyError('x')", KeyError("x"))
     assert keep(other)  # a bug is not one of enn's one-line errors: its traceback shows
     assert keep(_record("enn", "error: something"))
+
+
+@pytest.fixture
+def root_logging():
+    """console.setup rewires the root logger: put it back after the test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    noise = [logging.getLogger(n) for n, _, _ in console.NOISE]
+    before = [(n.propagate, list(n.handlers)) for n in noise]
+    yield
+    for logger, (propagate, kept) in zip(noise, before, strict=True):
+        logger.propagate = propagate
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+        for h in kept:
+            logger.addHandler(h)
+    console._ROUTED.clear()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+        if h not in handlers:
+            h.close()
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+
+
+def _say_everything() -> None:
+    import torch.distributed.elastic.agent.server.api  # noqa: F401 - torch's own log handlers
+
+    # a NOISE logger's child, as torchelastic's agent logs from its thread
+    logging.getLogger("torch.distributed.elastic.agent.server.api").warning(
+        "Failed to register signal handlers since torchelastic is running on a child thread"
+    )
+    logging.getLogger("torch.onnx._internal.exporter._registration").warning(
+        "torchvision is not installed. Skipping torchvision::nms"
+    )
+    # a QUIET_WARNINGS warning, as logging.captureWarnings hands it on
+    leaf = "`isinstance(treespec, LeafSpec)` is deprecated, use `treespec.is_leaf()` instead."
+    logging.getLogger("py.warnings").warning(
+        "%s", warnings.formatwarning(leaf, FutureWarning, "torch/utils/_pytree.py", 1)
+    )
+    logging.getLogger("enn.distributed-train").info("distributed-train: epoch 1/3")
+    logging.getLogger("somelib").warning("a warning nobody explained")
+
+
+QUIET = ("Failed to register signal handlers", "Skipping torchvision::nms", "LeafSpec")
+
+
+def test_known_noise_reaches_the_log_file_not_the_console(tmp_path, capsys, root_logging):
+    log_file = console.setup(tmp_path / "logs", "run-training")
+    assert log_file is not None
+    _say_everything()
+    shown = capsys.readouterr().err
+    kept = log_file.read_text()
+    assert "distributed-train: epoch 1/3" in shown and "a warning nobody explained" in shown
+    assert not [q for q in QUIET if q in shown], shown
+    assert [q for q in QUIET if q in kept] == list(QUIET), kept  # "full detail" is there
+
+
+def test_verbose_shows_the_noise_on_the_console(tmp_path, capsys, root_logging):
+    log_file = console.setup(tmp_path / "logs", "run-training", verbose=True)
+    assert log_file is not None
+    _say_everything()
+    shown = capsys.readouterr().err
+    assert [q for q in QUIET if q in shown] == list(QUIET), shown
+    assert [q for q in QUIET if q in log_file.read_text()] == list(QUIET)

@@ -1,0 +1,126 @@
+"""`enn run`'s closing summary (flows/cli.py `Summary`): each stage's line, also when the flow
+failed or was stopped (the stage it stopped, the stages that did not run), the log file, and
+the run's own MLflow and Prefect pages when a UI serves them (else how to start one)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from enn_core.config import RunConfig
+from enn_core.paths import Layout
+from flows import console
+from flows.cli import Summary
+from tasks.runner import FlowRecord, StageResult
+
+
+def _result(stage: str, status: str = "ran", seconds: float = 1.25) -> StageResult:
+    reason = "executed" if status == "ran" else "up to date (dvc status)"
+    return StageResult(stage, status, reason, None, "", None, seconds, seconds)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def layout(tmp_path, monkeypatch) -> Layout:
+    monkeypatch.setattr(console, "LOG_FILE", tmp_path / "work" / "logs" / "1-run-training.log")
+    out = Layout.for_root(tmp_path, "work")
+    out.work.mkdir(parents=True)
+    return out
+
+
+def test_a_finished_run_lists_each_stage_and_where_to_look(layout):
+    record = FlowRecord(flow_run_id="7e1d")
+    record.results["stage-data"] = _result("stage-data", "skipped", 0.0)
+    record.results["prepare-checkpoint"] = _result("prepare-checkpoint", seconds=0.31)
+    lines = Summary(layout, RunConfig(), "training", "prepare-checkpoint", "http://127.0.0.1:9/api")
+    assert lines.lines(record) == [
+        "stage-data           skipped      0.0 s  up to date (dvc status)",
+        "prepare-checkpoint   ran          0.3 s  executed",
+        f"outputs: {layout.outputs}/<stage>/ (staged data: {layout.outputs / 'stage-data'})",
+        f"log: {console.LOG_FILE}",
+        "look: enn ui (MLflow and Prefect), dvc metrics show",  # no UI answers
+    ]
+
+
+@pytest.mark.parametrize("ended", ["failed", "interrupted", "cancelled"])
+def test_a_stopped_run_says_which_stage_stopped_and_what_did_not_run(layout, ended):
+    record = FlowRecord(flow_run_id="7e1d")
+    record.results["stage-data"] = _result("stage-data")
+    record.results["prepare-checkpoint"] = _result("prepare-checkpoint")
+    record.running, record.running_since = "distributed-train", time.monotonic() - 12.0
+    lines = Summary(layout, RunConfig(), "training", None, "http://127.0.0.1:9/api").lines(
+        record, ended
+    )
+    assert lines[:2] == [
+        "stage-data           ran          1.2 s  executed",
+        "prepare-checkpoint   ran          1.2 s  executed",
+    ]
+    assert re.fullmatch(rf"distributed-train +{ended} +1[23]\.\d s", lines[2]), lines[2]
+    assert lines[3:] == [
+        "validate             not run",
+        "predict              not run",
+        "collapse-check       not run",
+        "export               not run",
+        f"log: {console.LOG_FILE}",
+        "look: enn ui (MLflow and Prefect), dvc metrics show",
+    ]
+
+
+def test_a_run_stopped_before_any_stage_names_only_its_log(layout):
+    summary = Summary(layout, RunConfig(), "prediction", None, "http://127.0.0.1:9/api")
+    assert summary.lines(FlowRecord(), "failed") == [f"log: {console.LOG_FILE}"]
+
+
+class _UI(http.server.BaseHTTPRequestHandler):
+    """Stands in for `enn ui`'s servers: every page answers 200 with HTML (its health too)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = b"<!doctype html><html></html>"
+        self.send_response(200)
+        self.send_header("content-type", "text/html; charset=utf-8")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def ui_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _UI)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_with_enn_ui_running_it_links_the_runs_own_pages(layout, ui_server):
+    api = f"{ui_server}/api"
+    # what `enn ui` writes while it runs (tasks/ui.py announce_ui); its pid must be alive
+    ui = {"pid": os.getpid(), "prefect_api": api, "mlflow": ui_server}
+    (layout.work / "ui.json").write_text(json.dumps(ui))
+    record = FlowRecord(flow_run_id="0b6f", mlflow_experiment_id="1", mlflow_run_id="a1b2c3")
+    record.results["stage-data"] = _result("stage-data")
+    lines = Summary(layout, RunConfig(), "training", "stage-data", api).lines(record)
+    assert lines[-3:] == [
+        f"look: MLflow run {ui_server}/#/experiments/1/runs/a1b2c3",
+        f"look: Prefect flow run {ui_server}/runs/flow-run/0b6f",
+        "look: dvc metrics show",
+    ]
+    # tracking off: no MLflow run to link; the Prefect page still
+    record.mlflow_run_id = record.mlflow_experiment_id = None
+    assert Summary(layout, RunConfig(), "training", "stage-data", api).lines(record)[-3:] == [
+        f"log: {console.LOG_FILE}",
+        f"look: Prefect flow run {ui_server}/runs/flow-run/0b6f",
+        "look: dvc metrics show",
+    ]

@@ -1,0 +1,84 @@
+"""What the launching process says while workers train (enn_core/progress.py): each event rank 0
+writes, in the shape its writer gives it, becomes the one line a person reads, once."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from enn_core.events import EventLog
+from enn_core.progress import TrainingFollower
+from enn_core.runtime.heartbeat import Heartbeat
+from enn_core.runtime.memory import MemoryGovernor
+from enn_core.runtime.sampler import Plan
+
+
+@pytest.fixture
+def said(caplog):
+    caplog.set_level(logging.INFO, logger="enn.test-progress")
+
+    def lines() -> list[str]:
+        out = [f"{r.levelname} {r.getMessage()}" for r in caplog.records]
+        caplog.clear()
+        return out
+
+    return lines
+
+
+def test_resume_backoff_restart_and_early_stop_lines(tmp_path, said):
+    log = logging.getLogger("enn.test-progress")
+    follower = TrainingFollower(tmp_path, None, "distributed-train", log, bar_on=False)
+    events = EventLog(tmp_path)  # what rank 0 writes (enn_core/train)
+    follower.poll()
+    assert said() == []  # nothing written yet: nothing said
+
+    # enn_core/train/resume.py: a checkpoint saved by 2 workers, resumed by 1
+    ckpt = tmp_path / "checkpoints" / "step-00000040"
+    events.event("resumed", checkpoint=str(ckpt), position=40, saved_world_size=2, world_size=1)
+    # enn_core/train/state.py back_off: the governor's record of the back-off
+    governor = MemoryGovernor(Plan(global_batch=16, world_size=2, micro_batch=8), max_backoffs=3)
+    governor.back_off(epoch=0, step=42, reason="CUDA out of memory. Tried to allocate 2.00 GiB")
+    events.event("oom_backoff", **governor.history[-1])
+    events.event("epoch", epochs=5, epoch=0, train_loss=0.5, val_loss=0.25, val_mae=1.5, lr=0.01)
+    follower.poll()
+    assert said() == [
+        "INFO distributed-train: resumed from step-00000040 (saved by 2 worker(s), now 1)",
+        "WARNING distributed-train: out of memory at step 42: micro-batch 8 -> 4 (accumulation 2)",
+        "INFO distributed-train: epoch 1/5  train loss 0.5  val loss 0.25  val MAE 1.5  "
+        "lr 1.00e-02",
+    ]
+    follower.poll()
+    assert said() == []  # each event once
+
+    # enn_core/runtime/heartbeat.py: the elastic agent restarted the workers (attempt 1 of 0..)
+    Heartbeat(tmp_path, rank=0, attempt=0).phase("step", 40)
+    follower.poll()
+    assert said() == []  # the first attempt is no restart
+    Heartbeat(tmp_path, rank=0, attempt=1).phase("step", 40)
+    follower.poll()
+    assert said() == ["WARNING distributed-train: workers restarted (attempt 2)"]
+    follower.poll()
+    assert said() == []
+
+    # enn_core/train/loop.py early_stop (0-based epochs): stopped after the 4th, best the 2nd
+    events.event("early_stop", epoch=3, best_epoch=1, best_val_loss=0.125)
+    follower.poll()
+    assert said() == [
+        "INFO distributed-train: early stop after epoch 4: no better validation loss for "
+        "train.patience epochs (best: epoch 2, 0.125); keeping the best epoch's weights"
+    ]
+    follower.close()
+
+
+def test_a_line_caught_half_written_is_read_once_complete(tmp_path, said):
+    log = logging.getLogger("enn.test-progress")
+    follower = TrainingFollower(tmp_path, None, "distributed-train", log, bar_on=False)
+    line = '{"type": "event", "name": "early_stop", "fields": {"epoch": 2, "best_epoch": 0, '
+    (tmp_path / "events.jsonl").write_text(line)
+    follower.poll()
+    assert said() == []
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('"best_val_loss": 0.5}}\n')
+    follower.poll()
+    assert [s.split(":")[1] for s in said()] == [" early stop after epoch 3"]
