@@ -4,8 +4,9 @@ The contract (README, "Your own model"):
 
     def build(spec: ModelSpec, **options) -> nn.Module
 
-`spec` says what the staged data holds: the features (name, kind, vocabulary size, period),
-`encoded_dim` (the width of the pipeline's encoding of one row), the label shape and axes.
+`spec` says what the staged data holds: the features (name, kind, vocabulary size and values,
+period), `encoded_dim` (the width of the pipeline's encoding of one row), the label shape and
+axes.
 The module maps the encoded features [B, encoded_dim] to [B, *label_shape] in normalized
 label units (the loss is computed there; `predict` adds the label statistics back). A module
 whose class sets `raw_features = True` gets the raw feature row [B, F] instead (categorical
@@ -42,6 +43,8 @@ class FeatureInfo:
     kind: str  # "continuous", "categorical" or "cyclic"
     vocab_size: int = 0  # categorical: codes 0..vocab_size-1
     period: float = 0.0  # cyclic
+    vocabulary: tuple[str, ...] = ()
+    """Categorical: the values as the source spells them, code i is vocabulary[i]."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ def import_factory(code: ModelCode) -> Callable[..., nn.Module]:
 
 
 def model_spec(manifest: Mapping[str, Any], encoder: FeatureEncoder) -> ModelSpec:
-    specs = parse_feature_specs(manifest["feature_specs"])
+    raw = list(manifest["feature_specs"])
+    specs = parse_feature_specs(raw)
     lay = encoder.layout
     vocab = dict(zip(lay.categorical, lay.vocab_sizes, strict=True))
     period = dict(zip(lay.cyclic, lay.periods, strict=True))
@@ -96,6 +100,7 @@ def model_spec(manifest: Mapping[str, Any], encoder: FeatureEncoder) -> ModelSpe
             kind="categorical" if i in vocab else "cyclic" if i in period else "continuous",
             vocab_size=int(vocab.get(i, 0)),
             period=float(period.get(i, 0.0)),
+            vocabulary=tuple(str(v) for v in raw[i].get("vocab") or ()) if i in vocab else (),
         )
         for i, name in enumerate(specs.names)
     )

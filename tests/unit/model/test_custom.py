@@ -3,6 +3,7 @@ loaded like the presets, and never imported because a checkpoint names it."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,32 @@ def test_a_module_that_cannot_export_gets_the_one_line_naming_its_operator(tmp_p
     msg = str(e.value)
     assert msg.startswith("export onnx: operator enncustom.twist.default has no ONNX"), msg
     assert "\n" not in msg
+
+
+SPY = """
+SEEN = []
+
+
+def build(spec):
+    import torch
+
+    SEEN.append(spec)
+    return torch.nn.Sequential(
+        torch.nn.Linear(spec.encoded_dim, 20), torch.nn.Unflatten(1, tuple(spec.label_shape))
+    )
+"""
+
+
+def test_the_factory_is_told_the_features_with_their_vocabularies_and_the_labels(tmp_path):
+    (tmp_path / "spy.py").write_text(SPY)
+    cfg = _cfg(factory="spy:build", options={})
+    build_model(cfg, make_manifest(), code=ModelCode.of(cfg, tmp_path))
+    spec = sys.modules["spy"].SEEN[-1]  # the module the factory was imported from
+    by_name = {f.name: f for f in spec.features}
+    assert by_name["direction"].kind == "categorical"
+    assert by_name["direction"].vocabulary == ("up", "down")
+    assert by_name["direction"].vocab_size == 2
+    assert by_name["month"].vocabulary[0] == "01" and len(by_name["month"].vocabulary) == 12
+    assert by_name["temp"].kind == "continuous" and by_name["temp"].vocabulary == ()
+    assert spec.label_shape == (5, 4) and spec.label_axes == ("section", "hour")
+    assert spec.label_axis_values["section"] == [f"s{i}" for i in range(5)]
