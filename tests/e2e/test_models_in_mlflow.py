@@ -193,9 +193,9 @@ def test_prediction_with_a_model_of_another_task_is_one_line_and_exit_3(trained_
     other = tmp_path / "other" / "model.pt"
     save_consolidated(
         other,
-        build_model(cfg, ds.manifest, data_dir=data_dir),
+        build_model(cfg, ds.manifest.model_data(), data_dir=data_dir),
         cfg,
-        ds.manifest,
+        ds.manifest.model_data(),
         {"precision": "fp32"},
     )
     project = copy_project(trained_project.project, tmp_path / "proj")

@@ -24,6 +24,9 @@ pytestmark = pytest.mark.timeout(1500)
 GUARD = Path(__file__).parent / "netguard"
 # Local tools a library may run (platform probes, compilers, git): none of them opens a socket.
 NON_PYTHON_OK = {
+    # matplotlib's font manager lists the system's fonts once per MPLCONFIGDIR where fontconfig
+    # is installed (a local query, no socket)
+    "fc-list",
     "sh",
     "bash",
     "dash",
