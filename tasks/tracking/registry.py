@@ -100,7 +100,7 @@ def log_model(
     tags: dict[str, str],
 ) -> Any:
     """The pyfunc (+ onnx) model as a logged model named `name` in the experiment of `run_id`,
-    linked to that run; returns MLflow's ModelInfo."""
+    an output of that run, its source the pipeline's parent run; returns MLflow's ModelInfo."""
     import numpy as np
     from mlflow.entities import LoggedModelStatus
     from mlflow.models import Model
@@ -110,8 +110,14 @@ def log_model(
     rows = staged.split("test") if "test" in staged.split_names else staged.split("val")
     features = np.asarray(staged.features[np.sort(np.asarray(rows))[: pyfunc.EXAMPLE_ROWS]])
     signature, example = pyfunc.signature_and_example(model, features)
-    experiment_id = client.get_run(run_id).info.experiment_id
-    logged = client.create_logged_model(experiment_id, name=name, source_run_id=run_id, tags=tags)
+    run = client.get_run(run_id)
+    # the model's source run is the pipeline's parent run when there is one: MLflow's run list
+    # fills its Models column by source run, and the parent is the row a person looks at (the
+    # stage runs are folded under it); export's own run lists it among its outputs (Model.log)
+    source = run.data.tags.get("mlflow.parentRunId") or run_id
+    logged = client.create_logged_model(
+        run.info.experiment_id, name=name, source_run_id=source, tags=tags
+    )
     info = Model.log(
         artifact_path=None,
         name=name,
