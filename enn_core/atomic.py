@@ -29,14 +29,15 @@ def clean_stale(target: Path) -> list[Path]:
         for prefix in (TMP_PREFIX, OLD_PREFIX):
             if p.name.startswith(f"{prefix}{target.name}-"):
                 pid = p.name.rsplit("-", 2)[-2] if p.name.count("-") >= 2 else ""
-                if pid.isdigit() and _alive(int(pid)) and int(pid) != os.getpid():
+                if pid.isdigit() and process_alive(int(pid)) and int(pid) != os.getpid():
                     continue  # another live process is writing it
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
                 removed.append(p)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (another user's process counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from enn_core.atomic import process_alive
+
 HEARTBEATS = "heartbeats"
 STACKS = "stacks"
 CANCEL_FILE = "CANCEL"
@@ -51,16 +53,6 @@ def _write_atomic(path: Path, record: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive, and not ours to judge
-        return True
-    return True
-
-
 def stale_temp_files(run_dir: Path) -> list[Path]:
     """This run's heartbeat temp files whose writer is gone: what a write that failed (a full
     disk) leaves before its rename. A file whose process is still alive may be mid-write and
@@ -69,7 +61,7 @@ def stale_temp_files(run_dir: Path) -> list[Path]:
     out = []
     for p in sorted(d.glob(".rank-*.json.*.tmp")) if d.is_dir() else []:
         pid = p.name.split(".")[-3]  # .rank-<r>.json.<pid>.<tid>.tmp
-        if not (pid.isdigit() and _alive(int(pid))):
+        if not (pid.isdigit() and process_alive(int(pid))):
             out.append(p)
     return out
 
