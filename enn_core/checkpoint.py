@@ -19,9 +19,6 @@ such as prepare-checkpoint's warm start; `capped` joins them for a one-line mess
 from __future__ import annotations
 
 import json
-import pickle
-import struct
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +31,10 @@ from enn_core.atomic import atomic_file
 from enn_core.config.loader import build, to_plain
 from enn_core.config.model import ModelConfig
 from enn_core.data.manifest import MODEL_DATA_KEYS
-from enn_core.errors import ConfigError, StaleOutputError, UntrustedCheckpointError
+from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.model.enn import ENN, build_model
 from enn_core.model_code import BUILTIN, ModelCode
+from enn_core.tensor_file import load_tensors
 
 FORMAT_VERSION = 1
 DATA_KEYS = MODEL_DATA_KEYS  # the staged manifest's part a model is rebuilt from
@@ -210,25 +208,13 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         raise StaleOutputError(
             f"{path}: no checkpoint there; run prepare-checkpoint or distributed-train first"
         )
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        # torch's message advises loading it again with weights_only=False: never pass it on
-        fix = (
-            "use a checkpoint this project wrote (prepare-checkpoint, distributed-train or the "
-            "registry), or re-train"
-        )
-        if "GLOBAL" in str(e):  # it names code to run: crafted, or another program's pickle
-            raise UntrustedCheckpointError.refused(path, str(e), fix) from None
-        raise StaleOutputError(  # an opcode the safe reader lacks: damaged, or another pickle
-            f"{path}: not a readable consolidated checkpoint (it holds something other than "
-            f"tensors and plain values, so it was refused and nothing in it ran): {fix}"
-        ) from None
-    except (RuntimeError, zipfile.BadZipFile, EOFError, struct.error) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise StaleOutputError(
-            f"{path}: not a readable consolidated checkpoint ({first[:200]}); re-create it"
-        ) from e
+    ckpt = load_tensors(
+        path,
+        name=str(path),
+        what="consolidated checkpoint",
+        fix="use a checkpoint this project wrote (prepare-checkpoint, distributed-train or the "
+        "registry), or re-train",
+    )
     return Checkpoint.from_file(ckpt, str(path))
 
 

@@ -8,7 +8,7 @@ code on resume, and a multi-node `checkpoint.dir` is shared storage (FIELD_NOTES
 
 - `SafeReader.read_metadata` unpickles `.metadata` allowing only the classes DCP metadata is
   made of (its dataclasses, `torch.Size`, dtypes, the layout and memory-format helpers, paths);
-- `SafeLoadPlanner.load_bytes` reads byte items with `torch.load(weights_only=True)`;
+- `SafeLoadPlanner.load_bytes` reads byte items with `weights_only=True` (enn_core/tensor_file.py);
 - tensors were already read with `weights_only=True` by torch itself.
 
 Anything else is refused with one line naming the file: `UntrustedCheckpointError` (in
@@ -23,7 +23,6 @@ from __future__ import annotations
 import enum
 import io
 import pickle
-import re
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -37,6 +36,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.utils import CheckpointException
 
 from enn_core.errors import UntrustedCheckpointError
+from enn_core.tensor_file import load_tensors
 
 METADATA_MODULE = "torch.distributed.checkpoint.metadata"
 # What a DCP `.metadata` pickle is made of (read off the checkpoints torch 2.13 writes).
@@ -124,18 +124,13 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         self.checkpoint = str(checkpoint)
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        try:
-            obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as e:
-            # torch's message advises loading again with weights_only=False: the one thing
-            # not to do with an untrusted file; name what the item refers to instead
-            found = re.search(r"GLOBAL ([\w.]+)", str(e))
-            what = f"refers to {found.group(1)}" if found else "is not plain data"
-            raise UntrustedCheckpointError(
-                f"{self.checkpoint}: item {read_item.dest_index.fqn!r} {what}, which checkpoint "
-                "data never holds; it was not loaded: delete the checkpoint or resume from "
-                "another"
-            ) from None
+        obj = load_tensors(
+            value,
+            name=f"{self.checkpoint}: item {read_item.dest_index.fqn!r}",
+            what="checkpoint item",
+            fix="checkpoint data never holds that; it was not loaded: delete the checkpoint or "
+            "resume from another",
+        )
         # placed as DefaultLoadPlanner.load_bytes places what it loads (torch 2.13)
         fqn = read_item.dest_index.fqn
         if self.flatten_state_dict:

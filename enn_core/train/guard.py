@@ -17,6 +17,7 @@ import torch
 
 from enn_core.errors import TrainingError
 from enn_core.model.enn import ENN
+from enn_core.tensor_file import load_tensors
 from enn_core.train.objective import weighted_loss_sum
 
 
@@ -89,7 +90,9 @@ class NonFiniteGuard:
 def replay_loss(path: str | Path, model: ENN, loss: torch.nn.Module) -> torch.Tensor:
     """Recompute the loss of a saved non-finite batch with `model` (state loaded from the file
     when saved). Returns the weighted mean loss of the saved micro-batches."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    payload = load_tensors(
+        path, name=str(path), what="saved batch", fix="delete it and train again to save another"
+    )
     if payload.get("state_dict") is not None:
         model.load_state_dict(payload["state_dict"])
     total = torch.zeros((), dtype=torch.float64)

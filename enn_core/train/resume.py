@@ -17,7 +17,6 @@ seeded stream (the sampler's state is a global position, so the batches are the 
 from __future__ import annotations
 
 import math
-import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from enn_core.errors import ConfigError, UntrustedCheckpointError
 from enn_core.metric_names import telemetry
 from enn_core.runtime import safe_dcp
 from enn_core.runtime.sampler import Plan
+from enn_core.tensor_file import load_tensors
 from enn_core.train.ckpt import TRAINER, read_trainer, step_name
 from enn_core.train.state import EpochStats, TrainState
 
@@ -186,13 +186,12 @@ def _restore_rng(st: TrainState, path: Path, trainer: dict[str, Any]) -> None:
     f = path / f"rng-rank{st.rt.env.rank}.pt"
     if trainer["world_size"] != st.rt.env.world_size or not f.exists():
         return
-    try:
-        rng = torch.load(f, weights_only=True)
-    except pickle.UnpicklingError as e:
-        # torch's message advises loading it again with weights_only=False: never pass it on
-        raise UntrustedCheckpointError.refused(
-            f, str(e), f"delete {path} (resume falls back to an earlier one) or re-train"
-        ) from None
+    rng = load_tensors(
+        f,
+        name=str(f),
+        what="RNG state",
+        fix=f"delete {path} (resume falls back to an earlier one) or re-train",
+    )
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
