@@ -65,18 +65,17 @@ def check_specs(
                 f"{where}: feature '{name}' has cyclic period {d.get('cyclic_period')} but the "
                 f"model expects {m.get('cyclic_period')}; re-stage the input"
             )
-        if vocabularies and m.get("kind") == "categorical":
+        if vocabularies and m.get("kind") == "categorical" and not codes_agree(d, m):
             dv, mv = list(d.get("vocab") or []), list(m.get("vocab") or [])
-            if dv[: len(mv)] != mv:
-                diff = next(
-                    (i for i, (a, b) in enumerate(zip(dv, mv, strict=False)) if a != b),
-                    min(len(dv), len(mv)),
-                )
-                raise DataError(
-                    f"{where}: feature '{name}' vocabulary differs from the model's at code "
-                    f"{diff} ({_at(dv, diff)!r} vs {_at(mv, diff)!r}); stage the input against "
-                    "the model's training manifest"
-                )
+            diff = next(  # the first code that differs
+                (i for i, (a, b) in enumerate(zip(dv, mv, strict=False)) if a != b),
+                min(len(dv), len(mv)),
+            )
+            raise DataError(
+                f"{where}: feature '{name}' vocabulary differs from the model's at code "
+                f"{diff} ({_at(dv, diff)!r} vs {_at(mv, diff)!r}); stage the input against "
+                "the model's training manifest"
+            )
 
 
 def _at(seq: Sequence[object], i: int) -> object:
@@ -127,12 +126,17 @@ def _unseen(value: float, spec: Spec, data_specs: Sequence[Spec] | None, j: int)
 def needs_remap(data_specs: Sequence[Spec], model_specs: Sequence[Spec]) -> bool:
     """Whether a categorical vocabulary of the data codes its values otherwise than the model's
     (not the same values at the same codes, the data's possibly extended by more)."""
-    for d, m in zip(data_specs, model_specs, strict=False):
-        if m.get("kind") == "categorical" and d.get("kind") == "categorical":
-            mv = list(m.get("vocab") or [])
-            if list(d.get("vocab") or [])[: len(mv)] != mv:
-                return True
-    return False
+    return any(
+        m.get("kind") == "categorical" and d.get("kind") == "categorical" and not codes_agree(d, m)
+        for d, m in zip(data_specs, model_specs, strict=False)
+    )
+
+
+def codes_agree(data: Spec, model: Spec) -> bool:
+    """Whether the data's categorical vocabulary codes the model's values as the model does:
+    the same values at the same codes, possibly followed by more (caught per row)."""
+    mv = list(model.get("vocab") or [])
+    return list(data.get("vocab") or [])[: len(mv)] == mv
 
 
 def remap_codes(
