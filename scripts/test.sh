@@ -3,6 +3,10 @@
 #   fast (unit) <= 6 min, distributed (multi-process gloo) <= 25 min, end-to-end <= 45 min.
 # GPU tests are collected in the fast tier and skip cleanly without CUDA.
 # Each test also has its own timeout (pytest-timeout), so nothing waits on a 30-minute default.
+# The fast and end-to-end tiers run on two pytest-xdist workers (an end-to-end test waits on
+# servers and child processes about half its time; `--dist loadfile` keeps a file's module
+# fixture on one worker). The distributed tier stays on one: its hang tests time workers'
+# heartbeats in seconds, which a second test's workers on the same two cores would blur.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -10,11 +14,12 @@ export PYTHONUNBUFFERED=1 DO_NOT_TRACK=true TORCH_DISTRIBUTED_DEBUG=DETAIL
 PYTEST=".venv/bin/python -m pytest"
 status=0
 
-tier() {  # name, budget seconds, per-test timeout, marker expression
+tier() {  # name, budget seconds, per-test timeout, marker expression, pytest options
   local name=$1 budget=$2 per_test=$3 expr=$4
+  shift 4
   echo "=== tier: $name (budget ${budget}s, per-test timeout ${per_test}s) ==="
   local t0=$SECONDS
-  timeout --signal=TERM --kill-after=30 "$budget" $PYTEST -m "$expr" --timeout="$per_test" --durations=10 -q
+  timeout --signal=TERM --kill-after=30 "$budget" $PYTEST -m "$expr" --timeout="$per_test" --durations=10 -q "$@"
   local rc=$?
   local took=$((SECONDS - t0))
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
@@ -28,7 +33,7 @@ tier() {  # name, budget seconds, per-test timeout, marker expression
   echo "=== tier: $name finished in ${took}s (rc=$rc) ==="
 }
 
-tier fast 360 120 "not distributed and not e2e"
+tier fast 360 120 "not distributed and not e2e" -n 2
 tier distributed 1500 300 "distributed"
-tier e2e 2700 900 "e2e"
+tier e2e 2700 900 "e2e" -n 2 --dist loadfile
 exit $status

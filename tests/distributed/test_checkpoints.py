@@ -102,7 +102,7 @@ def test_crash_during_a_save_leaves_the_previous_checkpoint_usable(tiny_project,
 
 
 def test_hang_restarts_and_exhausted_restarts_list_every_attempt(tiny_project):
-    hang = ("runtime.max_restarts=1", "runtime.hang_timeout_s=20")
+    hang = ("runtime.max_restarts=1", "runtime.hang_timeout_s=10")  # 3 hangs: 30 s of waiting
     summary, run_dir = run_train(
         tiny_project, cfg_of(*BASE, *hang, *fault("hang", "step", 7, rank=1, seconds=600))
     )
