@@ -21,6 +21,7 @@ from flows.params_file import apply_overrides
 from flows.training import load_once, watch_cancellation
 from tasks.env import TOOLS, contain, project_layout
 from tasks.tuning.run import StudyResult, best_values, tune
+from tasks.tuning.study import override
 
 log = logging.getLogger("enn.flow")
 
@@ -67,18 +68,12 @@ def apply_best(cfg: RunConfig, config: Path, overrides: list[str], layout: Layou
     """Write the study's best values into `config` (comments kept), so `dvc repro` trains the
     winner and DVC versions it. Returns 'key: old -> new' lines."""
     values, objective, number = best_values(cfg, config, overrides, layout)
-    sets = [f"{k}={_yaml(v)}" for k, v in sorted(values.items())]
+    sets = [override(k, v) for k, v in sorted(values.items())]
     lines = apply_overrides(config, sets)
     head = f"trial {number} ({cfg.tune.metric} {objective:.4g})"
     if not lines:
         return [f"{config.name} already holds {head}'s values"]
     return [f"{config.name}: {line} ({head})" for line in lines]
-
-
-def _yaml(value: object) -> str:
-    import json
-
-    return json.dumps(value)
 
 
 if __name__ == "__main__":

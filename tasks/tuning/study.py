@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import yaml
 
 from enn_core.atomic import write_json
 from enn_core.config import RunConfig, load_config, sections_of
@@ -57,6 +58,10 @@ class StudyPlan:
     parallel: int
     runtime: tuple[str, ...]  # each trial's runtime overrides (threads, progress)
     gpus: int
+
+    @property
+    def database(self) -> Path:
+        return Path(self.storage.removeprefix("sqlite:///"))
 
     @property
     def staged(self) -> Path:
@@ -113,15 +118,34 @@ def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
 
 
 def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
-    """The study's staged data (its config's data section), staged once into its folder."""
+    """The study's staged data (its config's data section), staged once into its folder; a
+    study whose trials ran on other data settings (another fold) is refused."""
     layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
     params = plan.staged / "params.json"
-    want = sections_of(cfg, STAGE_DATA.sections)
-    if params.is_file() and json.loads(params.read_text()) == json.loads(json.dumps(want)):
-        return plan.staged
+    want = json.loads(json.dumps(sections_of(cfg, STAGE_DATA.sections)))
+    if params.is_file():
+        had = json.loads(params.read_text())
+        if had == want:
+            return plan.staged
+        if plan.database.is_file():
+            changed = sorted(
+                k for k in want["data"] if had.get("data", {}).get(k) != want["data"][k]
+            )
+            raise ConfigError(
+                f"study {plan.name} ({plan.database}) ran on other data settings "
+                f"(data.{changed[0] if changed else '?'} differs); name a new study "
+                "(--set tune.study=NAME) or delete its database"
+            )
     session = PipelineSession(cfg=cfg, config=plan.config, layout=layout, run_id="study")
     execute_stage(STAGE_DATA, session)
     return plan.staged
+
+
+def override(key: str, value: Any) -> str:
+    """`key=value` as `--set` parses it back (YAML: `1.0e-06`, where JSON's `1e-06` would be
+    read as a string)."""
+    text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    return f"{key}={text}"
 
 
 def distribution(dim: Dimension) -> Any:
@@ -295,14 +319,20 @@ class Hooks:
 
 
 def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> RunningTrial:
+    from optuna.trial import TrialState
+
     trial = study.ask({d.key: distribution(d) for d in dimensions(cfg.tune)})
     folder = plan.folder / f"trial-{trial.number}"
     if folder.exists():  # a number is never reused in one study; a leftover of another
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    values = [f"{k}={json.dumps(v)}" for k, v in trial.params.items()]
+    values = [override(k, v) for k, v in trial.params.items()]
     overrides = (*plan.overrides, *values, *plan.runtime, "tracking.enabled=false")
-    load_config(plan.config, list(overrides))  # a bad value is the study's error, not a trial's
+    try:  # a value the config refuses is the study's error (the space), not a trial's
+        load_config(plan.config, list(overrides))
+    except ConfigError:
+        study.tell(trial, state=TrialState.FAIL)
+        raise
     job = TrialJob(
         number=trial.number,
         config=str(plan.config),

@@ -105,3 +105,34 @@ def test_stale_running_trial_is_failed_and_enqueued_again(tmp_path):
         again.get_trials()[1].params == {}
         and again.get_trials()[1].system_attrs["fixed_params"] == left.params
     )
+
+
+@pytest.mark.parametrize("value", [1e-06, 0.02, 3, "huber", True])
+def test_a_trial_value_reaches_the_config_as_itself(value):
+    from enn_core.config.loader import parse_override
+
+    assert parse_override(st.override("train.lr", value)) == ("train.lr", value)
+
+
+def test_a_study_refuses_other_data_settings(tmp_path):
+    from enn_core.atomic import write_json
+    from enn_core.config import ConfigError, sections_of
+    from enn_core.stages import STAGE_DATA
+
+    cfg = load_config(None, [LR])
+    plan = st.StudyPlan(
+        name="s",
+        config=tmp_path / "params.yaml",
+        overrides=(),
+        root=tmp_path,
+        folder=tmp_path / "s",
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        parallel=1,
+        runtime=("runtime.threads_per_worker=1",),
+        gpus=0,
+    )
+    other = load_config(None, [LR, "data.split_seed=7"])  # the study ran on other splits
+    write_json(plan.staged / "params.json", sections_of(other, STAGE_DATA.sections))
+    plan.database.write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"data.split_seed differs\); name a new study"):
+        st.stage_study_data(plan, cfg)
