@@ -376,7 +376,9 @@ def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout:
             f"({cfg.tune.metric} {out['best_value']:.4g}): {values}",
             flush=True,
         )
-        print("apply: enn tune --apply" + (f" --config {args.config}" if args.config else ""))
+        again = [f"--config {args.config}"] if args.config else []
+        again += [f"--set {o}" for o in args.overrides if o.startswith("tune.study=")]
+        print(" ".join(["apply: enn tune --apply", *again]), flush=True)
     if console.LOG_FILE is not None:
         print(f"log: {console.LOG_FILE}")
     return 0

@@ -149,10 +149,13 @@ def write_table(rows: list[dict[str, Any]], folder: Path) -> None:
 def plots(study: Any, folder: Path) -> list[Path]:
     """Optuna's optimization history and parameter importances as PNGs (matplotlib backend;
     importances need two complete trials)."""
+    from optuna.trial import TrialState
     from optuna.visualization import matplotlib as ovm
 
     from tasks.tracking.plots import _pyplot
 
+    if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
+        return []  # a history of one point, and no importance, say nothing yet
     plt = _pyplot()
     out = []
     for name, draw in (
