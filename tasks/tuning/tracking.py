@@ -154,14 +154,15 @@ def plots(study: Any, folder: Path) -> list[Path]:
 
     from tasks.tracking.plots import _pyplot
 
-    if len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
-        return []  # a history of one point, and no importance, say nothing yet
+    complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     plt = _pyplot()
     out = []
-    for name, draw in (
-        ("optimization_history", ovm.plot_optimization_history),
-        ("param_importances", ovm.plot_param_importances),
+    for name, draw, needs in (
+        ("optimization_history", ovm.plot_optimization_history, 1),
+        ("param_importances", ovm.plot_param_importances, 2),
     ):
+        if complete < needs:  # Optuna would only warn
+            continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna marks its matplotlib backend experimental

@@ -2,7 +2,7 @@
 median pruner that may prune once one trial completed; the pruned trial's processes are gone
 within 10 s (by pid); the study is SIGKILLed mid-trial and resumed; `--apply` writes the best
 values into params.yaml and `dvc repro` trains them; MLflow's `tune params` parent holds the
-trials as children."""
+trials as children, and the tuning flow run the study's table as an artifact."""
 
 from __future__ import annotations
 
@@ -173,3 +173,16 @@ def test_tune_prunes_resumes_applies_and_repro(trained_project, tmp_path):
     assert {"tune/trials.csv", "tune/trials.json"} <= artifacts
     plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
     assert "plots/optimization_history.png" in plots
+
+    # 5. Prefect: the study's table (trials, values, objective, state) as a table artifact
+    import sqlite3
+
+    with sqlite3.connect(Path(proj.env["PREFECT_HOME"]) / "prefect.db") as con:
+        found = con.execute(
+            "SELECT data FROM artifact WHERE key = 'tune-params' AND type = 'table' "
+            "ORDER BY created DESC"
+        ).fetchall()
+    assert found, "no tune-params table artifact"
+    table = json.loads(json.loads(found[0][0]))
+    assert [r["state"] for r in table][:3] == ["complete", "pruned", "fail"], table
+    assert {"trial", "value", "train.lr"} <= set(table[0])
