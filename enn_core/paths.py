@@ -9,6 +9,7 @@
         runs/<run-id>/<stage>/            run directories: resolved config, events, logs
         checkpoints/<fingerprint>/        distributed-train's persistent DCP checkpoints
         pipeline.lock                     one pipeline run at a time
+        tune/<study>.db, tune/<study>/    `enn tune`'s Optuna study and its trials' folders
 
 Stages and their names live in the stage registry (enn_core/stages/); a stage's output folder
 is `spec.output_dir(layout)`, `layout.outputs / <name>`.
@@ -50,6 +51,8 @@ def project_root(config: str | Path) -> Path:
 class Layout:
     root: Path
     work: Path
+    outputs_dir: Path | None = None
+    """Where the stages write when not `<root>/outputs` (a tuning trial's own folder)."""
 
     @classmethod
     def for_root(cls, root: str | Path, work_dir: str = "work") -> Layout:
@@ -61,7 +64,7 @@ class Layout:
     @property
     def outputs(self) -> Path:
         """The pipeline's outputs (each stage's folder, the metrics and plots DVC reads)."""
-        return self.root / "outputs"
+        return self.outputs_dir if self.outputs_dir is not None else self.root / "outputs"
 
     @property
     def prefect_home(self) -> Path:

@@ -142,6 +142,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: predict.model).",
     )
     p = sub.add_parser(
+        "tune",
+        help="Search hyperparameters with Optuna (the tune: section): each trial runs "
+        "prepare-checkpoint and distributed-train on the training and validation rows.",
+        description="Runs (or resumes) the study the config's tune: section declares, as the "
+        "Prefect flow `tuning`: trials side by side up to the cores (or GPUs), pruned from their "
+        "per-epoch validation loss, each a child run of the MLflow run `tune <study>`; the study "
+        "lives in work/tune/<study>.db. --set overrides apply to every trial and are not written "
+        "into the config file. --apply writes the best values into the config file instead.",
+    )
+    _common(p)
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="Write the study's best values into the config file (params.yaml or --config), "
+        "so `dvc repro` trains them; runs no trial.",
+    )
+    p = sub.add_parser(
+        "gc",
+        help="Remove old checkpoints, finished trials' folders and failed runs' artifacts "
+        "(the gc: section), never what dvc.lock or a registered version points at.",
+        description="Says what it removed and the bytes freed; --dry-run only lists.",
+    )
+    _common(p)
+    p.add_argument("--dry-run", action="store_true", help="List what would go; remove nothing.")
+    p = sub.add_parser(
         "deploy",
         help="Serve the training flow on its cron schedule and the prediction flow on demand.",
         description="Starts `prefect server start` on 127.0.0.1 (a free port, unless "
@@ -326,6 +351,39 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
     return 0
 
 
+def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
+    """`enn tune`: the tuning flow on the local Prefect API; `--apply`: the best values into
+    the config file."""
+    if args.apply:
+        from flows.tuning import apply_best
+
+        for line in apply_best(cfg, config, args.overrides, layout):
+            print(line, flush=True)
+        return 0
+    with prefect_api(layout):
+        from flows.training import preloaded
+        from flows.tuning import tuning
+
+        with preloaded(config, args.overrides, cfg):
+            out = tuning(config=str(config), overrides=args.overrides)
+    best = out.get("best")
+    if best is None:
+        print(f"study {out['study']}: {out['trials']} trial(s), none complete", flush=True)
+    else:
+        values = " ".join(f"{k}={v}" for k, v in sorted(best.items()))
+        print(
+            f"study {out['study']}: best trial {out['best_trial']} "
+            f"({cfg.tune.metric} {out['best_value']:.4g}): {values}",
+            flush=True,
+        )
+        again = [f"--config {args.config}"] if args.config else []
+        again += [f"--set {o}" for o in args.overrides if o.startswith("tune.study=")]
+        print(" ".join(["apply: enn tune --apply", *again]), flush=True)
+    if console.LOG_FILE is not None:
+        print(f"log: {console.LOG_FILE}")
+    return 0
+
+
 def ended_by(e: BaseException) -> str:
     """The stopped stage's status in the summary."""
     if isinstance(e, Terminated):
@@ -446,6 +504,12 @@ def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Lay
         return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
     if args.command == "ui":
         return ui_command(cfg, layout, args.port)
+    if args.command == "tune":
+        return tune_command(args, cfg, config, layout)
+    if args.command == "gc":
+        from flows.gc import gc_command
+
+        return gc_command(cfg, config, layout, dry_run=args.dry_run)
     flow: Flow = getattr(args, "pipeline", "training")
     return run_stage_command(lookup(args.command, flow), cfg, config, layout, args.overrides)
 

@@ -1,4 +1,4 @@
-"""Deployments: the training flow on a cron schedule and the prediction flow on demand,
+"""Deployments: the training flow on a cron schedule, the prediction and tuning flows on demand,
 served by this process against a Prefect server.
 
     enn deploy            # starts `prefect server start` on 127.0.0.1 (a free port) and serves
@@ -25,6 +25,7 @@ def build_deployments(cfg: RunConfig, config: Path, prediction_config: Path) -> 
 
     from flows.prediction import prediction
     from flows.training import training
+    from flows.tuning import tuning
 
     train = training.to_deployment(
         name=cfg.deploy.training_deployment,
@@ -37,7 +38,12 @@ def build_deployments(cfg: RunConfig, config: Path, prediction_config: Path) -> 
         parameters={"config": str(prediction_config)},
         description="Stage new data, predict, check collapse; on demand.",
     )
-    return [train, predict]
+    tune = tuning.to_deployment(
+        name=cfg.deploy.tuning_deployment,
+        parameters={"config": str(config)},
+        description="Run or resume the study the config's tune: section declares; on demand.",
+    )
+    return [train, predict, tune]
 
 
 def serve_all(cfg: RunConfig, config: Path, prediction_config: Path, api_url: str) -> None:

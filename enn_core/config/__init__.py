@@ -8,6 +8,7 @@ Merge order: dataclass defaults -> params.yaml -> `--set key=value` overrides.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Iterable
 from dataclasses import field
@@ -19,6 +20,7 @@ from enn_core.config.deploy import DeployConfig
 from enn_core.config.fault import FaultConfig
 from enn_core.config.fields import frozen
 from enn_core.config.loader import (
+    all_keys,
     build,
     canonical_json,
     deep_merge,
@@ -37,6 +39,7 @@ from enn_core.config.stages import (
 )
 from enn_core.config.tracking import TrackingConfig
 from enn_core.config.train import TrainConfig
+from enn_core.config.tune import GcConfig, TuneConfig
 from enn_core.errors import ConfigError
 
 
@@ -78,6 +81,12 @@ class RunConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     """Fault injection (tests only)."""
 
+    tune: TuneConfig = field(default_factory=TuneConfig)
+    """`enn tune`: the hyperparameter search (Optuna) over model and train keys."""
+
+    gc: GcConfig = field(default_factory=GcConfig)
+    """`enn gc`: what old checkpoints, trials and failed runs' artifacts may be removed."""
+
 
 FAULTS_ALLOWED_ENV = "ENN_ALLOW_FAULTS"
 
@@ -96,6 +105,7 @@ def load_config(
         deep_merge(data, key, value, RunConfig)
         where = f"{where} + --set"
     cfg = build(RunConfig, data, root=RunConfig, where=where)
+    check_space_keys(cfg, where)
     if allow_faults is None:
         allow_faults = os.environ.get(FAULTS_ALLOWED_ENV) == "1"
     if cfg.fault.kind != "none" and not allow_faults:
@@ -104,6 +114,16 @@ def load_config(
             f"(or set {FAULTS_ALLOWED_ENV}=1 inside a test)"
         )
     return cfg
+
+
+def check_space_keys(cfg: RunConfig, where: str) -> None:
+    """Each `tune.space` key is a config key (its range was checked by TuneConfig)."""
+    valid = set(all_keys(RunConfig))
+    for key in cfg.tune.space:
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)
+            hint = f"did you mean '{close[0]}'?" if close else "see docs/config.md"
+            raise ConfigError(f"{where}: tune.space.{key}: unknown config key; {hint}")
 
 
 def sections_of(cfg: RunConfig, sections: Iterable[str]) -> dict[str, Any]:
@@ -126,6 +146,7 @@ __all__ = [
     "DeployConfig",
     "ExportConfig",
     "FaultConfig",
+    "GcConfig",
     "ModelConfig",
     "PredictConfig",
     "RunConfig",
@@ -133,6 +154,7 @@ __all__ = [
     "SyntheticConfig",
     "TrackingConfig",
     "TrainConfig",
+    "TuneConfig",
     "ValidateConfig",
     "WorkbookLayout",
     "canonical_json",

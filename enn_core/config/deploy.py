@@ -29,6 +29,9 @@ class DeployConfig:
     prediction_deployment: str = "on-demand"
     """Name of the prediction flow's deployment."""
 
+    tuning_deployment: str = "on-demand"
+    """Name of the tuning flow's deployment (`enn tune` as a deployment, run on demand)."""
+
     def __post_init__(self) -> None:
         if len(self.cron.split()) != 5:
             raise ConfigError(

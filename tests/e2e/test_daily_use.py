@@ -153,11 +153,12 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
         api = _read_until(proc, r"Prefect server: (http://127\.0\.0\.1:\d+/api)", 240).group(1)
         deadline = time.time() + 180
         deployments = []
-        while time.time() < deadline and len(deployments) < 2:
+        while time.time() < deadline and len(deployments) < 3:
             deployments = http(f"{api}/deployments/filter", {})
             time.sleep(1)
         by_name = {d["name"]: d for d in deployments}
-        assert set(by_name) == {"scheduled", "on-demand"}
+        assert set(by_name) == {"scheduled", "on-demand"}  # prediction and tuning: on demand
+        assert len(deployments) == 3
         # every link the console prints (Prefect's banner: "...via the Prefect UI: <url>")
         # answers a browser (which asks for HTML: the UI's pages are client-side routes, served
         # as its index page only then) with the UI, not a 404

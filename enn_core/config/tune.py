@@ -1,0 +1,166 @@
+"""Tune and gc: what `enn tune` searches (Optuna) and what `enn gc` may delete.
+
+`tune.space` maps a dotted config key of a section the trials re-run (`model.*`, `train.*`)
+to its range: `{low, high}` (`log: true` for a log scale, `step` for a grid), or
+`{choices: [...]}`. `dimensions()` turns it into typed records; a bad entry is one line
+naming `tune.space.<key>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
+
+from enn_core.config.fields import FrozenMap, frozen
+from enn_core.errors import ConfigError
+
+# A trial re-runs prepare-checkpoint and distributed-train on the study's staged data, so
+# only what those read can vary between trials.
+SEARCHABLE = ("model.", "train.")
+SPEC_KEYS = frozenset({"low", "high", "log", "step", "choices"})
+
+
+class Dimension(NamedTuple):
+    """One searched key: a float or int range (optionally log or stepped), or choices (a
+    record, not a config section: tune.space's values are its plain mappings)."""
+
+    key: str
+    kind: Literal["float", "int", "choice"]
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] = ()
+
+
+def _number(key: str, spec: Mapping[str, Any], name: str) -> float:
+    value = spec.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(
+            f"tune.space.{key}.{name} must be a number, got {value!r}; "
+            "write e.g. {low: 0.001, high: 0.1, log: true}"
+        )
+    return value
+
+
+def dimension(key: str, spec: Any) -> Dimension:
+    """The record for `tune.space.<key>`, or a one-line ConfigError naming it."""
+    if not key.startswith(SEARCHABLE) or key.count(".") != 1:
+        raise ConfigError(
+            f"tune.space.{key}: only model.* and train.* keys can be searched (a trial re-runs "
+            "prepare-checkpoint and distributed-train on the study's staged data)"
+        )
+    if not isinstance(spec, Mapping) or not spec or set(spec) - SPEC_KEYS:
+        raise ConfigError(
+            f"tune.space.{key}: expected {{low, high[, log, step]}} or {{choices: [...]}}, "
+            f"got {dict(spec) if isinstance(spec, Mapping) else spec!r}"
+        )
+    if "choices" in spec:
+        choices = spec["choices"]
+        if set(spec) != {"choices"} or not isinstance(choices, (list, tuple)) or not choices:
+            raise ConfigError(
+                f"tune.space.{key}: choices must be a non-empty list, alone (no low/high)"
+            )
+        return Dimension(key, "choice", choices=tuple(choices))
+    low, high = _number(key, spec, "low"), _number(key, spec, "high")
+    log, step = bool(spec.get("log", False)), spec.get("step")
+    if not low < high:
+        raise ConfigError(f"tune.space.{key}: low={low} must be below high={high}")
+    if log and low <= 0:
+        raise ConfigError(f"tune.space.{key}: a log scale needs low > 0 (got {low})")
+    if log and step is not None:
+        raise ConfigError(f"tune.space.{key}: step and log cannot be combined; drop one")
+    if step is not None:
+        step = _number(key, spec, "step")
+        if step <= 0:
+            raise ConfigError(f"tune.space.{key}: step must be > 0 (got {step})")
+    ints = all(isinstance(v, int) for v in (low, high)) and (step is None or isinstance(step, int))
+    kind: Literal["float", "int"] = "int" if ints else "float"
+    return Dimension(key, kind, float(low), float(high), log, step)
+
+
+@frozen
+class TuneConfig:
+    study: str = ""
+    """Name of the study (its SQLite file `work/tune/<study>.db` and folder `work/tune/<study>/`);
+    empty = the config file's name (`params`, `expressway`)."""
+
+    space: Mapping[str, Mapping[str, Any]] = FrozenMap()
+    """The search space: a `model.*` or `train.*` key -> `{low, high}` (numbers; `log: true` for a
+    log scale, `step` for a grid; integers when low, high and step are) or `{choices: [...]}`."""
+
+    n_trials: int = 20
+    """Trials the study runs to an end (complete or pruned); a resumed study counts those it has."""
+
+    metric: Literal["val_loss", "val_mae"] = "val_loss"
+    """Objective, minimized: the best epoch's validation loss or MAE (`epoch/<metric>`, validation
+    rows only; the test split is never read). The same per-epoch value drives the pruner."""
+
+    sampler: Literal["tpe", "random"] = "tpe"
+    """Optuna sampler: tpe (TPESampler) or random (RandomSampler)."""
+
+    seed: int = 0
+    """Seed of the sampler."""
+
+    pruner: Literal["median", "none"] = "median"
+    """Optuna pruner: median (MedianPruner: stop a trial whose epoch value is worse than the median
+    of earlier trials at that epoch) or none."""
+
+    n_startup_trials: int = 5
+    """MedianPruner: trials that finish before any is pruned."""
+
+    n_warmup_steps: int = 0
+    """MedianPruner: epochs of a trial before it may be pruned."""
+
+    parallel: int = 0
+    """Trials run side by side; 0 = the GPUs (one each), or on CPU the cores // (world size x
+    threads per worker, at least 1 thread each). Never more than that."""
+
+    enqueue: tuple[Mapping[str, Any], ...] = ()
+    """Trials to run first, each a mapping of some space keys to values (e.g. the current config);
+    keys left out are sampled."""
+
+    def __post_init__(self) -> None:
+        dimensions(self)
+        if self.n_trials < 1:
+            raise ConfigError(f"tune.n_trials={self.n_trials} must be >= 1")
+        if self.parallel < 0:
+            raise ConfigError(f"tune.parallel={self.parallel} must be >= 0 (0 = automatic)")
+        if self.n_startup_trials < 0 or self.n_warmup_steps < 0:
+            raise ConfigError("tune.n_startup_trials and tune.n_warmup_steps must be >= 0")
+        for i, trial in enumerate(self.enqueue):
+            unknown = sorted(set(trial) - set(self.space))
+            if unknown:
+                raise ConfigError(
+                    f"tune.enqueue[{i}]: {unknown[0]} is not a tune.space key; add it to the "
+                    "space or drop it"
+                )
+
+
+def dimensions(tune: TuneConfig) -> tuple[Dimension, ...]:
+    """The search space as records, checked."""
+    return tuple(dimension(key, spec) for key, spec in tune.space.items())
+
+
+@frozen
+class GcConfig:
+    keep_fingerprints: int = 2
+    """Training checkpoint fingerprints (`work/checkpoints/<fp>/`) kept, newest first; older ones
+    are removed unless an unfinished run may resume them (no COMPLETE marker and younger than
+    `keep_days`)."""
+
+    keep_days: float = 7.0
+    """Age in days after which leftovers (unfinished fingerprints, finished trials' folders, run
+    directories, failed runs' MLflow artifacts) may be removed."""
+
+    trials: bool = True
+    """Remove finished trials' folders (`work/tune/<study>/trial-N/`); the study's database
+    stays."""
+
+    failed_runs: bool = True
+    """Remove the artifacts of FAILED and KILLED MLflow runs older than `keep_days` (the runs stay,
+    marked `enn.gc`)."""
+
+    def __post_init__(self) -> None:
+        if self.keep_fingerprints < 0 or self.keep_days < 0:
+            raise ConfigError("gc.keep_fingerprints and gc.keep_days must be >= 0")

@@ -1,0 +1,80 @@
+"""The tuning flow: an Optuna study over prepare-checkpoint and distributed-train
+(`tasks/tuning/`), its trials as a Prefect table artifact.
+
+Run: `enn tune` (or deployed: `enn deploy` serves it on demand). `enn tune --apply` writes the
+best values into the config file the study ran with (`apply_best`). Cancelling the flow run
+(UI, `prefect flow-run cancel`) stops the running trials; the study resumes at the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
+
+from enn_core.config import RunConfig
+from enn_core.paths import Layout, project_root
+from flows.params_file import apply_overrides
+from flows.training import load_once, watch_cancellation
+from tasks.env import TOOLS, contain, project_layout
+from tasks.tuning.run import StudyResult, best_values, tune
+from tasks.tuning.study import override
+
+log = logging.getLogger("enn.flow")
+
+
+def tuning_run_name() -> str:
+    params = flow_run.parameters
+    parts = ["tuning", Path(str(params.get("config") or "")).name]
+    parts += [str(o) for o in params.get("overrides") or []]
+    return " ".join(p for p in parts if p)[:150]
+
+
+def publish(result: StudyResult) -> None:
+    """The study's table (trials, values, objective, state) as a Prefect table artifact."""
+    rows = [{k: ("" if v is None else v) for k, v in row.items()} for row in result.rows]
+    if rows:
+        create_table_artifact(
+            key=f"tune-{result.name}".replace("_", "-").lower(),
+            table=rows,
+            description=f"study {result.name}: trials, values, objective ({result.storage})",
+        )
+
+
+@flow(name="tuning", flow_run_name=tuning_run_name, persist_result=False, log_prints=True)
+def tuning(config: str = "params.yaml", overrides: list[str] | None = None) -> dict:
+    """Run (or resume) the study `tune:` declares in `config`; returns its best trial."""
+    path = Path(config).resolve()
+    cfg = load_once(path, list(overrides or []))
+    layout = contain(project_layout(project_root(path), cfg.runtime.work_dir), groups=(TOOLS,))
+    run_id = str(flow_run.get_id() or "") or None
+    with watch_cancellation(run_id) as cancel:
+        result = tune(cfg, path, list(overrides or []), layout, should_stop=cancel.is_set)
+    publish(result)
+    return {
+        "study": result.name,
+        "best": result.best,
+        "best_value": result.best_value,
+        "best_trial": result.best_trial,
+        "trials": len(result.rows),
+        "mlflow_run_id": result.mlflow_run_id,
+    }
+
+
+def apply_best(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout) -> list[str]:
+    """Write the study's best values into `config` (comments kept), so `dvc repro` trains the
+    winner and DVC versions it. Returns 'key: old -> new' lines."""
+    values, objective, number = best_values(cfg, config, overrides, layout)
+    sets = [override(k, v) for k, v in sorted(values.items())]
+    lines = apply_overrides(config, sets)
+    head = f"trial {number} ({cfg.tune.metric} {objective:.4g})"
+    if not lines:
+        return [f"{config.name} already holds {head}'s values"]
+    return [f"{config.name}: {line} ({head})" for line in lines]
+
+
+if __name__ == "__main__":
+    tuning()

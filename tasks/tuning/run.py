@@ -1,0 +1,113 @@
+"""Run a study end to end (what the tuning flow calls); read its best values.
+
+    tune(cfg, config, overrides, layout) -> StudyResult
+    best_values(cfg, config, overrides, layout) -> (values, objective, trial number)
+
+One `enn tune` per study at a time (a lock on `work/tune/<study>.lock`); trials hold no lock
+and the pipeline's lock is not taken: a study writes only under `work/tune/` and MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enn_core.config import RunConfig
+from enn_core.errors import ConfigError
+from enn_core.paths import Layout
+from tasks.lock import pipeline_lock
+from tasks.tuning import study as st
+from tasks.tuning.tracking import StudyTracker
+
+log = logging.getLogger("enn.tune")
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """What a study run gave: its table, best trial, where it lives."""
+
+    name: str
+    storage: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    best_value: float | None = None
+    best_trial: int | None = None
+    ended_stale: tuple[int, ...] = ()
+    parallel: int = 1
+    seconds: float = 0.0
+    mlflow_run_id: str | None = None
+
+
+def tune(
+    cfg: RunConfig,
+    config: Path,
+    overrides: list[str],
+    layout: Layout,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> StudyResult:
+    t0 = time.monotonic()
+    plan = st.make_plan(cfg, config, overrides, layout)
+    with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
+        st.stage_study_data(plan, cfg)
+        study = st.open_study(cfg, plan)
+        stale = st.end_stale_trials(study, plan)
+        if stale:
+            log.info("study %s: trials %s were interrupted; ran again", plan.name, stale)
+        done = st.finished(study)
+        log.info(
+            "study %s: %d of %d trials done; %d side by side (%s); storage %s",
+            plan.name,
+            done,
+            cfg.tune.n_trials,
+            plan.parallel,
+            ", ".join(plan.runtime[:1]),
+            plan.storage,
+        )
+        tracker = StudyTracker(cfg, layout, plan.name)
+        parent = tracker.start({"enn.config": str(config)})
+        error: BaseException | None = None
+        try:
+            st.run_study(study, cfg, plan, tracker, should_stop)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            rows = st.table(study)
+            tracker.finish(study, rows, error)
+    top = st.best(study)
+    return StudyResult(
+        name=plan.name,
+        storage=plan.storage,
+        rows=rows,
+        best=top[0] if top else None,
+        best_value=top[1] if top else None,
+        best_trial=top[2] if top else None,
+        ended_stale=tuple(stale),
+        parallel=plan.parallel,
+        seconds=time.monotonic() - t0,
+        mlflow_run_id=parent,
+    )
+
+
+def best_values(
+    cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
+) -> tuple[dict[str, Any], float, int]:
+    """The study's best complete trial: its values, objective and number."""
+    import optuna
+
+    plan = st.make_plan(cfg, config, overrides, layout)
+    db = Path(plan.storage.removeprefix("sqlite:///"))
+    if not db.is_file():
+        raise ConfigError(f"{db}: no study {plan.name!r} here; run `enn tune` first")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=plan.name, storage=plan.storage)
+    top = st.best(study)
+    if top is None:
+        raise ConfigError(
+            f"{db}: study {plan.name!r} has no complete trial yet; run `enn tune` to finish one"
+        )
+    return top

@@ -1,0 +1,495 @@
+"""`enn tune`'s study: Optuna's ask/tell loop over trial processes, pruned from their events.
+
+    work/tune/<study>.db                     Optuna's storage (SQLite): the study, resumable
+    work/tune/<study>/outputs/stage-data/    the study's staged data (its config's data section)
+    work/tune/<study>/trial-<N>/             one trial: trial.json, trial.log, outputs/, work/
+
+One loop in the calling thread starts trials (`tasks.tuning.trial`, each in its own process
+group) up to the parallel slots, follows each trial's `epoch/<metric>` events, reports them
+to Optuna and, when the pruner says so, kills the trial's process group and waits until every
+process of it is gone (`pruned.json` records the pids and how long they took). A trial's
+checkpoints are deleted when it ends. On start, trials a killed study left RUNNING are ended:
+their process trees are killed and they are marked FAIL; the study then runs until
+`tune.n_trials` trials are complete or pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from enn_core.atomic import write_json
+from enn_core.config import RunConfig, load_config, sections_of
+from enn_core.config.tune import Dimension, dimensions
+from enn_core.errors import ConfigError, TrainingError
+from enn_core.paths import Layout
+from enn_core.stages import STAGE_DATA
+from tasks.runner import PipelineSession, execute_stage
+from tasks.tuning.trial import TrialJob, checkpoint_files, events_file
+
+log = logging.getLogger("enn.tune")
+STUDY_ATTR_PID = "enn.pid"  # a trial's user attribute: its process (pid:create_time)
+MAX_FAILED_IN_A_ROW = 3
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """Where a study lives and how its trials run."""
+
+    name: str
+    config: Path
+    overrides: tuple[str, ...]  # the study's own --set (every trial gets them)
+    root: Path
+    folder: Path  # work/tune/<study>/
+    storage: str  # sqlite:///.../work/tune/<study>.db
+    parallel: int
+    runtime: tuple[str, ...]  # each trial's runtime overrides (threads, progress)
+    gpus: int
+
+    @property
+    def database(self) -> Path:
+        return Path(self.storage.removeprefix("sqlite:///"))
+
+    @property
+    def staged(self) -> Path:
+        return self.folder / "outputs" / STAGE_DATA.name
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def slots(cfg: RunConfig, cores: int, gpus: int) -> tuple[int, int]:
+    """(trials side by side, threads per worker): one GPU per trial, or on CPU the cores
+    shared so that trials x workers x threads never exceeds them."""
+    want = cfg.tune.parallel
+    if gpus and cfg.runtime.device != "cpu":
+        most = gpus
+        threads = cfg.runtime.threads_per_worker or max(1, cores // gpus)
+        return (min(want, most) if want else most), threads
+    workers = max(1, cfg.runtime.world_size)
+    threads = cfg.runtime.threads_per_worker or 1
+    most = max(1, cores // (workers * threads))
+    parallel = min(want, most) if want else most
+    threads = cfg.runtime.threads_per_worker or max(1, cores // (parallel * workers))
+    return parallel, threads
+
+
+def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout) -> StudyPlan:
+    if not cfg.tune.space:
+        raise ConfigError(
+            f"{config}: tune.space is empty; declare what to search, e.g. "
+            "tune: {space: {train.lr: {low: 0.001, high: 0.1, log: true}}} (README, Tuning)"
+        )
+    name = cfg.tune.study or config.stem
+    gpus = gpu_count() if cfg.runtime.device != "cpu" else 0
+    parallel, threads = slots(cfg, usable_cores(), gpus)
+    folder = layout.work / "tune" / name
+    return StudyPlan(
+        name=name,
+        config=config,
+        overrides=tuple(overrides),
+        root=layout.root,
+        folder=folder,
+        storage=f"sqlite:///{layout.work / 'tune' / f'{name}.db'}",
+        parallel=parallel,
+        runtime=(f"runtime.threads_per_worker={threads}", "runtime.progress=false"),
+        gpus=gpus,
+    )
+
+
+def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
+    """The study's staged data (its config's data section), staged once into its folder; a
+    study whose trials ran on other data settings (another fold) is refused."""
+    layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
+    params = plan.staged / "params.json"
+    want = json.loads(json.dumps(sections_of(cfg, STAGE_DATA.sections)))
+    if params.is_file():
+        had = json.loads(params.read_text())
+        if had == want:
+            return plan.staged
+        if plan.database.is_file():
+            changed = sorted(
+                k for k in want["data"] if had.get("data", {}).get(k) != want["data"][k]
+            )
+            raise ConfigError(
+                f"study {plan.name} ({plan.database}) ran on other data settings "
+                f"(data.{changed[0] if changed else '?'} differs); name a new study "
+                "(--set tune.study=NAME) or delete its database"
+            )
+    session = PipelineSession(cfg=cfg, config=plan.config, layout=layout, run_id="study")
+    execute_stage(STAGE_DATA, session)
+    return plan.staged
+
+
+def override(key: str, value: Any) -> str:
+    """`key=value` as `--set` parses it back (YAML: `1.0e-06`, where JSON's `1e-06` would be
+    read as a string)."""
+    text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    return f"{key}={text}"
+
+
+def distribution(dim: Dimension) -> Any:
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    if dim.kind == "choice":
+        return CategoricalDistribution(list(dim.choices))
+    if dim.kind == "int":
+        step = int(dim.step) if dim.step is not None else 1
+        return IntDistribution(int(dim.low), int(dim.high), log=dim.log, step=step)
+    return FloatDistribution(dim.low, dim.high, log=dim.log, step=dim.step)
+
+
+def open_study(cfg: RunConfig, plan: StudyPlan) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    t = cfg.tune
+    sampler = (
+        optuna.samplers.TPESampler(seed=t.seed)
+        if t.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=t.seed)
+    )
+    pruner = (
+        optuna.pruners.MedianPruner(
+            n_startup_trials=t.n_startup_trials, n_warmup_steps=t.n_warmup_steps
+        )
+        if t.pruner == "median"
+        else optuna.pruners.NopPruner()
+    )
+    study = optuna.create_study(
+        study_name=plan.name,
+        storage=plan.storage,
+        sampler=sampler,
+        pruner=pruner,
+        direction="minimize",
+        load_if_exists=True,
+    )
+    for values in t.enqueue:
+        study.enqueue_trial(dict(values), skip_if_exists=True)
+    return study
+
+
+def _alive(tag: str | None) -> psutil.Process | None:
+    """The process a `pid:create_time` tag names, when it still runs."""
+    if not tag:
+        return None
+    pid, _, created = tag.partition(":")
+    try:
+        p = psutil.Process(int(pid))
+        if abs(p.create_time() - float(created)) > 0.01 or p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p
+    except (psutil.NoSuchProcess, ValueError):
+        return None
+
+
+def kill_tree(proc: psutil.Process, timeout: float = 10.0) -> tuple[list[int], float]:
+    """SIGKILL a trial's process group and every descendant; wait until all are gone.
+    Returns the pids and the seconds they took to go."""
+    t0 = time.monotonic()
+    procs = [proc, *proc.children(recursive=True)]
+    pids = [p.pid for p in procs]
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:  # a descendant that left the group (none should) goes too
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    if alive:
+        log.warning("trial processes still alive after %.0f s: %s", timeout, [p.pid for p in alive])
+    return pids, time.monotonic() - t0
+
+
+def end_stale_trials(study: Any, plan: StudyPlan) -> list[int]:
+    """Trials a killed study left RUNNING: kill what of them still runs, mark them FAIL,
+    enqueue their values again, delete their checkpoints. Returns their numbers."""
+    from optuna.trial import TrialState
+
+    ended = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        proc = _alive(t.user_attrs.get(STUDY_ATTR_PID))
+        if proc is not None:
+            kill_tree(proc)
+        study.tell(t.number, state=TrialState.FAIL)
+        study.enqueue_trial(dict(t.params))  # the same point again, as if never interrupted
+        remove_checkpoints(plan.folder / f"trial-{t.number}")
+        ended.append(t.number)
+    return ended
+
+
+def remove_checkpoints(folder: Path) -> int:
+    """Delete a finished trial's checkpoints; the bytes freed."""
+    freed = 0
+    for p in checkpoint_files(folder):
+        if p.is_dir():
+            freed += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            freed += p.stat().st_size
+            p.unlink(missing_ok=True)
+    return freed
+
+
+@dataclass
+class RunningTrial:
+    """A trial process the loop follows."""
+
+    trial: Any  # optuna.Trial
+    folder: Path
+    proc: subprocess.Popen
+    started: float
+    values: list[tuple[int, float]] = field(default_factory=list)
+    offset: int = 0
+    pruned: bool = False
+
+    @property
+    def number(self) -> int:
+        return int(self.trial.number)
+
+    def new_values(self, metric: str) -> list[tuple[int, float]]:
+        """The `epoch/<metric>` values appended to the trial's events since the last call."""
+        path = events_file(self.folder)
+        if not path.is_file():
+            return []
+        with open(path, encoding="utf-8") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete.encode("utf-8"))
+        out = []
+        for line in complete.splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "metric" and rec.get("name") == f"epoch/{metric}":
+                out.append((int(rec["step"]), float(rec["value"])))
+        self.values += out
+        return out
+
+
+@dataclass(frozen=True)
+class TrialEnd:
+    """How a trial ended (the study's table row)."""
+
+    number: int
+    state: str  # complete | pruned | failed
+    value: float | None
+    params: dict[str, Any]
+    epochs: int
+    seconds: float
+    pids: tuple[int, ...] = ()
+    gone_s: float | None = None
+
+
+class Hooks:
+    """What the study tells its tracker (MLflow) as trials start, report and end."""
+
+    def started(self, trial: RunningTrial) -> None: ...
+
+    def reported(self, trial: RunningTrial, epoch: int, value: float) -> None: ...
+
+    def ended(self, trial: RunningTrial, end: TrialEnd) -> None: ...
+
+
+def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> RunningTrial:
+    from optuna.trial import TrialState
+
+    trial = study.ask({d.key: distribution(d) for d in dimensions(cfg.tune)})
+    folder = plan.folder / f"trial-{trial.number}"
+    if folder.exists():  # a number is never reused in one study; a leftover of another
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    values = [override(k, v) for k, v in trial.params.items()]
+    overrides = (*plan.overrides, *values, *plan.runtime, "tracking.enabled=false")
+    try:  # a value the config refuses is the study's error (the space), not a trial's
+        load_config(plan.config, list(overrides))
+    except ConfigError:
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    job = TrialJob(
+        number=trial.number,
+        config=str(plan.config),
+        overrides=overrides,
+        root=str(plan.root),
+        staged=str(plan.staged),
+        folder=str(folder),
+    )
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = plan.runtime[0].split("=")[1]
+    if plan.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
+    with open(folder / "trial.log", "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tasks.tuning.trial", str(job.write())],
+            cwd=plan.root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: pruning kills the group
+        )
+    p = psutil.Process(proc.pid)
+    trial.set_user_attr(STUDY_ATTR_PID, f"{p.pid}:{p.create_time()}")
+    log.info("trial %d: %s", trial.number, " ".join(values))
+    return RunningTrial(trial, folder, proc, time.monotonic())
+
+
+def poll_trial(study: Any, cfg: RunConfig, running: RunningTrial, hooks: Hooks) -> TrialEnd | None:
+    """Report new epoch values; prune when Optuna says so; the end once the trial ended."""
+    from optuna.trial import TrialState
+
+    for epoch, value in running.new_values(cfg.tune.metric):
+        running.trial.report(value, epoch)
+        hooks.reported(running, epoch, value)
+        if running.trial.should_prune():
+            pids, gone = kill_tree(psutil.Process(running.proc.pid))
+            running.proc.wait()
+            running.pruned = True
+            study.tell(running.trial, state=TrialState.PRUNED)
+            return _end(running, "pruned", value, pids, gone)
+    rc = running.proc.poll()
+    if rc is None:
+        return None
+    running.new_values(cfg.tune.metric)  # what it wrote before it exited
+    best = min((v for _, v in running.values), default=None)
+    if rc == 0 and best is not None:
+        study.tell(running.trial, best)
+        return _end(running, "complete", best)
+    study.tell(running.trial, state=TrialState.FAIL)
+    tail = (running.folder / "trial.log").read_text(errors="replace").strip().splitlines()[-1:]
+    log.warning("trial %d failed (exit %d): %s", running.number, rc, " ".join(tail))
+    return _end(running, "failed", best)
+
+
+def _end(
+    running: RunningTrial,
+    state: str,
+    value: float | None,
+    pids: list[int] | None = None,
+    gone: float | None = None,
+) -> TrialEnd:
+    remove_checkpoints(running.folder)
+    end = TrialEnd(
+        number=running.number,
+        state=state,
+        value=value,
+        params=dict(running.trial.params),
+        epochs=len(running.values),
+        seconds=time.monotonic() - running.started,
+        pids=tuple(pids or ()),
+        gone_s=gone,
+    )
+    write_json(running.folder / "end.json", end.__dict__)
+    return end
+
+
+def finished(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def run_study(
+    study: Any,
+    cfg: RunConfig,
+    plan: StudyPlan,
+    hooks: Hooks,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> list[TrialEnd]:
+    """Trials side by side until `tune.n_trials` are complete or pruned."""
+    running: dict[int, RunningTrial] = {}
+    ends: list[TrialEnd] = []
+    failed_in_a_row = 0
+    try:
+        while True:
+            if should_stop():
+                log.warning("study %s stopped: its running trials are killed", plan.name)
+                return ends
+            room = cfg.tune.n_trials - finished(study) - len(running)
+            if room > 0 and len(running) < plan.parallel:
+                slot = min(set(range(plan.parallel)) - set(running))
+                running[slot] = start_trial(study, cfg, plan, slot)
+                hooks.started(running[slot])
+                continue
+            if not running:
+                return ends
+            for slot, trial in list(running.items()):
+                end = poll_trial(study, cfg, trial, hooks)
+                if end is None:
+                    continue
+                del running[slot]
+                ends.append(end)
+                hooks.ended(trial, end)
+                log.info("trial %d: %s", end.number, describe(end, cfg.tune.metric))
+                failed_in_a_row = failed_in_a_row + 1 if end.state == "failed" else 0
+                if failed_in_a_row >= MAX_FAILED_IN_A_ROW:
+                    raise TrainingError(
+                        f"{MAX_FAILED_IN_A_ROW} trials failed in a row; the last one's log: "
+                        f"{trial.folder / 'trial.log'}"
+                    )
+            time.sleep(0.5)
+    finally:
+        for trial in running.values():  # interrupted: no trial trains on without its study
+            if trial.proc.poll() is None:
+                kill_tree(psutil.Process(trial.proc.pid))
+                trial.proc.wait()
+            remove_checkpoints(trial.folder)
+
+
+def describe(end: TrialEnd, metric: str) -> str:
+    value = f"{metric} {end.value:.4g}" if end.value is not None else "no value"
+    gone = f"; its {len(end.pids)} processes gone in {end.gone_s:.1f} s" if end.pids else ""
+    return f"{end.state} after {end.epochs} epoch(s), {value}, {end.seconds:.0f} s{gone}"
+
+
+def table(study: Any) -> list[dict[str, Any]]:
+    """The study's trials: number, state, objective, epochs, values."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name.lower(),
+                "value": t.value,
+                "epochs": len(t.intermediate_values),
+                "seconds": round(t.duration.total_seconds(), 1) if t.duration else None,
+                **t.params,
+            }
+        )
+    return rows
+
+
+def best(study: Any) -> tuple[dict[str, Any], float, int] | None:
+    """The best complete trial's values, objective and number (None before any completed)."""
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    t = study.best_trial
+    return dict(t.params), float(t.value), int(t.number)

@@ -1,0 +1,138 @@
+"""The study's pieces without training: slots never oversubscribe, the events watcher reads
+`epoch/<metric>` as it is appended, a pruned trial's process group is gone after kill_tree, and
+a study killed mid-trial is resumed with the trial failed and enqueued again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from enn_core.config import load_config
+from tasks.tuning import study as st
+from tasks.tuning.trial import events_file
+
+LR = 'tune.space={"train.lr": {"low": 0.001, "high": 0.1, "log": true}}'
+
+
+@pytest.mark.parametrize(
+    ("sets", "cores", "want"),
+    [
+        ([], 2, (2, 1)),  # two one-thread trials on two cores
+        (["tune.parallel=1"], 2, (1, 2)),  # one trial gets both
+        (["tune.parallel=8"], 2, (2, 1)),  # never more than the cores
+        (["runtime.world_size=2"], 2, (1, 1)),
+        (["runtime.threads_per_worker=4"], 2, (1, 4)),
+    ],
+)
+def test_slots_never_oversubscribe(sets, cores, want):
+    cfg = load_config(None, [LR, *sets])
+    assert st.slots(cfg, cores, gpus=0) == want
+
+
+def test_slots_one_trial_per_gpu():
+    cfg = load_config(None, [LR])
+    assert st.slots(cfg, 16, gpus=4) == (4, 4)
+
+
+def _running(tmp_path, proc=None):
+    return st.RunningTrial(trial=None, folder=tmp_path, proc=proc, started=time.monotonic())
+
+
+def test_watcher_reads_epoch_values_as_appended(tmp_path):
+    path = events_file(tmp_path)
+    path.parent.mkdir(parents=True)
+    running = _running(tmp_path)
+    assert running.new_values("val_loss") == []
+    rec = {"type": "metric", "name": "epoch/val_loss", "value": 0.5, "step": 0}
+    other = {"type": "metric", "name": "epoch/train_loss", "value": 9.0, "step": 0}
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n" + json.dumps(other) + "\n")
+        f.write('{"type": "metric", "name": "epoch/val_loss", "val')  # a line half written
+    assert running.new_values("val_loss") == [(0, 0.5)]
+    with open(path, "a") as f:
+        f.write('ue": 0.25, "step": 1}\n')
+    assert running.new_values("val_loss") == [(1, 0.25)]
+    assert running.values == [(0, 0.5), (1, 0.25)]
+
+
+def test_kill_tree_ends_the_group_and_its_children():
+    code = (
+        "import subprocess, sys, time; "
+        "sleep = [sys.executable, '-c', 'import time; time.sleep(60)']; "
+        "[subprocess.Popen(sleep) for _ in range(2)]; "
+        "time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    parent = psutil.Process(proc.pid)
+    for _ in range(100):
+        if len(parent.children()) == 2:
+            break
+        time.sleep(0.05)
+    pids, took = st.kill_tree(parent)
+    proc.wait()
+    assert len(pids) == 3 and took < 10
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def test_stale_running_trial_is_failed_and_enqueued_again(tmp_path):
+    import optuna
+
+    cfg = load_config(None, [LR, "tune.n_trials=2"])
+    plan = st.StudyPlan(
+        name="s",
+        config=tmp_path / "params.yaml",
+        overrides=(),
+        root=tmp_path,
+        folder=tmp_path / "s",
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        parallel=1,
+        runtime=("runtime.threads_per_worker=1",),
+        gpus=0,
+    )
+    study = st.open_study(cfg, plan)
+    left = study.ask({"train.lr": optuna.distributions.FloatDistribution(0.001, 0.1, log=True)})
+    left.set_user_attr(st.STUDY_ATTR_PID, "999999999:0")  # its process is gone
+    again = st.open_study(cfg, plan)  # the next `enn tune`
+    assert st.end_stale_trials(again, plan) == [left.number]
+    states = [t.state.name for t in again.get_trials()]
+    assert states == ["FAIL", "WAITING"]
+    assert (
+        again.get_trials()[1].params == {}
+        and again.get_trials()[1].system_attrs["fixed_params"] == left.params
+    )
+
+
+@pytest.mark.parametrize("value", [1e-06, 0.02, 3, "huber", True])
+def test_a_trial_value_reaches_the_config_as_itself(value):
+    from enn_core.config.loader import parse_override
+
+    assert parse_override(st.override("train.lr", value)) == ("train.lr", value)
+
+
+def test_a_study_refuses_other_data_settings(tmp_path):
+    from enn_core.atomic import write_json
+    from enn_core.config import ConfigError, sections_of
+    from enn_core.stages import STAGE_DATA
+
+    cfg = load_config(None, [LR])
+    plan = st.StudyPlan(
+        name="s",
+        config=tmp_path / "params.yaml",
+        overrides=(),
+        root=tmp_path,
+        folder=tmp_path / "s",
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        parallel=1,
+        runtime=("runtime.threads_per_worker=1",),
+        gpus=0,
+    )
+    other = load_config(None, [LR, "data.split_seed=7"])  # the study ran on other splits
+    write_json(plan.staged / "params.json", sections_of(other, STAGE_DATA.sections))
+    plan.database.write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"data.split_seed differs\); name a new study"):
+        st.stage_study_data(plan, cfg)
