@@ -79,6 +79,33 @@ def _default(o: Any) -> Any:
     return str(o)
 
 
+class EventTail:
+    """Follows an events file while its job writes it: `new()` returns the records of the
+    complete lines appended since the last call (a line still being written waits for the
+    next call; a file not there yet gives none). The console's progress and `enn tune`'s
+    pruner read a live job this way."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.offset = 0  # bytes of complete lines already read
+
+    def new(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        out = []
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a damaged line: the job's own record, never fatal to a reader
+                continue
+        return out
+
+
 def read_events(run_dir: str | Path) -> Iterator[dict[str, Any]]:
     path = Path(run_dir) / EVENTS_FILE
     if not path.exists():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 import os
 import sys
@@ -22,7 +21,7 @@ from typing import Any
 
 from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
 
-from enn_core.events import EVENTS_FILE
+from enn_core.events import EVENTS_FILE, EventTail
 from enn_core.runtime.heartbeat import read_heartbeats
 
 
@@ -89,15 +88,14 @@ class TrainingFollower:
     def __init__(
         self, run_dir: Path, total: int | None, desc: str, logger: logging.Logger, bar_on: bool
     ) -> None:
-        self.path = Path(run_dir) / EVENTS_FILE
+        self.events = EventTail(Path(run_dir) / EVENTS_FILE)
         self.run_dir, self.desc, self.log = Path(run_dir), desc, logger
         self.pbar = bar(total, desc, bar_on, unit="step")
-        self.offset = 0
         self.attempt = 0
         self.epoch_s: list[float] = []
 
     def poll(self) -> None:
-        for rec in self._new_records():
+        for rec in self.events.new():
             self._handle(rec)
         beat = read_heartbeats(self.run_dir).get(0) or {}
         attempt = beat.get("attempt")
@@ -175,19 +173,3 @@ class TrainingFollower:
             left = (epochs - epoch) * sum(self.epoch_s) / len(self.epoch_s)
             parts.append(f"~{int(left // 60)}:{int(left % 60):02d} left")
         return "  ".join(parts)
-
-    def _new_records(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with open(self.path, encoding="utf-8") as fh:
-            fh.seek(self.offset)
-            chunk = fh.read()
-        complete = chunk[: chunk.rfind("\n") + 1]
-        self.offset += len(complete.encode("utf-8"))
-        out = []
-        for line in complete.splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out

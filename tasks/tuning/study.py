@@ -35,8 +35,10 @@ from enn_core.atomic import write_json
 from enn_core.config import RunConfig, load_config, sections_of
 from enn_core.config.tune import Dimension, dimensions
 from enn_core.errors import ConfigError, TrainingError
+from enn_core.events import EventTail
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA
+from tasks.gc import size_of
 from tasks.runner import PipelineSession, execute_stage
 from tasks.tuning.trial import TrialJob, checkpoint_files, events_file
 
@@ -250,11 +252,10 @@ def remove_checkpoints(folder: Path) -> int:
     """Delete a finished trial's checkpoints; the bytes freed."""
     freed = 0
     for p in checkpoint_files(folder):
+        freed += size_of(p)
         if p.is_dir():
-            freed += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
             shutil.rmtree(p, ignore_errors=True)
         else:
-            freed += p.stat().st_size
             p.unlink(missing_ok=True)
     return freed
 
@@ -268,8 +269,11 @@ class RunningTrial:
     proc: subprocess.Popen
     started: float
     values: list[tuple[int, float]] = field(default_factory=list)
-    offset: int = 0
     pruned: bool = False
+    events: EventTail = field(init=False)  # its distributed-train events, followed
+
+    def __post_init__(self) -> None:
+        self.events = EventTail(events_file(self.folder))
 
     @property
     def number(self) -> int:
@@ -277,19 +281,11 @@ class RunningTrial:
 
     def new_values(self, metric: str) -> list[tuple[int, float]]:
         """The `epoch/<metric>` values appended to the trial's events since the last call."""
-        path = events_file(self.folder)
-        if not path.is_file():
-            return []
-        with open(path, encoding="utf-8") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind("\n") + 1]
-        self.offset += len(complete.encode("utf-8"))
-        out = []
-        for line in complete.splitlines():
-            rec = json.loads(line)
-            if rec.get("type") == "metric" and rec.get("name") == f"epoch/{metric}":
-                out.append((int(rec["step"]), float(rec["value"])))
+        out = [
+            (int(rec["step"]), float(rec["value"]))
+            for rec in self.events.new()
+            if rec.get("type") == "metric" and rec.get("name") == f"epoch/{metric}"
+        ]
         self.values += out
         return out
 
