@@ -171,11 +171,6 @@ def open_study(cfg: RunConfig, plan: StudyPlan) -> Any:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     plan.folder.mkdir(parents=True, exist_ok=True)
     t = cfg.tune
-    sampler = (
-        optuna.samplers.TPESampler(seed=t.seed)
-        if t.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed=t.seed)
-    )
     pruner = (
         optuna.pruners.MedianPruner(
             n_startup_trials=t.n_startup_trials, n_warmup_steps=t.n_warmup_steps
@@ -186,10 +181,18 @@ def open_study(cfg: RunConfig, plan: StudyPlan) -> Any:
     study = optuna.create_study(
         study_name=plan.name,
         storage=plan.storage,
-        sampler=sampler,
+        sampler=optuna.samplers.RandomSampler(seed=t.seed),  # replaced below
         pruner=pruner,
         direction="minimize",
         load_if_exists=True,
+    )
+    # A resumed study seeds its sampler with tune.seed plus the trials it already has: the
+    # same seed would draw its first run's random points again (TPE starts at random too).
+    seed = t.seed + len(study.get_trials(deepcopy=False))
+    study.sampler = (
+        optuna.samplers.TPESampler(seed=seed)
+        if t.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=seed)
     )
     for values in t.enqueue:
         study.enqueue_trial(dict(values), skip_if_exists=True)

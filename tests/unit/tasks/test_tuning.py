@@ -131,3 +131,25 @@ def test_a_study_refuses_other_data_settings(tmp_path):
     plan.database.write_bytes(b"")
     with pytest.raises(ConfigError, match=r"data.split_seed differs\); name a new study"):
         st.stage_study_data(plan, cfg)
+
+
+def test_a_resumed_study_draws_new_points_not_its_first_runs_again(tmp_path):
+    """`enn tune` run again on a study (more trials, or after an interruption) must not
+    repeat the random points its first run drew from the same seed."""
+    import optuna
+
+    cfg = load_config(None, [LR, "tune.n_trials=4"])
+    plan = _plan(tmp_path)
+    space = {"train.lr": optuna.distributions.FloatDistribution(0.001, 0.1, log=True)}
+
+    def draw_two() -> list[float]:
+        study = st.open_study(cfg, plan)
+        out = []
+        for _ in range(2):
+            trial = study.ask(space)
+            study.tell(trial, 1.0)
+            out.append(trial.params["train.lr"])
+        return out
+
+    first, second = draw_two(), draw_two()  # the second: the next `enn tune`
+    assert not set(first) & set(second), (first, second)
