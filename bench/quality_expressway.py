@@ -66,13 +66,26 @@ def fold_config(config: Path, fold: int, seed: int, extra: list[str]):
     return load_config(config, overrides)
 
 
-def test_collapse(layout: Layout, cfg) -> dict:
-    """Collapse measure of the trained model's test predictions (real units)."""
+def test_collapse(layout: Layout, cfg, save: Path | None = None) -> dict:
+    """Collapse measure of the trained model's test predictions (real units); with `save`, the
+    test and validation rows' raw features, labels and predictions go to that .npz."""
     ds = StagedDataset(STAGE_DATA.output_dir(layout))
     model, _ = load_model(DISTRIBUTED_TRAIN.output_dir(layout) / "model.pt")
     model.eval()
     rows = np.asarray(ds.split("test"))
     pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size)
+    if save is not None:
+        val = np.asarray(ds.split("val"))
+        save.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(
+            save,
+            test_features=np.asarray(ds.features[rows]),
+            test_labels=np.asarray(ds.labels[rows]),
+            test_pred=pred,
+            val_features=np.asarray(ds.features[val]),
+            val_labels=np.asarray(ds.labels[val]),
+            val_pred=predict_rows(model.predict, ds.features, val, cfg.predict.batch_size),
+        )
     return collapse_stats(
         pred, np.asarray(ds.labels[rows]), cfg.collapse.median_ratio_min, cfg.collapse.p10_ratio_min
     )
@@ -82,7 +95,9 @@ def session(layout: Layout, cfg, config: Path, run_id: str) -> PipelineSession:
     return PipelineSession(cfg, config, layout, run_id, tracker=None)
 
 
-def run_one(layout: Layout, cfg, config: Path, fold: int, seed: int) -> dict:
+def run_one(
+    layout: Layout, cfg, config: Path, fold: int, seed: int, save_dir: Path | None = None
+) -> dict:
     """prepare-checkpoint -> distributed-train -> validate for one seed; the row of the table."""
     run = session(layout, cfg, config, f"fold{fold}-seed{seed}")
     t0 = time.perf_counter()
@@ -100,7 +115,9 @@ def run_one(layout: Layout, cfg, config: Path, fold: int, seed: int) -> dict:
         "naive_conditional_mae": metrics.get("test/naive_conditional_mae"),
         "naive_cell_mean_mae": metrics["test/naive_cell_mean_mae"],
         **{f"{b}_mae": metrics.get(f"test/{b}_mae") for b in FITTED},
-        "collapse": test_collapse(layout, cfg),
+        "collapse": test_collapse(
+            layout, cfg, save_dir / f"fold{fold}-seed{seed}.npz" if save_dir else None
+        ),
         "epochs_run": record.get("epochs_run"),
         "best_epoch": record.get("best_epoch"),
         "stopped_early": record.get("stopped_early"),
@@ -186,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, default=ROOT / "work" / "quality_expressway.json")
     ap.add_argument(
+        "--save-predictions",
+        type=Path,
+        default=None,
+        help="a folder for each training's test and validation predictions (fold{F}-seed{S}.npz)",
+    )
+    ap.add_argument(
         "--report-only", action="store_true", help="print the table from --json; run nothing"
     )
     args = ap.parse_args(argv)
@@ -223,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 root.mkdir()
                 layouts[f] = Layout.for_root(root)
                 execute_stage(STAGE_DATA, session(layouts[f], cfg, args.config, f"fold{f}-data"))
-            row = run_one(layouts[f], cfg, args.config, f, s)
+            row = run_one(layouts[f], cfg, args.config, f, s, args.save_predictions)
             rows.append(row)
             print(
                 f"fold {f} seed {s}: test MAE {row['test_mae']:.3f} "

@@ -232,6 +232,8 @@ def model_from_checkpoint(
     data = ckpt.data.as_dict()
     # Label statistics come from the state dict's buffers; per-cell stat files need no data dir.
     data["label_stats"] = {"mean": 0.0, "std": 1.0}
+    if (kept := ckpt.state_dict.get("prior.keys")) is not None:
+        data["prior_rows"] = int(kept.shape[0])  # the neighbour prior's rows come as weights
     model = build_model(cfg, data, code=code, where=where)
     if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise StaleOutputError(

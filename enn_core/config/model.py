@@ -62,6 +62,41 @@ class ModelConfig:
     false = sin/cos only, so that a month no training row had lies between its neighbours
     instead of meeting an embedding no gradient moved."""
 
+    cyclic_basis: int = 0
+    """How a cyclic feature (month, hour of day) is encoded: 0 = sin and cos of its first
+    harmonic; K > 0 = K smooth bumps (von Mises) spread evenly over the cycle, so that a value no
+    training row had is encoded as a blend of its neighbours' bumps and the model interpolates
+    between them (docs/design.md, "Model quality")."""
+
+    cyclic_width: float = 1.5
+    """Width of each bump with `cyclic_basis` > 0, in the feature's own units (months for a
+    month): about the standard deviation of a Gaussian over the distance round the cycle."""
+
+    prior_weight: float = 0.0
+    """Blend the network with a kernel smoother over the training rows kept inside the model
+    (enn_core/model/prior.py): prediction = (1 - w) * network + w * prior. 0 = the network
+    alone. A held-out month meets the network's untrained corner; the smoother interpolates
+    between the months around it, and the two err differently (docs/design.md)."""
+
+    prior_train: bool = True
+    """true: the network trains through the blend (it learns what the prior misses); false: it
+    trains alone and the prior is blended in at evaluation (an ensemble of two predictors)."""
+
+    prior_statistic: Literal["mean", "median", "mean+median"] = "mean+median"
+    """The prior's statistic of the weighted training labels: the median resists the months
+    with incidents and closures that a mean follows; both averaged by default."""
+
+    prior_width: float = 2.0
+    """The prior's kernel width along a cyclic feature, in its units (months)."""
+
+    prior_category_scale: float = 2.0
+    """How alike two values of a categorical feature are for the prior: exp(-(d / scale)^2),
+    d the mean absolute difference of their mean label grids, in label units."""
+
+    prior_group: str = ""
+    """A feature whose value's rows a row's prior leaves out (the fold key, e.g. month), so a
+    training row's prior is what a held-out group meets; '' = leave out identical rows only."""
+
     ffn_mult: int = 2
     """Hidden width of the per-token MLP as a multiple of d_model."""
 
@@ -88,6 +123,28 @@ class ModelConfig:
             raise ConfigError(f"model.embed_dim={self.embed_dim} must be >= 1 (e.g. 16)")
         if self.ffn_mult < 1:
             raise ConfigError(f"model.ffn_mult={self.ffn_mult} must be >= 1 (e.g. 2)")
+        if self.cyclic_basis < 0 or not (
+            self.cyclic_width > 0 and math.isfinite(self.cyclic_width)
+        ):
+            raise ConfigError(
+                f"model.cyclic_basis={self.cyclic_basis} must be >= 0 and "
+                f"model.cyclic_width={self.cyclic_width} > 0 (e.g. 6 and 1.5 for a month)"
+            )
+        if not 0 <= self.prior_weight <= 1:
+            raise ConfigError(
+                f"model.prior_weight={self.prior_weight} is outside [0, 1]; 0 = the network "
+                "alone, e.g. 0.5 for an even blend"
+            )
+        if not (self.prior_width > 0 and self.prior_category_scale > 0):
+            raise ConfigError(
+                f"model.prior_width={self.prior_width} and model.prior_category_scale="
+                f"{self.prior_category_scale} must be > 0 (e.g. 2.0 and 2.0)"
+            )
+        if self.prior_weight > 0 and self.preset == "custom":
+            raise ConfigError(
+                "model.prior_weight is for the built-in presets; your own module "
+                "(preset custom) decides its output itself: set model.prior_weight: 0"
+            )
         if self.context_tokens < 1:
             raise ConfigError(f"model.context_tokens={self.context_tokens} must be >= 1 (e.g. 4)")
 

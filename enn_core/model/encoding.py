@@ -142,7 +142,14 @@ class FeatureEncoder(nn.Module):
     cyc_freq: torch.Tensor
     vocab_sizes: torch.Tensor
 
-    def __init__(self, layout: FeatureLayout, embed_dim: int, feature_dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        layout: FeatureLayout,
+        embed_dim: int,
+        feature_dropout: float = 0.0,
+        cyclic_basis: int = 0,
+        cyclic_width: float = 1.5,
+    ) -> None:
         super().__init__()
         self.layout = layout
         self.feature_dropout = feature_dropout
@@ -158,6 +165,18 @@ class FeatureEncoder(nn.Module):
             "cyc_freq", torch.tensor([2 * math.pi / p for p in layout.periods], dtype=torch.float64)
         )
         self.register_buffer("vocab_sizes", idx(layout.vocab_sizes), persistent=False)
+        # cyclic_basis K > 0: von Mises bumps exp(kappa * (cos(angle - centre_k) - 1)) at K
+        # evenly spaced centres; kappa from the width in the feature's units (1 / sigma^2 in
+        # radians, so a bump is close to a Gaussian of that width round the cycle).
+        self.cyclic_basis = cyclic_basis
+        centres = [2 * math.pi * k / cyclic_basis for k in range(cyclic_basis)]
+        kappa = [(p / (2 * math.pi * cyclic_width)) ** 2 for p in layout.periods]
+        self.register_buffer(
+            "cyc_centres", torch.tensor(centres, dtype=torch.float64), persistent=False
+        )
+        self.register_buffer(
+            "cyc_kappa", torch.tensor(kappa, dtype=torch.float64), persistent=False
+        )
         # One extra row per table: codes outside the vocabulary ("unknown").
         embeddings = [nn.Embedding(v + 1, embed_dim) for v in layout.vocab_sizes]
         # Zero init: a category the training rows never had (e.g. a held-out month, whose
@@ -166,8 +185,11 @@ class FeatureEncoder(nn.Module):
         for emb in embeddings:
             nn.init.zeros_(emb.weight)
         self.embeddings = nn.ModuleList(embeddings)
+        per_cycle = cyclic_basis if cyclic_basis > 0 else 2
         self.out_dim = (
-            len(layout.continuous) + embed_dim * len(layout.categorical) + 2 * len(layout.cyclic)
+            len(layout.continuous)
+            + embed_dim * len(layout.categorical)
+            + per_cycle * len(layout.cyclic)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,8 +218,15 @@ class FeatureEncoder(nn.Module):
             angle = (
                 x.index_select(1, self.cyc_idx).to(torch.float64) - self.cyc_offset
             ) * self.cyc_freq
-            sc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32)
-            if keep is not None:
-                sc = sc * keep.index_select(1, self.cyc_idx).repeat(1, 2)
+            if self.cyclic_basis > 0:  # [B, C, K] -> [B, C * K], feature-major
+                near = torch.cos(angle[:, :, None] - self.cyc_centres) - 1
+                sc = torch.exp(self.cyc_kappa[:, None] * near).flatten(1).to(torch.float32)
+                per_cycle = self.cyclic_basis
+                if keep is not None:
+                    sc = sc * keep.index_select(1, self.cyc_idx).repeat_interleave(per_cycle, 1)
+            else:
+                sc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(torch.float32)
+                if keep is not None:
+                    sc = sc * keep.index_select(1, self.cyc_idx).repeat(1, 2)
             parts.append(sc)
         return torch.cat(parts, dim=1)

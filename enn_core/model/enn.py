@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from enn_core.config.model import ModelConfig
+from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError, DataError
 from enn_core.model.custom import build_body, describe_body, model_spec
 from enn_core.model.encoding import (
@@ -36,6 +37,7 @@ from enn_core.model.encoding import (
     without_cyclic_embeddings,
 )
 from enn_core.model.layers import MLP, FP32Head, ResidualBlock, SpatioTemporalBlock, autocast_off
+from enn_core.model.prior import NeighbourPrior
 from enn_core.model_code import BUILTIN, ModelCode
 
 PRESETS = ("tabular", "spatiotemporal", "custom")
@@ -64,9 +66,19 @@ class ENN(nn.Module):
         layout = parse_feature_specs(manifest["feature_specs"])
         if not cfg.cyclic_embeddings:
             layout = without_cyclic_embeddings(layout)
-        self.encoder = FeatureEncoder(layout, cfg.embed_dim, cfg.feature_dropout)
+        self.encoder = FeatureEncoder(
+            layout, cfg.embed_dim, cfg.feature_dropout, cfg.cyclic_basis, cfg.cyclic_width
+        )
         self.register_buffer("label_mean", torch.as_tensor(label_mean, dtype=torch.float32))
         self.register_buffer("label_std", torch.as_tensor(label_std, dtype=torch.float32))
+        self.prior: NeighbourPrior | None = None
+        if cfg.prior_weight > 0:
+            self.prior = NeighbourPrior(
+                cfg,
+                parse_feature_specs(manifest["feature_specs"]),
+                self.label_shape,
+                int(manifest.get("prior_rows") or 0),
+            )
 
     @property
     def n_features(self) -> int:
@@ -76,8 +88,13 @@ class ENN(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Raw features [B, F] -> normalized label units [B, *label_shape] (float32)."""
-        return self.trunk(self.encoder(x))
+        """Raw features [B, F] -> normalized label units [B, *label_shape] (float32); with a
+        neighbour prior, the blend (the network alone while training with prior_train false)."""
+        net = self.trunk(self.encoder(x))
+        if self.prior is None or (self.training and not self.cfg.prior_train):
+            return net
+        w = self.cfg.prior_weight
+        return (1 - w) * net.float() + w * self.normalize(self.prior(x))
 
     def denormalize(self, y: torch.Tensor) -> torch.Tensor:
         return y.float() * self.label_std + self.label_mean
@@ -100,6 +117,13 @@ class ENN(nn.Module):
             "heads": self.cfg.heads,
             "conditioning": self.cfg.conditioning if self.preset == "spatiotemporal" else None,
             "label_shape": list(self.label_shape),
+            "prior": None
+            if self.prior is None
+            else {
+                "weight": self.cfg.prior_weight,
+                "statistic": self.cfg.prior_statistic,
+                "training_rows": self.prior.n_rows,
+            },
             "features": {
                 "total": lay.n_features,
                 "continuous": [lay.names[i] for i in lay.continuous],
@@ -281,10 +305,30 @@ def build_model(
     A custom model's factory is imported only when `code` (the params in use) allows it."""
     check_fit(cfg, manifest)
     mean, std = label_statistics(manifest, data_dir)
+    training = None
+    if cfg.prior_weight > 0 and not manifest.get("prior_rows"):
+        training = prior_rows(data_dir)
+        manifest = {**manifest, "prior_rows": training[0].shape[0]}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
         if cfg.preset == "custom":
             code.allow(cfg.factory, where)
             return CustomENN(cfg, manifest, mean, std, code)
         cls = SpatioTemporalENN if cfg.preset == "spatiotemporal" else TabularENN
-        return cls(cfg, manifest, mean, std)
+        model = cls(cfg, manifest, mean, std)
+    if training is not None and model.prior is not None:
+        model.prior.fill(*training)
+    return model
+
+
+def prior_rows(data_dir: str | Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """The training split's raw features and labels, which the neighbour prior keeps."""
+    if data_dir is None:
+        raise ConfigError(
+            "model.prior_weight > 0 keeps the training rows in the model, but it is built "
+            "without the staged data; build it through prepare-checkpoint, or set "
+            "model.prior_weight: 0"
+        )
+    ds = StagedDataset(data_dir)
+    rows = np.sort(np.asarray(ds.split("train")))
+    return np.asarray(ds.features[rows]), np.asarray(ds.targets[rows])

@@ -182,3 +182,37 @@ def test_without_cyclic_embeddings_the_month_is_its_sin_and_cos_only(manifest):
     torch.testing.assert_close(may[:, :-2], july[:, :-2])  # the month is only its sin/cos
     assert (june - may).abs().max() < (july - may).abs().max()  # June lies nearer May
     assert only(x).shape == (3, 5, 4)
+
+
+def test_cyclic_basis_encodes_a_month_as_bumps_that_blend_its_neighbours(manifest):
+    """model.cyclic_basis=K: K von Mises bumps round the cycle instead of sin/cos; a month
+    between two centres is encoded as a blend of theirs (what a held-out month needs), the
+    width in months sets how far a bump reaches, and feature dropout zeroes the whole block."""
+    cfg = ModelConfig(
+        d_model=16, heads=2, embed_dim=4, cyclic_basis=6, cyclic_width=1.5, feature_dropout=0.5
+    )
+    model = build_model(cfg, manifest)
+    enc = model.encoder.eval()
+    harmonic = build_model(ModelConfig(d_model=16, heads=2, embed_dim=4), manifest).encoder
+    assert enc.out_dim == harmonic.out_dim - 2 + 6
+    x = torch.from_numpy(make_features(3))
+
+    def bumps(month: float) -> torch.Tensor:
+        rows = x.clone()
+        rows[:, 0] = month
+        return enc(rows)[:, -6:]
+
+    jan, feb, mar = bumps(0.0), bumps(1.0), bumps(2.0)  # centres at months 0, 2, 4, ...
+    torch.testing.assert_close(jan[:, 0], torch.ones(3))
+    torch.testing.assert_close(feb[:, 0], feb[:, 1])  # halfway between the first two centres
+    assert 0.7 < float(feb[0, 0]) < 0.9  # exp(-1 / (2 * 1.5^2)) = 0.80 for a Gaussian
+    torch.testing.assert_close(bumps(12.0), jan)  # round the cycle
+    assert float(mar[0, 0]) < float(feb[0, 0]) < float(jan[0, 0])
+    assert model(x).shape == (3, 5, 4)
+    enc.train()
+    torch.manual_seed(0)
+    dropped = enc(torch.from_numpy(make_features(64)).repeat(4, 1))[:, -6:]
+    assert ((dropped == 0).all(1) | (dropped > 0).all(1)).all()  # all bumps or none
+    assert (dropped == 0).all(1).any()
+    with pytest.raises(ConfigError, match="cyclic_width"):
+        ModelConfig(cyclic_basis=6, cyclic_width=0.0)

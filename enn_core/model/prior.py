@@ -1,0 +1,191 @@
+"""The neighbour prior: a kernel smoother over the training rows, kept inside the model.
+
+`model.prior_weight` > 0 blends it with the network (docs/design.md, "Model quality"):
+
+    prediction = (1 - prior_weight) * network + prior_weight * prior
+
+The prior of a row is a weighted statistic (mean, median, or the average of both) of the
+training rows' labels, each training row weighted by how close its keys are to the row's:
+
+- a feature with a cycle (the month): a von Mises bump of width `model.prior_width` in the
+  feature's units round the cycle (close to a Gaussian of that standard deviation);
+- a categorical feature: a similarity learnt from the training labels when the model is built,
+  exp(-(d / model.prior_category_scale)^2), d the mean absolute difference of the two values'
+  mean label grids (Monday and Tuesday alike, Sunday apart; the two directions apart);
+  a code outside the vocabulary is alike to every value;
+- a continuous feature: a Gaussian of width one standard deviation of its training values.
+
+Training rows that share the row's value of `model.prior_group` (the fold key: the month) are
+left out, and so are training rows whose features equal the row's: a training row's prior is
+what the rows of other groups say, which is what a held-out group meets. A tiny floor weight
+on every row makes a row with no neighbour fall back to all rows.
+
+The training rows (their raw features and labels) are buffers, filled by `fill` when
+prepare-checkpoint builds the model, so that a checkpoint, an export and a served model carry
+them: no data is read at prediction. No data-dependent control flow (the median is a cumulative
+sum over the rows pre-sorted per cell), so torch.export and ONNX see one graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from enn_core.config.model import ModelConfig
+from enn_core.errors import ConfigError, DataError
+from enn_core.model.encoding import FeatureLayout
+
+MAX_MEMORY_BYTES = 256 * 2**20  # the training rows the prior keeps, as float32 values
+FLOOR = 1e-20  # weight every training row gets, so no row is left without neighbours
+
+
+class NeighbourPrior(nn.Module):
+    """Raw features [B, F] -> the prior [B, *label_shape] in real label units."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    sorted_values: torch.Tensor
+    order: torch.Tensor
+    similarity: torch.Tensor
+    kappa: torch.Tensor
+    cont_std: torch.Tensor
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layout: FeatureLayout,
+        label_shape: tuple[int, ...],
+        n_rows: int,
+    ) -> None:
+        super().__init__()
+        self.statistic = cfg.prior_statistic
+        self.category_scale = cfg.prior_category_scale
+        self.label_shape = label_shape
+        cells = int(np.prod(label_shape))
+        if n_rows * cells * 4 * 2 > MAX_MEMORY_BYTES:
+            raise ConfigError(
+                f"model.prior_weight={cfg.prior_weight} keeps the {n_rows} training rows of "
+                f"{cells} label cells in the model, over {MAX_MEMORY_BYTES >> 20} MiB; "
+                "set model.prior_weight: 0 for data this large"
+            )
+        self.cyclic = tuple(layout.cyclic)
+        self.categorical = tuple(i for i in layout.categorical if i not in layout.cyclic)
+        self.vocab = tuple(
+            v
+            for i, v in zip(layout.categorical, layout.vocab_sizes, strict=True)
+            if i not in layout.cyclic
+        )
+        self.continuous = tuple(layout.continuous)
+        self.group = _group_index(cfg.prior_group, layout)
+        periods = layout.periods
+        self.register_buffer("keys", torch.zeros(n_rows, layout.n_features, dtype=torch.float64))
+        self.register_buffer("values", torch.zeros(n_rows, cells))
+        self.register_buffer("sorted_values", torch.zeros(n_rows, cells))
+        self.register_buffer("order", torch.zeros(n_rows, cells, dtype=torch.long))
+        width = max(self.vocab, default=0) + 1
+        self.register_buffer("similarity", torch.ones(len(self.vocab), width, width))
+        kappa = [(p / (2 * math.pi * cfg.prior_width)) ** 2 for p in periods]
+        self.register_buffer("kappa", torch.tensor(kappa, dtype=torch.float64), persistent=False)
+        freq = torch.tensor([2 * math.pi / p for p in periods], dtype=torch.float64)
+        self.register_buffer("freq", freq, persistent=False)
+        self.register_buffer("cont_std", torch.ones(len(self.continuous), dtype=torch.float64))
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.keys.shape[0])
+
+    @torch.no_grad()
+    def fill(self, features: np.ndarray, labels: np.ndarray) -> None:
+        """Keep the training rows (raw features [N, F], labels [N, *label_shape] in real units)
+        and derive what the weights need: the categorical similarities, the continuous
+        features' spread, each cell's rows in label order (the median)."""
+        n = self.n_rows
+        if features.shape[0] != n or labels.shape[0] != n:
+            raise DataError(
+                f"the neighbour prior was sized for {n} training rows but got "
+                f"{features.shape[0]}; re-run prepare-checkpoint"
+            )
+        keys = np.asarray(features, dtype=np.float64)
+        values = np.asarray(labels, dtype=np.float32).reshape(n, -1)
+        self.keys.copy_(torch.from_numpy(keys))
+        self.values.copy_(torch.from_numpy(values))
+        order = np.argsort(values, axis=0, kind="stable")
+        self.order.copy_(torch.from_numpy(order))
+        self.sorted_values.copy_(torch.from_numpy(np.take_along_axis(values, order, 0)))
+        for j, (col, vocab) in enumerate(zip(self.categorical, self.vocab, strict=True)):
+            self.similarity[j] = torch.from_numpy(self._similarity(keys[:, col], values, vocab))
+        if self.continuous:
+            spread = keys[:, list(self.continuous)].std(0)
+            self.cont_std.copy_(torch.from_numpy(np.where(spread > 0, spread, 1.0)))
+
+    def _similarity(self, codes: np.ndarray, values: np.ndarray, vocab: int) -> np.ndarray:
+        """[vocab + 1, width]: exp(-(d / scale)^2) between the values' mean label grids; a value
+        no training row has is alike only to itself; the unknown code alike to all."""
+        width = self.similarity.shape[-1]
+        sim = np.zeros((width, width), dtype=np.float32)
+        sim[vocab, :] = 1.0
+        sim[:, vocab] = 1.0
+        codes = np.round(codes).astype(np.int64)
+        means = {a: values[codes == a].mean(0) for a in range(vocab) if (codes == a).any()}
+        for a in range(vocab):
+            sim[a, a] = 1.0
+            for b, mb in means.items():
+                if a in means and b != a:
+                    d = float(np.abs(means[a] - mb).mean())
+                    sim[a, b] = math.exp(-((d / self.category_scale) ** 2))
+        return sim
+
+    def weights(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, F] raw features -> [B, N] weights of the training rows."""
+        q, k = x.to(torch.float64)[:, None, :], self.keys[None]  # [B, 1, F], [1, N, F]
+        log_w = torch.zeros(x.shape[0], self.n_rows, dtype=torch.float64, device=x.device)
+        for j, col in enumerate(self.cyclic):
+            near = torch.cos((q[..., col] - k[..., col]) * self.freq[j]) - 1
+            log_w = log_w + self.kappa[j] * near
+        for j, col in enumerate(self.continuous):
+            log_w = log_w - 0.5 * ((q[..., col] - k[..., col]) / self.cont_std[j]) ** 2
+        w = torch.exp(log_w)
+        for j, col in enumerate(self.categorical):
+            qc = _codes(x[:, col], self.vocab[j])
+            kc = _codes(self.keys[:, col], self.vocab[j])
+            w = w * self.similarity[j][qc][:, kc].to(torch.float64)
+        same = (q == k).all(-1)
+        if self.group is not None:
+            same = same | (q[..., self.group] == k[..., self.group])
+        return torch.where(same, torch.zeros_like(w), w) + FLOOR
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weights(x)  # [B, N] float64
+        w = (w / w.sum(1, keepdim=True)).to(torch.float32)
+        parts = []
+        if self.statistic in ("mean", "mean+median"):
+            parts.append(w @ self.values)
+        if self.statistic in ("median", "mean+median"):
+            ranked = w[:, self.order]  # [B, N, C]: each cell's rows in label order
+            below = torch.cumsum(ranked, dim=1) >= 0.5
+            pos = below.to(torch.float32).argmax(dim=1, keepdim=True)  # first to reach half
+            rows = self.sorted_values.expand(x.shape[0], -1, -1)
+            parts.append(torch.gather(rows, 1, pos).squeeze(1))
+        out = parts[0] if len(parts) == 1 else (parts[0] + parts[1]) / 2
+        return out.reshape((-1, *self.label_shape))
+
+
+def _codes(values: torch.Tensor, vocab: int) -> torch.Tensor:
+    codes = torch.round(values.to(torch.float64)).to(torch.long)
+    bad = (codes < 0) | (codes >= vocab)
+    return torch.where(bad, torch.full_like(codes, vocab), codes)
+
+
+def _group_index(name: str, layout: FeatureLayout) -> int | None:
+    if not name:
+        return None
+    if name not in layout.names:
+        raise ConfigError(
+            f"model.prior_group={name!r} is not a feature of the staged data "
+            f"({list(layout.names)}); name the feature whose rows a held-out group lacks "
+            "(the fold key), or set it to ''"
+        )
+    return layout.names.index(name)
