@@ -135,12 +135,16 @@ def warm_start(
         model_config_differences(ckpt.model_config, plain(cfg.model)),
         data_schema_differences(ckpt.data.as_dict(), ours_data),
     )
-    if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
+    # The neighbour prior (model.prior_weight) keeps THIS run's training rows, not the source's.
+    ours = model.state_dict()
+    state = {k: v for k, v in ckpt.state_dict.items() if not k.startswith("prior.")}
+    state.update({k: v for k, v in ours.items() if k.startswith("prior.")})
+    if diffs := state_dict_differences(state, ours):
         raise ConfigError(
             f"checkpoint.init_from={source}: its weights do not load into this model: "
             f"{capped(diffs)}; re-create it with this code or {FRESH_START}"
         )
-    model.load_state_dict(ckpt.state_dict, strict=True)
+    model.load_state_dict(state, strict=True)
     theirs_fp = ckpt.data_fingerprint
     ours_fp = manifest.content_hash
     registry = path.parent / "SOURCE"  # written by the task layer's registry download

@@ -104,6 +104,25 @@ def test_folder_source_other_compatible_data_recorded(tmp_path, source):
     assert fresh.warm_start is None and fresh.init_from == "fresh"
 
 
+def test_warm_start_with_a_neighbour_prior_keeps_this_datas_training_rows(tmp_path):
+    """model.prior_weight: the network's weights come from the source, the prior's training
+    rows from the data this run staged (another seed and one month more here)."""
+    prior = ("model.prior_weight=0.5", "model.prior_group=month")
+    source = _trained_model_pt(_project(tmp_path / "then"), tmp_path / "run", *prior)
+    root = _project(tmp_path / "now", "data.synthetic.seed=7", "data.synthetic.n_months=5")
+    _prepare(root, f"checkpoint.init_from={source}", *prior)
+    init, _ = load_model(root / "outputs/prepare-checkpoint/init.pt")
+    theirs = torch.load(source, weights_only=True)["state_dict"]
+    mine = init.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs if not k.startswith("prior."))
+    fresh = _prepare(root, *prior)
+    assert fresh.warm_start is None
+    rows, _ = load_model(root / "outputs/prepare-checkpoint/init.pt")
+    assert rows.prior is not None and init.prior is not None
+    assert torch.equal(init.prior.keys, rows.prior.keys)  # this run's rows
+    assert init.prior.n_rows != theirs["prior.keys"].shape[0]
+
+
 def test_model_config_mismatch_names_every_field(tmp_path, source):
     root = _project(tmp_path / "now")
     with pytest.raises(ConfigError) as e:
