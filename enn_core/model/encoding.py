@@ -140,6 +140,8 @@ class FeatureEncoder(nn.Module):
     cont_std: torch.Tensor
     cyc_offset: torch.Tensor
     cyc_freq: torch.Tensor
+    cyc_centres: torch.Tensor
+    cyc_kappa: torch.Tensor
     vocab_sizes: torch.Tensor
 
     def __init__(

@@ -38,7 +38,8 @@ from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError, DataError
 from enn_core.model.encoding import FeatureLayout
 
-MAX_MEMORY_BYTES = 256 * 2**20  # the training rows the prior keeps, as float32 values
+MAX_MEMORY_BYTES = 256 * 2**20  # the training rows the prior keeps
+BYTES_PER_CELL = 4 + 4 + 8  # a value, its sorted copy and its rank (float32, float32, int64)
 FLOOR = 1e-20  # weight every training row gets, so no row is left without neighbours
 
 
@@ -51,6 +52,7 @@ class NeighbourPrior(nn.Module):
     order: torch.Tensor
     similarity: torch.Tensor
     kappa: torch.Tensor
+    freq: torch.Tensor
     cont_std: torch.Tensor
 
     def __init__(
@@ -65,7 +67,7 @@ class NeighbourPrior(nn.Module):
         self.category_scale = cfg.prior_category_scale
         self.label_shape = label_shape
         cells = int(np.prod(label_shape))
-        if n_rows * cells * 4 * 2 > MAX_MEMORY_BYTES:
+        if n_rows * cells * BYTES_PER_CELL > MAX_MEMORY_BYTES:
             raise ConfigError(
                 f"model.prior_weight={cfg.prior_weight} keeps the {n_rows} training rows of "
                 f"{cells} label cells in the model, over {MAX_MEMORY_BYTES >> 20} MiB; "

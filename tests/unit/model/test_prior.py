@@ -115,6 +115,8 @@ def test_config_names_its_mistakes():
         ModelConfig(prior_weight=0.5, prior_width=0.0)
     with pytest.raises(ConfigError, match="preset custom"):
         ModelConfig(preset="custom", factory="a.b:c", prior_weight=0.5)
+    with pytest.raises(ConfigError, match="over 256 MiB; set model.prior_weight: 0"):
+        NeighbourPrior(ModelConfig(prior_weight=0.5), LAYOUT, (1000, 1000), 100)
     with pytest.raises(ConfigError, match="prior_group='weekday'"):
         NeighbourPrior(ModelConfig(prior_weight=0.5, prior_group="weekday"), LAYOUT, (2,), 1)
 
