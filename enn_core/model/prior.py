@@ -37,6 +37,7 @@ from torch import nn
 from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError, DataError
 from enn_core.model.encoding import FeatureLayout
+from enn_core.model.layers import autocast_off
 
 MAX_MEMORY_BYTES = 256 * 2**20  # the training rows the prior keeps
 BYTES_PER_CELL = 4 + 4 + 8  # a value, its sorted copy and its rank (float32, float32, int64)
@@ -160,6 +161,11 @@ class NeighbourPrior(nn.Module):
         return torch.where(same, torch.zeros_like(w), w) + FLOOR
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 under bf16/fp16 autocast too: a bf16 matmul would round 100 km/h to 0.5 km/h
+        with autocast_off(x.device.type):
+            return self._prior(x)
+
+    def _prior(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights(x)  # [B, N] float64
         w = (w / w.sum(1, keepdim=True)).to(torch.float32)
         parts = []

@@ -97,6 +97,15 @@ def test_day_types_are_alike_by_their_labels_and_unknown_codes_pool_all():
     assert torch.isfinite(unknown).all()
 
 
+def test_the_prior_stays_fp32_under_bf16_autocast():
+    prior = _prior("mean+median")
+    query = torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]], dtype=torch.float32)
+    plain = prior(query)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = prior(query)
+    assert under.dtype == torch.float32 and torch.equal(under, plain)
+
+
 def test_a_row_with_no_neighbour_falls_back_to_all_rows():
     # width tiny: only the row's own month would weigh anything, and it is left out
     prior = _prior("mean", width=1e-3)
