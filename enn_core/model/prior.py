@@ -12,13 +12,13 @@ training rows' labels, each training row weighted by how close its keys are to t
 - a categorical feature: a similarity learnt from the training labels when the model is built,
   exp(-(d / model.prior_category_scale)^2), d the mean absolute difference of the two values'
   mean label grids (Monday and Tuesday alike, Sunday apart; the two directions apart);
-  a code outside the vocabulary is alike to every value;
+  a code outside the vocabulary, or one no training row has, is alike to every value;
 - a continuous feature: a Gaussian of width one standard deviation of its training values.
 
 Training rows that share the row's value of `model.prior_group` (the fold key: the month) are
 left out, and so are training rows whose features equal the row's: a training row's prior is
-what the rows of other groups say, which is what a held-out group meets. A tiny floor weight
-on every row makes a row with no neighbour fall back to all rows.
+what the rows of other groups say, which is what a held-out group meets. This holds at
+prediction too: a row of a month the training data has is predicted from the other months.
 
 The training rows (their raw features and labels) are buffers, filled by `fill` when
 prepare-checkpoint builds the model, so that a checkpoint, an export and a served model carry
@@ -39,9 +39,10 @@ from enn_core.errors import ConfigError, DataError
 from enn_core.model.encoding import FeatureLayout
 from enn_core.model.layers import autocast_off
 
-MAX_MEMORY_BYTES = 256 * 2**20  # the training rows the prior keeps
-BYTES_PER_CELL = 4 + 4 + 8  # a value, its sorted copy and its rank (float32, float32, int64)
-FLOOR = 1e-20  # weight every training row gets, so no row is left without neighbours
+# Rows x max(cells, features) the prior may hold: a batch of 256 rows then works on at most
+# 256 x 2^20 float32 (1 GiB, the median's [B, N, C]) and the buffers stay under 16 MiB x 16 B.
+MAX_ROW_CELLS = 2**20
+MAX_VOCAB = 1024  # values of one categorical feature: the similarity table is vocab^2
 
 
 class NeighbourPrior(nn.Module):
@@ -51,7 +52,7 @@ class NeighbourPrior(nn.Module):
     values: torch.Tensor
     sorted_values: torch.Tensor
     order: torch.Tensor
-    similarity: torch.Tensor
+    log_similarity: torch.Tensor
     kappa: torch.Tensor
     freq: torch.Tensor
     cont_std: torch.Tensor
@@ -68,11 +69,12 @@ class NeighbourPrior(nn.Module):
         self.category_scale = cfg.prior_category_scale
         self.label_shape = label_shape
         cells = int(np.prod(label_shape))
-        if n_rows * cells * BYTES_PER_CELL > MAX_MEMORY_BYTES:
+        if n_rows * max(cells, layout.n_features) > MAX_ROW_CELLS:
             raise ConfigError(
                 f"model.prior_weight={cfg.prior_weight} keeps the {n_rows} training rows of "
-                f"{cells} label cells in the model, over {MAX_MEMORY_BYTES >> 20} MiB; "
-                "set model.prior_weight: 0 for data this large"
+                f"{cells} label cells in the model and weighs all of them for every row, over "
+                f"its limit of {MAX_ROW_CELLS} row-cells; set model.prior_weight: 0 for data "
+                "this large"
             )
         self.cyclic = tuple(layout.cyclic)
         self.categorical = tuple(i for i in layout.categorical if i not in layout.cyclic)
@@ -81,6 +83,13 @@ class NeighbourPrior(nn.Module):
             for i, v in zip(layout.categorical, layout.vocab_sizes, strict=True)
             if i not in layout.cyclic
         )
+        for i, v in zip(self.categorical, self.vocab, strict=True):
+            if v > MAX_VOCAB:
+                raise ConfigError(
+                    f"model.prior_weight: feature {layout.names[i]!r} has {v} values, over the "
+                    f"neighbour prior's {MAX_VOCAB} (its similarity table is values^2); set "
+                    "model.prior_weight: 0, or stage that feature as continuous"
+                )
         self.continuous = tuple(layout.continuous)
         self.group = _group_index(cfg.prior_group, layout)
         periods = layout.periods
@@ -89,7 +98,7 @@ class NeighbourPrior(nn.Module):
         self.register_buffer("sorted_values", torch.zeros(n_rows, cells))
         self.register_buffer("order", torch.zeros(n_rows, cells, dtype=torch.long))
         width = max(self.vocab, default=0) + 1
-        self.register_buffer("similarity", torch.ones(len(self.vocab), width, width))
+        self.register_buffer("log_similarity", torch.zeros(len(self.vocab), width, width))
         kappa = [(p / (2 * math.pi * cfg.prior_width)) ** 2 for p in periods]
         self.register_buffer("kappa", torch.tensor(kappa, dtype=torch.float64), persistent=False)
         freq = torch.tensor([2 * math.pi / p for p in periods], dtype=torch.float64)
@@ -119,30 +128,35 @@ class NeighbourPrior(nn.Module):
         self.order.copy_(torch.from_numpy(order))
         self.sorted_values.copy_(torch.from_numpy(np.take_along_axis(values, order, 0)))
         for j, (col, vocab) in enumerate(zip(self.categorical, self.vocab, strict=True)):
-            self.similarity[j] = torch.from_numpy(self._similarity(keys[:, col], values, vocab))
+            table = self._log_similarity(keys[:, col], values, vocab)
+            self.log_similarity[j, : vocab + 1, : vocab + 1] = torch.from_numpy(table)
         if self.continuous:
             spread = keys[:, list(self.continuous)].std(0)
             self.cont_std.copy_(torch.from_numpy(np.where(spread > 0, spread, 1.0)))
 
-    def _similarity(self, codes: np.ndarray, values: np.ndarray, vocab: int) -> np.ndarray:
-        """[vocab + 1, width]: exp(-(d / scale)^2) between the values' mean label grids; a value
-        no training row has is alike only to itself; the unknown code alike to all."""
-        width = self.similarity.shape[-1]
-        sim = np.zeros((width, width), dtype=np.float32)
-        sim[vocab, :] = 1.0
-        sim[:, vocab] = 1.0
+    def _log_similarity(self, codes: np.ndarray, values: np.ndarray, vocab: int) -> np.ndarray:
+        """[vocab + 1, vocab + 1] float32: -(d / scale)^2 between the values' mean label grids
+        (the log of the similarity); a value no training row has, and the unknown code (the
+        last), are alike to every value (0)."""
         codes = np.round(codes).astype(np.int64)
-        means = {a: values[codes == a].mean(0) for a in range(vocab) if (codes == a).any()}
-        for a in range(vocab):
-            sim[a, a] = 1.0
-            for b, mb in means.items():
-                if a in means and b != a:
-                    d = float(np.abs(means[a] - mb).mean())
-                    sim[a, b] = math.exp(-((d / self.category_scale) ** 2))
-        return sim
+        inside = (codes >= 0) & (codes < vocab)
+        counts = np.bincount(codes[inside], minlength=vocab).astype(np.float64)
+        sums = np.zeros((vocab, values.shape[1]))
+        np.add.at(sums, codes[inside], values[inside])
+        seen = counts > 0
+        means = sums[seen] / counts[seen, None]
+        table = np.zeros((vocab + 1, vocab + 1), dtype=np.float32)
+        where = np.flatnonzero(seen)
+        for i, a in enumerate(where):  # one row of the table at a time: memory vocab x cells
+            d = np.abs(means - means[i]).mean(1)
+            table[a, where] = -((d / self.category_scale) ** 2)
+        return table
 
     def weights(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, F] raw features -> [B, N] weights of the training rows."""
+        """[B, F] raw features -> [B, N] weights of the training rows, summing to 1. Left-out
+        rows weigh exactly 0; the nearest allowed row weighs most whatever the distances (the
+        log weights are shifted by their maximum before exp); a row whose every training row is
+        left out (one group only) gets the plain mean of all of them."""
         q, k = x.to(torch.float64)[:, None, :], self.keys[None]  # [B, 1, F], [1, N, F]
         log_w = torch.zeros(x.shape[0], self.n_rows, dtype=torch.float64, device=x.device)
         for j, col in enumerate(self.cyclic):
@@ -150,15 +164,20 @@ class NeighbourPrior(nn.Module):
             log_w = log_w + self.kappa[j] * near
         for j, col in enumerate(self.continuous):
             log_w = log_w - 0.5 * ((q[..., col] - k[..., col]) / self.cont_std[j]) ** 2
-        w = torch.exp(log_w)
         for j, col in enumerate(self.categorical):
             qc = _codes(x[:, col], self.vocab[j])
             kc = _codes(self.keys[:, col], self.vocab[j])
-            w = w * self.similarity[j][qc][:, kc].to(torch.float64)
-        same = (q == k).all(-1)
+            log_w = log_w + self.log_similarity[j][qc][:, kc].to(torch.float64)
+        out = (q == k).all(-1)
         if self.group is not None:
-            same = same | (q[..., self.group] == k[..., self.group])
-        return torch.where(same, torch.zeros_like(w), w) + FLOOR
+            out = out | (q[..., self.group] == k[..., self.group])
+        log_w = torch.where(out, torch.full_like(log_w, -math.inf), log_w)
+        top = log_w.amax(1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        w = torch.exp(log_w - top)
+        none_left = out.all(1, keepdim=True)
+        w = torch.where(none_left, torch.ones_like(w), w)
+        return w / w.sum(1, keepdim=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # fp32 under bf16/fp16 autocast too: a bf16 matmul would round 100 km/h to 0.5 km/h
@@ -166,8 +185,7 @@ class NeighbourPrior(nn.Module):
             return self._prior(x)
 
     def _prior(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weights(x)  # [B, N] float64
-        w = (w / w.sum(1, keepdim=True)).to(torch.float32)
+        w = self.weights(x).to(torch.float32)  # [B, N]
         parts = []
         if self.statistic in ("mean", "mean+median"):
             parts.append(w @ self.values)

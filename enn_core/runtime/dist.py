@@ -24,6 +24,7 @@ works unchanged on it; a sum over ranks of local shard values counts each shard
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import gc
 import os
@@ -280,7 +281,9 @@ def apply_parallelism(
                 "in torch 2.13; "
                 "unset TORCH_DISTRIBUTED_DEBUG or use train.fsdp=true"
             )
-        return DistributedDataParallel(model, device_ids=ids), record
+        # No buffer of these models changes while training (label statistics, the neighbour
+        # prior's training rows), so DDP need not re-broadcast them before every forward.
+        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False), record
     from torch.distributed.fsdp import (
         MixedPrecisionPolicy,
         fully_shard,
@@ -294,7 +297,11 @@ def apply_parallelism(
     )
     for block in _blocks(model):
         fully_shard(block, mesh=env.mesh, mp_policy=mp)
-    fully_shard(model, mesh=env.mesh, mp_policy=mp)
+    # The root takes the RAW feature row: cast to bf16 it would round codes above 256 and
+    # continuous values (the encoder and the neighbour prior read it in float64); the blocks
+    # still cast their inputs (activations) to param_dtype.
+    root_mp = dataclasses.replace(mp, cast_forward_inputs=False)
+    fully_shard(model, mesh=env.mesh, mp_policy=root_mp)
     if hasattr(model, "predict"):  # predict() calls forward directly: give it the root hooks
         register_fsdp_forward_method(model, "predict")
     record["wrap"] = "hsdp" if hsdp else "fsdp2"

@@ -35,7 +35,9 @@ LAYOUT = FeatureLayout(
 )
 
 
-def _prior(statistic: str, group: str = "month", width: float = 2.0) -> NeighbourPrior:
+def _prior(
+    statistic: str, group: str = "month", width: float = 2.0, rows=None, labels=None
+) -> NeighbourPrior:
     cfg = ModelConfig(
         prior_weight=0.5,
         prior_statistic=statistic,  # type: ignore[arg-type]
@@ -43,23 +45,22 @@ def _prior(statistic: str, group: str = "month", width: float = 2.0) -> Neighbou
         prior_group=group,
         prior_category_scale=2.0,
     )
-    rows = np.array(
-        [[m, d, 0.0] for m in (0, 1, 2, 5) for d in (0, 1, 2)], dtype=np.float64
-    )  # 12 training rows
-    labels = np.array([[m * 10.0 + d, 50.0 + (m == 5) * 40.0] for m, d, _ in rows])
+    if rows is None:  # 12 training rows: months 0, 1, 2, 5 x day types 0, 1, 2
+        rows = np.array([[m, d, 0.0] for m in (0, 1, 2, 5) for d in (0, 1, 2)], dtype=np.float64)
+        labels = np.array([[m * 10.0 + d, 50.0 + (m == 5) * 40.0] for m, d, _ in rows])
     prior = NeighbourPrior(cfg, LAYOUT, (2,), len(rows))
     prior.fill(rows, labels)
     return prior
 
 
-def _reference(prior: NeighbourPrior, query: np.ndarray) -> np.ndarray:
-    """The same weights by hand: month kernel x day-type similarity, own month left out."""
-    keys = prior.keys.numpy()
+def _reference(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """The weights by hand, from the definitions: a von Mises month kernel (width 2 months),
+    day types alike by exp(-(d / 2)^2) with d = |a - b| / 2 (their mean grids differ by a - b
+    in the first of two cells), the query's own month left out."""
     kappa = (12 / (2 * math.pi * 2.0)) ** 2
-    sim = prior.similarity[0].numpy()
     w = np.exp(kappa * (np.cos(2 * np.pi * (query[0] - keys[:, 0]) / 12) - 1))
-    w = w * sim[int(query[1]), keys[:, 1].astype(int)]
-    w = np.where(keys[:, 0] == query[0], 0.0, w) + 1e-20
+    w = w * np.exp(-((np.abs(query[1] - keys[:, 1]) / 2 / 2.0) ** 2))
+    w = np.where(keys[:, 0] == query[0], 0.0, w)
     return w / w.sum()
 
 
@@ -69,32 +70,85 @@ def test_mean_and_median_match_a_hand_computation():
     median = _prior("median")(torch.from_numpy(query)).numpy()
     both = _prior("mean+median")(torch.from_numpy(query)).numpy()
     prior = _prior("mean")
-    values = prior.values.numpy()
+    keys, values = prior.keys.numpy(), prior.values.numpy()
     for i, q in enumerate(query):
-        w = _reference(prior, q)
+        w = _reference(keys, q)
         np.testing.assert_allclose(mean[i], w @ values, rtol=1e-5)
-        for c in range(values.shape[1]):  # weighted median: first value reaching half
-            order = np.argsort(values[:, c], kind="stable")
-            first = np.argmax(np.cumsum(w[order]) >= 0.5)
-            assert median[i, c] == pytest.approx(values[order[first], c])
         np.testing.assert_allclose(both[i], (mean[i] + median[i]) / 2, rtol=1e-5)
-    # Month 1's own rows are left out: its prior is what months 0 and 2 (and far 5) say.
+    # Month 1, day type 2: months 0 and 2 weigh alike and month 5 little, so the first cell's
+    # weighted median is a month-0 or month-2 value (0-2 or 20-22), the second cell's 50.
+    assert median[0, 0] in (0.0, 1.0, 2.0, 20.0, 21.0, 22.0) and median[0, 1] == 50.0
+    # Month 4, day type 0: month 5 is the nearest (one month away) and month 2 the next; the
+    # median resists month 5's far-off second cell (90), the mean does not.
+    assert median[1, 1] == 50.0 and 50.0 < mean[1, 1] < 90.0
     w = prior.weights(torch.from_numpy(query[:1]))[0]
-    assert float(w[prior.keys[:, 0] == 1].max()) < 1e-12
-    assert float(w[prior.keys[:, 0] == 0].min()) > float(w[prior.keys[:, 0] == 5].max())
-    # The median resists the one month that is far off (month 5's second cell is 90, not 50).
-    assert median[1, 1] == 50.0 and mean[1, 1] > 50.0
+    assert float(w[prior.keys[:, 0] == 1].max()) == 0.0  # its own month: exactly nothing
+    assert float(w.sum()) == pytest.approx(1.0)
 
 
 def test_day_types_are_alike_by_their_labels_and_unknown_codes_pool_all():
     prior = _prior("mean")
-    sim = prior.similarity[0].numpy()
+    sim = prior.log_similarity[0].exp().numpy()
     # day types 0, 1, 2 differ by 1 in the first cell only: mean |d| = 0.5 per step
     assert sim[0, 1] == pytest.approx(math.exp(-((0.5 / 2.0) ** 2)))
     assert sim[0, 2] < sim[0, 1] < sim[0, 0] == 1.0
     assert (sim[3] == 1.0).all()  # the unknown code (3) is alike to every day type
     unknown = prior(torch.tensor([[1.0, 7.0, 0.0]], dtype=torch.float64))
     assert torch.isfinite(unknown).all()
+
+
+def test_a_value_no_training_row_has_keeps_the_month_kernel():
+    """Day type 2 is in the vocabulary but no training row has it: it is alike to every day
+    type, and the months still weigh by distance."""
+    rows = np.array([[m, d, 0.0] for m in (0, 1, 2, 5) for d in (0, 1)], dtype=np.float64)
+    labels = np.array([[m * 10.0 + d, 50.0] for m, d, _ in rows])
+    prior = _prior("mean", rows=rows, labels=labels)
+    w = prior.weights(torch.tensor([[1.0, 2.0, 0.0]], dtype=torch.float64))[0].numpy()
+    month = prior.keys[:, 0].numpy()
+    assert w[month == 1].max() == 0.0
+    # von Mises, width 2: one month away 0.885, four months away 0.254
+    assert w[month == 0].min() / w[month == 5].max() == pytest.approx(0.885 / 0.254, rel=0.01)
+
+
+def test_left_out_rows_stay_out_however_far_the_others_are():
+    """A day type seen in one month only: its own row and month are left out even when every
+    other row is far in label terms (similarity below 1e-20); the nearest allowed rows carry
+    the weight instead of the plain mean of all rows."""
+    rows = [[m, d, 0.0] for m in range(6) for d in (0, 1)] + [[3, 2, 0.0]]
+    labels = [[50.0 + d, 50.0] for m, d, _ in rows[:-1]] + [[0.0, 0.0]]  # day type 2: far off
+    prior = _prior("mean", rows=np.array(rows, dtype=np.float64), labels=np.array(labels))
+    assert float(prior.log_similarity[0][2, 0].exp()) < 1e-20
+    w = prior.weights(torch.tensor([rows[-1]], dtype=torch.float64))[0].numpy()
+    month = prior.keys[:, 0].numpy()
+    assert w[month == 3].max() == 0.0 and w.sum() == pytest.approx(1.0)
+    assert w[(month == 2) | (month == 4)].sum() > 0.5  # the neighbouring months, not all rows
+    out = prior(torch.tensor([rows[-1]], dtype=torch.float64)).numpy()[0]
+    assert out[0] > 49.0  # not pulled to the all-row mean by its own label (0)
+
+
+def test_one_group_only_falls_back_to_the_mean_of_all_rows():
+    rows = np.array([[3, d, 0.0] for d in (0, 1, 2)], dtype=np.float64)
+    labels = np.array([[10.0 * d, 1.0] for d in (0, 1, 2)])
+    prior = _prior("mean", rows=rows, labels=labels)
+    out = prior(torch.tensor([[3.0, 1.0, 0.0]], dtype=torch.float64)).numpy()[0]
+    np.testing.assert_allclose(out, [10.0, 1.0], rtol=1e-6)
+    lone = _prior("mean", group="")  # without a group, only identical rows are left out
+    w = lone.weights(torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64))[0]
+    own = (lone.keys == torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)).all(1)
+    assert float(w[own].max()) == 0.0 and float(w[~own].max()) > 0.1
+
+
+def test_a_continuous_feature_weighs_by_its_spread():
+    rows = np.array([[m, 0, load] for m in (0, 6) for load in (0.0, 1.0, 2.0, 3.0)])
+    labels = np.array([[100.0 - 10 * load, 0.0] for _, _, load in rows])
+    prior = _prior("mean", group="", rows=rows, labels=labels)
+    std = float(np.std(rows[:, 2]))
+    assert float(prior.cont_std[0]) == pytest.approx(std)
+    w = prior.weights(torch.tensor([[3.0, 0.0, 1.0]], dtype=torch.float64))[0].numpy()
+    load = rows[:, 2]
+    # month 3 is as far from 0 as from 6: the load alone decides, by a Gaussian of one std
+    ratio = math.exp(-0.5 * (1.0 / std) ** 2)  # load 2 (or 0) against load 1
+    assert w[load == 2].sum() / w[load == 1].sum() == pytest.approx(ratio, rel=1e-6)
 
 
 def test_the_prior_stays_fp32_under_bf16_autocast():
@@ -106,17 +160,6 @@ def test_the_prior_stays_fp32_under_bf16_autocast():
     assert under.dtype == torch.float32 and torch.equal(under, plain)
 
 
-def test_a_row_with_no_neighbour_falls_back_to_all_rows():
-    # width tiny: only the row's own month would weigh anything, and it is left out
-    prior = _prior("mean", width=1e-3)
-    out = prior(torch.tensor([[0.0, 0.0, 0.0]], dtype=torch.float64))
-    assert torch.isfinite(out).all()
-    lone = _prior("mean", group="")  # without a group, only identical rows are left out
-    w = lone.weights(torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64))[0]
-    own = (lone.keys == torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)).all(1)
-    assert float(w[own].max()) < 1e-12 and float(w[~own].max()) > 0.1
-
-
 def test_config_names_its_mistakes():
     with pytest.raises(ConfigError, match="prior_weight"):
         ModelConfig(prior_weight=1.5)
@@ -124,8 +167,11 @@ def test_config_names_its_mistakes():
         ModelConfig(prior_weight=0.5, prior_width=0.0)
     with pytest.raises(ConfigError, match="preset custom"):
         ModelConfig(preset="custom", factory="a.b:c", prior_weight=0.5)
-    with pytest.raises(ConfigError, match="over 256 MiB; set model.prior_weight: 0"):
-        NeighbourPrior(ModelConfig(prior_weight=0.5), LAYOUT, (1000, 1000), 100)
+    with pytest.raises(ConfigError, match="row-cells; set model.prior_weight: 0"):
+        NeighbourPrior(ModelConfig(prior_weight=0.5), LAYOUT, (100, 100), 200)
+    wide = dataclasses.replace(LAYOUT, vocab_sizes=(12, 5000))
+    with pytest.raises(ConfigError, match="'daytype' has 5000 values"):
+        NeighbourPrior(ModelConfig(prior_weight=0.5), wide, (2,), 10)
     with pytest.raises(ConfigError, match="prior_group='weekday'"):
         NeighbourPrior(ModelConfig(prior_weight=0.5, prior_group="weekday"), LAYOUT, (2,), 1)
 
