@@ -129,6 +129,14 @@ def parse_feature_specs(specs: Sequence[Mapping[str, Any]]) -> FeatureLayout:
     )
 
 
+def category_codes(values: torch.Tensor, vocab: torch.Tensor | int) -> torch.Tensor:
+    """Raw categorical values -> long codes; a code outside [0, vocab) maps to `vocab`, the
+    "unknown" row (no data-dependent branch). `vocab` broadcasts against `values`."""
+    codes = torch.round(values.to(torch.float64)).to(torch.long)
+    vocab = torch.as_tensor(vocab, device=codes.device).expand_as(codes)
+    return torch.where((codes < 0) | (codes >= vocab), vocab, codes)
+
+
 class FeatureEncoder(nn.Module):
     """Raw features [B, F] -> encoded vector [B, out_dim] (float32) and per-feature tokens."""
 
@@ -210,9 +218,7 @@ class FeatureEncoder(nn.Module):
             z = ((raw - self.cont_mean) / self.cont_std).to(torch.float32)
             parts.append(z if keep is None else z * keep.index_select(1, self.cont_idx))
         if self.layout.categorical:
-            codes = torch.round(x.index_select(1, self.cat_idx).to(torch.float64)).to(torch.long)
-            bad = (codes < 0) | (codes >= self.vocab_sizes)
-            codes = torch.where(bad, self.vocab_sizes.expand_as(codes), codes)
+            codes = category_codes(x.index_select(1, self.cat_idx), self.vocab_sizes)
             for j, emb in enumerate(self.embeddings):
                 e = emb(codes[:, j]).to(torch.float32)
                 parts.append(e if keep is None else e * keep[:, self.layout.categorical[j], None])

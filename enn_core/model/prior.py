@@ -36,7 +36,7 @@ from torch import nn
 
 from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError, DataError
-from enn_core.model.encoding import FeatureLayout
+from enn_core.model.encoding import FeatureLayout, category_codes
 from enn_core.model.layers import autocast_off
 
 # Rows x max(cells, features) the prior may hold: a batch of 256 rows then works on at most
@@ -50,7 +50,6 @@ class NeighbourPrior(nn.Module):
 
     keys: torch.Tensor
     values: torch.Tensor
-    sorted_values: torch.Tensor
     order: torch.Tensor
     log_similarity: torch.Tensor
     kappa: torch.Tensor
@@ -95,7 +94,6 @@ class NeighbourPrior(nn.Module):
         periods = layout.periods
         self.register_buffer("keys", torch.zeros(n_rows, layout.n_features, dtype=torch.float64))
         self.register_buffer("values", torch.zeros(n_rows, cells))
-        self.register_buffer("sorted_values", torch.zeros(n_rows, cells))
         self.register_buffer("order", torch.zeros(n_rows, cells, dtype=torch.long))
         width = max(self.vocab, default=0) + 1
         self.register_buffer("log_similarity", torch.zeros(len(self.vocab), width, width))
@@ -126,7 +124,6 @@ class NeighbourPrior(nn.Module):
         self.values.copy_(torch.from_numpy(values))
         order = np.argsort(values, axis=0, kind="stable")
         self.order.copy_(torch.from_numpy(order))
-        self.sorted_values.copy_(torch.from_numpy(np.take_along_axis(values, order, 0)))
         for j, (col, vocab) in enumerate(zip(self.categorical, self.vocab, strict=True)):
             table = self._log_similarity(keys[:, col], values, vocab)
             self.log_similarity[j, : vocab + 1, : vocab + 1] = torch.from_numpy(table)
@@ -165,8 +162,8 @@ class NeighbourPrior(nn.Module):
         for j, col in enumerate(self.continuous):
             log_w = log_w - 0.5 * ((q[..., col] - k[..., col]) / self.cont_std[j]) ** 2
         for j, col in enumerate(self.categorical):
-            qc = _codes(x[:, col], self.vocab[j])
-            kc = _codes(self.keys[:, col], self.vocab[j])
+            qc = category_codes(x[:, col], self.vocab[j])
+            kc = category_codes(self.keys[:, col], self.vocab[j])
             log_w = log_w + self.log_similarity[j][qc][:, kc].to(torch.float64)
         out = (q == k).all(-1)
         if self.group is not None:
@@ -193,16 +190,11 @@ class NeighbourPrior(nn.Module):
             ranked = w[:, self.order]  # [B, N, C]: each cell's rows in label order
             below = torch.cumsum(ranked, dim=1) >= 0.5
             pos = below.to(torch.float32).argmax(dim=1, keepdim=True)  # first to reach half
-            rows = self.sorted_values.expand(x.shape[0], -1, -1)
+            ranked_values = torch.gather(self.values, 0, self.order)  # [N, C] sorted per cell
+            rows = ranked_values.expand(x.shape[0], -1, -1)
             parts.append(torch.gather(rows, 1, pos).squeeze(1))
         out = parts[0] if len(parts) == 1 else (parts[0] + parts[1]) / 2
         return out.reshape((-1, *self.label_shape))
-
-
-def _codes(values: torch.Tensor, vocab: int) -> torch.Tensor:
-    codes = torch.round(values.to(torch.float64)).to(torch.long)
-    bad = (codes < 0) | (codes >= vocab)
-    return torch.where(bad, torch.full_like(codes, vocab), codes)
 
 
 def _group_index(name: str, layout: FeatureLayout) -> int | None:

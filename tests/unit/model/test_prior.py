@@ -17,6 +17,7 @@ from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError
+from enn_core.inference import PredictionPath
 from enn_core.model import build_model
 from enn_core.model.encoding import FeatureLayout
 from enn_core.model.prior import NeighbourPrior
@@ -212,15 +213,9 @@ def test_checkpoint_export_and_onnx_carry_the_prior(staged, tmp_path):
     x = torch.tensor(np.asarray(ds.features[:9], dtype=np.float32))
     torch.testing.assert_close(loaded.predict(x), model.predict(x))
 
-    class Predict(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, x):
-            return self.m.predict(x)
-
-    ep = export(Predict(loaded), (x[:4],), dynamic_shapes={"x": {0: Dim("batch", max=4096)}})
+    ep = export(
+        PredictionPath(loaded).eval(), (x[:4],), dynamic_shapes={"x": {0: Dim("batch", max=4096)}}
+    )
     torch.testing.assert_close(ep.module()(x), model.predict(x), rtol=1e-5, atol=1e-4)
     onnx_path = tmp_path / "m.onnx"
     torch.onnx.export(ep, (x[:4],), str(onnx_path), dynamo=True, optimize=False)
