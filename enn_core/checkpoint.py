@@ -234,6 +234,8 @@ def model_from_checkpoint(
     data["label_stats"] = {"mean": 0.0, "std": 1.0}
     if (kept := ckpt.state_dict.get("prior.keys")) is not None:
         data["prior_rows"] = int(kept.shape[0])  # the neighbour prior's rows come as weights
+    if (groups := ckpt.state_dict.get("prior.group_values")) is not None:
+        data["prior_groups"] = int(groups.shape[0])  # and its kriging solves, one per group
     model = build_model(cfg, data, code=code, where=where)
     if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise StaleOutputError(

@@ -82,9 +82,23 @@ class ModelConfig:
     """true: the network trains through the blend (it learns what the prior misses); false: it
     trains alone and the prior is blended in at evaluation (an ensemble of two predictors)."""
 
-    prior_statistic: Literal["mean", "median", "mean+median"] = "mean+median"
-    """The prior's statistic of the weighted training labels: the median resists the months
-    with incidents and closures that a mean follows; both averaged by default."""
+    prior_statistic: Literal[
+        "mean", "median", "mean+median", "kriging", "kriging+median", "kriging+mean+median"
+    ] = "mean+median"
+    """The prior's statistic of the training labels, or the average of those joined by '+':
+    the kernel-weighted mean; the weighted median, which resists the months with incidents and
+    closures that a mean follows; kriging, a Gaussian-process regression over the rows of the
+    other groups (a profile shared by all groups plus a part that varies with the group's
+    closeness; needs model.prior_group), which weighs the rows by solving for them instead of
+    by distance alone and so can follow a trend across a gap of several months."""
+
+    prior_kriging_noise: float = 0.3
+    """Kriging's noise variance, relative to the kernel's (1): larger = smoother, nearer the
+    rows' mean; smaller = closer to the rows it interpolates."""
+
+    prior_kriging_group_weight: float = 0.1
+    """Kriging's part that varies with the group (the month), against the shared profile (1):
+    its kernel is sim(other features) * (1 + this * sim(group feature))."""
 
     prior_width: float = 2.0
     """The prior's kernel width along a cyclic feature, in its units (months)."""
@@ -130,6 +144,11 @@ class ModelConfig:
                 f"model.cyclic_basis={self.cyclic_basis} must be >= 0 and "
                 f"model.cyclic_width={self.cyclic_width} > 0 (e.g. 6 and 1.5 for a month)"
             )
+        self._check_prior()
+        if self.context_tokens < 1:
+            raise ConfigError(f"model.context_tokens={self.context_tokens} must be >= 1 (e.g. 4)")
+
+    def _check_prior(self) -> None:
         if not 0 <= self.prior_weight <= 1:
             raise ConfigError(
                 f"model.prior_weight={self.prior_weight} is outside [0, 1]; 0 = the network "
@@ -140,13 +159,23 @@ class ModelConfig:
                 f"model.prior_width={self.prior_width} and model.prior_category_scale="
                 f"{self.prior_category_scale} must be > 0 (e.g. 2.0 and 2.0)"
             )
+        if not (self.prior_kriging_noise > 0 and self.prior_kriging_group_weight >= 0):
+            raise ConfigError(
+                f"model.prior_kriging_noise={self.prior_kriging_noise} must be > 0 and "
+                f"model.prior_kriging_group_weight={self.prior_kriging_group_weight} >= 0 "
+                "(e.g. 0.3 and 0.1)"
+            )
+        if "kriging" in self.prior_statistic and self.prior_weight > 0 and not self.prior_group:
+            raise ConfigError(
+                f"model.prior_statistic={self.prior_statistic!r} needs model.prior_group (the "
+                "fold key, e.g. month): kriging leaves a row's own group out by solving without "
+                "it; name the group, or use prior_statistic: mean+median"
+            )
         if self.prior_weight > 0 and self.preset == "custom":
             raise ConfigError(
                 "model.prior_weight is for the built-in presets; your own module "
                 "(preset custom) decides its output itself: set model.prior_weight: 0"
             )
-        if self.context_tokens < 1:
-            raise ConfigError(f"model.context_tokens={self.context_tokens} must be >= 1 (e.g. 4)")
 
     def _check_custom(self) -> None:
         if self.factory and not FACTORY.match(self.factory):

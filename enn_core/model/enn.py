@@ -37,7 +37,7 @@ from enn_core.model.encoding import (
     without_cyclic_embeddings,
 )
 from enn_core.model.layers import MLP, FP32Head, ResidualBlock, SpatioTemporalBlock, autocast_off
-from enn_core.model.prior import NeighbourPrior
+from enn_core.model.prior import NeighbourPrior, group_count
 from enn_core.model_code import BUILTIN, ModelCode
 
 PRESETS = ("tabular", "spatiotemporal", "custom")
@@ -78,6 +78,7 @@ class ENN(nn.Module):
                 parse_feature_specs(manifest["feature_specs"]),
                 self.label_shape,
                 int(manifest.get("prior_rows") or 0),
+                int(manifest.get("prior_groups") or 0),
             )
 
     @property
@@ -308,7 +309,9 @@ def build_model(
     training = None
     if cfg.prior_weight > 0 and not manifest.get("prior_rows"):
         training = prior_rows(data_dir)
-        manifest = {**manifest, "prior_rows": training[0].shape[0]}
+        layout = parse_feature_specs(manifest["feature_specs"])
+        groups = group_count(training[0], cfg, layout)
+        manifest = {**manifest, "prior_rows": training[0].shape[0], "prior_groups": groups}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
         if cfg.preset == "custom":
@@ -322,7 +325,9 @@ def build_model(
 
 
 def prior_rows(data_dir: str | Path | None) -> tuple[np.ndarray, np.ndarray]:
-    """The training split's raw features and labels, which the neighbour prior keeps."""
+    """The training and validation splits' raw features and labels, which the neighbour prior
+    keeps. A validation row's prior leaves out its own group (and itself), so validation still
+    measures what a held-out group meets; the test rows are never read."""
     if data_dir is None:
         raise ConfigError(
             "model.prior_weight > 0 keeps the training rows in the model, but it is built "
@@ -330,5 +335,6 @@ def prior_rows(data_dir: str | Path | None) -> tuple[np.ndarray, np.ndarray]:
             "model.prior_weight: 0"
         )
     ds = StagedDataset(data_dir)
-    rows = np.sort(np.asarray(ds.split("train")))
+    kept = [np.asarray(ds.split(name)) for name in ("train", "val") if name in ds.split_names]
+    rows = np.sort(np.concatenate(kept))
     return np.asarray(ds.features[rows]), np.asarray(ds.targets[rows])

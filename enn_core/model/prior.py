@@ -4,8 +4,9 @@
 
     prediction = (1 - prior_weight) * network + prior_weight * prior
 
-The prior of a row is a weighted statistic (mean, median, or the average of both) of the
-training rows' labels, each training row weighted by how close its keys are to the row's:
+The prior of a row is a statistic of the training rows' labels (`model.prior_statistic`: the
+weighted mean, the weighted median, kriging, or the average of several), each training row
+weighted by how close its keys are to the row's:
 
 - a feature with a cycle (the month): a von Mises bump of width `model.prior_width` in the
   feature's units round the cycle (close to a Gaussian of that standard deviation);
@@ -19,6 +20,13 @@ Training rows that share the row's value of `model.prior_group` (the fold key: t
 left out, and so are training rows whose features equal the row's: a training row's prior is
 what the rows of other groups say, which is what a held-out group meets. This holds at
 prediction too: a row of a month the training data has is predicted from the other months.
+
+Kriging is a Gaussian-process regression over the same similarities: kernel
+k = sim(other features) * (1 + g * sim(group feature)) (g = `model.prior_kriging_group_weight`:
+a profile all groups share plus a part that follows the group's closeness), noise variance
+`model.prior_kriging_noise`, each cell centred on its rows' mean. `fill` solves it once per
+group with that group's rows left out (and once with all rows, for a group the training data
+lacks), so a prediction is a kernel row times stored coefficients: no solve in the graph.
 
 The training rows (their raw features and labels) are buffers, filled by `fill` when
 prepare-checkpoint builds the model, so that a checkpoint, an export and a served model carry
@@ -43,6 +51,9 @@ from enn_core.model.layers import autocast_off
 # 256 x 2^20 float32 (1 GiB, the median's [B, N, C]) and the buffers stay under 16 MiB x 16 B.
 MAX_ROW_CELLS = 2**20
 MAX_VOCAB = 1024  # values of one categorical feature: the similarity table is vocab^2
+# Kriging solves a rows x rows system per group and keeps groups x rows x cells coefficients
+MAX_KRIGING_ROWS = 4096
+MAX_KRIGING_COEFFICIENTS = 2**23  # float32: 32 MiB
 
 
 class NeighbourPrior(nn.Module):
@@ -55,6 +66,9 @@ class NeighbourPrior(nn.Module):
     kappa: torch.Tensor
     freq: torch.Tensor
     cont_std: torch.Tensor
+    group_values: torch.Tensor
+    kriging_mean: torch.Tensor
+    kriging_coef: torch.Tensor
 
     def __init__(
         self,
@@ -62,9 +76,12 @@ class NeighbourPrior(nn.Module):
         layout: FeatureLayout,
         label_shape: tuple[int, ...],
         n_rows: int,
+        n_groups: int = 0,
     ) -> None:
         super().__init__()
-        self.statistic = cfg.prior_statistic
+        self.statistics = tuple(cfg.prior_statistic.split("+"))
+        self.kriging_noise = cfg.prior_kriging_noise
+        self.kriging_group_weight = cfg.prior_kriging_group_weight
         self.category_scale = cfg.prior_category_scale
         self.label_shape = label_shape
         cells = int(np.prod(label_shape))
@@ -102,6 +119,11 @@ class NeighbourPrior(nn.Module):
         freq = torch.tensor([2 * math.pi / p for p in periods], dtype=torch.float64)
         self.register_buffer("freq", freq, persistent=False)
         self.register_buffer("cont_std", torch.ones(len(self.continuous), dtype=torch.float64))
+        if "kriging" in self.statistics:
+            _check_kriging(n_rows, n_groups, cells)
+            self.register_buffer("group_values", torch.zeros(n_groups, dtype=torch.float64))
+            self.register_buffer("kriging_mean", torch.zeros(n_groups + 1, cells))
+            self.register_buffer("kriging_coef", torch.zeros(n_groups + 1, n_rows, cells))
 
     @property
     def n_rows(self) -> int:
@@ -130,6 +152,32 @@ class NeighbourPrior(nn.Module):
         if self.continuous:
             spread = keys[:, list(self.continuous)].std(0)
             self.cont_std.copy_(torch.from_numpy(np.where(spread > 0, spread, 1.0)))
+        if "kriging" in self.statistics:
+            self._fill_kriging(keys, values)
+
+    def _fill_kriging(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Per group: the cell means and GP coefficients of the other groups' rows (zero on the
+        group's own); the last slot: all rows, for a group the training rows lack."""
+        groups = np.unique(keys[:, self.group])
+        if len(groups) != self.group_values.shape[0]:
+            raise DataError(
+                f"the neighbour prior was sized for {self.group_values.shape[0]} values of "
+                f"its group feature but the training rows have {len(groups)}; re-run "
+                "prepare-checkpoint"
+            )
+        self.group_values.copy_(torch.from_numpy(groups))
+        kernel = self._kernel(torch.from_numpy(keys)).numpy()  # [N, N]
+        targets = values.astype(np.float64)
+        for slot, group in enumerate([*groups, None]):
+            keep = np.ones(len(keys), bool) if group is None else keys[:, self.group] != group
+            if not keep.any():  # one group only: its rows are all there is
+                keep[:] = True
+            mean = targets[keep].mean(0)
+            system = kernel[np.ix_(keep, keep)] + self.kriging_noise * np.eye(int(keep.sum()))
+            coef = np.zeros_like(targets)
+            coef[keep] = np.linalg.solve(system, targets[keep] - mean)
+            self.kriging_mean[slot] = torch.from_numpy(mean)
+            self.kriging_coef[slot] = torch.from_numpy(coef)
 
     def _log_similarity(self, codes: np.ndarray, values: np.ndarray, vocab: int) -> np.ndarray:
         """[vocab + 1, vocab + 1] float32: -(d / scale)^2 between the values' mean label grids
@@ -149,22 +197,40 @@ class NeighbourPrior(nn.Module):
             table[a, where] = -((d / self.category_scale) ** 2)
         return table
 
+    def log_similarity_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, F] raw features -> the log similarity [B, N] of each training row to each row,
+        from the group feature and from all the others."""
+        q, k = x.to(torch.float64)[:, None, :], self.keys[None]  # [B, 1, F], [1, N, F]
+        zeros = torch.zeros(x.shape[0], self.n_rows, dtype=torch.float64, device=x.device)
+        parts = {"group": zeros, "other": zeros}
+
+        def add(col: int, log_sim: torch.Tensor) -> None:
+            part = "group" if col == self.group else "other"
+            parts[part] = parts[part] + log_sim
+
+        for j, col in enumerate(self.cyclic):
+            add(col, self.kappa[j] * (torch.cos((q[..., col] - k[..., col]) * self.freq[j]) - 1))
+        for j, col in enumerate(self.continuous):
+            add(col, -0.5 * ((q[..., col] - k[..., col]) / self.cont_std[j]) ** 2)
+        for j, col in enumerate(self.categorical):
+            qc = category_codes(x[:, col], self.vocab[j])
+            kc = category_codes(self.keys[:, col], self.vocab[j])
+            add(col, self.log_similarity[j][qc][:, kc].to(torch.float64))
+        return parts["group"], parts["other"]
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """Kriging's covariance [B, N] of each row with the training rows."""
+        group, other = self.log_similarity_parts(x)
+        return torch.exp(other) * (1 + self.kriging_group_weight * torch.exp(group))
+
     def weights(self, x: torch.Tensor) -> torch.Tensor:
         """[B, F] raw features -> [B, N] weights of the training rows, summing to 1. Left-out
         rows weigh exactly 0; the nearest allowed row weighs most whatever the distances (the
         log weights are shifted by their maximum before exp); a row whose every training row is
         left out (one group only) gets the plain mean of all of them."""
         q, k = x.to(torch.float64)[:, None, :], self.keys[None]  # [B, 1, F], [1, N, F]
-        log_w = torch.zeros(x.shape[0], self.n_rows, dtype=torch.float64, device=x.device)
-        for j, col in enumerate(self.cyclic):
-            near = torch.cos((q[..., col] - k[..., col]) * self.freq[j]) - 1
-            log_w = log_w + self.kappa[j] * near
-        for j, col in enumerate(self.continuous):
-            log_w = log_w - 0.5 * ((q[..., col] - k[..., col]) / self.cont_std[j]) ** 2
-        for j, col in enumerate(self.categorical):
-            qc = category_codes(x[:, col], self.vocab[j])
-            kc = category_codes(self.keys[:, col], self.vocab[j])
-            log_w = log_w + self.log_similarity[j][qc][:, kc].to(torch.float64)
+        group, other = self.log_similarity_parts(x)
+        log_w = group + other
         out = (q == k).all(-1)
         if self.group is not None:
             out = out | (q[..., self.group] == k[..., self.group])
@@ -182,19 +248,52 @@ class NeighbourPrior(nn.Module):
             return self._prior(x)
 
     def _prior(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weights(x).to(torch.float32)  # [B, N]
         parts = []
-        if self.statistic in ("mean", "mean+median"):
+        if "kriging" in self.statistics:
+            parts.append(self._kriging(x))
+        if "mean" in self.statistics or "median" in self.statistics:
+            w = self.weights(x).to(torch.float32)  # [B, N]
+        if "mean" in self.statistics:
             parts.append(w @ self.values)
-        if self.statistic in ("median", "mean+median"):
+        if "median" in self.statistics:
             ranked = w[:, self.order]  # [B, N, C]: each cell's rows in label order
             below = torch.cumsum(ranked, dim=1) >= 0.5
             pos = below.to(torch.float32).argmax(dim=1, keepdim=True)  # first to reach half
             ranked_values = torch.gather(self.values, 0, self.order)  # [N, C] sorted per cell
             rows = ranked_values.expand(x.shape[0], -1, -1)
             parts.append(torch.gather(rows, 1, pos).squeeze(1))
-        out = parts[0] if len(parts) == 1 else (parts[0] + parts[1]) / 2
+        out = torch.stack(parts).mean(0)
         return out.reshape((-1, *self.label_shape))
+
+    def _kriging(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C]: the solve without the row's own group (the all-rows solve for a group the
+        training rows lack) applied to its kernel row."""
+        same = x.to(torch.float64)[:, self.group, None] == self.group_values[None]  # [B, G]
+        slot = torch.where(
+            same.any(1),
+            same.to(torch.float32).argmax(1),
+            torch.full_like(same[:, 0], self.group_values.shape[0], dtype=torch.long),
+        )
+        kernel = self._kernel(x).to(torch.float32)  # [B, N]
+        coef = self.kriging_coef[slot]  # [B, N, C]
+        return self.kriging_mean[slot] + torch.bmm(kernel[:, None, :], coef).squeeze(1)
+
+
+def _check_kriging(n_rows: int, n_groups: int, cells: int) -> None:
+    if n_rows > MAX_KRIGING_ROWS or (n_groups + 1) * n_rows * cells > MAX_KRIGING_COEFFICIENTS:
+        raise ConfigError(
+            f"model.prior_statistic with kriging solves for the {n_rows} training rows once per "
+            f"value of the group feature ({n_groups}) and keeps {cells} coefficients per row "
+            f"each, over its limits ({MAX_KRIGING_ROWS} rows, {MAX_KRIGING_COEFFICIENTS} "
+            "coefficients); use model.prior_statistic: mean+median for data this large"
+        )
+
+
+def group_count(features: np.ndarray, cfg: ModelConfig, layout: FeatureLayout) -> int:
+    """How many values of the group feature the training rows have (kriging's solves)."""
+    if "kriging" not in cfg.prior_statistic:
+        return 0
+    return len(np.unique(features[:, _group_index(cfg.prior_group, layout)]))
 
 
 def _group_index(name: str, layout: FeatureLayout) -> int | None:

@@ -16,11 +16,11 @@ from torch.export import Dim, export
 from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import ConfigError
+from enn_core.errors import ConfigError, DataError
 from enn_core.inference import PredictionPath
 from enn_core.model import build_model
 from enn_core.model.encoding import FeatureLayout
-from enn_core.model.prior import NeighbourPrior
+from enn_core.model.prior import NeighbourPrior, group_count
 
 # month (categorical with a 12-month cycle), day type (categorical), one continuous feature
 LAYOUT = FeatureLayout(
@@ -45,11 +45,13 @@ def _prior(
         prior_width=width,
         prior_group=group,
         prior_category_scale=2.0,
+        prior_kriging_noise=0.3,
+        prior_kriging_group_weight=0.5,
     )
     if rows is None:  # 12 training rows: months 0, 1, 2, 5 x day types 0, 1, 2
         rows = np.array([[m, d, 0.0] for m in (0, 1, 2, 5) for d in (0, 1, 2)], dtype=np.float64)
         labels = np.array([[m * 10.0 + d, 50.0 + (m == 5) * 40.0] for m, d, _ in rows])
-    prior = NeighbourPrior(cfg, LAYOUT, (2,), len(rows))
+    prior = NeighbourPrior(cfg, LAYOUT, (2,), len(rows), group_count(rows, cfg, LAYOUT))
     prior.fill(rows, labels)
     return prior
 
@@ -85,6 +87,59 @@ def test_mean_and_median_match_a_hand_computation():
     w = prior.weights(torch.from_numpy(query[:1]))[0]
     assert float(w[prior.keys[:, 0] == 1].max()) == 0.0  # its own month: exactly nothing
     assert float(w.sum()) == pytest.approx(1.0)
+
+
+def _kernel_by_hand(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Kriging's covariance from the definitions: sim(day type) * sim(load) * (1 + 0.5 *
+    sim(month)), the month by a von Mises of width 2, day types by exp(-(|a - b| / 2 / 2)^2)
+    (as in _reference), the load by a Gaussian of one standard deviation (`std`)."""
+    kappa = (12 / (2 * math.pi * 2.0)) ** 2
+    month = np.exp(kappa * (np.cos(2 * np.pi * (a[:, None, 0] - b[None, :, 0]) / 12) - 1))
+    day = np.exp(-((np.abs(a[:, None, 1] - b[None, :, 1]) / 2 / 2.0) ** 2))
+    std = b[:, 2].std() if b[:, 2].std() > 0 else 1.0
+    load = np.exp(-0.5 * ((a[:, None, 2] - b[None, :, 2]) / std) ** 2)
+    return day * load * (1 + 0.5 * month)
+
+
+def _kriging_by_hand(keys: np.ndarray, labels: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """A Gaussian-process posterior mean, noise 0.3, each cell centred on its rows' mean."""
+    mean = labels.mean(0)
+    system = _kernel_by_hand(keys, keys) + 0.3 * np.eye(len(keys))
+    return mean + _kernel_by_hand(query, keys) @ np.linalg.solve(system, labels - mean)
+
+
+def test_kriging_is_a_gaussian_process_over_the_other_months():
+    prior = _prior("kriging")
+    keys, labels = prior.keys.numpy(), prior.values.numpy().astype(np.float64)
+    # month 4 is not a training month: all rows; month 1 is: its rows are left out
+    query = np.array([[4.0, 0.0, 0.0], [1.0, 2.0, 0.0]])
+    got = prior(torch.from_numpy(query)).numpy()
+    np.testing.assert_allclose(got[0], _kriging_by_hand(keys, labels, query[:1])[0], rtol=1e-5)
+    other = keys[:, 0] != 1
+    by_hand = _kriging_by_hand(keys[other], labels[other], query[1:])[0]
+    np.testing.assert_allclose(got[1], by_hand, rtol=1e-5)
+    # the same as a prior that never had month 1 (its own similarity table, from its rows)
+    without = _prior("kriging", rows=keys[other], labels=labels[other])
+    np.testing.assert_allclose(got[1], without(torch.from_numpy(query[1:])).numpy()[0], rtol=1e-4)
+    # month 3 lies between months 2 and 5: kriging follows the months' trend (0, 10, 20 ... 50
+    # in the first cell), and the average with the median is the two statistics' mean
+    trend = prior(torch.tensor([[3.0, 0.0, 0.0]], dtype=torch.float64)).numpy()[0]
+    assert 20.0 < trend[0] < 50.0
+    both = _prior("kriging+median")(torch.from_numpy(query)).numpy()
+    median = _prior("median")(torch.from_numpy(query)).numpy()
+    np.testing.assert_allclose(both, (got + median) / 2, rtol=1e-5)
+
+
+def test_kriging_is_refused_without_a_group_or_with_a_bad_noise():
+    with pytest.raises(ConfigError, match="needs model.prior_group"):
+        ModelConfig(prior_weight=0.5, prior_statistic="kriging")
+    with pytest.raises(ConfigError, match="prior_kriging_noise=0.0 must be > 0"):
+        ModelConfig(prior_weight=0.5, prior_kriging_noise=0.0)
+    prior = _prior("kriging")
+    cfg = ModelConfig(prior_weight=0.5, prior_statistic="kriging", prior_group="month")
+    short = NeighbourPrior(cfg, LAYOUT, (2,), prior.n_rows, 3)  # sized for 3 months, given 4
+    with pytest.raises(DataError, match="sized for 3 values of its group feature"):
+        short.fill(prior.keys.numpy(), prior.values.numpy())
 
 
 def test_day_types_are_alike_by_their_labels_and_unknown_codes_pool_all():
@@ -185,7 +240,8 @@ def _model(staged, **prior) -> torch.nn.Module:
 def test_the_model_blends_the_network_with_the_training_rows(staged):
     ds = StagedDataset(staged)
     model = _model(staged, prior_group="month").eval()
-    train = np.sort(np.asarray(ds.split("train")))
+    # the training and validation rows: a validation row's prior leaves its own month out
+    train = np.sort(np.concatenate([np.asarray(ds.split(n)) for n in ("train", "val")]))
     assert model.prior is not None and model.prior.n_rows == len(train)
     np.testing.assert_array_equal(model.prior.keys.numpy(), ds.features[train])
     x = torch.from_numpy(np.asarray(ds.features[ds.split("test")], dtype=np.float32))
@@ -203,9 +259,10 @@ def test_the_model_blends_the_network_with_the_training_rows(staged):
 
 
 @pytest.mark.timeout(180)
-def test_checkpoint_export_and_onnx_carry_the_prior(staged, tmp_path):
+@pytest.mark.parametrize("statistic", ["mean+median", "kriging+median"])
+def test_checkpoint_export_and_onnx_carry_the_prior(staged, tmp_path, statistic):
     ds = StagedDataset(staged)
-    model = _model(staged, prior_group="month").eval()
+    model = _model(staged, prior_group="month", prior_statistic=statistic).eval()
     path = save_consolidated(
         tmp_path / "m.pt", model, model.cfg, ds.manifest.model_data(), {"stage": "test"}
     )
