@@ -44,9 +44,9 @@ def test_expressway_config_carries_the_measured_model_and_train_values() -> None
     assert cfg.train.huber_delta == pytest.approx(0.3)
     assert cfg.train.lr == pytest.approx(0.01)
     # the network blended with the neighbour prior, trained alone (docs/design.md)
-    assert cfg.model.prior_weight == pytest.approx(0.7) and not cfg.model.prior_train
-    assert (cfg.model.prior_statistic, cfg.model.prior_group) == ("mean+median", "month")
-    assert cfg.model.prior_width == pytest.approx(1.5)
+    assert cfg.model.prior_weight == pytest.approx(0.8) and not cfg.model.prior_train
+    assert (cfg.model.prior_statistic, cfg.model.prior_group) == ("kriging+median", "month")
+    assert cfg.model.prior_width == pytest.approx(2.0)
 
 
 @pytest.mark.timeout(60)
