@@ -22,6 +22,7 @@ PRIOR = [
     "model.prior_weight=0.5",
     "model.prior_train=false",
     "model.prior_group=month",
+    "model.prior_statistic=kriging+median",
     "train.epochs=12",
 ]
 
@@ -47,6 +48,7 @@ def test_every_stage_runs_and_both_exports_match_the_blend(blended):
     init = json.loads((root / "outputs/prepare-checkpoint/init.json").read_text())
     prior = init["model"]["prior"]
     assert prior["weight"] == 0.5 and prior["training_rows"] > 0, init["model"]
+    assert prior["statistic"] == "kriging+median", prior
     parity = json.loads((root / "outputs/export/parity.json").read_text())
     assert parity["onnx"]["ok"] and parity["torch_export"]["ok"], parity
     report = json.loads((root / "outputs/collapse-check/report.json").read_text())
