@@ -308,7 +308,7 @@ def build_model(
     mean, std = label_statistics(manifest, data_dir)
     training = None
     if cfg.prior_weight > 0 and not manifest.get("prior_rows"):
-        training = prior_rows(data_dir)
+        training = prior_rows(data_dir, cfg.prior_group)
         layout = parse_feature_specs(manifest["feature_specs"])
         groups = group_count(training[0], cfg, layout)
         manifest = {**manifest, "prior_rows": training[0].shape[0], "prior_groups": groups}
@@ -324,10 +324,14 @@ def build_model(
     return model
 
 
-def prior_rows(data_dir: str | Path | None) -> tuple[np.ndarray, np.ndarray]:
-    """The training and validation splits' raw features and labels, which the neighbour prior
-    keeps. A validation row's prior leaves out its own group (and itself), so validation still
-    measures what a held-out group meets; the test rows are never read."""
+def prior_rows(data_dir: str | Path | None, group: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """The raw features and labels the neighbour prior keeps: the training split's, and the
+    validation split's too unless that would let a validation row see its own held-out group.
+    Validation rows drawn from the training groups are safe (the prior already holds their
+    groups' other rows), and so are whole validation groups (`data.val_fold`,
+    `data.val_by_key`) when `group` (model.prior_group) is the fold key, which a row's prior
+    leaves out; whole validation groups with another or no group stay out of the prior, so
+    validation still measures what a held-out group meets. The test rows are never read."""
     if data_dir is None:
         raise ConfigError(
             "model.prior_weight > 0 keeps the training rows in the model, but it is built "
@@ -335,6 +339,10 @@ def prior_rows(data_dir: str | Path | None) -> tuple[np.ndarray, np.ndarray]:
             "model.prior_weight: 0"
         )
     ds = StagedDataset(data_dir)
-    kept = [np.asarray(ds.split(name)) for name in ("train", "val") if name in ds.split_names]
-    rows = np.sort(np.concatenate(kept))
+    split = ds.manifest.split_definition
+    whole_groups = split.get("val_by_key") or int(split.get("val_fold", -1)) >= 0
+    names = ["train"]
+    if "val" in ds.split_names and (not whole_groups or group == split.get("fold_key")):
+        names.append("val")
+    rows = np.sort(np.concatenate([np.asarray(ds.split(name)) for name in names]))
     return np.asarray(ds.features[rows]), np.asarray(ds.targets[rows])

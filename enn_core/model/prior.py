@@ -54,6 +54,7 @@ MAX_VOCAB = 1024  # values of one categorical feature: the similarity table is v
 # Kriging solves a rows x rows system per group and keeps groups x rows x cells coefficients
 MAX_KRIGING_ROWS = 4096
 MAX_KRIGING_COEFFICIENTS = 2**23  # float32: 32 MiB
+MAX_KRIGING_WORK = 2**36  # (groups + 1) x rows^3: the solves when the model is built (~a minute)
 
 
 class NeighbourPrior(nn.Module):
@@ -108,6 +109,7 @@ class NeighbourPrior(nn.Module):
                 )
         self.continuous = tuple(layout.continuous)
         self.group = _group_index(cfg.prior_group, layout)
+        self.group_rounded = self.group in layout.categorical
         periods = layout.periods
         self.register_buffer("keys", torch.zeros(n_rows, layout.n_features, dtype=torch.float64))
         self.register_buffer("values", torch.zeros(n_rows, cells))
@@ -158,7 +160,8 @@ class NeighbourPrior(nn.Module):
     def _fill_kriging(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Per group: the cell means and GP coefficients of the other groups' rows (zero on the
         group's own); the last slot: all rows, for a group the training rows lack."""
-        groups = np.unique(keys[:, self.group])
+        of_row = self._group_of(torch.from_numpy(keys)).numpy()
+        groups = np.unique(of_row)
         if len(groups) != self.group_values.shape[0]:
             raise DataError(
                 f"the neighbour prior was sized for {self.group_values.shape[0]} values of "
@@ -169,7 +172,7 @@ class NeighbourPrior(nn.Module):
         kernel = self._kernel(torch.from_numpy(keys)).numpy()  # [N, N]
         targets = values.astype(np.float64)
         for slot, group in enumerate([*groups, None]):
-            keep = np.ones(len(keys), bool) if group is None else keys[:, self.group] != group
+            keep = np.ones(len(keys), bool) if group is None else of_row != group
             if not keep.any():  # one group only: its rows are all there is
                 keep[:] = True
             mean = targets[keep].mean(0)
@@ -196,6 +199,12 @@ class NeighbourPrior(nn.Module):
             d = np.abs(means - means[i]).mean(1)
             table[a, where] = -((d / self.category_scale) ** 2)
         return table
+
+    def _group_of(self, x: torch.Tensor) -> torch.Tensor:
+        """[B] the group feature's values; a categorical one rounded as its codes are (a month
+        sent as 2.0000001 is month 2, and its rows are left out)."""
+        value = x.to(torch.float64)[:, self.group]
+        return torch.round(value) if self.group_rounded else value
 
     def log_similarity_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, F] raw features -> the log similarity [B, N] of each training row to each row,
@@ -233,7 +242,7 @@ class NeighbourPrior(nn.Module):
         log_w = group + other
         out = (q == k).all(-1)
         if self.group is not None:
-            out = out | (q[..., self.group] == k[..., self.group])
+            out = out | (self._group_of(x)[:, None] == self._group_of(self.keys)[None])
         log_w = torch.where(out, torch.full_like(log_w, -math.inf), log_w)
         top = log_w.amax(1, keepdim=True)
         top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
@@ -268,7 +277,7 @@ class NeighbourPrior(nn.Module):
     def _kriging(self, x: torch.Tensor) -> torch.Tensor:
         """[B, C]: the solve without the row's own group (the all-rows solve for a group the
         training rows lack) applied to its kernel row."""
-        same = x.to(torch.float64)[:, self.group, None] == self.group_values[None]  # [B, G]
+        same = self._group_of(x)[:, None] == self.group_values[None]  # [B, G]
         slot = torch.where(
             same.any(1),
             same.to(torch.float32).argmax(1),
@@ -280,12 +289,17 @@ class NeighbourPrior(nn.Module):
 
 
 def _check_kriging(n_rows: int, n_groups: int, cells: int) -> None:
-    if n_rows > MAX_KRIGING_ROWS or (n_groups + 1) * n_rows * cells > MAX_KRIGING_COEFFICIENTS:
+    if (
+        n_rows > MAX_KRIGING_ROWS
+        or (n_groups + 1) * n_rows * cells > MAX_KRIGING_COEFFICIENTS
+        or (n_groups + 1) * n_rows**3 > MAX_KRIGING_WORK
+    ):
         raise ConfigError(
             f"model.prior_statistic with kriging solves for the {n_rows} training rows once per "
-            f"value of the group feature ({n_groups}) and keeps {cells} coefficients per row "
-            f"each, over its limits ({MAX_KRIGING_ROWS} rows, {MAX_KRIGING_COEFFICIENTS} "
-            "coefficients); use model.prior_statistic: mean+median for data this large"
+            f"value of model.prior_group ({n_groups} values) and keeps {cells} coefficients per "
+            f"row each, over its limits ({MAX_KRIGING_ROWS} rows, {MAX_KRIGING_COEFFICIENTS} "
+            f"coefficients, {MAX_KRIGING_WORK} for groups x rows^3); use a group key with few "
+            "values (the fold key), or model.prior_statistic: mean+median"
         )
 
 
@@ -293,7 +307,9 @@ def group_count(features: np.ndarray, cfg: ModelConfig, layout: FeatureLayout) -
     """How many values of the group feature the training rows have (kriging's solves)."""
     if "kriging" not in cfg.prior_statistic:
         return 0
-    return len(np.unique(features[:, _group_index(cfg.prior_group, layout)]))
+    col = _group_index(cfg.prior_group, layout)
+    values = np.asarray(features[:, col], dtype=np.float64)
+    return len(np.unique(np.round(values) if col in layout.categorical else values))
 
 
 def _group_index(name: str, layout: FeatureLayout) -> int | None:

@@ -20,7 +20,9 @@ from enn_core.errors import ConfigError, DataError
 from enn_core.inference import PredictionPath
 from enn_core.model import build_model
 from enn_core.model.encoding import FeatureLayout
+from enn_core.model.enn import prior_rows
 from enn_core.model.prior import NeighbourPrior, group_count
+from tests.fixtures import train
 
 # month (categorical with a 12-month cycle), day type (categorical), one continuous feature
 LAYOUT = FeatureLayout(
@@ -140,6 +142,44 @@ def test_kriging_is_refused_without_a_group_or_with_a_bad_noise():
     short = NeighbourPrior(cfg, LAYOUT, (2,), prior.n_rows, 3)  # sized for 3 months, given 4
     with pytest.raises(DataError, match="sized for 3 values of its group feature"):
         short.fill(prior.keys.numpy(), prior.values.numpy())
+
+
+def test_a_month_sent_with_float_noise_is_still_its_own_month():
+    for statistic in ("kriging", "mean+median"):
+        prior = _prior(statistic)
+        exact = prior(torch.tensor([[1.0, 2.0, 0.0]], dtype=torch.float64))
+        noisy = prior(torch.tensor([[1.0 + 1e-6, 2.0, 0.0]], dtype=torch.float64))
+        torch.testing.assert_close(noisy, exact)  # month 1's rows left out in both
+
+
+def test_kriging_refuses_a_group_key_with_too_many_values():
+    """A continuous or high-cardinality group would mean a rows^3 solve per value."""
+    cfg = ModelConfig(prior_weight=0.5, prior_statistic="kriging", prior_group="month")
+    with pytest.raises(ConfigError, match="use a group key with few values"):
+        NeighbourPrior(cfg, LAYOUT, (1,), 4096, 1100)
+
+
+@pytest.mark.parametrize(("group", "kept"), [("month", True), ("", False), ("daytype", False)])
+def test_whole_validation_months_join_the_prior_only_when_it_leaves_their_month_out(
+    tmp_path, group, kept
+):
+    """With whole validation months (data.val_by_key), a prior that does not leave the month
+    out would predict a validation row from its own month's other rows: those rows stay out."""
+    cfg = train.tiny_cfg(
+        "data.fold_key=month",
+        "data.folds=[['01'],['02'],['03'],['04']]",
+        "data.val_by_key=true",
+        "data.val_fraction=0.34",
+    )
+    staged = train.staged_dir(tmp_path, cfg)
+    ds = StagedDataset(staged)
+    features, _ = prior_rows(staged, group)
+    want = ["train", "val"] if kept else ["train"]
+    assert len(features) == sum(len(ds.split(n)) for n in want)
+    (tmp_path / "random").mkdir()
+    random_rows = train.staged_dir(tmp_path / "random", train.tiny_cfg())
+    features, _ = prior_rows(random_rows, "")  # rows drawn from the training months: kept
+    assert len(features) == sum(len(StagedDataset(random_rows).split(n)) for n in ("train", "val"))
 
 
 def test_day_types_are_alike_by_their_labels_and_unknown_codes_pool_all():
