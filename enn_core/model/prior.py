@@ -169,7 +169,7 @@ class NeighbourPrior(nn.Module):
                 "prepare-checkpoint"
             )
         self.group_values.copy_(torch.from_numpy(groups))
-        kernel = self._kernel(torch.from_numpy(keys)).numpy()  # [N, N]
+        kernel = self._kernel(self.log_similarity_parts(torch.from_numpy(keys))).numpy()
         targets = values.astype(np.float64)
         for slot, group in enumerate([*groups, None]):
             keep = np.ones(len(keys), bool) if group is None else of_row != group
@@ -201,10 +201,8 @@ class NeighbourPrior(nn.Module):
         return table
 
     def _group_of(self, x: torch.Tensor) -> torch.Tensor:
-        """[B] the group feature's values; a categorical one rounded as its codes are (a month
-        sent as 2.0000001 is month 2, and its rows are left out)."""
-        value = x.to(torch.float64)[:, self.group]
-        return torch.round(value) if self.group_rounded else value
+        assert self.group is not None  # callers check model.prior_group first
+        return group_key(x, self.group, self.group_rounded)
 
     def log_similarity_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, F] raw features -> the log similarity [B, N] of each training row to each row,
@@ -227,18 +225,21 @@ class NeighbourPrior(nn.Module):
             add(col, self.log_similarity[j][qc][:, kc].to(torch.float64))
         return parts["group"], parts["other"]
 
-    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
-        """Kriging's covariance [B, N] of each row with the training rows."""
-        group, other = self.log_similarity_parts(x)
+    def _kernel(self, parts: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Kriging's covariance [B, N] of each row with the training rows, from
+        `log_similarity_parts`."""
+        group, other = parts
         return torch.exp(other) * (1 + self.kriging_group_weight * torch.exp(group))
 
-    def weights(self, x: torch.Tensor) -> torch.Tensor:
+    def weights(
+        self, x: torch.Tensor, parts: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """[B, F] raw features -> [B, N] weights of the training rows, summing to 1. Left-out
         rows weigh exactly 0; the nearest allowed row weighs most whatever the distances (the
         log weights are shifted by their maximum before exp); a row whose every training row is
         left out (one group only) gets the plain mean of all of them."""
         q, k = x.to(torch.float64)[:, None, :], self.keys[None]  # [B, 1, F], [1, N, F]
-        group, other = self.log_similarity_parts(x)
+        group, other = self.log_similarity_parts(x) if parts is None else parts
         log_w = group + other
         out = (q == k).all(-1)
         if self.group is not None:
@@ -257,11 +258,12 @@ class NeighbourPrior(nn.Module):
             return self._prior(x)
 
     def _prior(self, x: torch.Tensor) -> torch.Tensor:
+        similarity = self.log_similarity_parts(x)  # once for every statistic
         parts = []
         if "kriging" in self.statistics:
-            parts.append(self._kriging(x))
+            parts.append(self._kriging(x, similarity))
         if "mean" in self.statistics or "median" in self.statistics:
-            w = self.weights(x).to(torch.float32)  # [B, N]
+            w = self.weights(x, similarity).to(torch.float32)  # [B, N]
         if "mean" in self.statistics:
             parts.append(w @ self.values)
         if "median" in self.statistics:
@@ -274,7 +276,9 @@ class NeighbourPrior(nn.Module):
         out = torch.stack(parts).mean(0)
         return out.reshape((-1, *self.label_shape))
 
-    def _kriging(self, x: torch.Tensor) -> torch.Tensor:
+    def _kriging(
+        self, x: torch.Tensor, similarity: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         """[B, C]: the solve without the row's own group (the all-rows solve for a group the
         training rows lack) applied to its kernel row."""
         same = self._group_of(x)[:, None] == self.group_values[None]  # [B, G]
@@ -283,7 +287,7 @@ class NeighbourPrior(nn.Module):
             same.to(torch.float32).argmax(1),
             torch.full_like(same[:, 0], self.group_values.shape[0], dtype=torch.long),
         )
-        kernel = self._kernel(x).to(torch.float32)  # [B, N]
+        kernel = self._kernel(similarity).to(torch.float32)  # [B, N]
         coef = self.kriging_coef[slot]  # [B, N, C]
         return self.kriging_mean[slot] + torch.bmm(kernel[:, None, :], coef).squeeze(1)
 
@@ -308,8 +312,16 @@ def group_count(features: np.ndarray, cfg: ModelConfig, layout: FeatureLayout) -
     if "kriging" not in cfg.prior_statistic:
         return 0
     col = _group_index(cfg.prior_group, layout)
-    values = np.asarray(features[:, col], dtype=np.float64)
-    return len(np.unique(np.round(values) if col in layout.categorical else values))
+    assert col is not None  # ModelConfig refuses kriging without model.prior_group
+    keys = group_key(torch.from_numpy(np.asarray(features)), col, col in layout.categorical)
+    return len(torch.unique(keys))
+
+
+def group_key(x: torch.Tensor, col: int, rounded: bool) -> torch.Tensor:
+    """[B] the group feature's values; a categorical one rounded as its codes are (a month
+    sent as 2.0000001 is month 2, and its rows are left out)."""
+    value = x.to(torch.float64)[:, col]
+    return torch.round(value) if rounded else value
 
 
 def _group_index(name: str, layout: FeatureLayout) -> int | None:
