@@ -8,17 +8,24 @@ one address (`master_listen_fd`) stays on it: 127.0.0.1 for a one-node job, the 
 
     store = tcp_store(host, port, is_master=True, timeout=timedelta(seconds=60))
     register_rendezvous()   # the "enn-c10d" rendezvous backend: torch's c10d on such a store
+
+torchrun finds the same backend by name (`torchrun --rdzv-backend enn-c10d ...`) through the
+entry point `torchrun.handlers` -> `torchrun_handler` (pyproject.toml).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
 RENDEZVOUS_BACKEND = "enn-c10d"
+# torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
+NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -107,10 +114,23 @@ def _create_handler(params: Any) -> Any:
                 multi_tenant=True,
             )
 
+    if params.max_nodes > 1:
+        # Several nodes: rank 0's worker hosts a fresh workers' store each round, bound to its
+        # node's address (enn_core.runtime.dist._store); torch's shared agent store keys
+        # attempts by a restart count the nodes need not agree on. Our own launcher sets this
+        # too (launch.clean_dist_env); under torchrun this handler runs in its agent.
+        os.environ[NO_SHARED_STORE] = "1"
     store = _rendezvous_store(params.endpoint, params.get_as_int("read_timeout", 60) or 60)
     handler = create_handler(store, Backend(store, params.run_id), params)
     handler.__class__ = Handler  # the same handler, with the bound workers' store
     return handler
+
+
+def torchrun_handler() -> Callable[[Any], Any]:
+    """What torchrun's `--rdzv-backend enn-c10d` finds: torch loads the entry points of the
+    group `torchrun.handlers` (pyproject.toml names this function), calls each with no
+    arguments and registers what it returns under the entry point's name."""
+    return _create_handler
 
 
 def register_rendezvous() -> str:
