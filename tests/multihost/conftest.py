@@ -59,7 +59,6 @@ def testbed(say) -> Iterator[Cluster]:
         project.set_params(TEMPLATE)
         project.run("enn", "stage-data")  # each machine of a cluster gets them by `dvc pull`
         project.run("enn", "prepare-checkpoint")
-        project.git_commit("staged")
         hosts = bed.start(NAMES, env=contained_env(bed.view))
         for h in hosts:
             say(f"host {h.name} at {h.addr} (namespace {h.netns}), checkout {h.view}")
