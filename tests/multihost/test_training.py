@@ -122,7 +122,7 @@ def test_a_worker_killed_on_host2_restarts_the_job_from_its_last_checkpoint(
     ]
     endpoint, job_id = f"{node1.name}:{testbed.bed.port(11 + len(launcher))}", f"job-{launcher}"
     if launcher == "enn":
-        cmd = enn_multinode(endpoint, job_id, ckpt, "runtime.max_restarts=1", *pause)
+        cmd = enn_multinode(endpoint, job_id, ckpt, *pause)
     else:
         cmd = torchrun_multinode(endpoint, job_id, ckpt, "runtime.socket_ifname=eth0", *pause)
     job = Job.start([node1, node2], cmd, tmp_path, launcher)
