@@ -76,7 +76,7 @@ def test_two_hosts_train_like_one_host(testbed, reference, say, tmp_path):
         "fault.kind=delay",
         "fault.phase=step",
         "fault.step=3",
-        "fault.seconds=3",
+        "fault.seconds=5",
     )
     job = Job.start([node1, node2], cmd, tmp_path, "two-hosts")
     job.wait_for_beat(lambda r, b: b["phase"] != "done" and (b.get("step") or -1) >= 3)
@@ -117,7 +117,7 @@ def test_a_worker_killed_on_host2_restarts_the_job_from_its_last_checkpoint(
         "fault.step=7",
         "fault.rank=1",
         "fault.times=2",
-        "fault.seconds=8",
+        "fault.seconds=10",
         f"fault.marker_dir={testbed.shared / f'faults-{launcher}'}",
     ]
     endpoint, job_id = f"{node1.name}:{testbed.bed.port(11 + len(launcher))}", f"job-{launcher}"
