@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 from tests.fixtures.hosts import PREFIX
 
@@ -71,3 +72,25 @@ def test_the_root_namespace_gains_no_interface_or_address(testbed):
     assert not any(h.addr in addrs for h in testbed.hosts)
     ours = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert all(h.netns in ours for h in testbed.hosts) and PREFIX in ours
+
+
+def test_a_dead_sessions_leftovers_are_swept_and_a_live_ones_are_not(testbed, tmp_path):
+    """What a tier killed on its time limit leaves (a namespace, a host process, a folder) is
+    removed by the next session; the running session's hosts stay."""
+    import psutil
+
+    from tests.fixtures.hosts import owner_tag, sweep
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = f"{PREFIX}-{gone.pid}-{int(time.time()) - 5}"  # its process no longer runs
+    live = owner_tag(psutil.Process())
+    subprocess.run(["ip", "netns", "add", f"{dead}-h1"], check=True)
+    (tmp_path / dead).mkdir()
+    (tmp_path / live).mkdir()
+    removed = sweep(tmp_path)
+    assert f"namespace {dead}-h1" in removed and f"folder {tmp_path / dead}" in removed
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"{dead}-h1" not in listed
+    assert all(h.netns in listed for h in testbed.hosts)  # this session's hosts are untouched
+    assert (tmp_path / live).exists() and testbed.hosts[0].run("true").returncode == 0
