@@ -281,7 +281,7 @@ def run_stage_command(
         result = execute_stage(spec, session)
         for change in record_overrides(config, overrides):
             logging.getLogger("enn").info("params: %s", change)
-    if result.summary is not None and not result.summary.output:  # another node publishes
+    if result.summary is not None and result.summary.node_only:  # another node publishes
         print(f"{spec.name}: done in {result.seconds:.1f} s; {published_elsewhere(result)}")
     else:
         print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
@@ -289,10 +289,12 @@ def run_stage_command(
 
 
 def published_elsewhere(result: StageResult) -> str:
-    """A node that did not get global rank 0: what it ran, and who publishes."""
+    """A node that did not get global rank 0: what it ran (when its summary says), and who
+    publishes."""
     record = getattr(result.summary, "record", None) or {}
-    ranks = record.get("node_ranks") or sorted(record.get("ranks") or {})
-    return f"this node ran ranks {ranks}; the node of global rank 0 publishes the outputs"
+    ranks = record.get("node_ranks")
+    ran = f"this node ran ranks {ranks}; " if ranks else ""
+    return f"{ran}the node of global rank 0 publishes the outputs"
 
 
 def worker_only(spec: StageSpec, cfg: RunConfig, layout: Layout, launched: LauncherEnv) -> int:
@@ -458,7 +460,7 @@ class Summary:
             for s, r in record.results.items()
         ]
         if ended is None:
-            return out
+            return out + self.elsewhere_lines(record)
         if record.running is not None:
             took = time.monotonic() - record.running_since
             out.append(f"{record.running:20s} {ended:8s} {took:7.1f} s")
@@ -469,6 +471,18 @@ class Summary:
         done = {*record.results, record.running}
         out += [f"{name:20s} not run" for name in planned if name not in done]
         return out
+
+    def elsewhere_lines(self, record: FlowRecord) -> list[str]:
+        """On a node of a multi-node run without global rank 0: the stages it left to that
+        node (flows.training.after_multinode stopped the flow here)."""
+        if not any(r.summary is not None and r.summary.node_only for r in record.results.values()):
+            return []
+        planned = [s.name for s in up_to(self.flow, self.until)]
+        return [
+            f"{name:20s} not run  (the node of global rank 0 runs it)"
+            for name in planned
+            if name not in record.results
+        ]
 
     def result_lines(self, record: FlowRecord) -> list[str]:
         out = []

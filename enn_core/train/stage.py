@@ -128,6 +128,8 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
                 "ranks": {int(r): v for r, v in sorted(results.items())},
             },
             wall_s=time.time() - t0,
+            nodes=cfg.runtime.nnodes,
+            node_only=True,
         )
     summary = {**results[0], **workers}  # restarts and phases: MLflow, Prefect and dvc metrics
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
@@ -144,6 +146,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
     ctx.events.metrics(metrics)
     return TrainSummary(
         output=str(ctx.output()),
+        nodes=cfg.runtime.nnodes,
         record=summary,
         metrics=metrics,
         outputs=tuple(str(ctx.output() / n) for n in OUTPUTS),
