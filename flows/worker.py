@@ -26,9 +26,11 @@ import sys
 
 from enn_core.errors import EnnError
 from enn_core.runtime.external import LauncherEnv
+from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT
 from flows import cli
 
-STAGES = ("distributed-train", "predict")  # the stages that run as ranks of a launched job
+# the stages that run as ranks of a launched job
+STAGES = (DISTRIBUTED_TRAIN.name, PREDICT.name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     return cli.main(
         [
             args.stage,
-            *(["--pipeline", args.pipeline] if args.stage == "predict" else []),
+            *(["--pipeline", args.pipeline] if args.stage == PREDICT.name else []),
             *(["--config", config] if config else []),
             *(part for o in sets for part in ("--set", o)),
             *(["-v"] if args.verbose else []),

@@ -1,4 +1,5 @@
-"""The MLflow store the tracker opens: a corrupt database is one line naming the file and fix."""
+"""The MLflow store the tracker opens: a corrupt database is one line naming the file and fix;
+a tracking server that does not answer is one line at once."""
 
 from __future__ import annotations
 
@@ -26,3 +27,22 @@ def test_a_corrupt_mlflow_database_names_the_file_and_the_fix(tmp_path):
     assert "\n" not in msg and e.value.exit_code == 10
     assert msg.startswith(f"{db}: the MLflow store cannot be read (")
     assert f"mv {db} {db}.broken" in msg
+
+
+@pytest.mark.timeout(60)
+def test_a_tracking_server_that_does_not_answer_is_one_line_at_once(tmp_path):
+    """MLflow's client retries a refused connection seven times over about four minutes."""
+    import time
+
+    from flows.servers import free_port
+    from tasks.tracking import Tracker
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cfg = load_config(None, [f"tracking.uri={uri}"])
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as e:
+        Tracker(cfg, Layout.for_root(tmp_path))
+    assert time.monotonic() - t0 < 30
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{uri}: the MLflow tracking store did not answer")
