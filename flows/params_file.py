@@ -84,6 +84,7 @@ def write_overrides(path: Path, overrides: list[str]) -> list[str]:
         return []
     yaml = YAML()
     yaml.preserve_quotes = True
+    yaml.representer.add_representer(float, _float_yaml11)
     doc = yaml.load(path.read_text()) or {}
     changes = []
     for text in overrides:
@@ -103,6 +104,16 @@ def write_overrides(path: Path, overrides: list[str]) -> list[str]:
     with atomic_file(path) as f:
         f.write(buf.getvalue())
     return changes
+
+
+def _float_yaml11(representer, value: float):  # noqa: ANN001, ANN202 - ruamel's hook
+    """A float as YAML 1.1 reads it back as a float: `1.0e-06`, not ruamel's `1e-06`, which
+    PyYAML (the config loader) reads as the string '1e-06'."""
+    text = repr(value)
+    mantissa, e, exponent = text.partition("e")
+    if e and "." not in mantissa:
+        text = f"{mantissa}.0e{exponent}"
+    return representer.represent_scalar("tag:yaml.org,2002:float", text)
 
 
 __all__ = ["RunConfig", "apply_overrides", "record_overrides"]
