@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,6 +104,22 @@ def atomic_file(target: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def private_file(path: str | Path) -> Path:
+    """A database only its owner reads (0600): created empty when missing (SQLite takes an
+    empty file as a new database and makes its journals with the file's mode), and narrowed
+    to 0600 when an older run left it (or its journals) readable by others."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    for p in [path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm"))]:
+        with contextlib.suppress(OSError):
+            st = os.lstat(p)  # a link is left as it is: never follow one
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.chmod(p, 0o600)
+    return path
 
 
 def write_json(target: str | Path, obj: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import typing
 from collections.abc import Iterable
@@ -137,6 +138,12 @@ def check_space_keys(cfg: RunConfig, where: str) -> None:
             _coerce(value, kind, f"tune.space.{dim.key}", where)
 
 
+@functools.cache
+def all_config_keys() -> frozenset[str]:
+    """Every dotted key of the run config (sections and leaves)."""
+    return frozenset(all_keys(RunConfig))
+
+
 def sections_of(cfg: RunConfig, sections: Iterable[str]) -> dict[str, Any]:
     """The plain params of `sections` (a stage's spec says which it reads: its MLflow params)."""
     return {s: to_plain(getattr(cfg, s)) for s in sections}
@@ -150,6 +157,7 @@ def replace_key(cfg: RunConfig, key: str, value: object) -> RunConfig:
 
 
 __all__ = [
+    "all_config_keys",
     "CheckpointConfig",
     "CollapseConfig",
     "ConfigError",
