@@ -24,6 +24,7 @@ SPEC_KEYS = frozenset({"low", "high", "log", "step", "choices"})
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 MAX_BOUND = 2.0**53  # a bound past this is no hyperparameter (and no longer an exact integer)
 MAX_CHOICES = 1000
+MAX_KEEP_DAYS = 1e6  # gc's cutoff is a time in milliseconds: 1e300 days overflowed it
 
 
 class Dimension(NamedTuple):
@@ -217,5 +218,7 @@ class GcConfig:
     marked `enn.gc`)."""
 
     def __post_init__(self) -> None:
-        if self.keep_fingerprints < 0 or self.keep_days < 0:
-            raise ConfigError("gc.keep_fingerprints and gc.keep_days must be >= 0")
+        if self.keep_fingerprints < 0 or not 0 <= self.keep_days <= MAX_KEEP_DAYS:
+            raise ConfigError(
+                f"gc.keep_fingerprints must be >= 0 and gc.keep_days in [0, {MAX_KEEP_DAYS:g}]"
+            )
