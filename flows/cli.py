@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from enn_core.config import RunConfig
-from enn_core.errors import EnnError, exit_codes
-from enn_core.paths import Layout, find_root, project_root
+from enn_core.errors import EnnError, exit_codes, no_space_behind
+from enn_core.paths import ENV_WORK_DIR, Layout, find_root, project_root
 from enn_core.stages import (
     FLOWS,
     PREDICTION,
@@ -560,6 +560,12 @@ def _main(argv: list[str] | None) -> int:
         # one line, whatever a library put into the message it wraps
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return e.exit_code
+    except Exception as e:  # a full disk, whichever library it struck first: its one line
+        full = no_space_behind(e, [root, os.environ.get(ENV_WORK_DIR) or root / "work"])
+        if full is None:
+            raise
+        print(f"error: {' '.join(str(full).split())}", file=sys.stderr)
+        return full.exit_code
     except Terminated:
         print("terminated (SIGTERM): workers stopped, lock released", file=sys.stderr)
         return 143

@@ -12,8 +12,10 @@ input loses nothing, and params.yaml, the outputs and dvc.lock keep agreeing."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,10 +74,25 @@ def recorded_overrides(path: Path, overrides: list[str], log: logging.Logger) ->
         yield recorded
     except BaseException:
         if not recorded.kept and path.read_bytes() != recorded.before:
-            with atomic_file(path, "wb") as f:
-                f.write(recorded.before)
+            put_back(path, recorded.before)
             log.info("params: %s restored (the run failed before any stage finished)", path.name)
         raise
+
+
+def put_back(path: Path, data: bytes) -> None:
+    """Write `data` back into `path`: atomically, or on a full disk in place (the file's
+    blocks are already there: a run that failed for want of space must not keep its --set)."""
+    try:
+        with atomic_file(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def write_overrides(path: Path, overrides: list[str]) -> list[str]:
