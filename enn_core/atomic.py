@@ -7,6 +7,7 @@ killed run are removed at the next start (`clean_stale`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -15,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from enn_core.errors import DataError
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -104,6 +107,26 @@ def atomic_file(target: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def open_own(path: str | Path, flags: int = os.O_WRONLY | os.O_APPEND, mode: int = 0o666) -> int:
+    """`os.open` of a file in a folder enn owns (a lock, a log), created when missing, never
+    through a link: a link planted there (a copied or shared work directory) would make enn
+    truncate or append to whatever it points at. A link or a non-file is one DataError."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise DataError(
+            f"{path} is a link or not a plain file; enn writes there only to a file of its "
+            "own: remove it, then re-run"
+        )
+    return fd
 
 
 def private_file(path: str | Path) -> Path:

@@ -19,11 +19,13 @@ import contextlib
 import errno
 import functools
 import logging
+import os
 import re
 import sys
 import time
 from pathlib import Path
 
+from enn_core.atomic import open_own
 from enn_core.errors import EnnError
 
 # (logger, what it says, why nobody needs to see it): these loggers (and their children) are kept
@@ -205,8 +207,11 @@ def setup(log_dir: Path | None, command: str, verbose: bool = False) -> Path | N
 
 
 class LogFile(logging.FileHandler):
-    """The log file; once a write fails (a full disk), it stops writing instead of failing on
-    every record."""
+    """The log file, never opened through a link; once a write fails (a full disk), it stops
+    writing instead of failing on every record."""
+
+    def _open(self):  # noqa: ANN202 - logging's hook
+        return os.fdopen(open_own(self.baseFilename), "a", encoding=self.encoding)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         if self.stream is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import errno
 import importlib.util
 import ipaddress
 import logging
@@ -34,7 +35,9 @@ from urllib.parse import urlparse
 
 import psutil
 
+from enn_core.atomic import open_own
 from enn_core.errors import ConfigError, TransientError
+from tasks.ui import tree_listens
 
 logger = logging.getLogger("enn.servers")
 
@@ -123,6 +126,11 @@ def check_port_free(host: str, port: int, what: str) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
+            if e.errno != errno.EADDRINUSE:  # not this machine's address, or no such host
+                raise ConfigError(
+                    f"{what}: cannot listen on {host}:{port} ({e.strerror or e}); set deploy.host "
+                    "to an address of this machine (127.0.0.1 for this machine only)"
+                ) from None
             raise ConfigError(
                 f"{what}: port {port} on {host} is held by {holder(port)} ({e.strerror}); stop "
                 "it or choose another port"
@@ -131,18 +139,7 @@ def check_port_free(host: str, port: int, what: str) -> None:
 
 def serves(proc: subprocess.Popen, port: int) -> bool:
     """Whether `proc` or one of its descendants listens on `port`."""
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return False
-    for p in tree:
-        try:
-            conns = p.net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns):
-            return True
-    return False
+    return tree_listens(proc.pid, port)
 
 
 def start_server(
@@ -159,7 +156,7 @@ def start_server(
     host, port = url.hostname or "127.0.0.1", url.port or 80
     check_port_free(host, port, what)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as f:
+    with os.fdopen(open_own(log), "ab") as f:
         proc = subprocess.Popen(
             cmd,
             stdout=f,

@@ -175,15 +175,15 @@ def build_body(
     factory = import_factory(code)
     with user_code(cfg.factory, f" with model.options {dict(cfg.options)}"):
         body = factory(spec, **dict(cfg.options))
-    if not isinstance(body, nn.Module):
-        raise ConfigError(
-            f"model.factory={cfg.factory!r} returned a {type(body).__name__}, not an nn.Module"
-        )
-    raw = bool(getattr(body, "raw_features", False))
+        if not isinstance(body, nn.Module):
+            raise ConfigError(
+                f"model.factory={cfg.factory!r} returned a {type(body).__name__}, not an nn.Module"
+            )
+        raw = bool(getattr(body, "raw_features", False))  # the module's own attribute code
     width = n_features if raw else spec.encoded_dim
     with torch.no_grad(), user_code(cfg.factory, f": the module's forward of [2, {width}] failed"):
         out = body.eval()(torch.zeros(2, width))
-    body.train()
+        body.train()
     want = (2, *spec.label_shape)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

@@ -8,8 +8,8 @@ it holds never reaches a trial or the params file unchecked:
 - `reading`: what SQLite or Optuna raise on a damaged record (JSON, an index out of range, an
   unknown schema) is one StoreError naming the file;
 - `open_study` / `load_study`: the study, checked by `check_trials`: one minimized objective,
-  and every trial's values of keys a study searches (`model.*`, `train.*`), plain values;
-  else DataError (exit 3);
+  trial numbers that are numbers (one names a folder), and every trial's values of keys a
+  study searches (`model.*`, `train.*`), plain values; else DataError (exit 3);
 - `space_values`: a trial's values as a trial or `--apply` gets them: keys of the config's own
   `tune.space` only, each a point of it; else DataError, nothing run or written.
 
@@ -149,6 +149,11 @@ def check_trials(study: Any, path: Path) -> None:
         )
     keys = all_config_keys()
     for t in study.get_trials(deepcopy=False):
+        if type(t.number) is not int or t.number < 0:  # SQLite stores text in any column
+            raise DataError(
+                f"{path}: a trial numbered {t.number!r}, which Optuna never writes (it names the "
+                f"trial's folder): not this project's study; {ANOTHER}"
+            )
         for key, value in t.params.items():
             if not (key.startswith(SEARCHABLE) and key in keys) or not plain(value):
                 raise DataError(

@@ -209,7 +209,7 @@ def end_stale_trials(study: Any, plan: StudyPlan, dims: tuple[Dimension, ...]) -
 
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        folder = plan.folder / f"trial-{t.number}"
+        folder = trial_folder(plan, t.number)
         proc, why = claim(TrialOwner.parse(t.user_attrs.get(OWNER_ATTR)), folder / "trial.json")
         if proc is not None:
             kill_tree(proc)
@@ -224,6 +224,13 @@ def end_stale_trials(study: Any, plan: StudyPlan, dims: tuple[Dimension, ...]) -
         remove_checkpoints(folder)
         ended.append(t.number)
     return ended
+
+
+def trial_folder(plan: StudyPlan, number: Any) -> Path:
+    """`work/tune/<study>/trial-<N>/`; a number that is not one is the database's fault."""
+    if type(number) is not int or number < 0:
+        raise DataError(f"{plan.database}: a trial numbered {number!r}: not this project's study")
+    return plan.folder / f"trial-{number}"
 
 
 def remove_checkpoints(folder: Path) -> int:
@@ -308,7 +315,7 @@ def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> Runni
     except DataError:
         study.tell(trial, state=TrialState.FAIL)
         raise
-    folder = plan.folder / f"trial-{trial.number}"
+    folder = trial_folder(plan, trial.number)
     if folder.is_symlink() or folder.is_file():
         folder.unlink()
     elif folder.exists():  # a number is never reused in one study; a leftover of another

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from enn_core.config import load_config
-from enn_core.config.yaml_file import MAX_BYTES, MAX_DEPTH
 from enn_core.errors import ConfigError
 from tests.fixtures.cli import enn
 
+MAX_BYTES, MAX_DEPTH = 256 << 10, 32  # enn_core/config/yaml_file.py
 CUSTOM = "model:\n  preset: custom\n  factory: examples.tcn.model:build\n"
 
 

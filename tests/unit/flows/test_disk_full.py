@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from enn_core.errors import NoSpaceError, no_space_behind
+from enn_core.errors import NoSpaceError
 from flows import console
 from tests.fixtures.project import ROOT, contained_env
 
@@ -70,6 +70,8 @@ def test_the_log_file_on_a_full_disk_stops_quietly(tmp_path, tmpfs, capfd):
 def test_a_library_wrapped_full_disk_is_named_as_one(tmp_path, tmpfs):
     """MLflow raises MlflowException("database or disk is full"), Prefect an HTTP 500 when
     its server's database is full: whatever the wrapper, a full disk is the error."""
+    from enn_core.errors import no_space_behind
+
     disk = tmpfs(tmp_path / "disk", size="1m")
     fill(disk)
     wrapped = RuntimeError("(sqlite3.OperationalError) database or disk is full")

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from enn_core.errors import ConfigError
-from flows.servers import is_loopback, start_server, warn_if_exposed
 from tests.fixtures.project import contained_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -84,6 +83,8 @@ def test_a_port_someone_else_holds_is_one_line_naming_them(tmp_path, squatter, a
 def test_a_server_answered_by_another_process_is_stopped_and_named(tmp_path):
     """The started command's own tree never listens; a process outside it answers the health
     URL (as a server that took the port between the check and the start would)."""
+    from flows.servers import start_server
+
     port = free_port()
     pid_file = tmp_path / "pid"
     spawn = (  # started by an intermediate that exits at once: not a descendant of `cmd`
@@ -114,6 +115,8 @@ def test_a_server_answered_by_another_process_is_stopped_and_named(tmp_path):
 
 
 def test_only_loopback_is_quiet(caplog):
+    from flows.servers import is_loopback, warn_if_exposed
+
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("example")
     with caplog.at_level("WARNING", logger="enn"):
@@ -122,3 +125,39 @@ def test_only_loopback_is_quiet(caplog):
     assert [r.getMessage()[:46] for r in caplog.records] == [
         "the MLflow UI listens on 0.0.0.0, not loopback"
     ]
+
+
+def test_a_host_that_is_not_this_machine_s_is_one_line(tmp_path):
+    out = enn(tmp_path, "ui", "--port", str(free_port()), "--set", "deploy.host=203.0.113.9")
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr
+    assert "cannot listen on 203.0.113.9:" in errors[0] and "deploy.host" in errors[0]
+
+
+def test_a_crafted_ui_file_does_not_choose_where_a_run_reports(tmp_path, squatter):
+    """work/ui.json is data: `enn run` reports to the Prefect API it names only when the pid
+    it names is still the process that wrote it and that process's tree holds the port."""
+    import json
+
+    import psutil
+
+    from tasks.ui import running_ui
+
+    port, proc = squatter
+    api = f"http://127.0.0.1:{port}/api"
+    (tmp_path / "api").mkdir()
+    (tmp_path / "api" / "health").write_text("ok")  # the squatter answers /api/health
+    started = psutil.Process(proc.pid).create_time()
+    crafted = [
+        {"pid": 1, "started": psutil.Process(1).create_time(), "prefect_api": api},
+        {"pid": proc.pid, "started": started + 5, "prefect_api": api},  # a reused pid
+        {"pid": proc.pid, "prefect_api": api},  # the old record: a live pid was enough
+        {"pid": proc.pid, "started": started, "prefect_api": f"http://203.0.113.9:{port}/api"},
+        {"pid": os.getpid(), "started": psutil.Process().create_time(), "prefect_api": api},
+    ]
+    for ui in crafted:
+        (tmp_path / "ui.json").write_text(json.dumps({**ui, "mlflow": "http://127.0.0.1:1"}))
+        assert running_ui(tmp_path) is None, ui
+    real = {"pid": proc.pid, "started": started, "prefect_api": api, "mlflow": "x"}
+    (tmp_path / "ui.json").write_text(json.dumps(real))
+    assert running_ui(tmp_path) == real  # the squatter is the writer here: believed

@@ -35,6 +35,12 @@ class Grid(nn.Module):
             sys.exit(0)
         return self.w(x)[:, :, None].expand(-1, *self.shape)
 
+class Sneaky(Grid):
+    @property
+    def raw_features(self):  # the pipeline reads it: the module's own code runs
+        sys.exit(0)
+
+
 def build(spec, how="ok"):
     if how == "exit0":
         sys.exit(0)
@@ -49,6 +55,8 @@ def build(spec, how="ok"):
     if how == "ctrl-c":  # a real Ctrl-C arrives while the factory runs
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
+    if how == "attribute":
+        return Sneaky(spec)
     return Grid(spec, forward_exits=how == "forward")
 """
 
@@ -86,6 +94,7 @@ def forget_modules():
         ("interrupt", "KeyboardInterrupt:  (a factory must return, not exit)"),
         ("odd", "Odd: odd (a factory must return, not exit)"),
         ("forward", "the module's forward of [2, 51] failed: SystemExit: 0"),
+        ("attribute", "with model.options {'how': 'attribute'}: SystemExit: 0"),
     ],
 )
 def test_a_factory_that_exits_or_interrupts_fails_with_its_own_error(tmp_path, how, said):

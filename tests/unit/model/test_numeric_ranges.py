@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from enn_core.config import load_config
-from enn_core.config.model import GROUP, NOISE, SCALE, WIDTH, ModelConfig
+from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError
 from enn_core.model.encoding import FeatureEncoder
 from enn_core.model.prior import NeighbourPrior, group_count
 from tests.unit.model.test_prior import LAYOUT
 
+# the ranges enn_core/config/model.py allows
+WIDTH, SCALE, NOISE, GROUP = (1e-3, 1e6), (1e-6, 1e9), (1e-6, 1e6), (0.0, 1e3)
 PRIOR = {"prior_weight": 0.5, "prior_statistic": "kriging+mean+median", "prior_group": "month"}
 
 

@@ -20,6 +20,7 @@ from enn_core.config import load_config
 from enn_core.paths import Layout
 from flows.gc import gc_command
 from tasks import gc
+from tests.fixtures.cli import enn
 
 OLD = time.time() - 30 * 86400
 
@@ -76,22 +77,28 @@ def store(tmp_path_factory):
 
 
 def test_artifact_locations_outside_the_artifact_root_are_left_and_named(store):
+    """`enn gc` over a store naming artifact locations outside the artifact root: they are
+    listed as left alone (dry run and real run alike) and survive; a link is removed as one."""
     layout, runs, outside = store
-    cfg = load_config(None, ["gc.keep_days=1"])
-    planned = gc.plan(cfg, layout)
-    removed = {r.run_id for r in planned.removals}
-    assert removed == {runs["inside"], runs["link"], runs["deleted"]}
-    skipped = {s.path.name: s.why for s in planned.skipped}
-    assert set(skipped) == {"absolute", "relative", "dotdot"}
-    assert "a relative artifact location" in skipped["relative"]
-    assert f"it lies outside {layout.mlflow_artifacts}" in skipped["dotdot"]
-    assert gc.remove(cfg, layout, planned.removals) == {}
+    (layout.root / "params.yaml").write_text("gc: {keep_days: 1}\n")
+    (layout.root / "dvc.yaml").write_text("stages: {}\n")
+    dry, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(dry):
+        assert enn(layout.root, "gc", "--dry-run")[0] == 0
+    with contextlib.redirect_stdout(out):
+        code, _ = enn(layout.root, "gc")
+    lines = out.getvalue().splitlines()
+    assert code == 0, lines
+    assert dry.getvalue().replace("would remove", "removed").splitlines()[:-1] == lines[:-1]
     for name in ("absolute", "relative", "dotdot", "link"):
-        assert (outside / name / "keep.txt").read_text() == "precious", name
-    link = next(r.path for r in planned.removals if r.run_id == runs["link"])
-    assert not link.exists() and not link.is_symlink()  # the link went, not what it led to
-    inside = next(r.path for r in planned.removals if r.run_id == runs["inside"])
-    assert not inside.exists()
+        assert (outside / name / "keep.txt").read_text() == "precious", (name, lines)
+    left = [line for line in lines if line.startswith("left alone: ")]
+    assert len(left) == 3 and any("a relative artifact location" in line for line in left)
+    assert any(f"it lies outside {layout.mlflow_artifacts}" in line for line in left)
+    removed = [line for line in lines if line.startswith("removed: ")]
+    assert len(removed) == 3, lines  # inside, deleted, and the link (as a link)
+    link = layout.mlflow_artifacts / runs["link"] / "artifacts"
+    assert not link.exists() and not link.is_symlink()
 
 
 def project(tmp_path: Path) -> tuple[Layout, Path]:

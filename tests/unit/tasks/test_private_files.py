@@ -12,6 +12,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from tests.fixtures.project import ROOT, clean_env
 
 MAKE_STORES = """
@@ -25,9 +27,9 @@ from tasks.env import contain
 layout = contain(Layout.for_root(root))
 from mlflow.tracking import MlflowClient
 MlflowClient(layout.mlflow_uri).create_experiment("enn")
-from tasks.tuning.store import open_study
+from tasks.tuning.study import make_plan, open_study
 cfg = load_config(None, ['tune.space={"train.lr": {"low": 0.001, "high": 0.1}}'])
-open_study(cfg, "s", layout.work / "tune" / "s.db")
+open_study(cfg, make_plan(cfg, root / "s.yaml", [], layout))
 from dvc.repo import Repo
 Repo.init(str(root), no_scm=True)
 Repo(str(root)).site_cache_dir
@@ -78,3 +80,31 @@ def test_an_older_world_readable_store_is_narrowed(tmp_path):
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "mlflow.db-wal").stat().st_mode) == 0o600
     assert (tmp_path / "link.db").is_symlink()
+
+
+def test_a_link_planted_in_the_work_directory_is_never_written_through(tmp_path):
+    """The pipeline lock was truncated through a link (whatever it pointed at, as root any
+    file); the servers' logs appended to it; ui.json overwrote it."""
+    from enn_core.errors import DataError
+    from flows.console import LogFile
+    from flows.servers import free_port, start_server
+    from tasks.lock import pipeline_lock
+    from tasks.ui import announce_ui
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    work = tmp_path / "work"
+    (work / "logs").mkdir(parents=True)
+    for name in ("pipeline.lock", "logs/prefect-api.log", "logs/run.log", "ui.json"):
+        (work / name).symlink_to(victim)
+    with pytest.raises(DataError, match=r"pipeline.lock is a link or not a plain file"):
+        with pipeline_lock(work / "pipeline.lock", "test"):
+            pass
+    health = f"http://127.0.0.1:{free_port()}/health"
+    with pytest.raises(DataError, match=r"prefect-api.log is a link"):
+        start_server(["true"], {}, health, work / "logs" / "prefect-api.log")
+    with pytest.raises(DataError, match=r"run.log is a link"):
+        LogFile(work / "logs" / "run.log")
+    announce_ui(work, "http://127.0.0.1:1/api", "http://127.0.0.1:2")
+    assert not (work / "ui.json").is_symlink()  # replaced, not written through
+    assert victim.read_text() == "precious"

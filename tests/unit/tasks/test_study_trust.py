@@ -272,6 +272,14 @@ def directory(db: Path) -> None:
     db.mkdir()
 
 
+def text_number(db: Path) -> None:
+    """SQLite keeps text in an integer column: a trial 'numbered' a path named its folder."""
+    study = optuna.create_study(study_name="params", storage=f"sqlite:///{db}")
+    study.enqueue_trial({"train.lr": 0.01})
+    with sqlite3.connect(db) as con:
+        con.execute("update trials set number = '../../../../victim'")
+
+
 @pytest.mark.parametrize(
     ("damage", "code", "why"),
     [
@@ -281,6 +289,7 @@ def directory(db: Path) -> None:
         (bad_record, 10, "the study database cannot be read (JSONDecodeError"),
         (maximizing, 3, "maximizes its objective"),
         (directory, 10, "not a file"),
+        (text_number, 3, "a trial numbered '../../../../victim'"),
     ],
 )
 def test_a_damaged_or_foreign_database_is_one_line(tmp_path, damage, code, why):
