@@ -9,6 +9,7 @@ elsewhere must still end in one line, fast: before anything is built, the YAML's
   in a RecursionError);
 - `MAX_NODES` nodes once aliases are expanded: nine anchors of nine aliases each are 9^9
   values that the config builder would walk (a "billion laughs" hung for minutes);
+- an alias inside the node it names (a value containing itself: walking it never ends);
 - duplicate keys in one mapping: YAML keeps the last silently, so a second `train:` section
   dropped the first; refused naming the key and both lines.
 
@@ -65,9 +66,10 @@ def read_params(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8 YAML") from e
     try:
-        data = load_text(text, str(path)) or {}
+        data = load_text(text, str(path))
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    data = {} if data is None else data  # an empty file: the defaults
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections (data:, model:, ...)")
     return data
@@ -111,6 +113,11 @@ def check_events(text: str, where: str) -> None:
                 sizes[event.anchor] = 1
             _done(stack, 1)
         elif isinstance(event, yaml.AliasEvent):
+            if any(f.anchor == event.anchor for f in stack):
+                raise ConfigError(
+                    f"{where}:{line}: alias *{event.anchor} refers to the node it is in, which "
+                    "would contain itself; write the values out"
+                )
             _child(stack, None, line, where)
             size = sizes.get(event.anchor or "", 1)
             total, aliases = total + size, aliases + 1

@@ -48,6 +48,15 @@ def test_a_few_aliases_still_work(tmp_path):
     assert load_config(merged).train.lr == 0.2  # a merge key's value may be overridden
 
 
+def test_a_value_that_contains_itself_is_one_line(tmp_path):
+    """`options: &a {k: *a}` built a dict containing itself: a RecursionError traceback."""
+    for text in (CUSTOM + "  options: &a {k: *a}\n", "tune:\n  enqueue: &e [{train.lr: *e}]\n"):
+        with pytest.raises(ConfigError, match=r"params.yaml:\d+: alias \*\w refers to the node"):
+            load_config(params(tmp_path, text))
+    with pytest.raises(ConfigError, match=r"top level must be a mapping"):
+        load_config(params(tmp_path, "[]\n"))
+
+
 def test_deep_nesting_is_one_line_not_a_recursion_error(tmp_path):
     path = params(tmp_path, CUSTOM + "  options: {a: " + "[" * 5000 + "]" * 5000 + "}\n")
     with pytest.raises(ConfigError, match=rf"params.yaml:4: nested more than {MAX_DEPTH} levels"):

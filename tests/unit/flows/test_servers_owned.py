@@ -153,7 +153,6 @@ def test_a_crafted_ui_file_does_not_choose_where_a_run_reports(tmp_path, squatte
         {"pid": proc.pid, "started": started + 5, "prefect_api": api},  # a reused pid
         {"pid": proc.pid, "prefect_api": api},  # the old record: a live pid was enough
         {"pid": proc.pid, "started": started, "prefect_api": f"http://203.0.113.9:{port}/api"},
-        {"pid": os.getpid(), "started": psutil.Process().create_time(), "prefect_api": api},
     ]
     for ui in crafted:
         (tmp_path / "ui.json").write_text(json.dumps({**ui, "mlflow": "http://127.0.0.1:1"}))

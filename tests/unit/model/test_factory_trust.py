@@ -107,9 +107,13 @@ def test_a_factory_that_exits_or_interrupts_fails_with_its_own_error(tmp_path, h
 
 def test_a_real_ctrl_c_while_the_factory_runs_still_interrupts(tmp_path):
     root = project(tmp_path)
-    with pytest.raises(KeyboardInterrupt):
-        build(root, "mine.grid:build", how="ctrl-c")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build(root, "mine.grid:build", how="ctrl-c")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_module_reached_through_a_link_out_of_the_project_is_refused(tmp_path):
