@@ -81,7 +81,7 @@ def owned(path: Path, root: Path) -> bool:
     try:
         top = root.resolve()
         where = path.parent.resolve() / path.name if path.is_symlink() else path.resolve()
-    except (OSError, RuntimeError):  # a link loop
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte in the name
         return False
     return where != top and where.is_relative_to(top)
 
@@ -175,11 +175,13 @@ def old_run_dirs(cfg: RunConfig, layout: Layout, now: float, plan: Plan) -> None
 
 
 def artifact_path(uri: str) -> Path | None:
-    """The local folder an artifact URI names (None for a server's or a remote store)."""
+    """The local folder an artifact URI names (None for a server's or a remote store, and for
+    a name no file can have)."""
     parsed = urlparse(uri)
     if parsed.scheme not in ("", "file"):
         return None
-    return Path(unquote(parsed.path))
+    path = unquote(parsed.path)
+    return None if "\x00" in path else Path(path)
 
 
 def failed_run_artifacts(cfg: RunConfig, layout: Layout, now: float, plan: Plan) -> None:

@@ -151,7 +151,7 @@ def test_a_record_s_values_reach_a_trial_only_as_points_of_the_space(values):
 
 # -- gc's view of the store and the work directory ------------------------------------------------
 
-SEGMENTS = st.sampled_from(["..", ".", "a", "out", "in", "%2e%2e", "artifacts", ""])
+SEGMENTS = st.sampled_from(["..", ".", "a", "out", "in", "%2e%2e", "artifacts", "", "%00"])
 
 
 @st.composite
