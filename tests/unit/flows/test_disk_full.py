@@ -11,31 +11,41 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from enn_core.errors import NoSpaceError
 from flows import console
 from tests.fixtures.project import ROOT, contained_env
 
 
-def fill(disk: Path) -> None:
-    """Write until the disk refuses."""
-    with open(disk / "filler", "wb") as f:
+def fill(disk: Path, leave: int = 0) -> None:
+    """Write until the disk refuses, then give back `leave` bytes."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
                 f.flush()
         except OSError:
             pass
+    if leave:
+        os.truncate(filler, max(0, filler.stat().st_size - leave))
 
 
-def test_a_command_on_a_full_disk_says_one_line(tmp_path, tmpfs):
-    """The pipeline lock's first write hit the full disk: an OSError traceback, exit 1."""
+@pytest.mark.parametrize(
+    ("leave", "commands"),
+    [(0, (["stage-data"], ["run", "--until", "stage-data"])), (96 << 10, (["run"],))],
+)
+def test_a_command_on_a_full_disk_says_one_line(tmp_path, tmpfs, leave, commands):
+    """Full: the pipeline lock's first write was an OSError traceback, exit 1. Nearly full:
+    Prefect's API could not make its database and `enn run` said "server exited with 3"."""
     disk = tmpfs(tmp_path / "disk", size="1m")
     (disk / "work").mkdir()
-    fill(disk)
+    fill(disk, leave)
     (tmp_path / "params.yaml").write_text("tracking: {enabled: false}\n")
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     env = contained_env(tmp_path, PYTHONPATH=str(ROOT), ENN_WORK_DIR=str(disk / "work"))
-    for argv in (["stage-data"], ["run", "--until", "stage-data"]):
+    for argv in commands:
         out = subprocess.run(
             [sys.executable, "-m", "flows.cli", *argv],
             cwd=tmp_path,
