@@ -153,7 +153,10 @@ def start_server(
     """Run `cmd` in its own process session and wait until `health_url` answers, from this
     server (`serves`): its port must be free first, and its own afterwards."""
     url = urlparse(health_url)
-    host, port = url.hostname or "127.0.0.1", url.port or 80
+    try:
+        host, port = url.hostname or "127.0.0.1", url.port or 80
+    except ValueError:  # `enn ui --port 70000`
+        raise ConfigError(f"{what}: {health_url} names no port (0-65535); choose one") from None
     check_port_free(host, port, what)
     log.parent.mkdir(parents=True, exist_ok=True)
     with os.fdopen(open_own(log), "ab") as f:

@@ -160,3 +160,10 @@ def test_a_crafted_ui_file_does_not_choose_where_a_run_reports(tmp_path, squatte
     real = {"pid": proc.pid, "started": started, "prefect_api": api, "mlflow": "x"}
     (tmp_path / "ui.json").write_text(json.dumps(real))
     assert running_ui(tmp_path) == real  # the squatter is the writer here: believed
+
+
+def test_a_port_that_is_no_port_is_one_line(tmp_path):
+    out = enn(tmp_path, "ui", "--port", "70000")
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and "names no port (0-65535)" in errors[0]
+    assert "Traceback" not in out.stderr
