@@ -17,9 +17,16 @@ Scalar = str | int | float | bool | None
 
 @dataclass(frozen=True, kw_only=True)
 class StageSummary:
-    """The base every stage summary extends: the stage's output folder."""
+    """The base every stage summary extends: the stage's output folder, and, for a stage that
+    ran as one node of a multi-node job (distributed-train, predict), how it ended there."""
 
     output: str = ""
+    nodes: int = 1
+    """Nodes of the job this stage ran in (more than 1: a multi-node job)."""
+
+    node_only: bool = False
+    """True on a node of a multi-node job that did not get global rank 0: it published nothing
+    (`output` is empty); the node of global rank 0 publishes and runs the later stages."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from enn_core.config import RunConfig
 from enn_core.errors import EnnError, TransientError, exit_codes, no_space_behind
 from enn_core.paths import ENV_WORK_DIR, Layout, find_root, project_root
+from enn_core.runtime.external import LauncherEnv
 from enn_core.stages import (
     FLOWS,
     PREDICTION,
@@ -44,7 +45,7 @@ from enn_core.stages import (
 from flows import console
 
 if TYPE_CHECKING:
-    from tasks.runner import FlowRecord
+    from tasks.runner import FlowRecord, StageResult
 
 COMMON_EPILOG = (
     "Config: defaults -> params.yaml -> --set overrides (docs/config.md lists every key). "
@@ -271,13 +272,43 @@ def run_stage_command(
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
 
+    launched = LauncherEnv.required() if cfg.runtime.launcher == "external" else None
+    if launched is not None and launched.rank != 0:
+        return worker_only(spec, cfg, layout, launched)
     group = dvc_group()
     name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
     with pipeline_session(cfg, config, layout, name, group=group, specs=(spec,)) as session:
         result = execute_stage(spec, session)
         for change in record_overrides(config, overrides):
             logging.getLogger("enn").info("params: %s", change)
-    print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
+    if result.summary is not None and result.summary.node_only:  # another node publishes
+        print(f"{spec.name}: done in {result.seconds:.1f} s; {published_elsewhere(result)}")
+    else:
+        print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
+    return 0
+
+
+def published_elsewhere(result: StageResult) -> str:
+    """A node that did not get global rank 0: what it ran (when its summary says), and who
+    publishes."""
+    record = getattr(result.summary, "record", None) or {}
+    ranks = record.get("node_ranks")
+    ran = f"this node ran ranks {ranks}; " if ranks else ""
+    return f"{ran}the node of global rank 0 publishes the outputs"
+
+
+def worker_only(spec: StageSpec, cfg: RunConfig, layout: Layout, launched: LauncherEnv) -> int:
+    """A worker other than global rank 0 under an external launcher (flows/worker.py): the
+    stage's work only; rank 0's process holds the lock, records the run and publishes."""
+    from enn_core.stage import make_context
+
+    t0 = time.monotonic()
+    ctx = make_context(cfg, layout, spec, f"{launched.run_id}-rank{launched.rank}")
+    spec.work(cfg, ctx)
+    print(
+        f"{spec.name}: rank {launched.rank} done in {time.monotonic() - t0:.1f} s "
+        f"(logs: {ctx.run_dir / 'logs'}); the process of global rank 0 publishes the outputs"
+    )
     return 0
 
 
@@ -429,7 +460,7 @@ class Summary:
             for s, r in record.results.items()
         ]
         if ended is None:
-            return out
+            return out + self.elsewhere_lines(record)
         if record.running is not None:
             took = time.monotonic() - record.running_since
             out.append(f"{record.running:20s} {ended:8s} {took:7.1f} s")
@@ -440,6 +471,18 @@ class Summary:
         done = {*record.results, record.running}
         out += [f"{name:20s} not run" for name in planned if name not in done]
         return out
+
+    def elsewhere_lines(self, record: FlowRecord) -> list[str]:
+        """On a node of a multi-node run without global rank 0: the stages it left to that
+        node (flows.training.after_multinode stopped the flow here)."""
+        if not any(r.summary is not None and r.summary.node_only for r in record.results.values()):
+            return []
+        planned = [s.name for s in up_to(self.flow, self.until)]
+        return [
+            f"{name:20s} not run  (the node of global rank 0 runs it)"
+            for name in planned
+            if name not in record.results
+        ]
 
     def result_lines(self, record: FlowRecord) -> list[str]:
         out = []

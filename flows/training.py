@@ -15,6 +15,7 @@ and the flow run ends Cancelled.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -36,7 +37,7 @@ from flows.params_file import Recorded, recorded_overrides
 from tasks import dvc_state
 from tasks.env import TOOLS, contain, project_layout
 from tasks.prefect_task import stage_task
-from tasks.runner import FlowRecord, StageResult
+from tasks.runner import FlowRecord, PipelineSession, StageResult
 from tasks.session import pipeline_session
 
 
@@ -192,10 +193,32 @@ def _run_recorded(
                 logger.info(
                     "%s: %s in %.1f s (%s)", spec.name, result.status, result.seconds, result.reason
                 )
+                if after_multinode(session, result, logger):
+                    break
     except FlowRunCancelled as e:
         logger.warning("%s", e)
         return Cancelled(message=str(e))
     return results
+
+
+def after_multinode(session: PipelineSession, result: StageResult, logger: logging.Logger) -> bool:
+    """After a stage that ran across nodes (distributed-train, predict): True on a node
+    without global rank 0 (it published nothing; the flow stops here), else the later stages
+    run on this node alone (runtime.nnodes=1 for them: no other node joins them)."""
+    summary = result.summary
+    if summary is None or summary.nodes <= 1:
+        return False
+    if summary.node_only:
+        logger.info(
+            "%s: this node's share is done; the node of global rank 0 published the outputs "
+            "and runs the later stages",
+            result.stage,
+        )
+        return True
+    rt = dataclasses.replace(session.cfg.runtime, nnodes=1, rdzv_endpoint="", rdzv_id="")
+    session.cfg = dataclasses.replace(session.cfg, runtime=rt)
+    logger.info("%s: the later stages run on this node only", result.stage)
+    return False
 
 
 def run_name() -> str:

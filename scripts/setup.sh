@@ -18,7 +18,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing the project and its pinned dependencies into .venv (a few minutes the first time)"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
   # torch is pinned to 2.13.0 (the CPU build on this machine); constraints.txt pins the rest.
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,postgres]"
   echo "$want" > "$stamp"
 fi
 # DVC's site cache inside work/, as an absolute path (a relative one would follow the current

@@ -110,7 +110,8 @@ def run_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         result = execute_stage(spec, session)
     finally:
         publish_diagnostics(spec, session)
-    if use_dvc:
+    # a node without global rank 0 published nothing: there is nothing for DVC to record
+    if use_dvc and not (result.summary is not None and result.summary.node_only):
         dvc_state.commit(root, spec)
     publish(result, session)
     return result

@@ -8,11 +8,12 @@ from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
 
-def check_rendezvous(nnodes: int, endpoint: str, rdzv_id: str) -> None:
-    """A node count of at least 1; several nodes need a shared endpoint (host:port) and id."""
+def check_rendezvous(nnodes: int, endpoint: str, rdzv_id: str, *, external: bool = False) -> None:
+    """A node count of at least 1; several nodes need a shared endpoint (host:port) and id,
+    unless an external launcher (torchrun) ran the rendezvous already."""
     if nnodes < 1:
         raise ConfigError(f"runtime.nnodes={nnodes} must be >= 1")
-    if nnodes > 1 and not (endpoint and rdzv_id):
+    if nnodes > 1 and not external and not (endpoint and rdzv_id):
         raise ConfigError(
             f"runtime.nnodes={nnodes} needs runtime.rdzv_endpoint (host:port of one node) "
             "and runtime.rdzv_id (a job id), the same on every node"
@@ -102,6 +103,17 @@ class RuntimeConfig:
     """Address the other nodes reach this node at (node 0 serves the workers' store on it); empty =
     this machine's hostname."""
 
+    socket_ifname: str = ""
+    """Network interface of the workers' collectives: sets GLOO_SOCKET_IFNAME (and
+    NCCL_SOCKET_IFNAME) in each worker. Empty: loopback on one node; on several, the interface that
+    holds runtime.local_addr (or the address the hostname resolves to; a hostname that resolves to
+    loopback is refused), unless the environment already sets GLOO_SOCKET_IFNAME."""
+
+    launcher: Literal["enn", "external"] = "enn"
+    """Who starts the workers: `enn` (distributed-train launches runtime.world_size workers per node
+    through torch elastic) or `external` (torchrun, `srun torchrun` or a PyTorchJob started this
+    process as one worker: `python -m flows.worker` sets it; docs/scale-out.md)."""
+
     def __post_init__(self) -> None:
         if self.world_size < 0:
             raise ConfigError(
@@ -112,7 +124,12 @@ class RuntimeConfig:
             raise ConfigError("runtime.threads_per_worker must be >= 0 (0 = auto)")
         if self.max_restarts < 0:
             raise ConfigError("runtime.max_restarts must be >= 0")
-        check_rendezvous(self.nnodes, self.rdzv_endpoint, self.rdzv_id)
+        check_rendezvous(
+            self.nnodes,
+            self.rdzv_endpoint,
+            self.rdzv_id,
+            external=self.launcher == "external",
+        )
         for name in (
             "hang_timeout_s",
             "rdzv_timeout_s",

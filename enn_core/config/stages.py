@@ -59,7 +59,13 @@ class PredictConfig:
     """Features-only staged dataset for the prediction flow; empty = the training staged data."""
 
     world_size: int = 1
-    """Prediction workers (each loads the full model and predicts its own row range)."""
+    """Prediction workers on each node (each loads the full model and predicts its own row
+    range); across nodes (runtime.nnodes > 1, or under torchrun) the job has nnodes x world_size
+    ranks."""
+
+    parts_dir: str = ""
+    """Folder of the prediction's parts (a subfolder per output) until they are assembled; empty
+    = work/predict-parts. A prediction across nodes needs a folder every node shares."""
 
     chunk_rows: int = 4096
     """Rows per written chunk."""

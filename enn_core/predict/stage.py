@@ -34,17 +34,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from enn_core.atomic import atomic_dir, write_json
+from enn_core.atomic import atomic_dir, atomic_file, write_json
 from enn_core.checkpoint import Checkpoint, load_model
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.hashing import sha256_file
 from enn_core.errors import ConfigError, DataError
 from enn_core.inference import resolve_device
 from enn_core.model_code import ModelCode
-from enn_core.predict import model_io, outputs, schema, workers
+from enn_core.predict import model_io, outputs, ranks, schema, workers
 from enn_core.predict.assemble import assemble
 from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore
 from enn_core.predict.model_io import CalibrationChoice
+from enn_core.runtime.external import LauncherEnv
+from enn_core.runtime.launch import Rendezvous, launch
+from enn_core.runtime.network import choose_interface
 from enn_core.summaries import PredictSummary
 
 if TYPE_CHECKING:
@@ -136,7 +139,8 @@ def run(
         model_fingerprint=model_io.model_fingerprint(model_sha, choice),
         input_fingerprint=input_fingerprint(ds, index),
     )
-    store = PartStore(ctx.layout.work / "predict-parts" / ctx.output().name, plan)
+    launched = ranked(cfg)
+    store = PartStore(parts_root(cfg, ctx, launched) / ctx.output().name, plan)
     discarded = store.prepare()
     if discarded:
         ctx.logger.warning("predict: discarded earlier parts: %s", discarded)
@@ -144,7 +148,8 @@ def run(
     index_path = None
     if index is not None:
         index_path = store.root / "index.npy"
-        np.save(index_path, index)
+        with atomic_file(index_path, "wb") as f:  # every node writes the same bytes
+            np.save(f, index)
 
     world = p.world_size
     jobs = [
@@ -177,9 +182,15 @@ def run(
         choice.candidate if choice.applied else "raw",
         choice.reason,
     )
-    predictor = model_io.prediction_path(net, choice).to(device) if world == 1 else None
     t_pred = time.perf_counter()
-    stats = workers.run(jobs, predictor, cancel=ctx.cancel)
+    if launched:
+        by_rank = run_ranks(cfg, ctx, jobs[0], world)
+        stats = list(by_rank.values())
+        if 0 not in by_rank:  # global rank 0's node assembles and publishes
+            return _elsewhere(cfg, ctx, plan, by_rank, time.perf_counter() - t0)
+    else:
+        predictor = model_io.prediction_path(net, choice).to(device) if world == 1 else None
+        stats = workers.run(jobs, predictor, cancel=ctx.cancel)
     seconds_predict = time.perf_counter() - t_pred
 
     written = _write_outputs(cfg, ctx, ds, data_dir, store, index, ckpt, choice)
@@ -188,6 +199,7 @@ def run(
     rows_computed = sum(s.get("rows_computed", 0) for s in stats)
     summary = PredictSummary(
         output=str(ctx.output()),
+        nodes=cfg.runtime.nnodes,
         n_rows=written.n_rows,
         shape=written.shape,
         files=written.files,
@@ -219,6 +231,94 @@ def run(
     if remapped:
         features_file.unlink(missing_ok=True)
     return summary
+
+
+def ranked(cfg: RunConfig) -> bool:
+    """Whether this prediction is one part of a launched job: several nodes, or torchrun."""
+    return cfg.runtime.nnodes > 1 or cfg.runtime.launcher == "external"
+
+
+def parts_root(cfg: RunConfig, ctx: StageContext, launched: bool) -> Path:
+    """Where the parts go: `predict.parts_dir`, else the node's own work directory (one node)."""
+    if cfg.predict.parts_dir:
+        return ctx.layout.resolve(cfg.predict.parts_dir)
+    if launched:
+        raise ConfigError(
+            "predict.parts_dir is empty, and a prediction across nodes needs a folder every node "
+            "shares (each node's work/ is its own); set predict.parts_dir=/shared/<folder>"
+        )
+    return ctx.layout.work / "predict-parts"
+
+
+def run_ranks(
+    cfg: RunConfig, ctx: StageContext, job: workers.WorkerJob, world: int
+) -> dict[int, workers.WorkerStats]:
+    """This node's ranks of a multi-node prediction (enn_core.predict.ranks): `world` elastic
+    workers at the rendezvous, or this process under torchrun. {global rank: its stats}."""
+    rt = cfg.runtime
+    spec = ranks.RankJob(
+        job=job,
+        run_dir=str(ctx.run_dir),
+        interface=choose_interface(rt.socket_ifname, rt.local_addr, rt.nnodes),
+        barrier_timeout_s=rt.task_timeout_s,
+        device=rt.device,
+    )
+    if rt.launcher == "external":
+        launched = LauncherEnv.required()
+        return {launched.rank: ranks.rank_main(spec)}
+    return launch(
+        ranks.rank_main,
+        (spec,),
+        nprocs=world,
+        run_dir=ctx.run_dir,
+        hang_timeout_s=rt.hang_timeout_s,
+        budgets={"spawn": rt.spawn_budget_s, ranks.BARRIER: rt.task_timeout_s},
+        max_restarts=rt.max_restarts,
+        start_method=rt.start_method,
+        timeout_s=rt.task_timeout_s,
+        cancel=ctx.cancel,
+        rdzv=Rendezvous.of(rt),
+    )
+
+
+def _elsewhere(
+    cfg: RunConfig,
+    ctx: StageContext,
+    plan: PartsPlan,
+    by_rank: dict[int, workers.WorkerStats],
+    seconds: float,
+) -> PredictSummary:
+    """A node without global rank 0: its parts are in the shared folder; nothing published."""
+    computed = sorted(k for s in by_rank.values() for k in s.get("computed_parts", []))
+    ctx.logger.info(
+        "predict: this node ran ranks %s (parts %s); the node of global rank 0 assembles and "
+        "publishes the predictions",
+        sorted(by_rank),
+        computed,
+    )
+    return PredictSummary(
+        output="",
+        nodes=cfg.runtime.nnodes,
+        node_only=True,
+        n_rows=plan.n_rows,
+        shape=(plan.n_rows, *plan.out_shape),
+        files={},
+        model="",
+        model_sha256="",
+        input="",
+        selection="",
+        calibration={},
+        device="",
+        device_reason="",
+        world_size=len(by_rank),
+        n_parts=plan.n_parts,
+        computed_parts=tuple(computed),
+        reused_parts=tuple(sorted(k for s in by_rank.values() for k in s.get("reused_parts", []))),
+        rows_computed=sum(s.get("rows_computed", 0) for s in by_rank.values()),
+        discarded_parts=None,
+        rows_per_second=None,
+        seconds=seconds,
+    )
 
 
 def _features_for(ctx: StageContext, ds: StagedDataset, data_dir: Path, ckpt: Checkpoint) -> Path:

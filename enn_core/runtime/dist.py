@@ -40,6 +40,7 @@ from torch import nn
 
 from enn_core.errors import ConfigError
 from enn_core.runtime.device import resolve_device
+from enn_core.runtime.network import InterfaceChoice
 from enn_core.runtime.stores import tcp_store
 
 if TYPE_CHECKING:
@@ -159,10 +160,12 @@ def bootstrap(
     pg_timeout_s: float,
     compile: bool = False,
     hsdp_replicas: int = 1,
+    interface: InterfaceChoice | None = None,
 ) -> DistEnv:
     """Threads, seeds, determinism, process group and device mesh for this worker.
 
-    `hsdp_replicas` (train.hsdp_replicas) > 1 makes the mesh 2-D: replicate x shard."""
+    `hsdp_replicas` (train.hsdp_replicas) > 1 makes the mesh 2-D: replicate x shard;
+    `interface` (enn_core.runtime.network) is where the collectives' sockets go."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     shape, names = mesh_layout(world, hsdp_replicas)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -173,6 +176,8 @@ def bootstrap(
     dev = worker_device(device, local_rank)
     # CPU collectives (metrics, agreement flags) always have gloo; NCCL carries CUDA tensors.
     backend = "cuda:nccl,cpu:gloo" if dev.type == "cuda" else "gloo"
+    if interface is not None:
+        interface.apply()  # read by gloo and NCCL when the group is created
     dist.init_process_group(
         backend=backend,
         store=_store(rank, restart),

@@ -52,7 +52,7 @@ from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
 from enn_core.runtime.dist import STALE_ENV
 from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats, stack_path
-from enn_core.runtime.stores import register_rendezvous
+from enn_core.runtime.stores import NO_SHARED_STORE, register_rendezvous
 
 log = logging.getLogger("enn.launch")
 ERRORS = "errors"
@@ -89,10 +89,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
-NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 @contextlib.contextmanager

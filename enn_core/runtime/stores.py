@@ -8,17 +8,26 @@ one address (`master_listen_fd`) stays on it: 127.0.0.1 for a one-node job, the 
 
     store = tcp_store(host, port, is_master=True, timeout=timedelta(seconds=60))
     register_rendezvous()   # the "enn-c10d" rendezvous backend: torch's c10d on such a store
+
+torchrun finds the same backend by name (`torchrun --rdzv-backend enn-c10d ...`) through the
+entry point `torchrun.handlers` -> `torchrun_handler` (pyproject.toml).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
 RENDEZVOUS_BACKEND = "enn-c10d"
+LEAVE_WAIT_S = 10.0  # how long the store's host waits for the other nodes to close
+# torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
+NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -61,9 +70,10 @@ def tcp_store(
     )
 
 
-def _rendezvous_store(endpoint: str, read_timeout_s: int) -> dist.TCPStore:
+def _rendezvous_store(endpoint: str, read_timeout_s: int) -> tuple[dist.TCPStore, bool]:
     """The rendezvous store, hosted by this process when the endpoint names this machine
-    and nobody hosts it yet (torch's c10d backend decides the same way), else a client."""
+    and nobody hosts it yet (torch's c10d backend decides the same way), else a client;
+    and whether this process hosts it."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
     from torch.distributed.elastic.rendezvous.utils import (
         _matches_machine_hostname,
@@ -74,10 +84,25 @@ def _rendezvous_store(endpoint: str, read_timeout_s: int) -> dist.TCPStore:
     timeout = _dt.timedelta(seconds=read_timeout_s)
     if _matches_machine_hostname(host):
         try:
-            return tcp_store(host, port, is_master=True, timeout=timeout, multi_tenant=True)
+            return tcp_store(host, port, is_master=True, timeout=timeout, multi_tenant=True), True
         except OSError:  # another agent on this machine hosts it: join as a client
             pass
-    return tcp_store(host, port, is_master=False, timeout=timeout, multi_tenant=True)
+    return tcp_store(host, port, is_master=False, timeout=timeout, multi_tenant=True), False
+
+
+def _leave(store: dist.TCPStore, run_id: str, nodes: int, hosting: bool, wait_s: float) -> None:
+    """After this node closed its part of the rendezvous: count it out, and on the node that
+    hosts the store, wait (at most `wait_s`) until every node has: the store dies with this
+    process, and an agent that still closes its part finds no store and prints a C++
+    traceback (torch's shutdown after a successful job, seen on every node but the host's)."""
+    key = f"enn/{run_id}/closed"
+    try:
+        store.add(key, 1)
+        deadline = time.monotonic() + wait_s
+        while hosting and store.add(key, 0) < nodes and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except (RuntimeError, OSError):  # the host is gone already: nothing to wait for
+        pass
 
 
 def _create_handler(params: Any) -> Any:
@@ -107,10 +132,30 @@ def _create_handler(params: Any) -> Any:
                 multi_tenant=True,
             )
 
-    store = _rendezvous_store(params.endpoint, params.get_as_int("read_timeout", 60) or 60)
+        def shutdown(self) -> bool:
+            closed = super().shutdown()
+            # the nodes of the last round (one that never met its peers waits for nobody)
+            nodes = len(self._state_holder.state.participants) or 1
+            _leave(store, params.run_id, nodes, hosting, LEAVE_WAIT_S)
+            return closed
+
+    if params.max_nodes > 1:
+        # Several nodes: rank 0's worker hosts a fresh workers' store each round, bound to its
+        # node's address (enn_core.runtime.dist._store); torch's shared agent store keys
+        # attempts by a restart count the nodes need not agree on. Our own launcher sets this
+        # too (launch.clean_dist_env); under torchrun this handler runs in its agent.
+        os.environ[NO_SHARED_STORE] = "1"
+    store, hosting = _rendezvous_store(params.endpoint, params.get_as_int("read_timeout", 60) or 60)
     handler = create_handler(store, Backend(store, params.run_id), params)
     handler.__class__ = Handler  # the same handler, with the bound workers' store
     return handler
+
+
+def torchrun_handler() -> Callable[[Any], Any]:
+    """What torchrun's `--rdzv-backend enn-c10d` finds: torch loads the entry points of the
+    group `torchrun.handlers` (pyproject.toml names this function), calls each with no
+    arguments and registers what it returns under the entry point's name."""
+    return _create_handler
 
 
 def register_rendezvous() -> str:

@@ -29,11 +29,19 @@ import torch
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import ConfigError, NoSpaceError, StaleOutputError, low_space
+from enn_core.errors import (
+    ConfigError,
+    EnnError,
+    NoSpaceError,
+    StaleOutputError,
+    WorkerError,
+    low_space,
+)
 from enn_core.metric_names import telemetry, train_summary
 from enn_core.progress import follow_training
+from enn_core.runtime.external import LauncherEnv
 from enn_core.runtime.heartbeat import read_heartbeats, stale_temp_files
-from enn_core.runtime.launch import Rendezvous, launch
+from enn_core.runtime.launch import Rendezvous, launch, read_errors
 from enn_core.stage import StageContext
 from enn_core.summaries import TrainSummary
 from enn_core.train import worker
@@ -100,23 +108,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
             follow_training(ctx.run_dir, total, ctx.stage, ctx.logger, ctx.progress),
             no_space_named(ctx, job),
         ):
-            results = launch(
-                worker.main,
-                (str(job_path),),
-                nprocs=world,
-                run_dir=ctx.run_dir,
-                hang_timeout_s=cfg.runtime.hang_timeout_s,
-                max_restarts=cfg.runtime.max_restarts,
-                budgets={
-                    "spawn": cfg.runtime.spawn_budget_s,
-                    "compile": cfg.runtime.compile_budget_s,
-                    "checkpoint": cfg.runtime.checkpoint_budget_s,
-                },
-                start_method=cfg.runtime.start_method,
-                timeout_s=cfg.runtime.task_timeout_s,
-                cancel=ctx.cancel,
-                rdzv=Rendezvous.of(cfg.runtime),
-            )
+            results = start_workers(cfg, ctx, job_path, world)
     except Exception:
         forward_logs(ctx)  # the ranks' last lines beside the error (Prefect's task log)
         raise
@@ -136,6 +128,8 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
                 "ranks": {int(r): v for r, v in sorted(results.items())},
             },
             wall_s=time.time() - t0,
+            nodes=cfg.runtime.nnodes,
+            node_only=True,
         )
     summary = {**results[0], **workers}  # restarts and phases: MLflow, Prefect and dvc metrics
     summary["ranks"] = {int(r): v for r, v in sorted(results.items())}
@@ -152,12 +146,63 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
     ctx.events.metrics(metrics)
     return TrainSummary(
         output=str(ctx.output()),
+        nodes=cfg.runtime.nnodes,
         record=summary,
         metrics=metrics,
         outputs=tuple(str(ctx.output() / n) for n in OUTPUTS),
         wall_s=metrics["train/wall_s"],
         logs=str(ctx.run_dir / "logs"),
     )
+
+
+def start_workers(cfg: RunConfig, ctx: StageContext, job_path: Path, world: int) -> dict[int, Any]:
+    """The workers' summaries by global rank: `world` elastic workers of this node, or, under
+    an external launcher, this process as the one worker the launcher started."""
+    if cfg.runtime.launcher == "external":
+        return run_here(job_path, ctx)
+    if os.environ.get("TORCHELASTIC_RUN_ID") and LauncherEnv.from_env() is not None:
+        raise ConfigError(
+            "distributed-train is running inside a worker that a launcher started "
+            f"(TORCHELASTIC_RUN_ID={os.environ['TORCHELASTIC_RUN_ID']}) and would start workers "
+            "of its own; give the launcher this project's worker entry instead: "
+            "`torchrun ... -m flows.worker` (docs/scale-out.md)"
+        )
+    return launch(
+        worker.main,
+        (str(job_path),),
+        nprocs=world,
+        run_dir=ctx.run_dir,
+        hang_timeout_s=cfg.runtime.hang_timeout_s,
+        max_restarts=cfg.runtime.max_restarts,
+        budgets={
+            "spawn": cfg.runtime.spawn_budget_s,
+            "compile": cfg.runtime.compile_budget_s,
+            "checkpoint": cfg.runtime.checkpoint_budget_s,
+        },
+        start_method=cfg.runtime.start_method,
+        timeout_s=cfg.runtime.task_timeout_s,
+        cancel=ctx.cancel,
+        rdzv=Rendezvous.of(cfg.runtime),
+    )
+
+
+def run_here(job_path: Path, ctx: StageContext) -> dict[int, Any]:
+    """The training worker in this process (the launcher set RANK, WORLD_SIZE, ...); it
+    restarts the job, not us. A library error becomes one line naming the rank and phase."""
+    launched = LauncherEnv.required()
+    try:
+        return {launched.rank: worker.main(str(job_path))}
+    except (EnnError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        recs = read_errors(ctx.run_dir)
+        where = f" in phase {recs[-1]['phase']}" if recs else ""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise WorkerError(
+            f"rank {launched.rank} failed{where}: {type(e).__name__}: {first} "
+            f"(log: {ctx.run_dir / 'logs' / f'rank-{launched.rank}.log'}); the launcher "
+            "restarts the job if --max-restarts allows"
+        ) from e
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, ranks_n
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
 from enn_core.runtime.launch import write_error
+from enn_core.runtime.network import choose_interface
 from enn_core.runtime.precision import PrecisionDecision, choose_precision
 from enn_core.train.ckpt import Checkpointer
 from enn_core.train.job import WorkerJob
@@ -103,6 +104,8 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
     faults = FaultInjector(cfg.fault, rank=rank, marker_dir=job.marker_dir)
     faults.at("bootstrap")
     hb.phase("process_group")
+    net = cfg.runtime
+    interface = choose_interface(net.socket_ifname, net.local_addr, net.nnodes)
     env = bootstrap(
         device=cfg.runtime.device,
         threads=job.threads,
@@ -111,6 +114,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         pg_timeout_s=cfg.runtime.pg_timeout_s,
         compile=cfg.train.compile,
         hsdp_replicas=cfg.train.hsdp_replicas,
+        interface=interface,
     )
     faults.at("process_group")
     log.info(
@@ -148,6 +152,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         **precision.as_record(),
         **attention.as_record(),
         **wrap,
+        **interface.as_record(),
         "threads": job.threads,
         "device": str(env.device),
     }

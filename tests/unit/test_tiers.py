@@ -1,6 +1,7 @@
 """A test's folder tells its tier: after collection, every test under tests/distributed/
-carries the `distributed` marker, every test under tests/e2e/ the `e2e` marker, and no other
-test carries either (scripts/test.sh selects the tiers by these markers)."""
+carries the `distributed` marker, every test under tests/e2e/ the `e2e` marker, every test
+under tests/multihost/ the `multihost` marker, and no other test carries any of them
+(scripts/test.sh selects the tiers by these markers)."""
 
 from __future__ import annotations
 

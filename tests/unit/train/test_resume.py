@@ -180,3 +180,39 @@ def test_a_warm_start_from_a_crafted_metadata_is_refused_and_runs_nothing(
         run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", weights_from=step)
     _assert_refused(e, f"{step / '.metadata'}: refers to posix.system", marker)
     assert not [e for e in read_events(tmp_path / "run") if e.get("name") == "warm_start"]
+
+
+def test_a_resume_from_a_crafted_metadata_is_refused_and_runs_nothing(staged, tmp_path, reference):
+    """The resume path reads `.metadata` through the safe reader (enn_core/runtime/safe_dcp.py),
+    as every worker does: the crafted file is refused in one line (exit 4) and runs nothing."""
+    step = _copy_first(reference, tmp_path / "ckpt")
+    marker = tmp_path / "MARKER"
+    (step / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    _forge_hashes(step)
+    with pytest.raises(UntrustedCheckpointError) as e:
+        run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=tmp_path / "ckpt")
+    _assert_refused(e, f"{step / '.metadata'}: refers to posix.system", marker)
+
+
+def test_a_resume_from_a_crafted_byte_item_is_refused_and_runs_nothing(staged, tmp_path, reference):
+    """An optimizer value (`param_groups.0.lr`) is a pickled byte item inside a shard: a
+    crafted one is refused by the resume's safe planner, and runs nothing."""
+    import io
+
+    step = _copy_first(reference, tmp_path / "ckpt")
+    marker = tmp_path / "MARKER"
+    metadata = pickle.loads((step / ".metadata").read_bytes())  # the test's own, genuine file
+    index = next(k for k in metadata.storage_data if k.fqn.endswith("param_groups.0.lr"))
+    info = metadata.storage_data[index]
+    payload = io.BytesIO()
+    torch.save(Payload(marker), payload)
+    shard = step / info.relative_path
+    offset = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(payload.getvalue())
+    metadata.storage_data[index] = type(info)(info.relative_path, offset, len(payload.getvalue()))
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    _forge_hashes(step)
+    with pytest.raises(UntrustedCheckpointError) as e:
+        run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=tmp_path / "ckpt")
+    _assert_refused(e, f"{step}: item ", marker)

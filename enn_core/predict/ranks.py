@@ -1,0 +1,120 @@
+"""Prediction as the ranks of a launched job: several nodes (or torchrun) share one parts folder.
+
+    launch(rank_main, (job, run_dir), nprocs=..., rdzv=...)   # the stage, on every node
+    rank_main(job, run_dir)                                     # under torchrun: this process
+
+Each rank learns its place from the launcher (RANK, WORLD_SIZE), computes its contiguous
+block of the plan's parts (enn_core.predict.chunks.parts_of_worker, the same parts whoever
+computes them) into the shared parts folder, and waits at one barrier until every rank has
+written its share; the stage on global rank 0's node then assembles them. A rank that dies
+ends the barrier for the others at once (gloo sees its connections close); completed parts
+stay, so running the stage again on every node computes only the missing ones.
+
+The process group carries nothing but that barrier and a check at the start that every rank
+predicts the same plan (model and input fingerprints, rows per part): a node with another
+model or other staged data would otherwise write parts the others then mix in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import traceback
+from pathlib import Path
+
+import torch.distributed as dist
+
+from enn_core.errors import ConfigError, WorkerError
+from enn_core.predict.chunks import PartsPlan
+from enn_core.predict.workers import WorkerJob, WorkerStats, predict_parts
+from enn_core.runtime.dist import (
+    DistEnv,
+    bootstrap,
+    gather_objects,
+    shutdown,
+    tighten_timeout,
+)
+from enn_core.runtime.heartbeat import Heartbeat
+from enn_core.runtime.launch import write_error
+from enn_core.runtime.network import InterfaceChoice
+
+BARRIER = "barrier"  # the heartbeat phase of the final wait (the launcher gives it its own budget)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankJob:
+    """What every rank of a multi-node prediction gets: the job (its rank filled in by each
+    rank), where its heartbeat goes, and how long the final barrier may wait."""
+
+    job: WorkerJob
+    run_dir: str  # this node's run directory: heartbeats, error records
+    interface: InterfaceChoice
+    barrier_timeout_s: float
+    device: str  # runtime.device
+
+
+def rank_main(spec: RankJob) -> WorkerStats:
+    """One rank: bootstrap, agree on the plan, predict this rank's parts, wait for all."""
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    beat = Heartbeat(spec.run_dir, rank, attempt=attempt).start()
+    try:
+        beat.phase("process_group")
+        env = bootstrap(
+            device=spec.device,
+            threads=spec.job.threads,
+            seed=0,
+            deterministic=False,
+            pg_timeout_s=spec.barrier_timeout_s,
+            interface=spec.interface,
+        )
+        job = dataclasses.replace(spec.job, rank=env.rank, world_size=env.world_size)
+        check_same_plan(job.plan, env)
+        stats = predict_parts(job, beat=beat)
+        beat.phase(BARRIER)
+        tighten_timeout(spec.barrier_timeout_s)  # the others may still be predicting
+        wait_for_the_others(job)
+        beat.stop("done")
+        return stats
+    except BaseException as e:
+        write_error(Path(spec.run_dir), rank, e, *beat.where(), traceback.format_exc())
+        raise
+    finally:
+        shutdown()
+
+
+def wait_for_the_others(job: WorkerJob) -> None:
+    """The barrier after this rank's parts; a peer that died (its connections closed) or never
+    came is one line that says what is kept and how to go on."""
+    try:
+        dist.barrier()
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        peer = re.search(r"peer \[?([^\]\s]+)\]?:\d+", first)
+        who = f"the rank at {peer.group(1)}" if peer else "another rank"
+        raise WorkerError(
+            f"rank {job.rank} wrote its parts and waited for the other ranks, but {who} went "
+            f"away ({'connection closed' if peer else first[:120]}): its node's prediction failed "
+            f"or was killed; the completed parts in {job.parts_dir} are kept: run predict again "
+            "on every node to compute only the missing ones"
+        ) from None
+
+
+def check_same_plan(plan: PartsPlan, env: DistEnv) -> None:
+    """Every rank predicts with the same model, input and part size, or none starts."""
+    host = os.uname().nodename
+    plans = gather_objects((host, plan), env)
+    mine = plans[0][1]
+    for r, (where, theirs) in enumerate(plans):
+        if theirs != mine:
+            diff = [
+                f.name
+                for f in dataclasses.fields(PartsPlan)
+                if getattr(theirs, f.name) != getattr(mine, f.name)
+            ]
+            raise ConfigError(
+                f"rank {r} (on {where}) predicts another plan than rank 0 (on {plans[0][0]}): "
+                f"{', '.join(diff)} differ; every node needs the same model, staged input and "
+                "predict settings (dvc pull the same commit)"
+            )

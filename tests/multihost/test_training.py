@@ -1,0 +1,151 @@
+"""Training across two real hosts (tests/fixtures/hosts.py), started the ways clusters start it:
+docs/scale-out.md's `enn distributed-train` on every node, and `torchrun -m flows.worker` with
+this project's rendezvous backend. Every job is compared with the same job on one host with
+the same world size (bit-identical weights), and every socket it listens on is read with `ss`
+inside each host."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from enn_core.train.ckpt import COMMITTED, committed
+from tests.fixtures.multihost import (
+    STAGE,
+    Job,
+    enn_multinode,
+    foreign_listeners,
+    published_model,
+    same_weights,
+    stage_result,
+    torchrun_multinode,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def reference(testbed, say):
+    """The job on node1 alone with the same world size (two workers): its weights and time."""
+    node1 = testbed.hosts[0]
+    t0 = time.time()
+    node1.run(
+        "enn",
+        STAGE,
+        "--set",
+        "runtime.world_size=2",
+        "--set",
+        f"checkpoint.dir={testbed.shared / 'ckpt-one-host'}",
+    )
+    wall = time.time() - t0
+    say(f"one host ({node1.name}), world size 2: {wall:.1f} s")
+    return published_model(node1), wall
+
+
+def _newer_model(hosts, since: float):
+    fresh = [h for h in hosts if (h.checkout / "outputs" / STAGE / "model.pt").exists()]
+    return [
+        h for h in fresh if (h.checkout / "outputs" / STAGE / "model.pt").stat().st_mtime > since
+    ]
+
+
+def _ranks_sharded(ckpt_root) -> list[set[str]]:
+    (digest,) = [d for d in ckpt_root.iterdir() if d.is_dir()]
+    steps = committed(digest)
+    assert steps and all((s / COMMITTED).exists() for s in steps)
+    return [{p.name for p in s.glob("*.distcp")} for s in steps]
+
+
+def _check_listeners(hosts, say, when: str) -> None:
+    for h in hosts:
+        listening = h.listening()
+        say(f"{when}: {h.name} listens on {', '.join(map(str, listening)) or 'nothing'}")
+        assert not foreign_listeners(h), f"{h.name} listens beyond {h.addr}/loopback: {listening}"
+
+
+def test_two_hosts_train_like_one_host(testbed, reference, say, tmp_path):
+    node1, node2 = testbed.hosts[:2]
+    ckpt = testbed.shared / "ckpt-two-hosts"
+    cmd = enn_multinode(
+        f"{node1.name}:{testbed.bed.port(10)}",
+        "job-two-hosts",
+        ckpt,
+        # a short pause at step 3 on one rank: time to read the sockets mid-training
+        "fault.kind=delay",
+        "fault.phase=step",
+        "fault.step=3",
+        "fault.seconds=5",
+    )
+    job = Job.start([node1, node2], cmd, tmp_path, "two-hosts")
+    job.wait_for_beat(lambda r, b: b["phase"] != "done" and (b.get("step") or -1) >= 3)
+    _check_listeners([node1, node2], say, "two hosts, after step 3")
+    crossing = node2.run("ss", "-tnH", "state", "established").stdout
+    assert node1.addr in crossing, crossing  # the collectives' connections cross the network
+    codes = job.wait()
+    wall = time.time() - job.started
+    assert codes == [0, 0], job.output()
+    say(f"two hosts, world size 2: {wall:.1f} s (one host: {reference[1]:.1f} s)")
+    (rank0,) = _newer_model([node1, node2], job.started)  # global rank 0's node only
+    assert not same_weights(published_model(rank0), reference[0])  # bit-identical
+    assert all(names == {"__0_0.distcp", "__1_0.distcp"} for names in _ranks_sharded(ckpt))
+    events = [
+        json.loads(line)
+        for p in (rank0.checkout / "work" / "runs").glob(f"*/{STAGE}/events.jsonl")
+        if p.stat().st_mtime >= job.started
+        for line in p.read_text().splitlines()
+    ]
+    ifname = [e["value"] for e in events if e.get("name") == "resolved.runtime.socket_ifname"]
+    assert ifname == ["eth0"], ifname  # gloo on the interface that holds the host's address
+    other = node2 if rank0 is node1 else node1
+    other_log = job.logs[[node1, node2].index(other)].read_text()
+    assert "this node ran ranks [1]; the node of global rank 0 publishes the outputs" in other_log
+
+
+@pytest.mark.parametrize("launcher", ["enn", "torchrun"])
+def test_a_worker_killed_on_host2_restarts_the_job_from_its_last_checkpoint(
+    testbed, reference, say, tmp_path, launcher
+):
+    """SIGKILL of node2's worker mid-epoch (epoch 2, step 2 of 5): both hosts restart, the
+    job resumes from the newest committed checkpoint and ends as the uninterrupted job did."""
+    node1, node2 = testbed.hosts[:2]
+    ckpt = testbed.shared / f"ckpt-killed-{launcher}"
+    pause = [  # rank 1 pauses at step 7, twice: killed in the first, `ss` in the second
+        "fault.kind=delay",
+        "fault.phase=step",
+        "fault.step=7",
+        "fault.rank=1",
+        "fault.times=2",
+        "fault.seconds=10",
+        f"fault.marker_dir={testbed.shared / f'faults-{launcher}'}",
+    ]
+    endpoint, job_id = f"{node1.name}:{testbed.bed.port(11 + len(launcher))}", f"job-{launcher}"
+    if launcher == "enn":
+        cmd = enn_multinode(endpoint, job_id, ckpt, *pause)
+    else:
+        cmd = torchrun_multinode(endpoint, job_id, ckpt, "runtime.socket_ifname=eth0", *pause)
+    job = Job.start([node1, node2], cmd, tmp_path, launcher)
+    beats = job.wait_for_beat(lambda r, b: r == 0 or (b["phase"] == "step" and b["step"] == 7))
+    victim, beat = beats[1]
+    assert victim is node2, "the rendezvous orders the nodes by name: node2 holds rank 1"
+    newest = committed(next(d for d in ckpt.iterdir() if d.is_dir()))[-1].name
+    _check_listeners([node1, node2], say, f"{launcher}, before the kill")
+    first = {r: b["pid"] for r, (_, b) in beats.items()}
+    node2.kill(int(beat["pid"]))  # by the pid node2 knows it by
+    # both hosts start new workers; rank 1 pauses at step 7 again (the fault's second time)
+    job.wait_for_beat(
+        lambda r, b: b["pid"] != first[r] and (r == 0 or (b["phase"], b["step"]) == ("step", 7))
+    )
+    _check_listeners([node1, node2], say, f"{launcher}, after the restart")
+    codes = job.wait()
+    assert codes == [0, 0], job.output()
+    beats = job.heartbeats()
+    assert all(b["pid"] != first[r] for r, (_, b) in beats.items()), beats  # both restarted
+    assert {r: h.name for r, (h, _) in beats.items()} == {0: node1.name, 1: node2.name}
+    (rank0,) = _newer_model([node1, node2], job.started)
+    assert rank0 is node1
+    result = stage_result(rank0, job.started)
+    assert result["checkpoint"]["resumed_from"].endswith(newest), (newest, result)
+    assert not same_weights(published_model(rank0), reference[0])  # as if never killed
+    say(f"{launcher}: node2's worker killed at step 7 resumed from {newest}, weights bit-identical")
