@@ -7,13 +7,17 @@ killed run are removed at the next start (`clean_stale`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from enn_core.errors import DataError
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -103,6 +107,42 @@ def atomic_file(target: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def open_own(path: str | Path, flags: int = os.O_WRONLY | os.O_APPEND, mode: int = 0o666) -> int:
+    """`os.open` of a file in a folder enn owns (a lock, a log), created when missing, never
+    through a link: a link planted there (a copied or shared work directory) would make enn
+    truncate or append to whatever it points at. A link or a non-file is one DataError."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise DataError(
+            f"{path} is a link or not a plain file; enn writes there only to a file of its "
+            "own: remove it, then re-run"
+        )
+    return fd
+
+
+def private_file(path: str | Path) -> Path:
+    """A database only its owner reads (0600): created empty when missing (SQLite takes an
+    empty file as a new database and makes its journals with the file's mode), and narrowed
+    to 0600 when an older run left it (or its journals) readable by others."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    for p in [path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm"))]:
+        with contextlib.suppress(OSError):
+            st = os.lstat(p)  # a link is left as it is: never follow one
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.chmod(p, 0o600)
+    return path
 
 
 def write_json(target: str | Path, obj: Any) -> None:

@@ -8,6 +8,7 @@ retries those and nothing else. Everything else (bad input, bad config) fails at
 
 from __future__ import annotations
 
+import errno
 import re
 import shutil
 from collections.abc import Iterable
@@ -105,6 +106,16 @@ class NoSpaceError(EnnError):
             f"{path}: no space left on the device{done} ({free}); free space there, or set "
             "runtime.work_dir (and checkpoint.dir) to a disk with room, then re-run"
         )
+
+
+def no_space_behind(error: BaseException, paths: Iterable[str | Path]) -> NoSpaceError | None:
+    """The NoSpaceError behind `error`, whatever library wrapped it first (an OSError ENOSPC,
+    MLflow's "database or disk is full", a Prefect API answering 500 because its database is
+    full): the error itself says so, or one of `paths` has (almost) no room left."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpaceError.at(error.filename or next(iter(paths), "."))
+    full = low_space(paths)
+    return NoSpaceError.at(full) if full is not None else None
 
 
 def low_space(paths: Iterable[str | Path], margin: int = 1 << 20) -> Path | None:

@@ -3,7 +3,9 @@
 - `ModelCode`: the `model.factory` of the params in use and the project root it is imported
   from; a checkpoint naming another factory is refused (a checkpoint never chooses what code
   runs). `BUILTIN` allows the built-in presets only.
-- `module_file`: the factory's module file, found by path without importing it.
+- `module_file`: the factory's module file, found by path without importing it; it and every
+  package on the way must resolve inside the project (`check_inside`: a link that leads out
+  is refused before anything is imported).
 - `check_dvc_deps`: that module is a dependency of the stages that build the model in
   `dvc.yaml`, so that editing it re-runs training.
 """
@@ -63,10 +65,30 @@ def code_root(factory: str, root: str | Path) -> Path:
 
 def module_file(factory: str, root: str | Path) -> Path:
     """The file of the factory's module (`a.b:c` -> a/b.py or a/b/__init__.py), found by path
-    without importing anything."""
+    without importing anything; refused when it, or a package on the way, is a link that
+    leads out of the project (`check_inside`)."""
     parts = factory.split(":", 1)[0].split(".")
-    base = code_root(factory, root).joinpath(*parts)
+    top = code_root(factory, root)
+    check_inside(factory, top)
+    base = top.joinpath(*parts)
     return base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+
+
+def check_inside(factory: str, top: Path) -> None:
+    """Every folder and file importing the factory's module walks (`a/`, `a/__init__.py`,
+    `a/b.py`) resolves inside `top`, links followed: code reached through a link that leaves the
+    project would run while dvc.yaml tracks only the link."""
+    parts = factory.split(":", 1)[0].split(".")
+    inside = top.resolve()
+    for i in range(1, len(parts) + 1):
+        base = top.joinpath(*parts[:i])
+        for p in (base, base.with_suffix(".py"), base / "__init__.py"):
+            if (p.is_symlink() or p.exists()) and not p.resolve().is_relative_to(inside):
+                raise ConfigError(
+                    f"model.factory={factory!r}: {p} leads outside the project, to "
+                    f"{p.resolve()}; the factory's code must lie in the project (where dvc.yaml "
+                    "tracks it): copy it in instead of linking it"
+                )
 
 
 def check_dvc_deps(factory: str, root: Path, dvc_yaml: Path, stage_key: str) -> None:

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from enn_core.config import RunConfig
-from enn_core.errors import EnnError, exit_codes
-from enn_core.paths import Layout, find_root, project_root
+from enn_core.errors import EnnError, TransientError, exit_codes, no_space_behind
+from enn_core.paths import ENV_WORK_DIR, Layout, find_root, project_root
 from enn_core.runtime.external import LauncherEnv
 from enn_core.stages import (
     FLOWS,
@@ -589,6 +589,7 @@ def _main(argv: list[str] | None) -> int:
     console.setup(None, args.command, verbose=args.verbose)  # the log file once work/ is known
     config = _config_path(args)
     root = project_root(config)  # an overlay under configs/ runs in the project, not in configs/
+    disks = [root, os.environ.get(ENV_WORK_DIR) or root / "work"]  # where a full disk is named
     try:
         from enn_core.config import load_config
         from tasks.env import contain, project_layout
@@ -600,9 +601,17 @@ def _main(argv: list[str] | None) -> int:
         console.setup(layout.work / "logs", _log_name(args), verbose=args.verbose)
         return dispatch(args, cfg, config, layout)
     except EnnError as e:
+        if isinstance(e, TransientError):  # a server or worker that died of a full disk
+            e = no_space_behind(e, disks) or e
         # one line, whatever a library put into the message it wraps
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return e.exit_code
+    except Exception as e:  # a full disk, whichever library it struck first: its one line
+        full = no_space_behind(e, disks)
+        if full is None:
+            raise
+        print(f"error: {' '.join(str(full).split())}", file=sys.stderr)
+        return full.exit_code
     except Terminated:
         print("terminated (SIGTERM): workers stopped, lock released", file=sys.stderr)
         return 143

@@ -15,13 +15,17 @@ flow and holds its console to the project's own lines (tests/e2e/test_console.py
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import logging
+import os
 import re
 import sys
 import time
 from pathlib import Path
 
+from enn_core.atomic import open_own
 from enn_core.errors import EnnError
 
 # (logger, what it says, why nobody needs to see it): these loggers (and their children) are kept
@@ -80,6 +84,8 @@ class ConsoleFilter(logging.Filter):
             return False  # enn says it in one line (`error: ...`, `interrupted`); the log keeps it
         if _noise(record):
             return False  # known and explained (NOISE, QUIET_WARNINGS); the log keeps it
+        if _disk_full(record):
+            return False  # enn says it in one line (exit 11); the log keeps it if it can
         return record.levelno >= logging.WARNING
 
 
@@ -94,6 +100,19 @@ def _noise(record: logging.LogRecord) -> bool:
         f"{category.__name__}: " in msg and re.search(pattern, msg)
         for pattern, category, _ in QUIET_WARNINGS
     )
+
+
+DISK_FULL = ("No space left on device", "database or disk is full", "Disk quota exceeded")
+
+
+def _disk_full(record: logging.LogRecord) -> bool:
+    """Another library's account of a full disk (MLflow's store logs the failed INSERT with its
+    traceback; Prefect the crashed run)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = f"{record.getMessage()} {exc or ''}"
+    return any(s in text for s in DISK_FULL)
 
 
 def _prefects_account_of_an_enn_error(record: logging.LogRecord) -> bool:
@@ -170,7 +189,7 @@ def setup(log_dir: Path | None, command: str, verbose: bool = False) -> Path | N
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{command}.log"
-        file = logging.FileHandler(path, encoding="utf-8")
+        file = LogFile(path, encoding="utf-8")
         file.setLevel(logging.DEBUG if verbose else logging.INFO)
         file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(file)
@@ -180,4 +199,23 @@ def setup(log_dir: Path | None, command: str, verbose: bool = False) -> Path | N
         logging.getLogger(name).setLevel(logging.WARNING)  # request and lock chatter
     _route_noise(root.handlers)
     logging.captureWarnings(True)  # warnings are records: ConsoleFilter holds back QUIET_WARNINGS
+    # A handler that cannot write (the log file or Prefect's API on a full disk) would print
+    # "--- Logging error ---" and a traceback per record, and under a flow's log_prints that
+    # print is logged again, until a RecursionError: the run's one error line says it instead.
+    logging.raiseExceptions = verbose
     return path
+
+
+class LogFile(logging.FileHandler):
+    """The log file, never opened through a link; once a write fails (a full disk), it stops
+    writing instead of failing on every record."""
+
+    def _open(self):  # noqa: ANN202 - logging's hook
+        return os.fdopen(open_own(self.baseFilename), "a", encoding=self.encoding)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if self.stream is not None:
+            with contextlib.suppress(OSError):
+                self.stream.close()
+        self.stream = None
+        self.setLevel(logging.CRITICAL + 1)

@@ -1,5 +1,6 @@
 """`enn gc [--dry-run]`: remove what the `gc:` retention policy lets go (tasks/gc.py) and say
-what it freed."""
+what it freed, and what it left alone because it lies outside the roots gc owns. The plan is
+made once: `--dry-run` prints exactly what the real run removes."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ from tasks import gc
 
 
 def gc_command(cfg: RunConfig, config: Path, layout: Layout, *, dry_run: bool) -> int:
-    removals = gc.plan(cfg, layout)
-    for r in removals:
+    planned = gc.plan(cfg, layout)
+    for s in planned.skipped:
+        print(f"left alone: {s.path} ({s.why})")
+    failed = {} if dry_run else gc.remove(cfg, layout, planned.removals)
+    done = [r for r in planned.removals if r.path not in failed]
+    for r in done:
         print(f"{'would remove' if dry_run else 'removed'}: {r.path} ({mb(r.size)}; {r.why})")
-    total = sum(r.size for r in removals)
-    if not dry_run:
-        total = gc.remove(cfg, layout, removals)
+    for path, why in failed.items():
+        print(f"not removed: {path} ({why})")
     verb = "would free" if dry_run else "freed"
-    print(f"gc: {verb} {mb(total)} in {len(removals)} path(s) (policy: gc: in {config.name})")
+    total = sum(r.size for r in done)
+    print(f"gc: {verb} {mb(total)} in {len(done)} path(s) (policy: gc: in {config.name})")
     return 0
 
 

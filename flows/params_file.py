@@ -12,8 +12,10 @@ input loses nothing, and params.yaml, the outputs and dvc.lock keep agreeing."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,10 +74,25 @@ def recorded_overrides(path: Path, overrides: list[str], log: logging.Logger) ->
         yield recorded
     except BaseException:
         if not recorded.kept and path.read_bytes() != recorded.before:
-            with atomic_file(path, "wb") as f:
-                f.write(recorded.before)
+            put_back(path, recorded.before)
             log.info("params: %s restored (the run failed before any stage finished)", path.name)
         raise
+
+
+def put_back(path: Path, data: bytes) -> None:
+    """Write `data` back into `path`: atomically, or on a full disk in place (the file's
+    blocks are already there: a run that failed for want of space must not keep its --set)."""
+    try:
+        with atomic_file(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def write_overrides(path: Path, overrides: list[str]) -> list[str]:
@@ -84,6 +101,7 @@ def write_overrides(path: Path, overrides: list[str]) -> list[str]:
         return []
     yaml = YAML()
     yaml.preserve_quotes = True
+    yaml.representer.add_representer(float, _float_yaml11)
     doc = yaml.load(path.read_text()) or {}
     changes = []
     for text in overrides:
@@ -103,6 +121,16 @@ def write_overrides(path: Path, overrides: list[str]) -> list[str]:
     with atomic_file(path) as f:
         f.write(buf.getvalue())
     return changes
+
+
+def _float_yaml11(representer, value: float):  # noqa: ANN001, ANN202 - ruamel's hook
+    """A float as YAML 1.1 reads it back as a float: `1.0e-06`, not ruamel's `1e-06`, which
+    PyYAML (the config loader) reads as the string '1e-06'."""
+    text = repr(value)
+    mantissa, e, exponent = text.partition("e")
+    if e and "." not in mantissa:
+        text = f"{mantissa}.0e{exponent}"
+    return representer.represent_scalar("tag:yaml.org,2002:float", text)
 
 
 __all__ = ["RunConfig", "apply_overrides", "record_overrides"]

@@ -5,14 +5,23 @@ Each runs in its own process session: Ctrl-C in a terminal signals the whole for
 process group, and a server in that group would die with the first SIGINT while `enn` still
 needs it to record the interrupted run (FIELD_NOTES). The kernel kills each with its parent
 (`PR_SET_PDEATHSIG`), so a SIGKILLed `enn` leaves no server behind, and `stop_group` ends the
-whole group when `enn` exits normally."""
+whole group when `enn` exits normally.
+
+A server's link is printed only once it is known to be this server's: its port must be free
+before it starts, and after it answers, the port must be held by its own process tree (another
+server answering the same address, one that grabbed the port meanwhile, would otherwise get
+the runs and the clicks); else one line names the port and who holds it. A host other than
+loopback is warned about: neither server authenticates anyone (README, "Security notes")."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import ctypes
+import errno
 import importlib.util
+import ipaddress
+import logging
 import os
 import signal
 import socket
@@ -22,8 +31,15 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
-from enn_core.errors import TransientError
+import psutil
+
+from enn_core.atomic import open_own
+from enn_core.errors import ConfigError, TransientError
+from tasks.ui import tree_listens
+
+logger = logging.getLogger("enn.servers")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,12 +83,83 @@ def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         proc.wait(timeout=grace)
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def warn_if_exposed(host: str, what: str) -> None:
+    """The README's warning, when `host` is not loopback: nothing authenticates."""
+    if not is_loopback(host):
+        logger.warning(
+            "%s listens on %s, not loopback: anyone who reaches this machine can use it, with "
+            "no authentication; put authentication in front (mlflow server --app-name "
+            "basic-auth, or a reverse proxy with TLS and auth) before exposing it (README, "
+            "Security notes), or set deploy.host=127.0.0.1",
+            what,
+            host,
+        )
+
+
+def holder(port: int) -> str:
+    """Who listens on `port`: 'pid N (command)', or what can be said without permission."""
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            if conn.pid is None:
+                return "a process of another user"
+            try:
+                cmd = " ".join(psutil.Process(conn.pid).cmdline())[:120]
+            except psutil.Error:
+                cmd = "?"
+            return f"pid {conn.pid} ({cmd})"
+    return "another process"
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Refuse to start on a port something already listens on (naming it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:  # not this machine's address, or no such host
+                raise ConfigError(
+                    f"{what}: cannot listen on {host}:{port} ({e.strerror or e}); set deploy.host "
+                    "to an address of this machine (127.0.0.1 for this machine only)"
+                ) from None
+            raise ConfigError(
+                f"{what}: port {port} on {host} is held by {holder(port)} ({e.strerror}); stop "
+                "it or choose another port"
+            ) from None
+
+
+def serves(proc: subprocess.Popen, port: int) -> bool:
+    """Whether `proc` or one of its descendants listens on `port`."""
+    return tree_listens(proc.pid, port)
+
+
 def start_server(
-    cmd: list[str], env: dict[str, str], health_url: str, log: Path, timeout_s: float = 180
+    cmd: list[str],
+    env: dict[str, str],
+    health_url: str,
+    log: Path,
+    timeout_s: float = 180,
+    what: str = "server",
 ) -> subprocess.Popen:
-    """Run `cmd` in its own process session and wait until `health_url` answers."""
+    """Run `cmd` in its own process session and wait until `health_url` answers, from this
+    server (`serves`): its port must be free first, and its own afterwards."""
+    url = urlparse(health_url)
+    try:
+        host, port = url.hostname or "127.0.0.1", url.port or 80
+    except ValueError:  # `enn ui --port 70000`
+        raise ConfigError(f"{what}: {health_url} names no port (0-65535); choose one") from None
+    check_port_free(host, port, what)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as f:
+    with os.fdopen(open_own(log), "ab") as f:
         proc = subprocess.Popen(
             cmd,
             stdout=f,
@@ -83,6 +170,11 @@ def start_server(
         )
     try:
         wait_http(health_url, timeout_s, proc, log)
+        if not serves(proc, port):
+            raise ConfigError(
+                f"{what}: {health_url} answers, but from {holder(port)}, not the server enn "
+                f"started (port {port} was taken meanwhile); stop it or choose another port"
+            )
     except BaseException:
         stop_group(proc)
         raise
@@ -91,10 +183,15 @@ def start_server(
 
 @contextlib.contextmanager
 def local_server(
-    cmd: list[str], env: dict[str, str], health_url: str, log: Path, timeout_s: float = 180
+    cmd: list[str],
+    env: dict[str, str],
+    health_url: str,
+    log: Path,
+    timeout_s: float = 180,
+    what: str = "server",
 ) -> Iterator[None]:
     """`start_server`, stopping its whole process group when the block ends."""
-    proc = start_server(cmd, env, health_url, log, timeout_s)
+    proc = start_server(cmd, env, health_url, log, timeout_s, what)
     try:
         yield
     finally:
@@ -137,7 +234,7 @@ def temporary_prefect_api(log: Path, timeout_s: float = 120.0) -> str:
         "on",
     ]
     api = f"http://127.0.0.1:{port}/api"
-    proc = start_server(cmd, env, f"{api}/health", log, timeout_s)
+    proc = start_server(cmd, env, f"{api}/health", log, timeout_s, "Prefect's temporary API")
     atexit.register(stop_group, proc)
     return api
 
@@ -156,11 +253,14 @@ def prefect_server(host: str, port: int, log: Path, scheduler_loop_s: float = 5.
     env.pop("PREFECT_API_URL", None)
     exe = Path(sys.executable).parent / "prefect"
     api = f"http://{host}:{port}/api"
+    what = "the Prefect server (deploy.prefect_port)"
+    warn_if_exposed(host, what)
     with local_server(
         [str(exe), "server", "start", "--host", host, "--port", str(port)],
         env,
         f"{api}/health",
         log,
+        what=what,
     ):
         yield api
 
@@ -191,7 +291,13 @@ def mlflow_server(
     port = port or free_port(host)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     url = f"http://{host}:{port}"
+    what = "the MLflow UI (deploy.mlflow_port, or enn ui --port)"
+    warn_if_exposed(host, what)
     with local_server(
-        mlflow_server_command(tracking_uri, artifacts, host, port), env, f"{url}/health", log
+        mlflow_server_command(tracking_uri, artifacts, host, port),
+        env,
+        f"{url}/health",
+        log,
+        what=what,
     ):
         yield url

@@ -16,6 +16,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
 from enn_core.config import RunConfig
+from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout, project_root
 from flows.params_file import apply_overrides
 from flows.training import load_once, watch_cancellation
@@ -69,7 +70,13 @@ def apply_best(cfg: RunConfig, config: Path, overrides: list[str], layout: Layou
     winner and DVC versions it. Returns 'key: old -> new' lines."""
     values, objective, number = best_values(cfg, config, overrides, layout)
     sets = [override(k, v) for k, v in sorted(values.items())]
-    lines = apply_overrides(config, sets)
+    try:  # validated as `--set` would be: the database is data
+        lines = apply_overrides(config, sets)
+    except ConfigError as e:
+        raise DataError(
+            f"study {cfg.tune.study or config.stem}: best trial {number}'s values are refused "
+            f"by the config ({e}); nothing written"
+        ) from e
     head = f"trial {number} ({cfg.tune.metric} {objective:.4g})"
     if not lines:
         return [f"{config.name} already holds {head}'s values"]

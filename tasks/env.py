@@ -14,6 +14,12 @@ What it sets (the README lists them):
   under the work directory; results serialized as JSON, never pickle.
 Values a user already exported (e.g. PREFECT_API_URL of a real server, an MLflow server URI)
 are left alone: that is how the pipeline scales out to existing servers.
+
+And the work directory's files (`private_stores`): the umask gets `o-w` (no folder enn or its
+servers make is world-writable, whatever the umask was); the SQLite stores enn owns (MLflow's
+`mlflow.db`, Prefect's `prefect.db`) are created 0600 before the tools open them, and narrowed
+to 0600 when an older run left them readable; DVC's site cache folder, which DVC makes 0777 on
+purpose for a machine-wide cache, is made first, as the umask says.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+from enn_core.atomic import private_file, umask
 from enn_core.paths import ENV_WORK_DIR, Layout
 
 PREFECT = "prefect"  # settings Prefect reads when it is imported
@@ -105,6 +112,7 @@ def contain(
     """Apply `contained_env` to os.environ and create the work directory. Values the user
     exported are kept (unless `override`); values an earlier call of this function set are
     replaced."""
+    os.umask(umask() | 0o002)  # before anything is made: no world-writable folder or file
     layout.work.mkdir(parents=True, exist_ok=True)
     watched = ("prefect", "mlflow") if PREFECT in groups else ("mlflow",)
     already = [m for m in watched if m in sys.modules]
@@ -116,6 +124,7 @@ def contain(
             if os.environ.get(key) != value:
                 changed.append(key)
             os.environ[key] = value
+    private_stores(layout)
     if already and changed:
         # Settings read at import time cannot change now; say so instead of silently ignoring.
         import warnings
@@ -124,3 +133,19 @@ def contain(
             f"contain() called after importing {already}; their settings may be stale", stacklevel=2
         )
     return layout
+
+
+def private_stores(layout: Layout) -> None:
+    """The work directory's stores only their owner reads, and DVC's site cache as the umask
+    says (see the module's docstring); stores the user moved elsewhere are theirs."""
+    if os.environ.get("MLFLOW_TRACKING_URI") == layout.mlflow_uri:
+        private_file(layout.mlflow_dir / "mlflow.db")
+    own_prefect = os.environ.get("PREFECT_HOME") == str(layout.prefect_home)
+    if own_prefect and not os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):
+        private_file(layout.prefect_home / "prefect.db")
+    mode = 0o777 & ~umask()
+    for folder in (layout.dvc_site_cache, layout.dvc_site_cache / "repo"):
+        folder.mkdir(mode=mode, exist_ok=True)
+        st = folder.lstat()
+        if st.st_uid == os.getuid() and st.st_mode & 0o777 & ~mode:  # DVC made it 0777
+            folder.chmod(mode)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from enn_core.atomic import open_own
 from enn_core.errors import LockError
 
 _held: dict[str, tuple[int, int]] = {}  # path -> (fd, depth)
@@ -43,7 +44,7 @@ def pipeline_lock(path: Path, what: str) -> Iterator[None]:
                 _held[key] = (fd, depth - 1)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_own(path, os.O_RDWR, 0o644)  # never through a link: it is truncated below
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

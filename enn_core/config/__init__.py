@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
+import typing
 from collections.abc import Iterable
 from dataclasses import field
 from pathlib import Path
@@ -20,6 +22,7 @@ from enn_core.config.deploy import DeployConfig
 from enn_core.config.fault import FaultConfig
 from enn_core.config.fields import frozen
 from enn_core.config.loader import (
+    _coerce,
     all_keys,
     build,
     canonical_json,
@@ -39,7 +42,7 @@ from enn_core.config.stages import (
 )
 from enn_core.config.tracking import TrackingConfig
 from enn_core.config.train import TrainConfig
-from enn_core.config.tune import GcConfig, TuneConfig
+from enn_core.config.tune import GcConfig, TuneConfig, dimensions
 from enn_core.errors import ConfigError
 
 
@@ -117,13 +120,28 @@ def load_config(
 
 
 def check_space_keys(cfg: RunConfig, where: str) -> None:
-    """Each `tune.space` key is a config key (its range was checked by TuneConfig)."""
+    """Each `tune.space` key is a config key (its range was checked by TuneConfig) and its
+    bounds or choices are values of that key's type (an integer key searched over floats would
+    fail every trial)."""
     valid = set(all_keys(RunConfig))
     for key in cfg.tune.space:
         if key not in valid:
             close = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)
             hint = f"did you mean '{close[0]}'?" if close else "see docs/config.md"
             raise ConfigError(f"{where}: tune.space.{key}: unknown config key; {hint}")
+    for dim in dimensions(cfg.tune):
+        section, name = dim.key.split(".")
+        kind = typing.get_type_hints(type(getattr(cfg, section)))[name]
+        ends = dim.choices if dim.kind == "choice" else (dim.low, dim.high)
+        for value in ends:
+            value = int(value) if dim.kind == "int" else value
+            _coerce(value, kind, f"tune.space.{dim.key}", where)
+
+
+@functools.cache
+def all_config_keys() -> frozenset[str]:
+    """Every dotted key of the run config (sections and leaves)."""
+    return frozenset(all_keys(RunConfig))
 
 
 def sections_of(cfg: RunConfig, sections: Iterable[str]) -> dict[str, Any]:
@@ -139,6 +157,7 @@ def replace_key(cfg: RunConfig, key: str, value: object) -> RunConfig:
 
 
 __all__ = [
+    "all_config_keys",
     "CheckpointConfig",
     "CollapseConfig",
     "ConfigError",

@@ -9,6 +9,8 @@ from typing import Literal
 from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
+MAX_PERIOD = 10**9  # a cycle's length in its units (seconds of a year are 3e7): floats stay finite
+
 
 @frozen
 class SyntheticConfig:
@@ -241,10 +243,12 @@ class DataConfig:
                 f"data.cyclic_starts={list(self.cyclic_starts)} must give one first value per "
                 "data.cyclic key"
             )
-        if len(self.cyclic_periods) != len(self.cyclic) or any(p < 2 for p in self.cyclic_periods):
+        if len(self.cyclic_periods) != len(self.cyclic) or any(
+            not 2 <= p <= MAX_PERIOD for p in self.cyclic_periods
+        ):
             raise ConfigError(
-                f"data.cyclic_periods={list(self.cyclic_periods)} must give one period >= 2 per "
-                f"data.cyclic key {list(self.cyclic)}"
+                f"data.cyclic_periods={list(self.cyclic_periods)} must give one period per "
+                f"data.cyclic key {list(self.cyclic)}, each from 2 to {MAX_PERIOD:.0e}"
             )
         if self.features_only and not self.training_manifest:
             raise ConfigError(

@@ -6,7 +6,8 @@ picked up by loading, validation, the resolved-config dump and the generated ref
 (`docs/config.md`) without further code.
 
 Rules:
-- `yaml.safe_load` only.
+- YAML with the safe loader only, bounded (size, depth, aliases) and without duplicate keys
+  (`enn_core/config/yaml_file.py`).
 - An unknown key is an error that names the closest valid key (`train.epoch` -> `train.epochs`).
 - Values are checked against the field's annotation; `__post_init__` of each dataclass
   validates meaning and names the fix.
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from enn_core.config.fields import FrozenMap
+from enn_core.config.yaml_file import load_text, read_params
 from enn_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -189,7 +191,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, raw = text.split("=", 1)
     key = key.strip()
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_text(raw, f"--set {key}") if raw.strip() else ""
     except yaml.YAMLError:
         value = (
             raw  # not YAML (e.g. a cron string '*/5 * * * *'): a plain string, type-checked later
@@ -225,17 +227,8 @@ def deep_merge(base: dict[str, Any], key: str, value: Any, root: type) -> None:
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(
-            f"{path}: config file not found; pass --config PATH or create params.yaml"
-        )
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections (data:, model:, ...)")
-    return data
+    """The params file's sections, read with bounds (`enn_core/config/yaml_file.py`)."""
+    return read_params(path)
 
 
 def to_plain(obj: Any) -> Any:

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from enn_core.config.fields import FrozenMap, frozen
+from enn_core.config.loader import to_plain
 from enn_core.errors import ConfigError
 
 FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+# Ranges of the values that feed the encoders' and the prior's arithmetic: a von Mises
+# concentration (period / width)^2 overflowed a float at width 1e-300, and kriging's solve was
+# singular at noise 1e-300 or group weight 1e300. Far wider than any useful value.
+WIDTH = (1e-3, 1e6)  # in the cyclic feature's units (months)
+SCALE = (1e-6, 1e9)  # label units
+NOISE = (1e-6, 1e6)  # relative to the kernel's 1
+GROUP = (0.0, 1e3)  # relative to the shared profile's 1
+# model.options travel in every checkpoint and MLflow run: JSON of a few keyword arguments
+OPTIONS_DEPTH = 8
+OPTIONS_BYTES = 64 << 10
 
 
 @frozen
@@ -137,13 +149,9 @@ class ModelConfig:
             raise ConfigError(f"model.embed_dim={self.embed_dim} must be >= 1 (e.g. 16)")
         if self.ffn_mult < 1:
             raise ConfigError(f"model.ffn_mult={self.ffn_mult} must be >= 1 (e.g. 2)")
-        if self.cyclic_basis < 0 or not (
-            self.cyclic_width > 0 and math.isfinite(self.cyclic_width)
-        ):
-            raise ConfigError(
-                f"model.cyclic_basis={self.cyclic_basis} must be >= 0 and "
-                f"model.cyclic_width={self.cyclic_width} > 0 (e.g. 6 and 1.5 for a month)"
-            )
+        if self.cyclic_basis < 0:
+            raise ConfigError(f"model.cyclic_basis={self.cyclic_basis} must be >= 0 (e.g. 6)")
+        _in_range("model.cyclic_width", self.cyclic_width, *WIDTH, "1.5 for a month")
         self._check_prior()
         if self.context_tokens < 1:
             raise ConfigError(f"model.context_tokens={self.context_tokens} must be >= 1 (e.g. 4)")
@@ -154,17 +162,12 @@ class ModelConfig:
                 f"model.prior_weight={self.prior_weight} is outside [0, 1]; 0 = the network "
                 "alone, e.g. 0.5 for an even blend"
             )
-        if not (self.prior_width > 0 and self.prior_category_scale > 0):
-            raise ConfigError(
-                f"model.prior_width={self.prior_width} and model.prior_category_scale="
-                f"{self.prior_category_scale} must be > 0 (e.g. 2.0 and 2.0)"
-            )
-        if not (self.prior_kriging_noise > 0 and self.prior_kriging_group_weight >= 0):
-            raise ConfigError(
-                f"model.prior_kriging_noise={self.prior_kriging_noise} must be > 0 and "
-                f"model.prior_kriging_group_weight={self.prior_kriging_group_weight} >= 0 "
-                "(e.g. 0.3 and 0.1)"
-            )
+        _in_range("model.prior_width", self.prior_width, *WIDTH, "2.0 months")
+        _in_range("model.prior_category_scale", self.prior_category_scale, *SCALE, "2.0")
+        _in_range("model.prior_kriging_noise", self.prior_kriging_noise, *NOISE, "0.3")
+        _in_range(
+            "model.prior_kriging_group_weight", self.prior_kriging_group_weight, *GROUP, "0.1"
+        )
         if "kriging" in self.prior_statistic and self.prior_weight > 0 and not self.prior_group:
             raise ConfigError(
                 f"model.prior_statistic={self.prior_statistic!r} needs model.prior_group (the "
@@ -193,19 +196,43 @@ class ModelConfig:
                 f"model.options is for model.preset=custom (here {self.preset!r}); remove it "
                 "or set model.preset=custom"
             )
-        _check_json("model.options", self.options)
+        _check_options(self.options)
 
 
-def _check_json(key: str, value: Any) -> None:
+def _in_range(key: str, value: float, low: float, high: float, example: str) -> None:
+    if not low <= value <= high:
+        raise ConfigError(
+            f"{key}={value} is outside [{low:g}, {high:g}], where its arithmetic stays finite "
+            f"and solvable; use e.g. {example}"
+        )
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    """JSON types only, at most OPTIONS_DEPTH deep and OPTIONS_BYTES as JSON."""
+    _check_json("model.options", options)
+    size = len(json.dumps(to_plain(options)))
+    if size > OPTIONS_BYTES:
+        raise ConfigError(
+            f"model.options is {size} bytes as JSON, over {OPTIONS_BYTES >> 10} KiB: options "
+            "are a factory's keyword arguments (sizes, flags); read bulk data in the factory"
+        )
+
+
+def _check_json(key: str, value: Any, depth: int = 0) -> None:
     """JSON types only (checkpoints load with weights_only=True, which takes nothing else)."""
+    if isinstance(value, (Mapping, list, tuple)) and depth >= OPTIONS_DEPTH:
+        raise ConfigError(
+            f"{key}: model.options nest more than {OPTIONS_DEPTH} levels deep; a factory's "
+            "keyword arguments need a few"
+        )
     if isinstance(value, Mapping):
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ConfigError(f"{key}: key {k!r} is not a string; quote it")
-            _check_json(f"{key}.{k}", v)
+            _check_json(f"{key}.{k}", v, depth + 1)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _check_json(f"{key}[{i}]", v)
+            _check_json(f"{key}[{i}]", v, depth + 1)
     elif isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}={value} is not finite; give a finite number")
     elif value is not None and not isinstance(value, (str, int, float, bool)):

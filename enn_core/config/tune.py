@@ -8,6 +8,8 @@ naming `tune.space.<key>`.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -18,6 +20,11 @@ from enn_core.errors import ConfigError
 # only what those read can vary between trials.
 SEARCHABLE = ("model.", "train.")
 SPEC_KEYS = frozenset({"low", "high", "log", "step", "choices"})
+# A study's name is a file name under work/tune/ (its database and folder), never a path
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+MAX_BOUND = 2.0**53  # a bound past this is no hyperparameter (and no longer an exact integer)
+MAX_CHOICES = 1000
+MAX_KEEP_DAYS = 1e6  # gc's cutoff is a time in milliseconds: 1e300 days overflowed it
 
 
 class Dimension(NamedTuple):
@@ -32,6 +39,17 @@ class Dimension(NamedTuple):
     step: float | None = None
     choices: tuple[Any, ...] = ()
 
+    def holds(self, value: Any) -> bool:
+        """Whether `value` is a point of this dimension (a study record's values are checked
+        so before they reach a trial or the params file)."""
+        if self.kind == "choice":
+            return any(type(value) is type(c) and value == c for c in self.choices)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.kind == "int" and not float(value).is_integer():
+            return False
+        return math.isfinite(value) and self.low <= value <= self.high
+
 
 def _number(key: str, spec: Mapping[str, Any], name: str) -> float:
     value = spec.get(name)
@@ -39,6 +57,11 @@ def _number(key: str, spec: Mapping[str, Any], name: str) -> float:
         raise ConfigError(
             f"tune.space.{key}.{name} must be a number, got {value!r}; "
             "write e.g. {low: 0.001, high: 0.1, log: true}"
+        )
+    if not (math.isfinite(value) and abs(value) <= MAX_BOUND):
+        raise ConfigError(
+            f"tune.space.{key}.{name}={value} must be a finite number of at most "
+            f"{MAX_BOUND:.0e} in size; write the range the key really takes"
         )
     return value
 
@@ -61,6 +84,7 @@ def dimension(key: str, spec: Any) -> Dimension:
             raise ConfigError(
                 f"tune.space.{key}: choices must be a non-empty list, alone (no low/high)"
             )
+        _check_choices(key, choices)
         return Dimension(key, "choice", choices=tuple(choices))
     low, high = _number(key, spec, "low"), _number(key, spec, "high")
     log, step = bool(spec.get("log", False)), spec.get("step")
@@ -79,11 +103,26 @@ def dimension(key: str, spec: Any) -> Dimension:
     return Dimension(key, kind, float(low), float(high), log, step)
 
 
+def _check_choices(key: str, choices: list[Any] | tuple[Any, ...]) -> None:
+    """Values a study stores and a trial gets as `--set key=value`: plain scalars."""
+    if len(choices) > MAX_CHOICES:
+        raise ConfigError(f"tune.space.{key}: {len(choices)} choices; at most {MAX_CHOICES}")
+    for c in choices:
+        if c is not None and not isinstance(c, (str, int, float, bool)):
+            raise ConfigError(
+                f"tune.space.{key}: choice {c!r} is a {type(c).__name__}; choices are numbers, "
+                "strings, booleans or null"
+            )
+        if isinstance(c, float) and not math.isfinite(c):
+            raise ConfigError(f"tune.space.{key}: choice {c} is not finite")
+
+
 @frozen
 class TuneConfig:
     study: str = ""
-    """Name of the study (its SQLite file `work/tune/<study>.db` and folder `work/tune/<study>/`);
-    empty = the config file's name (`params`, `expressway`)."""
+    """Name of the study (its SQLite file `work/tune/<study>.db` and folder `work/tune/<study>/`):
+    letters, digits, '.', '_' and '-', never a path; empty = the config file's name (`params`,
+    `expressway`)."""
 
     space: Mapping[str, Mapping[str, Any]] = FrozenMap()
     """The search space: a `model.*` or `train.*` key -> `{low, high}` (numbers; `log: true` for a
@@ -121,7 +160,9 @@ class TuneConfig:
     keys left out are sampled."""
 
     def __post_init__(self) -> None:
-        dimensions(self)
+        dims = {d.key: d for d in dimensions(self)}
+        if self.study:
+            check_study_name(self.study, "tune.study")
         if self.n_trials < 1:
             raise ConfigError(f"tune.n_trials={self.n_trials} must be >= 1")
         if self.parallel < 0:
@@ -135,6 +176,21 @@ class TuneConfig:
                     f"tune.enqueue[{i}]: {unknown[0]} is not a tune.space key; add it to the "
                     "space or drop it"
                 )
+            outside = sorted(k for k, v in trial.items() if not dims[k].holds(v))
+            if outside:
+                raise ConfigError(
+                    f"tune.enqueue[{i}]: {outside[0]}={trial[outside[0]]!r} is outside "
+                    f"tune.space.{outside[0]}; enqueue points of the space"
+                )
+
+
+def check_study_name(name: str, where: str) -> None:
+    """A study's name becomes `work/tune/<name>.db` and `work/tune/<name>/`: a plain name."""
+    if not STUDY_NAME.match(name) or ".." in name:
+        raise ConfigError(
+            f"{where}={name!r} is not a study name: letters, digits, '.', '_' and '-' only (up "
+            "to 100, no path); e.g. --set tune.study=fold0"
+        )
 
 
 def dimensions(tune: TuneConfig) -> tuple[Dimension, ...]:
@@ -162,5 +218,7 @@ class GcConfig:
     marked `enn.gc`)."""
 
     def __post_init__(self) -> None:
-        if self.keep_fingerprints < 0 or self.keep_days < 0:
-            raise ConfigError("gc.keep_fingerprints and gc.keep_days must be >= 0")
+        if self.keep_fingerprints < 0 or not 0 <= self.keep_days <= MAX_KEEP_DAYS:
+            raise ConfigError(
+                f"gc.keep_fingerprints must be >= 0 and gc.keep_days in [0, {MAX_KEEP_DAYS:g}]"
+            )

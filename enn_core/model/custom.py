@@ -20,8 +20,11 @@ refused, so that a checkpoint never chooses what code runs.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,7 +37,7 @@ from torch import nn
 from enn_core.config.model import ModelConfig
 from enn_core.errors import ConfigError
 from enn_core.model.encoding import FeatureEncoder, parse_feature_specs
-from enn_core.model_code import ModelCode, code_root
+from enn_core.model_code import ModelCode, check_inside, code_root
 
 
 @dataclass(frozen=True)
@@ -72,20 +75,71 @@ def _on_path(root: str | Path) -> Iterator[None]:
 
 
 def import_factory(code: ModelCode) -> Callable[..., nn.Module]:
-    """The callable `code.factory` names, imported from `code.root`; errors are one line."""
+    """The callable `code.factory` names, imported from `code.root`; errors are one line. The
+    module must lie in the project (links resolved), before and after it is imported."""
     module_name, func = code.factory.split(":", 1)
-    with _on_path(code_root(code.factory, code.root)):
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:  # the user's module: any error while importing it
-            raise ConfigError(
-                f"model.factory={code.factory!r}: importing {module_name} failed: "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            ) from e
+    top = code_root(code.factory, code.root)
+    check_inside(code.factory, top)
+    with _on_path(top), user_code(code.factory, f": importing {module_name} failed"):
+        module = importlib.import_module(module_name)
+    where = getattr(module, "__file__", None)
+    if where is None or not Path(where).resolve().is_relative_to(top.resolve()):
+        raise ConfigError(
+            f"model.factory={code.factory!r}: {module_name} was imported from {where}, outside "
+            f"the project {top} (a module of that name was imported or installed already); "
+            "name your module so that it is unique"
+        )
     fn = getattr(module, func, None)
     if not callable(fn):
         raise ConfigError(f"model.factory={code.factory!r}: {module_name} has no function {func!r}")
     return fn
+
+
+@contextmanager
+def user_code(factory: str, where: str) -> Iterator[None]:
+    """Any error of the user's code is one ConfigError naming the factory (`where`: what it was
+    doing): an exception, and also `sys.exit()` (the stage exited 0 after "failed"), or a
+    KeyboardInterrupt the code raised itself (the stage said "interrupted"). A real Ctrl-C or
+    SIGTERM meanwhile (`signals_seen`) still stops the run as one."""
+    with signals_seen() as seen:
+        try:
+            yield
+        except ConfigError:
+            raise
+        except BaseException as e:  # the user's code: whatever it raised or exited with
+            if isinstance(e, KeyboardInterrupt) and seen:
+                raise
+            first = str(e).splitlines()[0] if str(e) else ""
+            exits = "" if isinstance(e, Exception) else " (a factory must return, not exit)"
+            raise ConfigError(
+                f"model.factory={factory!r}{where}: {type(e).__name__}: {first}{exits}"
+            ) from e
+
+
+@contextmanager
+def signals_seen() -> Iterator[list[int]]:
+    """The SIGINT and SIGTERM that arrive while the block runs (in the main thread, whose
+    handlers are wrapped to note them first; elsewhere no signal reaches Python code)."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            previous[sig] = handler
+            signal.signal(sig, functools.partial(_note, seen, handler))
+    try:
+        yield seen
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _note(seen: list[int], handler: Callable[..., Any], signum: int, frame: Any) -> None:
+    seen.append(signum)
+    handler(signum, frame)
 
 
 def model_spec(manifest: Mapping[str, Any], encoder: FeatureEncoder) -> ModelSpec:
@@ -119,23 +173,17 @@ def build_body(
     """(the user's module, whether it takes raw features), its output shape checked on two
     zero rows; errors name the factory and the fix."""
     factory = import_factory(code)
-    try:
+    with user_code(cfg.factory, f" with model.options {dict(cfg.options)}"):
         body = factory(spec, **dict(cfg.options))
-    except Exception as e:  # the user's code: its error, on one line, named
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise ConfigError(
-            f"model.factory={cfg.factory!r} with model.options {dict(cfg.options)}: "
-            f"{type(e).__name__}: {first}"
-        ) from e
-    if not isinstance(body, nn.Module):
-        raise ConfigError(
-            f"model.factory={cfg.factory!r} returned a {type(body).__name__}, not an nn.Module"
-        )
-    raw = bool(getattr(body, "raw_features", False))
+        if not isinstance(body, nn.Module):
+            raise ConfigError(
+                f"model.factory={cfg.factory!r} returned a {type(body).__name__}, not an nn.Module"
+            )
+        raw = bool(getattr(body, "raw_features", False))  # the module's own attribute code
     width = n_features if raw else spec.encoded_dim
-    with torch.no_grad():
+    with torch.no_grad(), user_code(cfg.factory, f": the module's forward of [2, {width}] failed"):
         out = body.eval()(torch.zeros(2, width))
-    body.train()
+        body.train()
     want = (2, *spec.label_shape)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

@@ -178,7 +178,7 @@ class NeighbourPrior(nn.Module):
             mean = targets[keep].mean(0)
             system = kernel[np.ix_(keep, keep)] + self.kriging_noise * np.eye(int(keep.sum()))
             coef = np.zeros_like(targets)
-            coef[keep] = np.linalg.solve(system, targets[keep] - mean)
+            coef[keep] = _solve(system, targets[keep] - mean)
             self.kriging_mean[slot] = torch.from_numpy(mean)
             self.kriging_coef[slot] = torch.from_numpy(coef)
 
@@ -290,6 +290,22 @@ class NeighbourPrior(nn.Module):
         kernel = self._kernel(similarity).to(torch.float32)  # [B, N]
         coef = self.kriging_coef[slot]  # [B, N, C]
         return self.kriging_mean[slot] + torch.bmm(kernel[:, None, :], coef).squeeze(1)
+
+
+def _solve(system: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Kriging's coefficients; a singular or non-finite solve is one line, not a traceback
+    (ModelConfig's ranges keep the noise and group weight where it does not happen)."""
+    try:
+        coef: np.ndarray | None = np.linalg.solve(system, targets)
+    except np.linalg.LinAlgError:
+        coef = None
+    if coef is None or not np.isfinite(coef).all():
+        raise ConfigError(
+            "kriging's solve for the neighbour prior has no finite solution with these rows; "
+            "raise model.prior_kriging_noise (e.g. 0.3) or lower "
+            "model.prior_kriging_group_weight (e.g. 0.1)"
+        )
+    return coef
 
 
 def _check_kriging(n_rows: int, n_groups: int, cells: int) -> None:

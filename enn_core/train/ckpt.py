@@ -61,7 +61,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from enn_core.atomic import fsync_dir
+from enn_core.atomic import fsync_dir, write_json
 from enn_core.config import CheckpointConfig
 from enn_core.data.hashing import hash_files
 from enn_core.errors import StaleOutputError
@@ -301,9 +301,7 @@ class Checkpointer:
         """The run finished: await the last save, then mark the directory COMPLETE."""
         self.wait()
         if self.is_main:
-            (self.root / COMPLETE).write_text(
-                json.dumps({"time": time.time(), "saved": self.saved})
-            )
+            write_json(self.root / COMPLETE, {"time": time.time(), "saved": self.saved})
 
     def close(self) -> None:
         """At exit. After an error an in-flight save is not awaited (its peers may be gone):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -426,7 +427,11 @@ class EventForwarder:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # a full or locked store: stop() flushes once more and raises
+                logging.getLogger("enn.tracking").debug("event forwarding stopped", exc_info=True)
+                return
 
     def flush(self) -> None:
         """Send what the events file gained since the last flush."""

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.config import RunConfig
+from enn_core.config.tune import dimensions
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
+from tasks.tuning import store
 from tasks.tuning import study as st
 from tasks.tuning.tracking import StudyTracker
 
@@ -54,7 +56,8 @@ def tune(
     with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
         st.stage_study_data(plan, cfg)
         study = st.open_study(cfg, plan)
-        stale = st.end_stale_trials(study, plan)
+        with store.reading(plan.database):
+            stale = st.end_stale_trials(study, plan, dimensions(cfg.tune))
         if stale:
             log.info("study %s: trials %s were interrupted; ran again", plan.name, stale)
         done = st.finished(study)
@@ -71,7 +74,8 @@ def tune(
         parent = tracker.start({"enn.config": str(config)})
         error: BaseException | None = None
         try:
-            st.run_study(study, cfg, plan, tracker, should_stop)
+            with store.reading(plan.database, records=False):
+                st.run_study(study, cfg, plan, tracker, should_stop)
         except BaseException as e:
             error = e
             raise
@@ -96,18 +100,18 @@ def tune(
 def best_values(
     cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
 ) -> tuple[dict[str, Any], float, int]:
-    """The study's best complete trial: its values, objective and number."""
-    import optuna
-
+    """The study's best complete trial: its values (only keys of the config's `tune.space`,
+    each a point of it: the database is data), objective and number."""
     plan = st.make_plan(cfg, config, overrides, layout)
-    db = Path(plan.storage.removeprefix("sqlite:///"))
-    if not db.is_file():
-        raise ConfigError(f"{db}: no study {plan.name!r} here; run `enn tune` first")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=plan.name, storage=plan.storage)
-    top = st.best(study)
+    study = store.load_study(plan.name, plan.database)
+    with store.reading(plan.database):
+        top = st.best(study)
     if top is None:
         raise ConfigError(
-            f"{db}: study {plan.name!r} has no complete trial yet; run `enn tune` to finish one"
+            f"{plan.database}: study {plan.name!r} has no complete trial yet; run `enn tune` to "
+            "finish one"
         )
-    return top
+    values, objective, number = top
+    where = f"{plan.database}: best trial {number}"
+    then = "--apply writes only those: nothing written"
+    return store.space_values(values, dimensions(cfg.tune), where, then), objective, number

@@ -9,8 +9,10 @@ group) up to the parallel slots, follows each trial's `epoch/<metric>` events, r
 to Optuna and, when the pruner says so, kills the trial's process group and waits until every
 process of it is gone (`pruned.json` records the pids and how long they took). A trial's
 checkpoints are deleted when it ends. On start, trials a killed study left RUNNING are ended:
-their process trees are killed and they are marked FAIL; the study then runs until
-`tune.n_trials` trials are complete or pruned.
+their process trees are killed (only processes this study started, `tasks/tuning/owner.py`)
+and they are marked FAIL; the study then runs until `tune.n_trials` trials are complete or
+pruned. The database is data (`tasks/tuning/store.py`): a trial runs only values of the
+config's own `tune.space`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,17 +34,18 @@ import yaml
 
 from enn_core.atomic import write_json
 from enn_core.config import RunConfig, load_config, sections_of
-from enn_core.config.tune import Dimension, dimensions
-from enn_core.errors import ConfigError, TrainingError
+from enn_core.config.tune import Dimension, check_study_name, dimensions
+from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA
 from tasks.gc import size_of
 from tasks.runner import PipelineSession, execute_stage
+from tasks.tuning import store
+from tasks.tuning.owner import OWNER_ATTR, TrialOwner, claim, trial_command
 from tasks.tuning.trial import TrialJob, checkpoint_files, events_file
 
 log = logging.getLogger("enn.tune")
-STUDY_ATTR_PID = "enn.pid"  # a trial's user attribute: its process (pid:create_time)
 MAX_FAILED_IN_A_ROW = 3
 
 
@@ -103,6 +105,7 @@ def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
             "tune: {space: {train.lr: {low: 0.001, high: 0.1, log: true}}} (README, Tuning)"
         )
     name = cfg.tune.study or config.stem
+    check_study_name(name, "tune.study" if cfg.tune.study else f"the study name ({config.name})")
     gpus = gpu_count() if cfg.runtime.device != "cpu" else 0
     parallel, threads = slots(cfg, usable_cores(), gpus)
     folder = layout.work / "tune" / name
@@ -126,7 +129,12 @@ def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
     params = plan.staged / "params.json"
     want = json.loads(json.dumps(sections_of(cfg, STAGE_DATA.sections)))
     if params.is_file():
-        had = json.loads(params.read_text())
+        try:
+            had = json.loads(params.read_text())
+        except (ValueError, OSError) as e:
+            raise DataError(
+                f"{params}: damaged ({e}); delete {plan.staged} to stage the study's data again"
+            ) from e
         if had == want:
             return plan.staged
         if plan.database.is_file():
@@ -166,51 +174,9 @@ def distribution(dim: Dimension) -> Any:
 
 
 def open_study(cfg: RunConfig, plan: StudyPlan) -> Any:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    """The plan's study, created or resumed, its database checked (`store.open_study`)."""
     plan.folder.mkdir(parents=True, exist_ok=True)
-    t = cfg.tune
-    pruner = (
-        optuna.pruners.MedianPruner(
-            n_startup_trials=t.n_startup_trials, n_warmup_steps=t.n_warmup_steps
-        )
-        if t.pruner == "median"
-        else optuna.pruners.NopPruner()
-    )
-    study = optuna.create_study(
-        study_name=plan.name,
-        storage=plan.storage,
-        sampler=optuna.samplers.RandomSampler(seed=t.seed),  # replaced below
-        pruner=pruner,
-        direction="minimize",
-        load_if_exists=True,
-    )
-    # A resumed study seeds its sampler with tune.seed plus the trials it already has: the
-    # same seed would draw its first run's random points again (TPE starts at random too).
-    seed = t.seed + len(study.get_trials(deepcopy=False))
-    study.sampler = (
-        optuna.samplers.TPESampler(seed=seed)
-        if t.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed=seed)
-    )
-    for values in t.enqueue:
-        study.enqueue_trial(dict(values), skip_if_exists=True)
-    return study
-
-
-def _alive(tag: str | None) -> psutil.Process | None:
-    """The process a `pid:create_time` tag names, when it still runs."""
-    if not tag:
-        return None
-    pid, _, created = tag.partition(":")
-    try:
-        p = psutil.Process(int(pid))
-        if abs(p.create_time() - float(created)) > 0.01 or p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return p
-    except (psutil.NoSuchProcess, ValueError):
-        return None
+    return store.open_study(cfg, plan.name, plan.database)
 
 
 def kill_tree(proc: psutil.Process, timeout: float = 10.0) -> tuple[list[int], float]:
@@ -220,7 +186,8 @@ def kill_tree(proc: psutil.Process, timeout: float = 10.0) -> tuple[list[int], f
     procs = [proc, *proc.children(recursive=True)]
     pids = [p.pid for p in procs]
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if os.getpgid(proc.pid) == proc.pid:  # the trial leads its group (start_new_session)
+            os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     for p in procs:  # a descendant that left the group (none should) goes too
@@ -234,27 +201,47 @@ def kill_tree(proc: psutil.Process, timeout: float = 10.0) -> tuple[list[int], f
     return pids, time.monotonic() - t0
 
 
-def end_stale_trials(study: Any, plan: StudyPlan) -> list[int]:
-    """Trials a killed study left RUNNING: kill what of them still runs, mark them FAIL,
-    enqueue their values again, delete their checkpoints. Returns their numbers."""
+def end_stale_trials(study: Any, plan: StudyPlan, dims: tuple[Dimension, ...]) -> list[int]:
+    """Trials a killed study left RUNNING: kill what of them still runs (only a process this
+    study started here, `owner.claim`), mark them FAIL, enqueue their values again (when they
+    are points of the space), delete their checkpoints. Returns their numbers."""
     from optuna.trial import TrialState
 
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        proc = _alive(t.user_attrs.get(STUDY_ATTR_PID))
+        folder = trial_folder(plan, t.number)
+        proc, why = claim(TrialOwner.parse(t.user_attrs.get(OWNER_ATTR)), folder / "trial.json")
         if proc is not None:
             kill_tree(proc)
+        elif "gone" not in why:
+            log.warning("trial %d: %s; left alone", t.number, why)
         study.tell(t.number, state=TrialState.FAIL)
-        study.enqueue_trial(dict(t.params))  # the same point again, as if never interrupted
-        remove_checkpoints(plan.folder / f"trial-{t.number}")
+        try:  # the same point again, as if never interrupted
+            where = f"{plan.database}: trial {t.number}"
+            study.enqueue_trial(store.space_values(t.params, dims, where, "not run again"))
+        except DataError as e:
+            log.warning("%s", e)
+        remove_checkpoints(folder)
         ended.append(t.number)
     return ended
 
 
+def trial_folder(plan: StudyPlan, number: Any) -> Path:
+    """`work/tune/<study>/trial-<N>/`; a number that is not one is the database's fault."""
+    if type(number) is not int or number < 0:
+        raise DataError(f"{plan.database}: a trial numbered {number!r}: not this project's study")
+    return plan.folder / f"trial-{number}"
+
+
 def remove_checkpoints(folder: Path) -> int:
-    """Delete a finished trial's checkpoints; the bytes freed."""
+    """Delete a finished trial's checkpoints (only inside its own folder: a link that leads
+    out is left); the bytes freed."""
     freed = 0
+    inside = folder.resolve()
     for p in checkpoint_files(folder):
+        if not p.resolve().is_relative_to(inside):
+            log.warning("trial folder %s: %s leads outside it; left alone", folder, p)
+            continue
         freed += size_of(p)
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
@@ -320,12 +307,21 @@ class Hooks:
 def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> RunningTrial:
     from optuna.trial import TrialState
 
-    trial = study.ask({d.key: distribution(d) for d in dimensions(cfg.tune)})
-    folder = plan.folder / f"trial-{trial.number}"
-    if folder.exists():  # a number is never reused in one study; a leftover of another
+    dims = dimensions(cfg.tune)
+    trial = study.ask({d.key: distribution(d) for d in dims})
+    try:  # a point the database enqueued is data: only the space's keys and values run
+        where = f"{plan.database}: trial {trial.number}"
+        point = store.space_values(trial.params, dims, where, "nothing run")
+    except DataError:
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    folder = trial_folder(plan, trial.number)
+    if folder.is_symlink() or folder.is_file():
+        folder.unlink()
+    elif folder.exists():  # a number is never reused in one study; a leftover of another
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    values = [override(k, v) for k, v in trial.params.items()]
+    values = [override(k, v) for k, v in point.items()]
     overrides = (*plan.overrides, *values, *plan.runtime, "tracking.enabled=false")
     try:  # a value the config refuses is the study's error (the space), not a trial's
         load_config(plan.config, list(overrides))
@@ -344,17 +340,17 @@ def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> Runni
     env["OMP_NUM_THREADS"] = plan.runtime[0].split("=")[1]
     if plan.gpus:
         env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
+    command = trial_command(job.write())
     with open(folder / "trial.log", "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks.tuning.trial", str(job.write())],
+            command,
             cwd=plan.root,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: pruning kills the group
         )
-    p = psutil.Process(proc.pid)
-    trial.set_user_attr(STUDY_ATTR_PID, f"{p.pid}:{p.create_time()}")
+    trial.set_user_attr(OWNER_ATTR, TrialOwner.of(proc.pid, command).to_json())
     log.info("trial %d: %s", trial.number, " ".join(values))
     return RunningTrial(trial, folder, proc, time.monotonic())
 

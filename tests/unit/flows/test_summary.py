@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from enn_core.config import RunConfig
@@ -107,7 +108,8 @@ def ui_server() -> Iterator[str]:
 def test_with_enn_ui_running_it_links_the_runs_own_pages(layout, ui_server):
     api = f"{ui_server}/api"
     # what `enn ui` writes while it runs (tasks/ui.py announce_ui); its pid must be alive
-    ui = {"pid": os.getpid(), "prefect_api": api, "mlflow": ui_server}
+    started = psutil.Process().create_time()
+    ui = {"pid": os.getpid(), "started": started, "prefect_api": api, "mlflow": ui_server}
     (layout.work / "ui.json").write_text(json.dumps(ui))
     record = FlowRecord(flow_run_id="0b6f", mlflow_experiment_id="1", mlflow_run_id="a1b2c3")
     record.results["stage-data"] = _result("stage-data")

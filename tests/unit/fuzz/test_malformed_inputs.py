@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import datetime
 import io
-import logging
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from enn_core.errors import exit_codes
+from tests.fixtures.cli import enn
 
 DOCUMENTED = set(exit_codes()) - {0}
 HEADER = ["region", "x1", "x2", "y1", "y2"]
@@ -63,28 +61,6 @@ class Project:
     def snapshot(self) -> dict[str, bytes]:
         files = [self.root / "params.yaml", *sorted((self.root / "outputs").rglob("*"))]
         return {str(p.relative_to(self.root)): p.read_bytes() for p in files if p.is_file()}
-
-
-def enn(root: Path, *argv: str) -> tuple[int, list[str]]:
-    """`enn *argv` in this process, from `root`: (exit code, the lines it wrote to stderr)."""
-    from flows.cli import main
-
-    err = io.StringIO()
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    root_logger = logging.getLogger()
-    saved_handlers = root_logger.handlers[:]
-    root_logger.handlers = [logging.StreamHandler(err)]
-    saved_stderr, sys.stderr = sys.stderr, err
-    os.chdir(root)
-    try:
-        code = main(list(argv))
-    finally:
-        sys.stderr = saved_stderr
-        root_logger.handlers = saved_handlers
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
-    return code, [line for line in err.getvalue().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")

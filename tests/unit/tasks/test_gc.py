@@ -49,13 +49,14 @@ def test_gc_policy(tmp_path):
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        removals = gc.plan(cfg, layout, now)
+        planned = gc.plan(cfg, layout, now)
     finally:
         holder.kill()
         holder.wait()
-    got = {r.path.relative_to(layout.work).as_posix(): r for r in removals}
+    got = {r.path.relative_to(layout.work).as_posix(): r for r in planned.removals}
     assert set(got) == {"checkpoints/done", "checkpoints/stale", "tune/s/trial-0"}
     assert got["checkpoints/done"].size == 100
-    assert gc.remove(cfg, layout, removals) == 102  # the shard and the trial's end.json
+    assert gc.remove(cfg, layout, planned.removals) == {}
+    assert sum(r.size for r in planned.removals) == 102  # the shard and the trial's end.json
     assert not (ckpt / "done").exists() and (ckpt / "left").exists() and (ckpt / "new").exists()
     assert (study / "trial-1").exists() and busy.exists()

@@ -13,7 +13,9 @@ import psutil
 import pytest
 
 from enn_core.config import load_config
+from enn_core.config.tune import dimensions
 from tasks.tuning import study as st
+from tasks.tuning.owner import OWNER_ATTR, TrialOwner
 from tasks.tuning.trial import events_file
 
 LR = 'tune.space={"train.lr": {"low": 0.001, "high": 0.1, "log": true}}'
@@ -101,9 +103,10 @@ def test_stale_running_trial_is_failed_and_enqueued_again(tmp_path):
     plan = _plan(tmp_path)
     study = st.open_study(cfg, plan)
     left = study.ask({"train.lr": optuna.distributions.FloatDistribution(0.001, 0.1, log=True)})
-    left.set_user_attr(st.STUDY_ATTR_PID, "999999999:0")  # its process is gone
+    gone = TrialOwner("here", 999999999, 0.0, ("python", "-m", "tasks.tuning.trial", "x"))
+    left.set_user_attr(OWNER_ATTR, gone.to_json())  # its process is gone
     again = st.open_study(cfg, plan)  # the next `enn tune`
-    assert st.end_stale_trials(again, plan) == [left.number]
+    assert st.end_stale_trials(again, plan, dimensions(cfg.tune)) == [left.number]
     states = [t.state.name for t in again.get_trials()]
     assert states == ["FAIL", "WAITING"]
     assert (
