@@ -111,7 +111,7 @@ def test_on_a_skewed_label_the_absolute_error_fits_are_kept_and_named(tmp_path):
     out = fitted_baselines(skewed, ValidateConfig(), SPLITS, tmp_path / "cache")
     rows = np.asarray(skewed.split("val"))
     target = np.asarray(skewed.targets[rows])
-    for name, res in out.items():
+    for res in out.values():
         assert res.fit.loss == "absolute_error", res.fit
         kept, other = re.search(
             r"absolute error loss \(validation MAE ([0-9.]+); squared error ([0-9.]+)\)",
