@@ -336,12 +336,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"prior alone {row.get('prior_mae', np.nan):.3f}",
                 flush=True,
             )
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(rows, indent=1, default=str))
+            save_rows(args.json, rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report(rows, args.folds, args.seeds, command)
     return 0
+
+
+def save_rows(path: Path, rows: list[dict]) -> None:
+    """The raw results so far (after each training: a stopped run keeps what it measured)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=1, default=str))
 
 
 def _fits(deadline: str, rows: list[dict]) -> bool:

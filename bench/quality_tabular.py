@@ -45,7 +45,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.quality_expressway import run_one, session  # noqa: E402
+from bench.quality_expressway import run_one, save_rows, session  # noqa: E402
 from enn_core.config import load_config  # noqa: E402
 from enn_core.paths import Layout  # noqa: E402
 from enn_core.stages import STAGE_DATA, VALIDATE  # noqa: E402
@@ -185,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{row['best_epoch']}), {row['wall_s']:.0f} s",
                         flush=True,
                     )
-                    args.json.parent.mkdir(parents=True, exist_ok=True)
-                    args.json.write_text(json.dumps(rows, indent=1, default=str))
+                    save_rows(args.json, rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report(rows)
