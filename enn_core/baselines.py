@@ -1,10 +1,12 @@
 """Baselines and the collapse measure, defined once (validate, collapse-check and the quality
 report all use these).
 
-- `cell_mean`: the plain per-cell mean of the training labels.
-- `ConditionalNaive`: the mean of the same cell over the training rows that share the
-  declared key columns (e.g. day type and direction), falling back to the per-cell mean for
-  a key combination the training rows never had.
+- `cell_mean` / `cell_median`: the plain per-cell mean or median of the training labels.
+- `ConditionalNaive`: the mean (or, with `statistic="median"`, the median) of the same cell
+  over the training rows that share the declared key columns (e.g. day type and direction),
+  falling back to the per-cell statistic for a key combination the training rows never had.
+  For MAE the median is the best constant, for squared error the mean: validate scores both
+  (enn_core.metrics).
 - `spread_ratio` / `collapse_stats`: per output, the std across samples of the prediction
   over the std of the target; collapse = median ratio < 0.5 or 10th percentile < 0.3.
 
@@ -62,34 +64,51 @@ def cell_mean(labels: np.ndarray) -> np.ndarray:
     return labels.astype(np.float64).mean(axis=0)
 
 
+def cell_median(labels: np.ndarray) -> np.ndarray:
+    """Per-cell median over rows: [N, *shape] -> [*shape] (float64)."""
+    labels = np.asarray(labels)
+    if len(labels) == 0:
+        raise DataError("cell_median needs at least one training row")
+    return np.median(labels.astype(np.float64), axis=0)
+
+
+STATISTICS = {"mean": cell_mean, "median": cell_median}
+
+
 def per_cell_mean_predict(train_labels: np.ndarray, n: int) -> np.ndarray:
     """The per-cell mean repeated for `n` rows: [n, *shape]."""
     m = cell_mean(train_labels)
     return np.broadcast_to(m, (n, *m.shape)).copy()
 
 
-class ConditionalNaive:
-    """Mean of the same cell over training rows sharing `key_names`; per-cell mean otherwise."""
+def per_cell_median_predict(train_labels: np.ndarray, n: int) -> np.ndarray:
+    """The per-cell median repeated for `n` rows: [n, *shape] (the best constant for MAE)."""
+    m = cell_median(train_labels)
+    return np.broadcast_to(m, (n, *m.shape)).copy()
 
-    def __init__(self, key_names: Sequence[str]) -> None:
+
+class ConditionalNaive:
+    """Mean (or median) of the same cell over training rows sharing `key_names`; the per-cell
+    mean (or median) otherwise."""
+
+    def __init__(self, key_names: Sequence[str], statistic: str = "mean") -> None:
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic={statistic!r}; use one of {sorted(STATISTICS)}")
         self.key_names = tuple(key_names)
-        self.group_means: dict[tuple[Any, ...], np.ndarray] = {}
+        self.statistic = statistic
+        self.group_means: dict[tuple[Any, ...], np.ndarray] = {}  # the statistic per group
         self.fallback: np.ndarray | None = None
 
     def fit(self, labels: np.ndarray, keys: KeyColumns) -> ConditionalNaive:
         labels = np.asarray(labels, dtype=np.float64)
         rows = _key_rows(keys, self.key_names, len(labels))
-        self.fallback = cell_mean(labels)
+        stat = STATISTICS[self.statistic]
+        self.fallback = stat(labels)
         groups: dict[tuple[Any, ...], int] = {}
         idx = np.fromiter(
             (groups.setdefault(r, len(groups)) for r in rows), dtype=np.int64, count=len(rows)
         )
-        flat = labels.reshape(len(labels), -1)
-        sums = np.zeros((len(groups), flat.shape[1]))
-        np.add.at(sums, idx, flat)
-        counts = np.bincount(idx, minlength=len(groups))[:, None]
-        means = (sums / counts).reshape((len(groups), *labels.shape[1:]))
-        self.group_means = {k: means[i] for k, i in groups.items()}
+        self.group_means = {k: stat(labels[idx == i]) for k, i in groups.items()}
         return self
 
     def predict(self, keys: KeyColumns, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -114,9 +133,11 @@ def conditional_naive_predict(
     eval_keys: KeyColumns,
     key_names: Sequence[str],
     n_eval: int | None = None,
+    statistic: str = "mean",
 ) -> np.ndarray:
     """One call: fit on the training rows, predict the evaluation rows."""
-    return ConditionalNaive(key_names).fit(train_labels, train_keys).predict(eval_keys, n_eval)[0]
+    naive = ConditionalNaive(key_names, statistic).fit(train_labels, train_keys)
+    return naive.predict(eval_keys, n_eval)[0]
 
 
 def regression_errors(pred: np.ndarray, target: np.ndarray) -> dict[str, float]:

@@ -7,12 +7,17 @@
   output cell, the raw features plus the cell's position on each label axis, categorical
   columns as categories (early stopping on a held-out tenth of the samples).
 
-Both fit on the training split only. They must not slow every run: a fit is cached per data
+Both fit on the training split only, for the metric validate reports (MAE): each is fitted
+with the absolute-error loss (`ridge`: the same encoding and penalty, iteratively reweighted
+towards least absolute deviations; `gbt`: `loss="absolute_error"`) and with squared error, and
+the squared-error fit is kept only when its MAE on the validation rows is lower; `BaselineFit.loss`
+and the detail say which ran and both validation MAEs (chosen on the validation rows, so the
+test rows stay unseen). They must not slow every run: a fit is cached per data
 fingerprint (features, labels and splits), baseline and settings under
 `<work>/cache/baselines/`, and capped: more than `validate.baseline_max_rows` training samples
-are subsampled (seeded), and gbt stops adding trees at `validate.baseline_time_s`; each
-`BaselineFit` says what was used. The champion rule does not look at them (it keeps its
-naive-predictor gate); validate reports them.
+are subsampled (seeded), and each of gbt's two fits stops adding trees at
+`validate.baseline_time_s`; each `BaselineFit` says what was used. The champion rule does not
+look at them (it keeps its naive-predictor gate); validate reports them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +37,10 @@ from enn_core.config.stages import ValidateConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.model.encoding import FeatureLayout, parse_feature_specs
 
-FORMAT = 1  # bump when a baseline's definition changes: the cache keys change with it
+FORMAT = 2  # bump when a baseline's definition changes: the cache keys change with it
+LOSSES = ("absolute_error", "squared_error")  # the metric's loss first: kept on a tie
+L1_ITERATIONS = 30  # ridge's reweighting steps towards least absolute deviations
+L1_CELLS = 50_000_000  # ridge's L1 variant: at most outputs x features^2 normal-equation numbers
 SEED = 0
 GBT_STEP = 25  # trees added between two looks at the clock
 GBT_MAX_ITER = 300
@@ -47,8 +56,9 @@ class BaselineFit:
     fit_s: float  # seconds of the fit that produced these predictions (cached or not)
     samples: int  # training samples used (gbt: rows x output cells)
     available: int  # training samples there were
-    detail: str  # alpha (ridge); trees and why it stopped (gbt)
+    detail: str  # alpha (ridge); trees and why it stopped (gbt); the losses' validation MAEs
     cached: bool  # read from the cache in this run
+    loss: str = ""  # the loss of the fit kept: absolute_error or squared_error
 
     @property
     def subsampled(self) -> bool:
@@ -92,18 +102,70 @@ def fit_ridge(
     cap = max(100, min(cfg.baseline_max_rows, ENCODED_CELLS // max(width, 1)))
     rows = train[_sample(len(train), cap, np.random.default_rng(SEED))]
     y = np.asarray(ds.targets[rows], dtype=np.float64)
+    flat = y.reshape(len(y), -1)
     t0 = time.perf_counter()
-    model = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(
-        encode(ds.features[rows], layout), y.reshape(len(y), -1)
-    )
+    x = encode(ds.features[rows], layout).astype(np.float64)
+    model = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x, flat)
+    alpha = float(model.alpha_)
+    # [1 + features, outputs]: the intercept row, then the weights (y is always 2-D here)
+    coef = {
+        "squared_error": np.vstack(
+            [np.atleast_1d(model.intercept_)[None], np.atleast_2d(model.coef_).T]
+        )
+    }
+    note = ""
+    if flat.shape[1] * (width + 1) ** 2 <= L1_CELLS:
+        coef["absolute_error"] = _l1_ridge(x, flat, alpha, coef["squared_error"])
+    else:
+        note = "; its least-absolute-deviation fit skipped (too many outputs x features)"
     seconds = time.perf_counter() - t0
-    preds = {}
-    for split in splits:
+
+    def predict(c: np.ndarray, split: str) -> np.ndarray:
         idx = np.asarray(ds.split(split))
-        out = model.predict(encode(ds.features[idx], layout)).reshape(len(idx), *y.shape[1:])
-        preds[split] = out.astype(np.float32)
-    detail = f"alpha {float(model.alpha_):.3g}, {width} encoded features"
-    return preds, BaselineFit("ridge", seconds, len(rows), len(train), detail, False)
+        xs = encode(ds.features[idx], layout).astype(np.float64)
+        return (c[0] + xs @ c[1:]).reshape(len(idx), *y.shape[1:])
+
+    loss, detail = _keep(ds, {k: predict(c, "val") for k, c in coef.items()})
+    preds = {split: predict(coef[loss], split).astype(np.float32) for split in splits}
+    detail = f"alpha {alpha:.3g}, {width} encoded features, {detail}{note}"
+    return preds, BaselineFit("ridge", seconds, len(rows), len(train), detail, False, loss)
+
+
+def _l1_ridge(x: np.ndarray, y: np.ndarray, alpha: float, start: np.ndarray) -> np.ndarray:
+    """Ridge towards least absolute deviations, one per output column: iteratively reweighted
+    least squares (weights 1 / |residual|, floored), the intercept unpenalized, the penalty
+    rescaled from squared to absolute error by the least-squares fit's median |residual|.
+    Returns [1 + features, outputs] like `start` (the least-squares fit it starts from)."""
+    xi = np.column_stack([np.ones(len(x)), x])
+    coef = start.copy()
+    resid = np.abs(y - xi @ coef)
+    scale = max(float(np.median(resid)), 1e-12)
+    penalty = np.eye(xi.shape[1]) * alpha / scale
+    penalty[0, 0] = 0.0
+    for _ in range(L1_ITERATIONS):
+        w = 1.0 / np.maximum(resid, 1e-3 * scale)  # [n, outputs]
+        gram = np.einsum("ni,nk,nj->kij", xi, w, xi) + penalty  # [outputs, d, d]
+        rhs = np.einsum("ni,nk->ki", xi, w * y)  # [outputs, d]
+        coef = np.linalg.solve(gram, rhs[..., None])[..., 0].T
+        resid = np.abs(y - xi @ coef)
+    return coef
+
+
+def _keep(ds: StagedDataset, val_preds: Mapping[str, np.ndarray]) -> tuple[str, str]:
+    """The loss whose fit has the lower MAE on the validation rows (the absolute error's on a
+    tie, or when there are no validation rows), and the detail naming both."""
+    rows = np.asarray(ds.split("val"))
+    if len(val_preds) == 1 or len(rows) == 0:
+        loss = next(iter(val_preds))
+        return loss, f"{loss.replace('_', ' ')} loss"
+    target = np.asarray(ds.targets[rows], dtype=np.float64)
+    mae = {k: float(np.mean(np.abs(p - target))) for k, p in val_preds.items()}
+    loss = min(LOSSES, key=lambda k: (mae[k], LOSSES.index(k)))
+    other = next(k for k in LOSSES if k != loss)
+    return loss, (
+        f"{loss.replace('_', ' ')} loss (validation MAE {mae[loss]:.4g}; "
+        f"{other.replace('_', ' ')} {mae[other]:.4g})"
+    )
 
 
 def _long(ds: StagedDataset, rows: np.ndarray, cells: np.ndarray) -> np.ndarray:
@@ -126,8 +188,6 @@ def _categorical_mask(ds: StagedDataset, layout: FeatureLayout) -> np.ndarray:
 def fit_gbt(
     ds: StagedDataset, splits: Sequence[str], cfg: ValidateConfig
 ) -> tuple[dict[str, np.ndarray], BaselineFit]:
-    from sklearn.ensemble import HistGradientBoostingRegressor
-
     layout = parse_feature_specs(ds.feature_specs)
     shape = ds.label_shape or ()
     n_cells = int(np.prod(shape)) if shape else 1
@@ -139,31 +199,11 @@ def fit_gbt(
     y = np.asarray(ds.targets[rows], dtype=np.float64).reshape(len(rows), -1)[
         np.arange(len(rows)), cells
     ]
-    model = HistGradientBoostingRegressor(
-        max_iter=GBT_STEP,
-        early_stopping=True,
-        validation_fraction=0.1,
-        n_iter_no_change=10,
-        categorical_features=_categorical_mask(ds, layout),
-        random_state=SEED,
-        warm_start=True,
-    )
-    t0 = time.perf_counter()
-    while True:
-        model.fit(x, y)
-        seconds = time.perf_counter() - t0
-        if model.n_iter_ < model.max_iter:
-            why = "early stopping"
-            break
-        if model.max_iter >= GBT_MAX_ITER:
-            why = f"the {GBT_MAX_ITER}-tree limit"
-            break
-        if seconds >= cfg.baseline_time_s:
-            why = f"the time cap (validate.baseline_time_s={cfg.baseline_time_s:g})"
-            break
-        model.max_iter += GBT_STEP
-    preds = {}
-    for split in splits:
+    mask = _categorical_mask(ds, layout)
+    fits = {loss: _grow(x, y, mask, loss, cfg) for loss in LOSSES}
+    seconds = sum(f[1] for f in fits.values())
+
+    def predict(model: Any, split: str) -> np.ndarray:
         idx = np.asarray(ds.split(split))
         out = np.empty((len(idx), n_cells), dtype=np.float32)
         chunk = max(1, 1_000_000 // n_cells)
@@ -172,9 +212,47 @@ def fit_gbt(
             r = np.repeat(part, n_cells)
             c = np.tile(np.arange(n_cells), len(part))
             out[a : a + len(part)] = model.predict(_long(ds, r, c)).reshape(len(part), n_cells)
-        preds[split] = out.reshape(len(idx), *shape)
-    detail = f"{model.n_iter_} trees, stopped by {why}"
-    return preds, BaselineFit("gbt", seconds, len(rows), available, detail, False)
+        return out.reshape(len(idx), *shape)
+
+    loss, detail = _keep(ds, {k: predict(f[0], "val") for k, f in fits.items()})
+    model, _, why = fits[loss]
+    preds = {split: predict(model, split) for split in splits}
+    detail = f"{model.n_iter_} trees, stopped by {why}; {detail}"
+    return preds, BaselineFit("gbt", seconds, len(rows), available, detail, False, loss)
+
+
+def _grow(
+    x: np.ndarray, y: np.ndarray, mask: np.ndarray, loss: str, cfg: ValidateConfig
+) -> tuple[Any, float, str]:
+    """HistGradientBoosting with `loss`, trees added GBT_STEP at a time until early stopping,
+    GBT_MAX_ITER trees or the time cap: (model, seconds, what stopped it)."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    model = HistGradientBoostingRegressor(
+        loss=loss,
+        max_iter=GBT_STEP,
+        early_stopping=True,
+        validation_fraction=0.1,
+        n_iter_no_change=10,
+        categorical_features=mask,
+        random_state=SEED,
+        warm_start=True,
+    )
+    t0 = time.perf_counter()
+    while True:
+        model.fit(x, y)
+        seconds = time.perf_counter() - t0
+        if model.n_iter_ < model.max_iter:
+            return model, seconds, "early stopping"
+        if model.max_iter >= GBT_MAX_ITER:
+            return model, seconds, f"the {GBT_MAX_ITER}-tree limit"
+        if seconds >= cfg.baseline_time_s:
+            return (
+                model,
+                seconds,
+                f"the time cap (validate.baseline_time_s={cfg.baseline_time_s:g})",
+            )
+        model.max_iter += GBT_STEP
 
 
 FITTERS = {"ridge": fit_ridge, "gbt": fit_gbt}

@@ -5,9 +5,12 @@ writes `metrics.json` (flat `"<split>/<metric>": number`, which `dvc metrics sho
 MLflow child run both show) and `breakdown.json` (per label-axis value, e.g. per hour and per
 section, and the flags in words) into its output folder.
 
-Both naive predictors of `enn_core.baselines` (the conditional naive predictor and the per-cell
-mean) are scored on the same rows (enn_core.metrics); a flag says, in words, which one the model
-does not beat, and is logged and written as an event. The fitted baselines of
+The naive predictors of `enn_core.baselines` (per key and cell, per cell; means and medians)
+are scored on the same rows (enn_core.metrics); a flag says, in words, which one the model
+does not beat, and is logged and written as an event. The best of them for MAE on the
+validation rows is `naive_best` (`<split>/naive_best_mae`, `<split>/skill_vs_naive_best`); its
+name is in `metrics.json` (`"naive_best"`, the one string there), the run's parameter
+`resolved.validate.naive_best` and the console's skill line. The fitted baselines of
 `enn_core.fitted_baselines` (ridge regression, gradient-boosted trees; `validate.baselines`)
 are scored the same way and reported, not flagged: a table of every predictor (the Prefect
 table `validate-baselines`, the log) and `breakdown.json`'s `baselines` say how each was fitted.
@@ -28,8 +31,15 @@ from enn_core.config import RunConfig
 from enn_core.errors import DataError
 from enn_core.fitted_baselines import BaselineResult, fitted_baselines
 from enn_core.inference import load_trained, predict_rows, resolve_device
-from enn_core.metric_names import NAIVE
-from enn_core.metrics import AxisBreakdown, evaluate_split, finite_or_none, naive_predictions
+from enn_core.metric_names import NAIVE, NAIVE_BEST
+from enn_core.metrics import (
+    NAIVE_HOW,
+    AxisBreakdown,
+    evaluate_split,
+    finite_or_none,
+    naive_predictions,
+    with_best_naive,
+)
 from enn_core.model_code import ModelCode
 from enn_core.stage import StageContext
 from enn_core.summaries import ValidateSummary
@@ -76,11 +86,15 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         metrics.update(m)
         per_split[split] = b
         flags.extend(f)
-    breakdown.update(splits=per_split, flags=flags)
+    metrics, best = with_best_naive(metrics, SPLITS)
+    breakdown.update(splits=per_split, flags=flags, naive_best=best)
     breakdown["baselines"] = {name: fit_record(res) for name, res in fitted.items()}
     breakdown["data_fingerprint"] = ds.fingerprint
     with atomic_dir(ctx.output()) as tmp:
-        write_json(tmp / "metrics.json", finite_or_none(metrics))
+        named: dict[str, object] = {**finite_or_none(metrics)}
+        if best is not None:
+            named[NAIVE_BEST] = best
+        write_json(tmp / "metrics.json", named)
         write_json(tmp / "breakdown.json", breakdown)
     for flag in flags:
         ctx.logger.warning(flag)
@@ -91,6 +105,9 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
     for split in SPLITS:
         maes = ", ".join(f"{row['predictor']} {row[f'{split}_mae']:.4g}" for row in table)
         ctx.logger.info("%s: %s MAE: %s", ctx.stage, split, maes)
+    if best is not None:
+        ctx.events.param(f"validate.{NAIVE_BEST}", best)
+        ctx.logger.info("%s: %s", ctx.stage, skill_line(metrics, best))
     out = ctx.output()
     ctx.events.artifact(out / "metrics.json")
     ctx.events.artifact(out / "breakdown.json")
@@ -103,6 +120,20 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         test_mae=metrics["test/mae"],
         test_rmse=metrics["test/rmse"],
         test_r2=metrics["test/r2"],
+    )
+
+
+def skill_line(metrics: dict[str, float], best: str) -> str:
+    """`skill against naive_conditional_median (the best naive predictor for MAE on the
+    validation rows: ...): val 0.12, test 0.081`."""
+    skills = ", ".join(
+        f"{split} {metrics[f'{split}/skill_vs_{NAIVE_BEST}']:.3g}"
+        for split in SPLITS
+        if f"{split}/skill_vs_{NAIVE_BEST}" in metrics
+    )
+    return (
+        f"skill against {best} (the best naive predictor for MAE on the validation rows: "
+        f"{NAIVE_HOW.get(best, best)}): {skills}"
     )
 
 
@@ -136,7 +167,7 @@ def comparison(
     ]
     for name in names:
         res = fitted.get(name)
-        how = "naive: training means" if res is None else _how(res)
+        how = f"naive: {NAIVE_HOW.get(name, name)}" if res is None else _how(res)
         rows.append(
             {
                 "predictor": name,

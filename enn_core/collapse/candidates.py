@@ -4,7 +4,8 @@
 - `calibrated`: raw plus a per-output affine (slope bounded to [0, collapse.calibration_slope_max])
   fitted on the validation rows, judged on rows its affine was not fitted on (cross-fitting
   over collapse.calibration_folds folds) by skill as well as spread: median correlation with
-  the targets >= collapse.min_correlation and MAE below the conditional naive predictor's.
+  the targets >= collapse.min_correlation and MAE below the best naive predictor's (the
+  lowest validation MAE of the means and medians, enn_core.metrics.best_naive).
   Stretching a flat output therefore cannot pass;
 - `fp32`: the model re-run in fp32 (only when the run used bf16 or fp16);
 - `per_sample`: the model re-run at batch size 1 (exposes batch-level broadcast bugs).
@@ -34,7 +35,8 @@ from enn_core.collapse.measures import (
 from enn_core.collapse.report import Candidate, Cause, CollapseReport
 from enn_core.config import CollapseConfig
 from enn_core.inference import Calibration, PredictionPath, predict_rows
-from enn_core.metrics import evaluate_split
+from enn_core.metric_names import PROMOTION_BASELINE
+from enn_core.metrics import evaluate_split, with_best_naive
 from enn_core.model.enn import ENN
 
 # Batched vs batch-size-1 outputs further apart than this x label std mean the model's output
@@ -84,10 +86,9 @@ def judge(pred: np.ndarray, rows: CheckRows, cfg: CollapseConfig, *, skill: bool
     m.update(broadcast_measures(rows.features, pred, cfg.broadcast_tolerance * rows.label_std))
     m.update(correlation_measures(pred, rows.target))
     m["mae"] = metrics["val/mae"]
-    # the skill bar: the conditional naive predictor, or the per-cell mean without naive keys
-    m["naive_conditional_mae"] = metrics.get(
-        "val/naive_conditional_mae", metrics.get("val/naive_cell_mean_mae", math.inf)
-    )
+    # the skill bar: the best naive predictor for MAE on these rows (medians and means)
+    metrics, _ = with_best_naive(metrics, ("val",))
+    m["naive_best_mae"] = metrics.get(PROMOTION_BASELINE, math.inf)
     crit = criteria(m, cfg, skill=skill)
     fails = [c for c in crit if not c.ok]
     return Candidate(

@@ -40,8 +40,13 @@ class TrainConfig:
     clip_norm: float = 1.0
     """Gradient clipping norm; 0 disables."""
 
-    loss: Literal["mse", "huber", "student_t"] = "mse"
-    """Loss in normalized units."""
+    loss: Literal["auto", "mse", "l1", "quantile", "huber", "student_t"] = "auto"
+    """Loss in normalized units: l1 (mean absolute error, the reported metric's loss), quantile
+    (pinball at train.quantile), mse, huber, student_t; auto = the preset's measured default
+    (tabular: l1; spatiotemporal and custom: mse; docs/design.md, "Training objective")."""
+
+    quantile: float = 0.5
+    """The quantile train.loss=quantile predicts (0.5: the median, as l1)."""
 
     huber_delta: float = 1.0
     """Huber delta (normalized units)."""
@@ -105,5 +110,7 @@ class TrainConfig:
             raise ConfigError(
                 "train.shuffle_block, train.eval_batch and train.log_every must be >= 1"
             )
+        if not 0 < self.quantile < 1:
+            raise ConfigError(f"train.quantile={self.quantile} must be in (0, 1) (0.5: the median)")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("train.min_lr_ratio must be in [0, 1]")

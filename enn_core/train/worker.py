@@ -38,7 +38,7 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
-from enn_core.losses import make_loss
+from enn_core.losses import make_loss, resolve_loss
 from enn_core.model.enn import ENN
 from enn_core.model_code import ModelCode
 from enn_core.runtime.batch_probe import (
@@ -146,8 +146,10 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
     )
     comm = CommClock()  # FSDP2's own all-gathers and reduce-scatters feed it (and the loop's)
     time_fsdp_collectives(wrapped, comm, faults.collective_delays())
-    loss = make_loss(cfg.train).to(env.device)
+    loss = make_loss(cfg.train, cfg.model.preset).to(env.device)
     events = EventLog(run_dir, enabled=env.is_main)
+    loss_name, loss_why = resolve_loss(cfg.train, cfg.model.preset)
+    events.param("train.loss", f"{loss_name} ({loss_why})")
     choices = {
         **precision.as_record(),
         **attention.as_record(),
@@ -366,7 +368,7 @@ def write_outputs(
     loss_state = {k: v.detach().cpu().tolist() for k, v in loss.state_dict().items()}
     meta = {
         "stage": job.stage,
-        "loss": cfg.train.loss,
+        "loss": resolve_loss(cfg.train, cfg.model.preset)[0],
         "loss_state": loss_state,
         **summary,
     }

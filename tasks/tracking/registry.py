@@ -6,8 +6,10 @@ it as a new version of the task's registered model (`TrackingConfig.model_name`)
 
 - alias `candidate`: every registered version (export only runs after collapse-check passed);
 - alias `champion`: moved when the version
-  1. beats the conditional naive predictor on its validation rows (`val/mae` below
-     `val/naive_conditional_mae`, docs/metrics.md), and
+  1. beats the best naive predictor for MAE on its validation rows (`val/mae` below
+     `val/naive_best_mae`: the lowest of the per-key and per-cell means and medians, named in
+     the tags as `enn.naive_predictor`; a collapse report written before the medians offers only
+     the conditional mean, `val/naive_conditional_mae`, docs/metrics.md), and
   2. beats the current champion on the same rows: the champion is scored on the candidate's
      validation rows through its own prediction path (enn_core/challenge.py), so a retrain on
      refreshed data (another fingerprint, the same columns) can promote.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +34,12 @@ from enn_core.checkpoint import DataSpec
 from enn_core.collapse.report import read_report
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.manifest import read_manifest
-from enn_core.metric_names import PROMOTION_BASELINE, PROMOTION_METRIC
+from enn_core.metric_names import (
+    LEGACY_PROMOTION_BASELINE,
+    PROMOTION_BASELINE,
+    PROMOTION_METRIC,
+)
+from enn_core.metrics import NAIVE_HOW, best_naive
 from enn_core.paths import Layout
 from enn_core.serving import TableModel
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING
@@ -63,6 +71,7 @@ class Registration:
     val_mae: float | None = None  # the candidate's, on its validation rows
     champion_val_mae: float | None = None  # the previous champion's, on the same rows
     naive_val_mae: float | None = None
+    naive_predictor: str | None = None  # which naive predictor naive_val_mae is
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -146,7 +155,7 @@ def register(
         return Registration(name, False, f"{missing[0]} is missing; run the training flow")
     report = read_report(COLLAPSE_CHECK.output_dir(layout))
     chosen = (report.chosen_metrics if report else None) or {}
-    naive = chosen.get(PROMOTION_BASELINE)
+    naive, naive_name = promotion_baseline(chosen)
     staged = STAGE_DATA.output_dir(layout)
     with tempfile.TemporaryDirectory() as tmp:
         enn_dir = bundle(layout, Path(tmp))
@@ -160,12 +169,7 @@ def register(
         return Registration(
             name, False, verdict, model_uri=info.model_uri, model_id=info.model_id, val_mae=own.mae
         )
-    promote, why = decide(
-        own,
-        None if naive is None else float(naive),
-        verdict,
-        champion.version if champion else None,
-    )
+    promote, why = decide(own, naive, verdict, champion.version if champion else None, naive_name)
     version_tags = {
         **tags,
         **_identity(layout, ours),
@@ -175,7 +179,8 @@ def register(
         "enn.champion_decision": why,
     }
     if naive is not None:
-        version_tags["enn.naive_conditional_val_mae"] = f"{float(naive):.6g}"
+        version_tags["enn.naive_predictor"] = naive_name
+        version_tags["enn.naive_val_mae"] = f"{naive:.6g}"
     if verdict is not None:
         version_tags["enn.champion_val_mae_on_these_rows"] = f"{verdict.mae:.6g}"
     version = client.create_model_version(
@@ -194,21 +199,37 @@ def register(
         model_id=info.model_id,
         val_mae=own.mae,
         champion_val_mae=None if verdict is None else verdict.mae,
-        naive_val_mae=None if naive is None else float(naive),
+        naive_val_mae=naive,
+        naive_predictor=None if naive is None else naive_name,
     )
 
 
+def promotion_baseline(chosen: Mapping[str, float]) -> tuple[float | None, str]:
+    """(MAE, name) of the naive predictor the candidate must beat, from the collapse report's
+    chosen metrics: the best for MAE on the validation rows; a report written before the
+    medians has only the conditional mean."""
+    name = best_naive(chosen, "val")
+    if PROMOTION_BASELINE in chosen and name is not None:
+        return float(chosen[PROMOTION_BASELINE]), name
+    legacy = chosen.get(LEGACY_PROMOTION_BASELINE)
+    return (None if legacy is None else float(legacy)), "naive_conditional"
+
+
 def decide(
-    own: Score, naive: float | None, champion: Score | None, champion_version: str | None
+    own: Score,
+    naive: float | None,
+    champion: Score | None,
+    champion_version: str | None,
+    naive_name: str = "naive_conditional",
 ) -> tuple[bool, str]:
     """(promote, why in words with the numbers)."""
     metric = PROMOTION_METRIC
+    which = f"the best naive predictor ({naive_name}: {NAIVE_HOW.get(naive_name, naive_name)})"
     if naive is not None and not own.mae < naive:
-        return False, (
-            f"{metric} {own.mae:.4g} does not beat the conditional naive predictor's {naive:.4g}"
-        )
+        return False, f"{metric} {own.mae:.4g} does not beat {which}'s {naive:.4g}"
     if champion is None:
-        return True, f"{metric} {own.mae:.4g} on {own.rows} rows; no champion yet"
+        below = "" if naive is None else f", below {naive_name}'s {naive:.4g}"
+        return True, f"{metric} {own.mae:.4g} on {own.rows} rows{below}; no champion yet"
     rows = f"on this version's {champion.rows} validation rows"
     if champion.skipped:
         rows += f" ({champion.skipped} with categories the champion never saw left out)"

@@ -89,7 +89,7 @@ def test_the_champion_moves_with_the_reasons_in_the_tags(store):
     assert champion_here != float(versions[1].tags["enn.val_mae"])
     assert str(c.get_model_version_by_alias(NAME, "champion").version) == "3"
     for v in versions.values():
-        assert float(v.tags["enn.val_mae"]) < float(v.tags["enn.naive_conditional_val_mae"])
+        assert float(v.tags["enn.val_mae"]) < float(v.tags["enn.naive_val_mae"])
 
 
 def test_parents_line_up_parameters_with_results(store):

@@ -9,9 +9,11 @@ import pytest
 from enn_core.baselines import (
     ConditionalNaive,
     cell_mean,
+    cell_median,
     collapse_stats,
     conditional_naive_predict,
     per_cell_mean_predict,
+    per_cell_median_predict,
     regression_errors,
     spread_ratio,
 )
@@ -66,6 +68,39 @@ def test_conditional_naive_beats_cell_mean_on_keyed_data():
     assert (
         regression_errors(naive, labels[test])["mae"] < regression_errors(flat, labels[test])["mae"]
     )
+
+
+def test_medians_per_key_and_per_cell_resist_a_skewed_label():
+    """A count-like label: most rows small, a few huge. The median per key (and per cell) is
+    the best constant for MAE; the mean is pulled up by the few."""
+    keys, _ = _data(n=60, seed=2)
+    rng = np.random.default_rng(3)
+    labels = rng.poisson(1.0, (60, 4, 5)).astype(float)
+    labels[rng.random(60) < 0.1] += 80.0  # one row in ten is an outlier
+    cols = ["daytype", "direction"]
+    med = ConditionalNaive(cols, "median").fit(labels, keys)
+    mask = ((keys.daytype == 1) & (keys.direction == 0)).to_numpy()
+    pred, _ = med.predict(pd.DataFrame({"daytype": [1, 7], "direction": [0, 0]}))
+    np.testing.assert_allclose(pred[0], np.median(labels[mask], axis=0))
+    np.testing.assert_allclose(pred[1], cell_median(labels))  # unseen key: the cell median
+    train, test = slice(0, 40), slice(40, 60)
+    mae = {
+        stat: regression_errors(
+            conditional_naive_predict(
+                labels[train], keys.iloc[train], keys.iloc[test], cols, statistic=stat
+            ),
+            labels[test],
+        )["mae"]
+        for stat in ("mean", "median")
+    }
+    assert mae["median"] < mae["mean"]
+    cell = per_cell_median_predict(labels[train], 20)
+    assert (
+        regression_errors(cell, labels[test])["mae"]
+        < regression_errors(per_cell_mean_predict(labels[train], 20), labels[test])["mae"]
+    )
+    with pytest.raises(ValueError, match="statistic='mode'"):
+        ConditionalNaive(cols, "mode")
 
 
 def test_missing_key_column_named():

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from enn_core.baselines import regression_errors
-from enn_core.config import ValidateConfig
+from enn_core.config import DataConfig, ValidateConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError
 from enn_core.fitted_baselines import encode, fitted_baselines
 from enn_core.metrics import naive_predictions
 from enn_core.model.encoding import parse_feature_specs
+from tests.fixtures.data import run_stage
 from tests.fixtures.model import make_manifest
 from tests.fixtures.train import staged_dir, tiny_cfg
 
@@ -76,9 +79,50 @@ def test_large_data_is_subsampled_and_the_time_cap_stops_the_trees(ds, tmp_path)
     gbt, ridge = out["gbt"].fit, out["ridge"].fit
     assert gbt.samples == 300 and gbt.available == n_train * 24 and gbt.subsampled
     assert ridge.samples == n_train and not ridge.subsampled  # fewer rows than the cap
-    assert gbt.detail == "25 trees, stopped by the time cap (validate.baseline_time_s=1e-06)"
+    assert gbt.detail.startswith(
+        "25 trees, stopped by the time cap (validate.baseline_time_s=1e-06); "
+    )
     record = json.loads(next(tmp_path.glob("gbt-*/fit.json")).read_text())
     assert record["samples"] == 300 and record["available"] == n_train * 24
+
+
+def test_on_a_skewed_label_the_absolute_error_fits_are_kept_and_named(tmp_path):
+    """Counts with a long right tail (most rows small, a few huge): for MAE the absolute-error
+    fits beat the squared-error ones on the validation rows, and the record says which ran."""
+    rng = np.random.default_rng(0)
+    n = 400
+    store, temp = rng.integers(0, 4, n), rng.normal(15, 8, n)
+    y = rng.poisson(np.exp(0.3 * store + 0.03 * temp)) + (rng.random(n) < 0.08) * rng.exponential(
+        200, n
+    )
+    csv = tmp_path / "counts.csv"
+    frame = pd.DataFrame({"store": [f"s{k}" for k in store], "temp": temp.round(2), "y": y})
+    frame.to_csv(csv, index=False)
+    data = DataConfig(
+        source="csv",
+        path=str(csv),
+        feature_columns=("store", "temp"),
+        categorical=("store",),
+        label_columns=("y",),
+        naive_keys=(),
+    )
+    _, staged = run_stage(tmp_path, **{k: getattr(data, k) for k in data.__dataclass_fields__})
+    skewed = StagedDataset(staged)
+    out = fitted_baselines(skewed, ValidateConfig(), SPLITS, tmp_path / "cache")
+    rows = np.asarray(skewed.split("val"))
+    target = np.asarray(skewed.targets[rows])
+    for res in out.values():
+        assert res.fit.loss == "absolute_error", res.fit
+        kept, other = re.search(
+            r"absolute error loss \(validation MAE ([0-9.]+); squared error ([0-9.]+)\)",
+            res.fit.detail,
+        ).groups()
+        assert float(kept) < float(other), res.fit.detail
+        assert regression_errors(res.predictions["val"], target)["mae"] == pytest.approx(
+            float(kept), rel=1e-3
+        )
+    cached = fitted_baselines(skewed, ValidateConfig(), SPLITS, tmp_path / "cache")
+    assert all(r.fit.cached and r.fit.loss == "absolute_error" for r in cached.values())
 
 
 def test_a_damaged_cache_is_refitted_never_unpickled(ds, tmp_path):

@@ -14,7 +14,7 @@ from enn_core import metric_names as mn
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 PLACEHOLDERS = {
     "<split>": "(val|test)",
-    "<naive>": "(naive_conditional|naive_cell_mean)",
+    "<naive>": "(" + "|".join((*mn.NAIVE, mn.NAIVE_BEST)) + ")",
     "<fitted>": "(ridge|gbt)",
     "<candidate>": "(raw|calibrated|fp32|per_sample)",
     "<format>": "(onnx|torch_export)",

@@ -7,7 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from enn_core.metrics import axis_breakdown, evaluate_split, finite_or_none, regression_metrics
+from enn_core.metrics import (
+    axis_breakdown,
+    best_naive,
+    evaluate_split,
+    finite_or_none,
+    regression_metrics,
+    with_best_naive,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -52,6 +59,32 @@ def test_each_naive_predictor_is_flagged_when_not_beaten():
     # a tie is not a win
     _, _, tie_flags = evaluate_split("val", pred, target, {"naive_cell_mean": target - 3.0})
     assert len(tie_flags) == 1
+
+
+def test_the_best_naive_predictor_is_chosen_on_validation_rows_and_named():
+    target, pred = _grid()
+    pred += 2.0
+    metrics: dict[str, float] = {}
+    # on validation rows the median is better; on the test rows the mean happens to be
+    for split, cond, med in (("val", 3.0, 1.5), ("test", 1.0, 2.5)):
+        naive = {
+            "naive_conditional": target + cond,
+            "naive_conditional_median": target + med,
+            "naive_cell_mean": target + 6.0,
+            "naive_cell_median": target + 5.0,
+        }
+        metrics.update(evaluate_split(split, pred, target, naive)[0])
+    out, name = with_best_naive(metrics, ("val", "test"))
+    assert name == "naive_conditional_median"  # chosen on val, never on test
+    assert out["val/naive_best_mae"] == pytest.approx(1.5)
+    assert out["test/naive_best_mae"] == pytest.approx(2.5)  # the same predictor on test
+    assert out["test/skill_vs_naive_best"] == pytest.approx(1 - 2.0 / 2.5)
+    assert out["val/worse_than_naive_best"] == 1.0 and out["test/worse_than_naive_best"] == 0.0
+    # a tie keeps the mean; metrics from before the medians: the conditional mean
+    tie = {"val/naive_conditional_mae": 1.0, "val/naive_conditional_median_mae": 1.0}
+    assert best_naive(tie) == "naive_conditional"
+    assert best_naive({"val/naive_conditional_mae": 1.0}) == "naive_conditional"
+    assert with_best_naive({"val/mae": 1.0}, ("val",)) == ({"val/mae": 1.0}, None)
 
 
 def test_non_finite_metrics_are_written_as_null():

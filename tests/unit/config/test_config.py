@@ -42,7 +42,9 @@ def test_validation_names_field_and_fix(tmp_path):
     with pytest.raises(ConfigError, match="train.epochs must be an integer"):
         load_config(None, ["train.epochs=three"])
     with pytest.raises(ConfigError, match="not one of"):
-        load_config(None, ["train.loss=l1"])
+        load_config(None, ["train.loss=l2"])
+    with pytest.raises(ConfigError, match=r"train.quantile=1.5 must be in \(0, 1\)"):
+        load_config(None, ["train.loss=quantile", "train.quantile=1.5"])
 
 
 def test_yaml_is_safe_loaded(tmp_path):

@@ -68,3 +68,5 @@ def test_tabular_config_carries_the_measured_train_values() -> None:
     assert cfg.model.preset == "tabular"
     assert (cfg.train.lr, cfg.train.weight_decay) == (pytest.approx(1e-3), pytest.approx(0.1))
     assert (cfg.train.epochs, cfg.train.patience) == (80, 20)
+    # the metric's loss (issue 34): chosen on validation rows of several datasets
+    assert cfg.train.loss == "l1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from enn_core.data.dataset import StagedDataset
 from enn_core.errors import CollapseError, StaleOutputError
 from enn_core.events import read_events
 from enn_core.inference import load_calibration
+from enn_core.metric_names import NAIVE
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.stage import make_context
@@ -57,10 +59,11 @@ def _ctx(cfg, root, stage):
     return make_context(cfg, Layout.for_root(root), stage, "test")
 
 
-def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
+def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path, caplog):
     cfg = _project(tmp_path, steps=0)
     # validate reports the numbers and flags both naive predictors the model does not beat
-    summary = VALIDATE.work(cfg, _ctx(cfg, tmp_path, VALIDATE))
+    with caplog.at_level(logging.INFO):
+        summary = VALIDATE.work(cfg, _ctx(cfg, tmp_path, VALIDATE))
     metrics = json.loads((tmp_path / "outputs/validate/metrics.json").read_text())
     assert (
         metrics["test/worse_than_naive_conditional"] == 1.0
@@ -93,8 +96,20 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path):
     assert "trees, stopped by" in params["resolved.validate.gbt"]
     table = next(e["rows"] for e in events if e["type"] == "table" and e["name"] == "baselines")
     predictors = [row["predictor"] for row in table]
-    assert predictors == ["model", "naive_conditional", "naive_cell_mean", "ridge", "gbt"]
+    assert predictors == ["model", *NAIVE, "ridge", "gbt"]
     assert all(row["model_skill_test"] < 0 for row in table[1:]), table
+    # the skill scores' bar: the best naive predictor for MAE on the validation rows, named in
+    # metrics.json, the run's parameter and the console line
+    best = metrics["naive_best"]
+    assert best in NAIVE and params["resolved.validate.naive_best"] == best
+    assert metrics["val/naive_best_mae"] == min(metrics[f"val/{n}_mae"] for n in NAIVE)
+    assert metrics["test/naive_best_mae"] == metrics[f"test/{best}_mae"]
+    assert metrics["test/skill_vs_naive_best"] == metrics[f"test/skill_vs_{best}"] < 0
+    assert logged["val/skill_vs_naive_best"] == metrics["val/skill_vs_naive_best"]
+    assert breakdown["naive_best"] == best
+    line = next(r.getMessage() for r in caplog.records if "skill against" in r.getMessage())
+    assert f"skill against {best} (the best naive predictor for MAE" in line, line
+    assert f"test {metrics['test/skill_vs_naive_best']:.3g}" in line, line
 
     ctx = _ctx(cfg, tmp_path, COLLAPSE_CHECK)
     with pytest.raises(CollapseError, match="every candidate collapsed.*report: .*report.json"):
@@ -118,7 +133,9 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path):
     cfg = _project(tmp_path, steps=150)
     VALIDATE.work(cfg, _ctx(cfg, tmp_path, VALIDATE))
     metrics = json.loads((tmp_path / "outputs/validate/metrics.json").read_text())
-    assert all(isinstance(v, float) for v in metrics.values())  # flat: dvc metrics show reads it
+    # flat numbers, and one name: the naive predictor naive_best_mae and skill_vs_naive_best are
+    assert all(isinstance(v, float) for k, v in metrics.items() if k != "naive_best")
+    assert metrics["naive_best"] in NAIVE
     assert metrics["val/r2"] > 0.2 and metrics["test/worse_than_naive_cell_mean"] == 0.0
 
     summary = COLLAPSE_CHECK.work(cfg, _ctx(cfg, tmp_path, COLLAPSE_CHECK))

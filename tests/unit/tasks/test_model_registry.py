@@ -25,6 +25,8 @@ from enn_core.config import DataConfig, RunConfig, load_config
 from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
+from enn_core.metric_names import NAIVE
+from enn_core.metrics import NAIVE_HOW
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.predict.schema import remap_codes
@@ -103,7 +105,11 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     assert tags["enn.champion_decision"].startswith(f"val/mae {worse.val_mae:.4g} does not beat")
     assert float(tags["enn.val_mae"]) == pytest.approx(worse.val_mae, rel=1e-5)
     assert float(tags["enn.champion_val_mae_on_these_rows"]) == pytest.approx(first.val_mae, 1e-5)
-    assert float(tags["enn.naive_conditional_val_mae"]) > worse.val_mae
+    assert float(tags["enn.naive_val_mae"]) > worse.val_mae
+    assert (
+        tags["enn.naive_predictor"] in NAIVE
+        and worse.naive_predictor == tags["enn.naive_predictor"]
+    )
     assert tags["enn.schema"] == client.get_model_version("enn-synthetic", "1").tags["enn.schema"]
 
 
@@ -117,17 +123,23 @@ def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(t
     client, reg = store
     layout = trained(tmp_path / "a", steps=10, lr=3e-2, data=csv_data(sales(tmp_path)))
     report = json.loads((COLLAPSE_CHECK.output_dir(layout) / "report.json").read_text())
-    mae, naive = (report["chosen_metrics"][k] for k in ("val/mae", "val/naive_conditional_mae"))
-    assert mae > naive, report["chosen_metrics"]  # the premise: it does not beat the store mean
+    chosen = report["chosen_metrics"]
+    mae, naive = chosen["val/mae"], chosen["val/naive_best_mae"]
+    assert mae > naive, chosen  # the premise: it does not beat the store's typical sales
+    # the bar is the lowest of the means and medians on these rows, and it is named
+    name = min(NAIVE, key=lambda n: chosen[f"val/{n}_mae"])
+    assert naive == min(chosen[f"val/{n}_mae"] for n in NAIVE)
     weak = reg(layout, "enn-sales")
     assert weak.registered and weak.version == 1 and not weak.champion, weak
     assert weak.val_mae == pytest.approx(mae, rel=1e-4) and weak.naive_val_mae == naive
     tags = client.get_model_version("enn-sales", "1").tags
     assert tags["enn.champion_decision"] == (
-        f"val/mae {weak.val_mae:.4g} does not beat the conditional naive predictor's {naive:.4g}"
+        f"val/mae {weak.val_mae:.4g} does not beat the best naive predictor ({name}: "
+        f"{NAIVE_HOW[name]})'s {naive:.4g}"
     )
     assert float(tags["enn.val_mae"]) == pytest.approx(mae, rel=1e-4)
-    assert float(tags["enn.naive_conditional_val_mae"]) == pytest.approx(naive, rel=1e-5)
+    assert float(tags["enn.naive_val_mae"]) == pytest.approx(naive, rel=1e-5)
+    assert tags["enn.naive_predictor"] == weak.naive_predictor == name
     assert str(client.get_model_version_by_alias("enn-sales", "candidate").version) == "1"
     with pytest.raises(MlflowException, match="champion"):
         client.get_model_version_by_alias("enn-sales", "champion")
@@ -135,6 +147,16 @@ def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(t
     own = Score(mae=naive * 1.01, rows=registration_rows(layout), skipped=0)
     promote, why = decide(own, naive, Score(mae=naive * 2, rows=own.rows, skipped=0), "1")
     assert not promote and "naive predictor" in why
+
+
+def test_a_collapse_report_from_before_the_medians_still_gates_on_the_conditional_mean():
+    from tasks.tracking.registry import promotion_baseline
+
+    old = {"val/mae": 2.0, "val/naive_conditional_mae": 2.5, "val/naive_cell_mean_mae": 4.0}
+    assert promotion_baseline(old) == (2.5, "naive_conditional")
+    new = {**old, "val/naive_conditional_median_mae": 1.5, "val/naive_best_mae": 1.5}
+    assert promotion_baseline(new) == (1.5, "naive_conditional_median")
+    assert promotion_baseline({"val/mae": 2.0}) == (None, "naive_conditional")
 
 
 def registration_rows(layout: Layout) -> int:
