@@ -88,7 +88,9 @@ def store(tmp_path):
 def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     client, reg = store
     first = reg(trained(tmp_path / "a", steps=25))
-    assert first.champion and first.version == 1 and "no champion yet" in first.reason
+    assert first.champion and first.version == 1
+    assert first.reason.startswith(f"the first: val/mae {first.val_mae:.4g} against the ")
+    assert first.line().startswith("enn-synthetic version 1: champion: the first: val/mae")
     worse = reg(trained(tmp_path / "b", steps=10))
     assert worse.registered and not worse.champion, worse
     assert worse.val_mae > worse.champion_val_mae  # scored on the same rows
@@ -105,6 +107,11 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     assert float(tags["enn.champion_val_mae_on_these_rows"]) == pytest.approx(first.val_mae, 1e-5)
     assert float(tags["enn.naive_conditional_val_mae"]) > worse.val_mae
     assert tags["enn.schema"] == client.get_model_version("enn-synthetic", "1").tags["enn.schema"]
+    # each logged model names its registered version, as mlflow.register_model does: the run
+    # page of its source run lists its registered models from that tag ("None" without it)
+    for reg_ in (first, worse, better):
+        versions = json.loads(client.get_logged_model(reg_.model_id).tags["mlflow.modelVersions"])
+        assert versions == [{"name": "enn-synthetic", "version": str(reg_.version)}], versions
 
 
 def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(tmp_path, store):
