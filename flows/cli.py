@@ -174,6 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
     p = sub.add_parser(
+        "serve",
+        help="Serve a registered model (this task's champion) with MLflow's scoring server on "
+        "127.0.0.1, over this project's store.",
+        description="Runs `mlflow models serve --env-manager local` over the project's MLflow "
+        "store and prints its URL and a JSON and a CSV request that work as printed. Ctrl-C "
+        "stops it.",
+    )
+    _common(p)
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="REF",
+        help="models:/NAME@ALIAS or models:/NAME/VERSION (default: this task's champion).",
+    )
+    p.add_argument("--port", type=int, default=None, help="Port (default 5001; 0: a free one).")
+    p = sub.add_parser(
         "doctor",
         help="Check the execution path layer by layer (data, model, kernels, precision, "
         "workers, distributed, checkpoints, export): ok / warn / fail with the fix.",
@@ -504,6 +520,10 @@ def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Lay
         return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
     if args.command == "ui":
         return ui_command(cfg, layout, args.port)
+    if args.command == "serve":
+        from flows.serve import serve_command
+
+        return serve_command(cfg, layout, args.model, args.port)
     if args.command == "tune":
         return tune_command(args, cfg, config, layout)
     if args.command == "gc":
