@@ -462,19 +462,11 @@ class Summary:
         metrics = VALIDATE.output_dir(self.layout) / "metrics.json"
         if self.flow == "training" and VALIDATE.name in record.results and metrics.is_file():
             m = json.loads(metrics.read_text())
-            out.append(
-                "results: "
-                + "; ".join(
-                    f"{split} MAE {m[f'{split}/mae']:.4g} (conditional naive "
-                    f"{m[f'{split}/naive_conditional_mae']:.4g}, per-cell mean "
-                    f"{m[f'{split}/naive_cell_mean_mae']:.4g})"
-                    for split in ("val", "test")
-                    if m.get(f"{split}/mae") is not None
-                    and m.get(f"{split}/naive_conditional_mae") is not None
-                    and m.get(f"{split}/naive_cell_mean_mae") is not None
-                )
-            )
+            splits = [results_part(m, split) for split in ("val", "test")]
+            out.append("results: " + "; ".join(p for p in splits if p))
         out += [f"model: {r.registry.line()}" for r in record.results.values() if r.registry]
+        if self.flow == "prediction":
+            out += predictions_lines(self.layout)
         return out
 
     def look_lines(self, record: FlowRecord) -> list[str]:
@@ -489,8 +481,53 @@ class Summary:
         prefect = prefect_ui(self.prefect_api) if record.flow_run_id else None
         if prefect:
             out.append(f"look: Prefect flow run {prefect}/runs/flow-run/{record.flow_run_id}")
-        hint = "dvc metrics show" if out else "enn ui (MLflow and Prefect), dvc metrics show"
-        return [*out, f"look: {hint}"]
+        hints = [] if out else ["enn ui (MLflow and Prefect)"]
+        if self.flow == "training":  # the prediction pipeline publishes no DVC metrics
+            hints.append("dvc metrics show")
+        return out + ([f"look: {', '.join(hints)}"] if hints else [])
+
+
+# validate's baselines, as the results line names them (any other `<split>/<name>_mae` by name)
+BASELINE_LABELS = {"naive_conditional": "conditional naive", "naive_cell_mean": "per-cell mean"}
+
+
+def results_part(m: dict[str, float], split: str) -> str:
+    """`val MAE 3.334, beaten by gbt 3.286 (conditional naive 3.5, per-cell mean 6.3, ridge
+    3.4)`: the model's MAE on `split`, each baseline validate scored, and which of them beat
+    the model (they are reported, not a gate: docs/design.md)."""
+    model = m.get(f"{split}/mae")
+    if not isinstance(model, (int, float)):
+        return ""
+    prefix, baselines = f"{split}/", []
+    for key, value in m.items():
+        name = key.removeprefix(prefix).removesuffix("_mae")
+        if key.startswith(prefix) and key.endswith("_mae") and name and "/" not in name:
+            if isinstance(value, (int, float)):
+                baselines.append((BASELINE_LABELS.get(name, name), float(value)))
+    beat = [f"{n} {v:.4g}" for n, v in baselines if v < model]
+    rest = [f"{n} {v:.4g}" for n, v in baselines if v >= model]
+    head = f"{split} MAE {model:.4g}" + (f", beaten by {', '.join(beat)}" if beat else "")
+    return head + (f" ({', '.join(rest)})" if rest else "")
+
+
+def predictions_lines(layout: Layout) -> list[str]:
+    """Where the prediction flow's released predictions are (collapse-check's output)."""
+    from enn_core.stages import COLLAPSE_CHECK
+
+    out = COLLAPSE_CHECK.output_dir(layout)
+    manifest = out / "manifest.json"
+    if not manifest.is_file():
+        return []
+    meta = json.loads(manifest.read_text())
+    files = [
+        f
+        for f in ("predictions.parquet", "predictions.npy", "predictions.xlsx")
+        if (out / f).is_file()
+    ]
+    if not files:
+        return []
+    also = f"; {', '.join(files[1:])} beside it" if files[1:] else ""
+    return [f"predictions: {out / files[0]} ({meta.get('n_rows', '?')} rows{also})"]
 
 
 def prefect_ui(api: str) -> str | None:
