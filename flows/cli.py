@@ -386,7 +386,9 @@ def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout:
     if best is None:
         print(f"study {out['study']}: {out['trials']} trial(s), none complete", flush=True)
     else:
-        values = " ".join(f"{k}={v}" for k, v in sorted(best.items()))
+        from tasks.tuning.study import shown
+
+        values = shown(best)
         print(
             f"study {out['study']}: best trial {out['best_trial']} "
             f"({cfg.tune.metric} {out['best_value']:.4g}): {values}",

@@ -150,6 +150,14 @@ def override(key: str, value: Any) -> str:
     return f"{key}={text}"
 
 
+def shown(values: dict[str, Any]) -> str:
+    """`train.lr=0.01173 model.layers=2`: a trial's values for a console line (4 significant
+    digits; the trial runs with the exact values, which trial.json and MLflow keep)."""
+    return " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(values.items())
+    )
+
+
 def distribution(dim: Dimension) -> Any:
     from optuna.distributions import (
         CategoricalDistribution,
@@ -355,7 +363,7 @@ def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> Runni
         )
     p = psutil.Process(proc.pid)
     trial.set_user_attr(STUDY_ATTR_PID, f"{p.pid}:{p.create_time()}")
-    log.info("trial %d: %s", trial.number, " ".join(values))
+    log.info("trial %d: %s", trial.number, shown(trial.params))
     return RunningTrial(trial, folder, proc, time.monotonic())
 
 
