@@ -96,6 +96,31 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
 
 
+def reads_writes(spec: StageSpec, where: str = "") -> str:
+    """`reads: ...; writes: ...` of one stage, from its spec (paths under its pipeline,
+    `where`: "" or "prediction/")."""
+    section = "section" if len(spec.sections) == 1 else "sections"
+    reads = [f"{where}params.yaml ({section} {', '.join(spec.sections)})"] if spec.sections else []
+    reads += [", ".join(f"{where}outputs/{s.name}/" for s in spec.inputs)] if spec.inputs else []
+    reads += [f"{where}outputs/{s.name}/ when there" for s in spec.optional_inputs]
+    reads += [f"{key}, a checkpoint or models:/NAME@ALIAS" for key in spec.model_refs]
+    writes = f"{where}outputs/{spec.name}/ ({', '.join(spec.outputs)})"
+    if spec.metrics:
+        writes += f"; {where}outputs/metrics/{spec.name}.json (dvc metrics)"
+    return f"reads: {'; '.join(reads) or 'nothing'}\nwrites: {writes}"
+
+
+def stage_description(spec: StageSpec, variant: StageSpec | None) -> str:
+    """`enn <stage> --help`: what the stage does, reads and writes (its spec: one definition),
+    and its prediction pipeline's version when it has one."""
+    text = f"{spec.help}\n\n{reads_writes(spec)}"
+    if variant is not None:
+        text += f"\n\n--pipeline prediction: {variant.help}\n" + reads_writes(
+            variant, "prediction/"
+        )
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in exit_codes().items())
     parser = argparse.ArgumentParser(
@@ -105,9 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    variants = {s.name for s in PREDICTION}
+    variants = {s.name: s for s in PREDICTION}
     for spec in TRAINING:
-        p = sub.add_parser(spec.name, help=spec.help, description=spec.help, epilog=COMMON_EPILOG)
+        p = sub.add_parser(
+            spec.name,
+            help=spec.help,
+            description=stage_description(spec, variants.get(spec.name)),
+            epilog=COMMON_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         _common(p)
         if spec.name in variants:
             p.add_argument(
@@ -620,11 +651,24 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return e.exit_code
     except Terminated:
-        print("terminated (SIGTERM): workers stopped, lock released", file=sys.stderr)
+        print(f"terminated (SIGTERM): workers stopped, lock released{again(args)}", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"interrupted{again(args)}", file=sys.stderr)
         return 130
+
+
+def again(args: argparse.Namespace) -> str:
+    """What running a stopped command again does (nothing to add for the servers, which
+    Ctrl-C is the way to stop)."""
+    if args.command == "tune":
+        return "; run the same command again to resume the study"
+    if args.command == "run" or args.command in {s.name for s in TRAINING}:
+        return (
+            "; run the same command again to resume: stages that finished are skipped, "
+            "distributed-train continues from its last checkpoint"
+        )
+    return ""
 
 
 if __name__ == "__main__":
