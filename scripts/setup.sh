@@ -22,5 +22,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 # DVC's site cache inside work/, as an absolute path (a relative one would follow the current
-# directory, e.g. prediction/); .dvc/config.local is not committed.
-.venv/bin/dvc config --local core.site_cache_dir "$PWD/work/dvc-site-cache" >/dev/null
+# directory, e.g. prediction/), for the training project and the prediction pipeline's own
+# DVC project (prediction/.dvc); .dvc/config.local is not committed.
+root=$PWD
+.venv/bin/dvc config --local core.site_cache_dir "$root/work/dvc-site-cache" >/dev/null
+(cd prediction && "$root/.venv/bin/dvc" config --local core.site_cache_dir "$root/work/dvc-site-cache" >/dev/null)

@@ -123,6 +123,11 @@ def ran(tmp_path_factory) -> Ran:
         ).stdout
         # importing more code (the prediction flow) must not make the training pipeline stale
         result.outputs["status_after"] = project.run("dvc", "status", "dvc.yaml").stdout
+        # the experiments tables: the training project's, and the prediction pipeline's own
+        result.outputs["exp_show"] = project.run("dvc", "exp", "show", "--csv").stdout
+        result.outputs["exp_show_prediction"] = project.run(
+            "dvc", "exp", "show", "--csv", cwd=project.root / "prediction"
+        ).stdout
     result.tree = tree.seen
     return result
 
@@ -258,6 +263,18 @@ def test_dvc_repro_runs_the_evaluation_stages_and_the_prediction_pipeline(ran):
             "predict_repro2"
         ]
     assert (ran.project.root / "outputs" / "export" / "model.onnx").exists()
+
+
+def test_the_training_experiments_table_holds_the_training_pipeline_only(ran):
+    """Issue 32: the prediction pipeline's params and deps (`prediction/params.yaml:data.path`,
+    its input file) were columns of the training experiments' table; the prediction pipeline
+    is its own DVC project (prediction/.dvc), with its own table."""
+    training = ran.outputs["exp_show"].splitlines()[0].split(",")
+    assert "val/mae" in training and any(c.endswith("train.lr") for c in training), training
+    assert not [c for c in training if c.startswith(("prediction/", "../"))], training
+    prediction = ran.outputs["exp_show_prediction"].splitlines()[0].split(",")
+    assert any(c.endswith("predict.model") for c in prediction), prediction
+    assert not any(c.endswith("train.lr") for c in prediction), prediction
 
 
 def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
