@@ -18,7 +18,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing the project and its pinned dependencies into .venv (a few minutes the first time)"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
   # torch is pinned to 2.13.0 (the CPU build on this machine); constraints.txt pins the rest.
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+  # setuptools' "Editable installation" box warns that folders named like the packages in the
+  # working directory take precedence at import: here they are the very folders the editable
+  # install points at, so the box says nothing to act on (it printed in the Quick start).
+  PYTHONWARNINGS="ignore:Editable installation" \
+    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
   echo "$want" > "$stamp"
 fi
 # DVC's site cache inside work/, as an absolute path (a relative one would follow the current
