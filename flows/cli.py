@@ -647,8 +647,7 @@ def _main(argv: list[str] | None) -> int:
         console.setup(layout.work / "logs", _log_name(args), verbose=args.verbose)
         return dispatch(args, cfg, config, layout)
     except EnnError as e:
-        # one line, whatever a library put into the message it wraps
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(console.one_line(e), file=sys.stderr)
         return e.exit_code
     except Terminated:
         print(f"terminated (SIGTERM): workers stopped, lock released{again(args)}", file=sys.stderr)

@@ -67,6 +67,17 @@ def stage_status(root: Path, spec: StageSpec) -> tuple[bool, str]:
     return False, f"changed: {status}"
 
 
+def all_fresh(root: Path, specs: tuple[StageSpec, ...]) -> bool:
+    """Whether every stage of `specs` is up to date: a run of them would do nothing."""
+    Repo = _repo_class()  # noqa: N806 - DVC's class
+
+    if not specs:
+        return True
+    repo_dir = _target(root, specs[0])[0]
+    with Repo(str(repo_dir)) as repo:
+        return not repo.status(targets=[_target(root, s)[1] for s in specs])
+
+
 def commit(root: Path, spec: StageSpec) -> None:
     Repo = _repo_class()  # noqa: N806 - DVC's class
 
