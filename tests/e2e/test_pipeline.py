@@ -344,7 +344,7 @@ def test_champion_loads_and_predicts_in_real_units(ran):
     import mlflow.pyfunc
 
     from enn_core.data.dataset import StagedDataset
-    from enn_core.serving import decode
+    from enn_core.serving import decode, typed
 
     root = ran.project.root
     uri = f"sqlite:///{root / 'work' / 'mlflow' / 'mlflow.db'}"
@@ -353,8 +353,9 @@ def test_champion_loads_and_predicts_in_real_units(ran):
     model = mlflow.pyfunc.load_model("models:/enn-synthetic@champion")
     ds = StagedDataset(root / "outputs" / "stage-data")
     rows = np.sort(np.asarray(ds.split("test")))
-    frame = decode(np.asarray(ds.features[rows]), ds.feature_specs)  # as the source spells them
-    assert frame["month"].iloc[0].isdigit() and len(frame["month"].iloc[0]) == 2
+    # as the source spells them, in the signature's types (month "01" as the number 1)
+    frame = typed(decode(np.asarray(ds.features[rows]), ds.feature_specs), ds.feature_specs)
+    assert frame["month"].dtype == np.int64 and frame["daytype"].iloc[0].isalpha()
     out = model.predict(frame)
     target = np.asarray(ds.labels[rows])
     pred = out.to_numpy().reshape(target.shape)
