@@ -155,7 +155,10 @@ def flow_console(config: str, overrides: list[str] | None, name: str) -> Iterato
         work_dir = load_once(path, list(overrides or [])).runtime.work_dir
     except EnnError:
         work_dir = RuntimeConfig().work_dir  # the error is said below, in the default log
-    own = console.for_flow_run(project_layout(project_root(path), work_dir).work / "logs", name)
+    # the tools' settings before anything of this flow imports mlflow (the prediction flow
+    # downloads its model first): `contain` warned "called after importing ['mlflow']"
+    layout = contain(project_layout(project_root(path), work_dir), groups=(TOOLS,))
+    own = console.for_flow_run(layout.work / "logs", name)
     try:
         yield
     except EnnError as e:

@@ -262,6 +262,22 @@ def test_deploy_serves_its_schedules_and_its_runs_talk_like_enn_run(project, tmp
         )
         assert _finished(api, again["id"], 600) == "COMPLETED"
         out.wait_for(r"training: every stage is up to date .* no MLflow run is recorded", 60, mark)
+
+        # a prediction run that fails in a stage (its input is missing), the champion there:
+        # one line again, and no "contain() called after importing ['mlflow']" warning
+        mark = len(out.lines)
+        bad = ["data.source=csv", "data.path=missing.csv"]
+        predict_id = http(f"{api}/deployments/name/prediction/on-demand")["id"]
+        failing = http(
+            f"{api}/deployments/{predict_id}/create_flow_run",
+            {"state": {"type": "SCHEDULED"}, "parameters": {"overrides": bad}},
+        )
+        assert _finished(api, failing["id"], 600) == "FAILED"
+        line = out.wait_for(r"^.*error: data\.path='missing\.csv': .*$", 60, mark).group(0)
+        failed = out.text(mark)
+        assert failed.count("error: ") == 1 and "Traceback" not in failed, failed[-3000:]
+        assert not [n for n in NOISE if n in failed], failed[-3000:]
+        assert "put it there or fix data.path" in line, line
     finally:
         _stop(proc)
     from mlflow.tracking import MlflowClient
