@@ -131,11 +131,8 @@ def load_once(path: Path, overrides: list[str]) -> RunConfig:
 def run_stages(
     name: str, config: str, overrides: list[str] | None, stages: tuple[StageSpec, ...]
 ) -> dict[str, StageResult] | State:
-    """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled.
-
-    In a process `enn` did not start (`enn deploy`'s runs), the console and log file are set
-    up as `enn run` sets them, and an enn error is one line there too, as `enn run` prints it
-    (Prefect's own account of it, with its traceback, goes to the log file)."""
+    """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled
+    (a run with nothing to do records no MLflow run: `_run_recorded`)."""
     logger = logging.getLogger("enn.flow")  # console, log file and (extra logger) Prefect
     path = Path(config).resolve()
     cfg = load_once(path, list(overrides or []))
