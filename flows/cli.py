@@ -520,8 +520,14 @@ class Summary:
         return out + ([f"look: {', '.join(hints)}"] if hints else [])
 
 
-# validate's baselines, as the results line names them (any other `<split>/<name>_mae` by name)
-BASELINE_LABELS = {"naive_conditional": "conditional naive", "naive_cell_mean": "per-cell mean"}
+# validate's baselines, as the results line names them and in its order (any other
+# `<split>/<name>_mae` by its name, after these)
+BASELINE_LABELS = {
+    "naive_conditional": "conditional naive",
+    "naive_cell_mean": "per-cell mean",
+    "ridge": "ridge",
+    "gbt": "gbt",
+}
 
 
 def results_part(m: dict[str, float], split: str) -> str:
@@ -531,12 +537,14 @@ def results_part(m: dict[str, float], split: str) -> str:
     model = m.get(f"{split}/mae")
     if not isinstance(model, (int, float)):
         return ""
-    prefix, baselines = f"{split}/", []
+    prefix, found = f"{split}/", {}
     for key, value in m.items():
         name = key.removeprefix(prefix).removesuffix("_mae")
         if key.startswith(prefix) and key.endswith("_mae") and name and "/" not in name:
             if isinstance(value, (int, float)):
-                baselines.append((BASELINE_LABELS.get(name, name), float(value)))
+                found[name] = float(value)
+    order = [n for n in BASELINE_LABELS if n in found] + sorted(set(found) - set(BASELINE_LABELS))
+    baselines = [(BASELINE_LABELS.get(n, n), found[n]) for n in order]
     beat = [f"{n} {v:.4g}" for n, v in baselines if v < model]
     rest = [f"{n} {v:.4g}" for n, v in baselines if v >= model]
     head = f"{split} MAE {model:.4g}" + (f", beaten by {', '.join(beat)}" if beat else "")
