@@ -568,7 +568,8 @@ def predictions_lines(layout: Layout) -> list[str]:
     if not files:
         return []
     also = f"; {', '.join(files[1:])} beside it" if files[1:] else ""
-    return [f"predictions: {out / files[0]} ({meta.get('n_rows', '?')} rows{also})"]
+    n = meta.get("n_rows", "?")
+    return [f"predictions: {out / files[0]} ({n} row{'' if n == 1 else 's'}{also})"]
 
 
 def prefect_ui(api: str) -> str | None:
