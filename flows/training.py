@@ -159,8 +159,8 @@ def flow_console(config: str, overrides: list[str] | None, name: str) -> Iterato
     try:
         yield
     except EnnError as e:
-        if own:
-            logging.getLogger("enn.flow").error("%s", console.one_line(e))
+        if own:  # the console says `HH:MM:SS ERROR: <the error's one line>`
+            logging.getLogger("enn.flow").error("%s", " ".join(str(e).split()))
         raise
 
 

@@ -239,10 +239,12 @@ def test_deploy_serves_its_schedules_and_its_runs_talk_like_enn_run(project, tmp
         assert shell.returncode == 0 and "Created flow run" in shell.stdout, shell
         run_id = re.search(r"UUID: ([0-9a-f-]{36})", shell.stdout).group(1)
         assert _finished(api, run_id, 300) == "FAILED"
-        said = out.wait_for(r"^.*error: models:/enn-synthetic@champion: .*$", 60, mark).group(0)
+        said = out.wait_for(
+            r"^\d\d:\d\d:\d\d ERROR: models:/enn-synthetic@champion: .*$", 60, mark
+        ).group(0)
         assert said.endswith("train first (enn run), or give --model a checkpoint path"), said
         failed = out.text(mark)
-        assert "Traceback" not in failed and failed.count("error: ") == 1, failed[-3000:]
+        assert "Traceback" not in failed and failed.count("ERROR") == 1, failed[-3000:]
 
         # a scheduled training run: the console enn run has (epoch lines, no noise)
         mark = len(out.lines)
@@ -274,9 +276,11 @@ def test_deploy_serves_its_schedules_and_its_runs_talk_like_enn_run(project, tmp
             {"state": {"type": "SCHEDULED"}, "parameters": {"overrides": bad}},
         )
         assert _finished(api, failing["id"], 600) == "FAILED"
-        line = out.wait_for(r"^.*error: data\.path='missing\.csv': .*$", 60, mark).group(0)
+        line = out.wait_for(
+            r"^\d\d:\d\d:\d\d ERROR: data\.path='missing\.csv': .*$", 60, mark
+        ).group(0)
         failed = out.text(mark)
-        assert failed.count("error: ") == 1 and "Traceback" not in failed, failed[-3000:]
+        assert failed.count("ERROR") == 1 and "Traceback" not in failed, failed[-3000:]
         assert not [n for n in NOISE if n in failed], failed[-3000:]
         assert "put it there or fix data.path" in line, line
     finally:
