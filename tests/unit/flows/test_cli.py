@@ -100,7 +100,7 @@ def test_a_stages_help_says_what_it_reads_and_writes_from_its_spec(capsys):
 def test_a_stopped_run_says_that_running_it_again_resumes():
     import argparse
 
-    from flows.cli import again
+    from flows.report import again
 
     for argv in (["run"], ["distributed-train"]):
         assert "run the same command again to resume" in again(argparse.Namespace(command=argv[0]))

@@ -30,17 +30,9 @@ from enn_core.paths import Layout
 from enn_core.predict import flow_steps
 from enn_core.stage import make_context
 from enn_core.stages import COLLAPSE_CHECK, PREDICT, PREPARE_CHECKPOINT, STAGE_DATA
+from tests.fixtures.predict import PREDICT_BASE
 
-BASE = [
-    "model.d_model=16",
-    "model.heads=2",
-    "model.layers=1",
-    "data.synthetic.n_sections=4",
-    "data.synthetic.n_hours=6",
-    "data.synthetic.n_months=6",
-    "predict.chunk_rows=256",
-    "collapse.max_rows=64",
-]
+BASE = [*PREDICT_BASE, "data.synthetic.n_months=6", "collapse.max_rows=64"]
 HEALTHY = ["model.prior_weight=1.0"]
 
 
