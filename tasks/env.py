@@ -77,6 +77,10 @@ def prefect_env(layout: Layout) -> dict[str, str]:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PREFECT_UI_ENABLED": "false",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "enn",
+        # Prefect's own console handler, which a flow run of `enn deploy` uses until the flow
+        # sets up enn's console (flows/training.py: flow_console): its INFO lines ("Beginning
+        # flow run ...") go to the Prefect UI's log, not the terminal
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
     }
 
 
