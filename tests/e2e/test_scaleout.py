@@ -179,7 +179,7 @@ def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
         )["runs"]
         names = {r["info"]["run_name"] for r in found}
         # on a tracking server (several machines may share it) the run names its host
-        parent = f"training #1 synthetic on {socket.gethostname()}"
+        parent = f"training #1 @{socket.gethostname()} synthetic"
         assert names == {parent, *(s.name for s in TRAINING)}, names
         assert {r["info"]["status"] for r in found} == {"FINISHED"}
         from mlflow.tracking import MlflowClient  # telemetry off: tests/conftest.py

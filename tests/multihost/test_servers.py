@@ -31,9 +31,12 @@ DEPLOY = (
     ".to_deployment('pooled', work_pool_name='enn-pool').apply()"
 )
 GET = """
-import json, sys, urllib.request
-body = sys.argv[2].encode() if len(sys.argv) > 2 else None
-req = urllib.request.Request(sys.argv[1], data=body, headers={"Content-Type": "application/json"})
+import json, sys, urllib.error, urllib.request
+body = sys.argv[2].encode() if len(sys.argv) > 2 and sys.argv[2] else None
+headers = {"Content-Type": "application/json"}
+if len(sys.argv) > 3:
+    headers["Origin"] = sys.argv[3]
+req = urllib.request.Request(sys.argv[1], data=body, headers=headers)
 try:
     with urllib.request.urlopen(req, timeout=10) as r:
         text = r.read().decode()
@@ -41,14 +44,17 @@ try:
         print(json.dumps(json.loads(text)))
     except ValueError:
         print(json.dumps({"text": text}))
+except urllib.error.HTTPError as e:
+    print(json.dumps({"status": e.code, "error": e.read().decode(errors="replace")[:300]}))
 except OSError as e:
     print(json.dumps({"unreachable": str(e)}))
 """
 
 
-def http(host: Host, url: str, body: dict | None = None) -> Any:
-    """A JSON request made from inside `host` (the servers are on the hosts' network only)."""
-    args = [url] + ([json.dumps(body)] if body is not None else [])
+def http(host: Host, url: str, body: dict | None = None, origin: str = "") -> Any:
+    """A JSON request made from inside `host` (the servers are on the hosts' network only),
+    with a browser's Origin header when `origin` is given."""
+    args = [url, json.dumps(body) if body is not None else ""] + ([origin] if origin else [])
     return json.loads(host.run("python", "-c", GET, *args).stdout)
 
 
@@ -114,9 +120,12 @@ def test_two_hosts_run_pooled_flows_logging_to_servers_on_postgres(
         str(bed.port(20)),
         "--workers",
         "1",
-        # MLflow answers only Host headers it knows (DNS-rebinding guard): the name clients use
+        # MLflow answers only Host headers it knows (DNS-rebinding guard): the name clients use;
+        # and its UI's own POSTs only from origins it knows (else its run list is an error)
         "--allowed-hosts",
         f"{node3.name}:{bed.port(20)}",
+        "--cors-allowed-origins",
+        mlflow_url,
     ]
     prefect_cmd = ["prefect", "server", "start", "--host", node3.addr, "--port", str(bed.port(21))]
     logs = tmp_path
@@ -192,7 +201,15 @@ def test_two_hosts_run_pooled_flows_logging_to_servers_on_postgres(
         hosts = sorted(host for _, host in parents.values())
         assert hosts == [node1.name, node2.name], parents  # one run on each host
         for name, host in parents.values():
-            assert f" on {host}" in name, name  # the run list names the host
+            assert name.startswith(f"training #") and f" @{host} " in name, name
+        # the run list as the UI asks for it from a browser at the server's address
+        ui = http(
+            node1,
+            f"{mlflow_url}/ajax-api/2.0/mlflow/runs/search",
+            {"experiment_ids": [exp["experiment_id"]], "max_results": 10},
+            origin=mlflow_url,
+        )
+        assert len(ui.get("runs", [])) >= 4, ui  # a refused origin: {"error_code": ...}
         stages = [r for r in runs if r["info"]["run_name"] == "distributed-train"]
         assert len(stages) == 2 and {r["info"]["status"] for r in stages} == {"FINISHED"}
     # the servers kept their state in PostgreSQL, the artifacts in the shared folder
