@@ -201,7 +201,7 @@ def test_two_hosts_run_pooled_flows_logging_to_servers_on_postgres(
         hosts = sorted(host for _, host in parents.values())
         assert hosts == [node1.name, node2.name], parents  # one run on each host
         for name, host in parents.values():
-            assert name.startswith(f"training #") and f" @{host} " in name, name
+            assert name.startswith("training #") and f" @{host} " in name, name
         # the run list as the UI asks for it from a browser at the server's address
         ui = http(
             node1,
