@@ -620,7 +620,7 @@ def _main(argv: list[str] | None) -> int:
         # The config, loaded and validated once for this process (bad config fails before
         # any work); then the environment, before anything imports prefect or mlflow.
         cfg = load_config(config, args.overrides)
-        layout = contain(project_layout(root, cfg.runtime.work_dir))
+        layout = contain(project_layout(root, cfg.runtime.work_dir), tracking_uri=cfg.tracking.uri)
         console.setup(layout.work / "logs", _log_name(args), verbose=args.verbose)
         return dispatch(args, cfg, config, layout)
     except EnnError as e:

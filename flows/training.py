@@ -149,12 +149,15 @@ def flow_console(config: str, overrides: list[str] | None, name: str) -> Iterato
     run`, which set them up already, nothing changes."""
     path = Path(config).resolve()
     try:
-        work_dir = load_once(path, list(overrides or [])).runtime.work_dir
-    except EnnError:
-        work_dir = RuntimeConfig().work_dir  # the error is said below, in the default log
+        loaded = load_once(path, list(overrides or []))
+        work_dir, tracking_uri = loaded.runtime.work_dir, loaded.tracking.uri
+    except EnnError:  # the error is said below, in the default log
+        work_dir, tracking_uri = RuntimeConfig().work_dir, ""
     # the tools' settings before anything of this flow imports mlflow (the prediction flow
     # downloads its model first): `contain` warned "called after importing ['mlflow']"
-    layout = contain(project_layout(project_root(path), work_dir), groups=(TOOLS,))
+    layout = contain(
+        project_layout(project_root(path), work_dir), groups=(TOOLS,), tracking_uri=tracking_uri
+    )
     own = console.for_flow_run(layout.work / "logs", name)
     try:
         yield
@@ -174,7 +177,9 @@ def _run_recorded(
 ) -> dict[str, StageResult] | State:
     root = project_root(path)
     # A worker-started flow run: tool settings before mlflow is imported (the CLI did it already)
-    layout = contain(project_layout(root, cfg.runtime.work_dir), groups=(TOOLS,))
+    layout = contain(
+        project_layout(root, cfg.runtime.work_dir), groups=(TOOLS,), tracking_uri=cfg.tracking.uri
+    )
     if dvc_state.has_dvc(root) and not dvc_state.owns(root, path):
         logger.warning(
             "%s is not this pipeline's params.yaml (%s): DVC, whose dvc.yaml reads that "
