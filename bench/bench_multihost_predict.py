@@ -2,11 +2,10 @@
 
 Two hosts made on this machine (tests/fixtures/hosts.py: network, UTS, PID and mount
 namespaces; needs root), each with its own checkout of one project whose staged synthetic data
-has `--rows` rows. Baseline: `enn predict` on node1 with two workers
-(`predict.world_size=2`). Subject: `enn predict` on node1 and node2 at once, one worker each
-(`runtime.nnodes=2`, the parts in a shared folder, node1 assembles). Both predict every row
-with the same initial checkpoint (prepare-checkpoint's `init.pt`: a model's speed does not
-depend on its training) and write the same outputs; pairs run interleaved through
+has `--rows` rows, and a model trained one epoch on them. Baseline: `enn predict` on node1
+with two workers (`predict.world_size=2`). Subject: `enn predict` on node1 and node2 at once,
+one worker each (`runtime.nnodes=2`, the parts in a shared folder, node1 assembles). Both
+predict every row with the same model and write the same outputs; pairs run interleaved through
 bench.harness.compare, which prints the median ratio baseline time / subject time and the
 rows per second of each.
 
@@ -61,13 +60,13 @@ def main() -> int:
         )
         project.run("enn", "stage-data", timeout=1800)
         project.run("enn", "prepare-checkpoint")
+        project.run("enn", "distributed-train", "--set", "train.epochs=1", timeout=3600)
         node1, node2 = bed.start(["node1", "node2"], env=contained_env(bed.view))
         common = [
             "predict.split=all",
             "predict.chunk_rows=8192",
             "predict.batch_size=1024",
             "predict.xlsx=false",
-            f"predict.model={bed.view / 'outputs' / 'prepare-checkpoint' / 'init.pt'}",
         ]
         runs = [0]
 
