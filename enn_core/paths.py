@@ -47,6 +47,16 @@ def project_root(config: str | Path) -> Path:
     return start
 
 
+def checkout_root(root: str | Path) -> Path:
+    """The checkout a pipeline folder belongs to (the repository root for `prediction/`): the
+    nearest folder at or above `root` holding `.git` or `.dvc`; `root` itself without one."""
+    start = Path(os.path.abspath(root))
+    for d in (start, *start.parents):
+        if (d / ".git").exists() or (d / ".dvc").is_dir():
+            return d
+    return start
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path

@@ -268,7 +268,7 @@ def run_stage_command(
     """One stage, as `dvc repro` runs it; `--set` overrides are written into the config file
     once it succeeded (as `enn run --set` and `dvc exp run -S` do: the outputs and params.yaml
     agree; a failed run leaves the file as it was)."""
-    from flows.params_file import record_overrides
+    from flows.params_file import mlflow_tags, once_lines, plan, summary_line, write_overrides
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
 
@@ -277,14 +277,22 @@ def run_stage_command(
         return worker_only(spec, cfg, layout, launched)
     group = dvc_group()
     name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
-    with pipeline_session(cfg, config, layout, name, group=group, specs=(spec,)) as session:
+    sets = plan(config, overrides)
+    tags = mlflow_tags(sets)
+    with pipeline_session(
+        cfg, config, layout, name, group=group, specs=(spec,), tags=tags
+    ) as session:
         result = execute_stage(spec, session)
-        for change in record_overrides(config, overrides):
-            logging.getLogger("enn").info("params: %s", change)
+        changes = write_overrides(config, sets.write)
+        for line in [f"{sets.name()}: {c}" for c in changes] + once_lines(sets):
+            logging.getLogger("enn").info("params: %s", line)
     if result.summary is not None and result.summary.node_only:  # another node publishes
         print(f"{spec.name}: done in {result.seconds:.1f} s; {published_elsewhere(result)}")
     else:
         print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
+    said = summary_line(sets, changes)
+    if said:
+        print(said)
     return 0
 
 
@@ -444,6 +452,7 @@ class Summary:
         if ended is not None and not record.results and record.running is None:
             return log  # stopped before any stage (a config error): its one line says it
         out = self.stage_lines(record, ended)
+        out += [record.params] if record.params else []
         if ended is None:
             out += self.result_lines(record)
             out.append(
@@ -592,10 +601,12 @@ def _main(argv: list[str] | None) -> int:
     disks = [root, os.environ.get(ENV_WORK_DIR) or root / "work"]  # where a full disk is named
     try:
         from enn_core.config import load_config
+        from flows.params_file import run_overrides
         from tasks.env import contain, project_layout
 
         # The config, loaded and validated once for this process (bad config fails before
         # any work); then the environment, before anything imports prefect or mlflow.
+        args.overrides = run_overrides(config, args.overrides)  # project paths relative
         cfg = load_config(config, args.overrides)
         layout = contain(project_layout(root, cfg.runtime.work_dir))
         console.setup(layout.work / "logs", _log_name(args), verbose=args.verbose)
