@@ -92,7 +92,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="Override one config value, e.g. --set train.epochs=3 (repeatable).",
+        help="Override one config value, e.g. --set train.epochs=3 (repeatable); recorded in "
+        "the pipeline's params.yaml, never in a --config file (README, Running it).",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
 
@@ -122,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="Run a whole flow through Prefect (DVC skips stages that are up to date).",
         description="Run a whole flow through Prefect on the local API (or PREFECT_API_URL). "
-        "--set overrides are written into the config file first, as `dvc exp run -S` does.",
+        "--set values of the pipeline's sections go into params.yaml first (only the keys that "
+        "change), as `dvc exp run -S` does; a --config file is never written, and a path "
+        "outside the project keeps the whole run out of the tracked file and of DVC.",
     )
     _common(p)
     p.add_argument(
@@ -265,9 +268,10 @@ def experiment_url(url: str, experiment: str) -> str:
 def run_stage_command(
     spec: StageSpec, cfg: RunConfig, config: Path, layout: Layout, overrides: list[str]
 ) -> int:
-    """One stage, as `dvc repro` runs it; `--set` overrides are written into the config file
+    """One stage, as `dvc repro` runs it; `--set` overrides go into the pipeline's params.yaml
     once it succeeded (as `enn run --set` and `dvc exp run -S` do: the outputs and params.yaml
-    agree; a failed run leaves the file as it was)."""
+    agree; a failed run leaves the file as it was), never into a --config file
+    (flows/params_file.py)."""
     from flows.params_file import mlflow_tags, once_lines, plan, summary_line, write_overrides
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session

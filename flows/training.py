@@ -2,7 +2,8 @@
 function. DVC decides which stages are stale; stages that are up to date are skipped.
 
 Run: `enn run` (or `python -m flows.training`). Parameters are typed: the config path and
-`--set` overrides (written into the config file first, as `dvc exp run -S` does).
+`--set` overrides (the pipeline's into its params.yaml first, as `dvc exp run -S` does; never
+into a --config file: flows/params_file.py).
 
 Cancellation: `enn run` calls the flow function in its own process, where no Prefect runner
 watches for a cancel (Prefect 3's FlowRunCancellingObserver lives in the Runner that spawns

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from enn_core.config.yaml_file import load_text
+from enn_core.config.yaml_file import _LOADER, load_text
 from enn_core.errors import ConfigError
 
 _NULLS = frozenset({"", "~", "null", "Null", "NULL"})
@@ -78,9 +78,9 @@ def _tree(text: str) -> tuple[_Node | None, set[str]]:
     stack: list[_Node] = []
     root: _Node | None = None
     aliased: set[str] = set()
-    for ev in yaml.parse(text, Loader=yaml.SafeLoader):  # marks count characters of `text`
+    for ev in yaml.parse(text, Loader=_LOADER):  # libyaml's marks, too, count characters
         node: _Node | None = None
-        if ev.start_mark is None or ev.end_mark is None:  # the Python parser marks every event
+        if ev.start_mark is None or ev.end_mark is None:  # both parsers mark every event
             continue
         start, end, column = ev.start_mark.index, ev.end_mark.index, ev.start_mark.column
         if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
@@ -96,7 +96,7 @@ def _tree(text: str) -> tuple[_Node | None, set[str]]:
             root = done if not stack else root
             continue
         if isinstance(ev, yaml.ScalarEvent):
-            node = _Node("scalar", start, end, column, style=ev.style)
+            node = _Node("scalar", start, end, column, style=ev.style or None)  # libyaml: plain ""
             node.anchor, node.value = ev.anchor, ev.value
         elif isinstance(ev, yaml.AliasEvent):
             node = _Node("alias", start, end, column)
