@@ -422,6 +422,13 @@ def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout:
         again = [f"--config {args.config}"] if args.config else []
         again += [f"--set {o}" for o in args.overrides if o.startswith("tune.study=")]
         print(" ".join(["apply: enn tune --apply", *again]), flush=True)
+    if args.overrides:  # as every --set: the config file keeps its values (--apply writes)
+        from flows.params_file import plan
+
+        sets = plan(config, args.overrides)
+        print(
+            f"params: {sets.name()} unchanged ({' '.join(sets.run)} for this study's trials only)"
+        )
     if console.LOG_FILE is not None:
         print(f"log: {console.LOG_FILE}")
     return 0

@@ -128,6 +128,8 @@ def test_tune_prunes_resumes_applies_and_repro(trained_project, tmp_path):
     text = out.stdout + out.stderr
     assert "trials [2] were interrupted" in text, text[-3000:]
     assert "2 of 3 trials done" in text, text[-3000:]
+    trials_only = "params: params.yaml unchanged (train.epochs=6 train.patience=0 for this study's"
+    assert trials_only in out.stdout, out.stdout[-2000:]
     import optuna
 
     loaded = optuna.load_study(study_name="params", storage=f"sqlite:///{study}.db")

@@ -312,8 +312,6 @@ def test_apply_writes_what_the_best_trial_ran_in_a_few_digits_and_nothing_else(t
     `--apply` writes those very floats, each where it stands."""
     from optuna.distributions import FloatDistribution
 
-    from enn_core.config.tune import points
-
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     params = tmp_path / "params.yaml"
     params.write_text(
@@ -336,6 +334,8 @@ def test_apply_writes_what_the_best_trial_ran_in_a_few_digits_and_nothing_else(t
         ("  lr: 0.003        # kept, aligned\n", "  lr: 0.002358        # kept, aligned\n"),
         ("  huber_delta: 1.0\n", "  huber_delta: 0.3\n"),
     ]
+    from enn_core.config.tune import points
+
     ran = points(sampled, dimensions(load_config(params).tune))  # what its trial's --set held
     assert [st.override(k, v) for k, v in ran.items()] == [
         "train.lr=0.002358",
