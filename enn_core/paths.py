@@ -49,11 +49,14 @@ def project_root(config: str | Path) -> Path:
 
 def checkout_root(root: str | Path) -> Path:
     """The checkout a pipeline folder belongs to (the repository root for `prediction/`): the
-    nearest folder at or above `root` holding `.git` or `.dvc`; `root` itself without one."""
+    nearest folder at or above `root` holding `.dvc/` (the DVC repository), else `.git`; `root`
+    itself without either. `.dvc/` first: a DVC project inside a larger git tree (a home folder
+    kept in git) is its own project."""
     start = Path(os.path.abspath(root))
-    for d in (start, *start.parents):
-        if (d / ".git").exists() or (d / ".dvc").is_dir():
-            return d
+    for marker in (".dvc", ".git"):
+        for d in (start, *start.parents):
+            if (d / marker).exists():
+                return d
     return start
 
 

@@ -155,7 +155,8 @@ def once_lines(p: Plan) -> list[str]:
             f"{p.name()} unchanged: {', '.join(p.kept_out)} lies outside the project (a tracked "
             "file holds the project's paths only, the same on every machine); every --set of "
             "this run is its own (its config.yaml and MLflow hold them), and DVC neither skips "
-            "nor records its stages: `dvc status` shows them changed until `dvc repro`"
+            "nor records its stages: `dvc status` shows them changed until `dvc repro`; to "
+            "version that input, copy it into the project"
         ]
     if p.once:
         return [f"{', '.join(p.once)} for this run only ({p.why})"]
