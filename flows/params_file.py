@@ -166,7 +166,8 @@ def once_lines(p: Plan) -> list[str]:
 def summary_line(p: Plan, changes: Sequence[str]) -> str | None:
     """The closing summary's word on the config file: which file changed, or that none did."""
     if changes:
-        return f"params: {p.name()} changed ({'; '.join(changes)})"
+        once = f"; {', '.join(p.once)} for this run only" if p.once else ""
+        return f"params: {p.name()} changed ({'; '.join(changes)}{once})"
     if p.once:
         return f"params: {p.name()} unchanged ({', '.join(p.once)} for this run only)"
     if p.write:
@@ -182,7 +183,8 @@ def mlflow_tags(p: Plan) -> dict[str, str]:
     if p.write:
         parts.append(f"in {p.name()}: {' '.join(p.write)}")
     if p.once:
-        parts.append(f"this run only ({p.name()} unchanged): {' '.join(p.once)}")
+        unchanged = "" if p.write else f" ({p.name()} unchanged)"
+        parts.append(f"this run only{unchanged}: {' '.join(p.once)}")
     return {"enn.overrides": "; ".join(parts)[:5000]}
 
 

@@ -102,7 +102,10 @@ def test_set_on_params_yaml_changes_only_the_lines_of_changed_keys(project, caps
     assert code == 0, err
     assert changed_lines(before, params.read_text()) == [("  split_seed: 0\n", "  split_seed: 3\n")]
     out = capsys.readouterr().out
-    assert "params: params.yaml changed (data.split_seed: 0 -> 3)" in out
+    assert (
+        "params: params.yaml changed (data.split_seed: 0 -> 3; runtime.seed=1 for this run only)"
+        in out
+    )
     assert any("runtime.seed=1 for this run only" in line for line in err), err
 
 
