@@ -47,6 +47,19 @@ def project_root(config: str | Path) -> Path:
     return start
 
 
+def checkout_root(root: str | Path) -> Path:
+    """The checkout a pipeline folder belongs to (the repository root for `prediction/`): the
+    nearest folder at or above `root` holding `.dvc/` (the DVC repository), else `.git`; `root`
+    itself without either. `.dvc/` first: a DVC project inside a larger git tree (a home folder
+    kept in git) is its own project."""
+    start = Path(os.path.abspath(root))
+    for marker in (".dvc", ".git"):
+        for d in (start, *start.parents):
+            if (d / marker).exists():
+                return d
+    return start
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path

@@ -93,7 +93,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="Override one config value, e.g. --set train.epochs=3 (repeatable).",
+        help="Override one config value, e.g. --set train.epochs=3 (repeatable); recorded in "
+        "the pipeline's params.yaml, never in a --config file (README, Running it).",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
 
@@ -129,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="Run a whole flow through Prefect (DVC skips stages that are up to date).",
         description="Run a whole flow through Prefect on the local API (or PREFECT_API_URL). "
-        "--set overrides are written into the config file first, as `dvc exp run -S` does.",
+        "--set values of the pipeline's sections go into params.yaml first (only the keys that "
+        "change), as `dvc exp run -S` does; a --config file is never written, and a path "
+        "outside the project keeps the whole run out of the tracked file and of DVC.",
     )
     _common(p)
     p.add_argument(
@@ -288,10 +291,11 @@ def experiment_url(url: str, experiment: str) -> str:
 def run_stage_command(
     spec: StageSpec, cfg: RunConfig, config: Path, layout: Layout, overrides: list[str]
 ) -> int:
-    """One stage, as `dvc repro` runs it; `--set` overrides are written into the config file
+    """One stage, as `dvc repro` runs it; `--set` overrides go into the pipeline's params.yaml
     once it succeeded (as `enn run --set` and `dvc exp run -S` do: the outputs and params.yaml
-    agree; a failed run leaves the file as it was)."""
-    from flows.params_file import record_overrides
+    agree; a failed run leaves the file as it was), never into a --config file
+    (flows/params_file.py)."""
+    from flows.params_file import mlflow_tags, once_lines, plan, summary_line, write_overrides
     from tasks.runner import execute_stage
     from tasks.session import dvc_group, pipeline_session
 
@@ -300,14 +304,22 @@ def run_stage_command(
         return worker_only(spec, cfg, layout, launched)
     group = dvc_group()
     name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
-    with pipeline_session(cfg, config, layout, name, group=group, specs=(spec,)) as session:
+    sets = plan(config, overrides)
+    tags = mlflow_tags(sets)
+    with pipeline_session(
+        cfg, config, layout, name, group=group, specs=(spec,), tags=tags
+    ) as session:
         result = execute_stage(spec, session)
-        for change in record_overrides(config, overrides):
-            logging.getLogger("enn").info("params: %s", change)
+        changes = write_overrides(config, sets.write)
+        for line in [f"{sets.name()}: {c}" for c in changes] + once_lines(sets):
+            logging.getLogger("enn").info("params: %s", line)
     if result.summary is not None and result.summary.node_only:  # another node publishes
         print(f"{spec.name}: done in {result.seconds:.1f} s; {published_elsewhere(result)}")
     else:
         print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
+    said = summary_line(sets, changes)
+    if said:
+        print(said)
     return 0
 
 
@@ -435,6 +447,13 @@ def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout:
         again = [f"--config {args.config}"] if args.config else []
         again += [f"--set {o}" for o in args.overrides if o.startswith("tune.study=")]
         print(" ".join(["apply: enn tune --apply", *again]), flush=True)
+    if args.overrides:  # as every --set: the config file keeps its values (--apply writes)
+        from flows.params_file import plan
+
+        sets = plan(config, args.overrides)
+        print(
+            f"params: {sets.name()} unchanged ({' '.join(sets.run)} for this study's trials only)"
+        )
     if console.LOG_FILE is not None:
         print(f"log: {console.LOG_FILE}")
     return 0
@@ -469,6 +488,7 @@ class Summary:
         if ended is not None and not record.results and record.running is None:
             return log  # stopped before any stage (a config error): its one line says it
         out = self.stage_lines(record, ended)
+        out += [record.params] if record.params else []
         if ended is None:
             out += self.result_lines(record)
             out.append(
@@ -615,10 +635,12 @@ def _main(argv: list[str] | None) -> int:
     disks = [root, os.environ.get(ENV_WORK_DIR) or root / "work"]  # where a full disk is named
     try:
         from enn_core.config import load_config
+        from flows.params_file import run_overrides
         from tasks.env import contain, project_layout
 
         # The config, loaded and validated once for this process (bad config fails before
         # any work); then the environment, before anything imports prefect or mlflow.
+        args.overrides = run_overrides(config, args.overrides)  # project paths relative
         cfg = load_config(config, args.overrides)
         layout = contain(project_layout(root, cfg.runtime.work_dir), tracking_uri=cfg.tracking.uri)
         console.setup(layout.work / "logs", _log_name(args), verbose=args.verbose)

@@ -1,37 +1,43 @@
-"""Apply `--set key=value` overrides of a pipeline run to params.yaml, as `dvc exp run -S`
-does: DVC owns staleness and reads params.yaml, so the values a run used must be the ones in
-the file. Comments and order are kept (ruamel round-trip).
+"""What `--set key=value` does to the config file of a run (`plan`), and writing values into
+a params file with every other byte kept (`write_overrides`, enn_core/config/yaml_edit.py).
 
-`enn run --set` and `enn <stage> --set` treat the file the same way (`record_overrides`): a key
-of a section DVC tracks (a stage's `sections`: data, model, train, checkpoint, predict,
-collapse, export) is written; a key of the others (runtime, tracking, deploy, fault: how to
-run, not what to compute) applies to that run only and leaves the file as it was. A run that
-fails before any stage is recorded puts the file back as it was (`recorded_overrides`): bad
-input loses nothing, and params.yaml, the outputs and dvc.lock keep agreeing."""
+- The pipeline's own params.yaml (the file its dvc.yaml reads: `params.yaml`,
+  `prediction/params.yaml`) gets the keys of the sections DVC tracks (a stage's `sections`:
+  data, model, train, checkpoint, predict, collapse, export), as `dvc exp run -S` does: DVC
+  decides staleness from the file, so it must hold the values a run used. Only keys whose value
+  changes are written, each where it stands. `runtime`, `tracking`, `deploy`, `fault` (how to
+  run, not what to compute) apply to that run only.
+- Any other config file (`--config configs/expressway.yaml`) is never written: its `--set`
+  values are that run's only (its config.yaml and MLflow hold them). DVC does not decide or
+  record such runs anyway (`tasks.dvc_state.owns`).
+- A path (`enn_core.config.PATH_KEYS`) inside the project is recorded relative to the
+  pipeline's folder, as the config resolves it; a path outside is never written into a
+  tracked file (it would differ on every machine): that run's `--set` values are then its own,
+  params.yaml stays as it was, and DVC neither skips nor records its stages.
+
+A run that fails before any stage is recorded puts the file back as it was
+(`recorded_overrides`): bad input loses nothing, and params.yaml, the outputs and dvc.lock keep
+agreeing.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-
-from ruamel.yaml import YAML
+from typing import Any
 
 from enn_core.atomic import atomic_file
-from enn_core.config import RunConfig, load_config
+from enn_core.config import PATH_KEYS, RunConfig, load_config, to_plain
 from enn_core.config.loader import parse_override
+from enn_core.config.yaml_edit import render, set_values
+from enn_core.paths import checkout_root, project_root
 
-
-def apply_overrides(path: Path, overrides: list[str]) -> list[str]:
-    """Validate the overrides, write them into `path`, and return 'key: old -> new' lines."""
-    if not overrides:
-        return []
-    load_config(path, overrides)  # validates keys and values before touching the file
-    return write_overrides(path, overrides)
+_MISSING = object()
 
 
 def tracked_sections() -> frozenset[str]:
@@ -41,35 +47,186 @@ def tracked_sections() -> frozenset[str]:
     return frozenset(section for spec in ALL for section in spec.sections)
 
 
-def record_overrides(path: Path, overrides: list[str]) -> list[str]:
-    """What `--set` does to the config file: tracked keys written (validated already: the
-    run's config holds them), the others named as this run's only."""
+def is_pipeline_params(config: Path) -> bool:
+    """Whether `config` is a pipeline's own params.yaml (the file its dvc.yaml reads)."""
+    root = project_root(config)
+    return (root / "dvc.yaml").is_file() and (root / "params.yaml").resolve() == config.resolve()
+
+
+def _is_reference(value: str) -> bool:
+    """A registry reference or keyword, not a file: `models:/...`, `runs:/...`, `champion`."""
+    return ":/" in value or value == "champion"
+
+
+def project_path(root: Path, value: str) -> str | None:
+    """`value` (a path key's value, relative to the pipeline folder `root`) as recorded: as
+    given when relative and inside the project, relative to `root` when absolute and inside;
+    None when it lies outside the project (the checkout `root` belongs to)."""
+    if not value or _is_reference(value):
+        return value
+    full = os.path.normpath(os.path.join(os.path.abspath(root), value))
+    for top, base in (
+        (checkout_root(root), os.path.abspath(root)),
+        (checkout_root(root).resolve(), str(Path(root).resolve())),
+    ):
+        if full == str(top) or full.startswith(str(top).rstrip(os.sep) + os.sep):
+            if not os.path.isabs(value):
+                return value
+            return Path(os.path.relpath(full, base)).as_posix()
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `--set` does with a run's config file."""
+
+    config: Path
+    run: tuple[str, ...]  # the overrides the run uses (paths inside the project made relative)
+    write: tuple[str, ...] = ()  # written into the config file
+    once: tuple[str, ...] = ()  # this run's only
+    why: str = ""  # why `once` are not written
+    kept_out: tuple[str, ...] = ()  # paths outside the project (DVC neither skips nor records)
+
+    def name(self) -> str:
+        root = checkout_root(project_root(self.config))
+        try:
+            return self.config.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            return str(self.config)
+
+    def one_off(self) -> str:
+        """Why DVC must neither skip nor record this run's stages ("" when it may): a value the
+        run uses that params.yaml does not hold."""
+        if not self.kept_out:
+            return ""
+        return (
+            f"{', '.join(self.kept_out)} lies outside the project, so {self.name()} does not "
+            "hold this run's values"
+        )
+
+
+def run_overrides(config: Path, overrides: Sequence[str]) -> list[str]:
+    """The overrides a run uses: each path inside the project relative to the pipeline folder
+    (what the config resolves it from), every other one as given."""
+    root = project_root(config)
+    out = []
+    for text in overrides:
+        key, value = parse_override(text)
+        if key in PATH_KEYS and isinstance(value, str):
+            recorded = project_path(root, value)
+            if recorded is not None and recorded != value:
+                text = f"{key}={render(recorded)}"
+        out.append(text)
+    return out
+
+
+def plan(config: Path, overrides: Sequence[str]) -> Plan:
+    """What `--set` does with `config` for a run with `overrides`."""
+    run = tuple(run_overrides(config, overrides))
+    if not run:
+        return Plan(config, run)
+    if not is_pipeline_params(config):
+        why = (
+            f"--set never writes {config.name}, a --config file; the run's config.yaml and "
+            "MLflow hold them"
+        )
+        return Plan(config, run, once=run, why=why)
     tracked = tracked_sections()
-    keep = [o for o in overrides if parse_override(o)[0].split(".")[0] in tracked]
-    lines = write_overrides(path, keep)
-    once = [o for o in overrides if o not in keep]
-    if once:
-        lines.append(f"{', '.join(once)} for this run only (not written: not a pipeline parameter)")
-    return lines
+    root = project_root(config)
+    keep, once, outside = [], [], []
+    for text in run:
+        key, value = parse_override(text)
+        if key.split(".")[0] not in tracked:
+            once.append(text)
+        elif key in PATH_KEYS and isinstance(value, str) and project_path(root, value) is None:
+            outside.append(text)
+        else:
+            keep.append(text)
+    if outside:
+        return Plan(config, run, once=run, kept_out=tuple(outside))
+    why = "not pipeline parameters: how to run, not what to compute" if once else ""
+    return Plan(config, run, write=tuple(keep), once=tuple(once), why=why)
+
+
+def once_lines(p: Plan) -> list[str]:
+    """The lines that say what `--set` did not write, and why."""
+    if p.kept_out:
+        return [
+            f"{p.name()} unchanged: {', '.join(p.kept_out)} lies outside the project (a tracked "
+            "file holds the project's paths only, the same on every machine); every --set of "
+            "this run is its own (its config.yaml and MLflow hold them), and DVC neither skips "
+            "nor records its stages: `dvc status` shows them changed until `dvc repro`; to "
+            "version that input, copy it into the project"
+        ]
+    if p.once:
+        return [f"{', '.join(p.once)} for this run only ({p.why})"]
+    return []
+
+
+def summary_line(p: Plan, changes: Sequence[str]) -> str | None:
+    """The closing summary's word on the config file: which file changed, or that none did."""
+    if changes:
+        once = f"; {', '.join(p.once)} for this run only" if p.once else ""
+        return f"params: {p.name()} changed ({'; '.join(changes)}{once})"
+    if p.once:
+        return f"params: {p.name()} unchanged ({', '.join(p.once)} for this run only)"
+    if p.write:
+        return f"params: {p.name()} unchanged (it held these values)"
+    return None
+
+
+def mlflow_tags(p: Plan) -> dict[str, str]:
+    """The run's `--set` values as the MLflow tag `enn.overrides`, with where they went."""
+    if not p.run:
+        return {}
+    parts = [" ".join(p.run)]
+    if p.write:
+        parts.append(f"in {p.name()}: {' '.join(p.write)}")
+    if p.once:
+        unchanged = "" if p.write else f" ({p.name()} unchanged)"
+        parts.append(f"this run only{unchanged}: {' '.join(p.once)}")
+    return {"enn.overrides": "; ".join(parts)[:5000]}
+
+
+def record_overrides(config: Path, overrides: Sequence[str]) -> tuple[Plan, list[str]]:
+    """`--set` applied to the config file (the values were validated: the run's config holds
+    them): its plan and the 'key: old -> new' lines of what changed."""
+    p = plan(config, overrides)
+    return p, write_overrides(config, p.write)
+
+
+def apply_overrides(path: Path, overrides: list[str]) -> list[str]:
+    """Validate the overrides, write them into `path` (any params file: `enn tune --apply`,
+    tests), and return 'key: old -> new' lines."""
+    if not overrides:
+        return []
+    load_config(path, overrides)  # validates keys and values before touching the file
+    return write_overrides(path, overrides)
 
 
 class Recorded:
     """The overrides a run wrote; `keep()` once a stage's outputs were made with them."""
 
-    def __init__(self, path: Path, before: bytes) -> None:
+    def __init__(self, path: Path, before: bytes, p: Plan, changes: list[str]) -> None:
         self.path, self.before, self.kept = path, before, False
+        self.plan, self.changes = p, changes
 
     def keep(self) -> None:
         self.kept = True
+
+    def summary(self) -> str | None:
+        return summary_line(self.plan, self.changes)
 
 
 @contextlib.contextmanager
 def recorded_overrides(path: Path, overrides: list[str], log: logging.Logger) -> Iterator[Recorded]:
     """`record_overrides` for the body's run; the file restored if the body fails before
     `keep()`."""
-    recorded = Recorded(path, path.read_bytes())
-    for change in record_overrides(path, overrides):
-        log.info("params: %s", change)
+    before = path.read_bytes()
+    p, changes = record_overrides(path, overrides)
+    recorded = Recorded(path, before, p, changes)
+    for line in [f"{p.name()}: {c}" for c in changes] + once_lines(p):
+        log.info("params: %s", line)
     try:
         yield recorded
     except BaseException:
@@ -95,42 +252,56 @@ def put_back(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
 
 
-def write_overrides(path: Path, overrides: list[str]) -> list[str]:
-    """Write overrides that were already validated (a loaded config holds them) into `path`."""
+def _lookup(tree: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _MISSING
+        tree = tree[part]
+    return tree
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as config values (1 and 1.0 are; True and 1 are not)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def write_overrides(path: Path, overrides: Sequence[str]) -> list[str]:
+    """Write overrides that were already validated (a loaded config holds them) into `path`:
+    only the keys whose value changes, each in place (every other byte kept). Returns
+    'key: old -> new' lines."""
     if not overrides:
         return []
-    yaml = YAML()
-    yaml.preserve_quotes = True
-    yaml.representer.add_representer(float, _float_yaml11)
-    doc = yaml.load(path.read_text()) or {}
-    changes = []
+    from enn_core.config.yaml_file import read_params
+
+    raw = read_params(path)
+    defaults = to_plain(RunConfig())
+    changes: dict[str, tuple[Any, Any]] = {}  # key -> (the file's value, the new one)
     for text in overrides:
         key, value = parse_override(text)
-        node = doc
-        parts = key.split(".")
-        for p in parts[:-1]:
-            if p not in node or node[p] is None:
-                node[p] = {}
-            node = node[p]
-        old = node.get(parts[-1], "<default>")
-        node[parts[-1]] = value
-        if old != value:
-            changes.append(f"{key}: {old} -> {value}")
-    buf = io.StringIO()
-    yaml.dump(doc, buf)
-    with atomic_file(path) as f:
-        f.write(buf.getvalue())
-    return changes
+        old = _lookup(raw, key)
+        old = _lookup(defaults, key) if old is _MISSING else old
+        changes.pop(key, None)  # the last --set of a key counts, as in the run's config
+        if old is _MISSING or not _same(old, value):
+            changes[key] = (old, value)
+    if not changes:
+        return []
+    data = path.read_bytes()
+    text = set_values(data.decode("utf-8"), [(k, v) for k, (_, v) in changes.items()], str(path))
+    with atomic_file(path, "wb") as f:
+        f.write(text.encode("utf-8"))
+    return [
+        f"{key}: {'<default>' if old is _MISSING else old} -> {new}"
+        for key, (old, new) in changes.items()
+    ]
 
 
-def _float_yaml11(representer, value: float):  # noqa: ANN001, ANN202 - ruamel's hook
-    """A float as YAML 1.1 reads it back as a float: `1.0e-06`, not ruamel's `1e-06`, which
-    PyYAML (the config loader) reads as the string '1e-06'."""
-    text = repr(value)
-    mantissa, e, exponent = text.partition("e")
-    if e and "." not in mantissa:
-        text = f"{mantissa}.0e{exponent}"
-    return representer.represent_scalar("tag:yaml.org,2002:float", text)
-
-
-__all__ = ["RunConfig", "apply_overrides", "record_overrides"]
+__all__ = [
+    "Plan",
+    "RunConfig",
+    "apply_overrides",
+    "plan",
+    "record_overrides",
+    "run_overrides",
+]

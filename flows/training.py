@@ -2,7 +2,8 @@
 function. DVC decides which stages are stale; stages that are up to date are skipped.
 
 Run: `enn run` (or `python -m flows.training`). Parameters are typed: the config path and
-`--set` overrides (written into the config file first, as `dvc exp run -S` does).
+`--set` overrides (the pipeline's into its params.yaml first, as `dvc exp run -S` does; never
+into a --config file: flows/params_file.py).
 
 Cancellation: `enn run` calls the flow function in its own process, where no Prefect runner
 watches for a cancel (Prefect 3's FlowRunCancellingObserver lives in the Runner that spawns
@@ -35,7 +36,7 @@ from enn_core.paths import project_root
 from enn_core.stage import cancel_scope
 from enn_core.stages import StageSpec, up_to
 from flows import console
-from flows.params_file import Recorded, recorded_overrides
+from flows.params_file import Recorded, mlflow_tags, recorded_overrides, run_overrides
 from tasks import dvc_state
 from tasks.env import TOOLS, contain, project_layout
 from tasks.prefect_task import stage_task
@@ -135,8 +136,9 @@ def run_stages(
     (a run with nothing to do records no MLflow run: `_run_recorded`)."""
     logger = logging.getLogger("enn.flow")  # console, log file and (extra logger) Prefect
     path = Path(config).resolve()
-    cfg = load_once(path, list(overrides or []))
-    with recorded_overrides(path, list(overrides or []), logger) as recorded:
+    overrides = run_overrides(path, list(overrides or []))  # project paths relative
+    cfg = load_once(path, overrides)
+    with recorded_overrides(path, overrides, logger) as recorded:
         return _run_recorded(name, path, cfg, stages, recorded, logger)
 
 
@@ -198,18 +200,27 @@ def _run_recorded(
         )
         cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
+    tags.update(mlflow_tags(recorded.plan))
     run_id = str(flow_run.get_id() or "") or None
     record = _RECORD.get() or FlowRecord()
     record.flow_run_id = run_id
+    record.params = recorded.summary()
     results = record.results
     try:
         with (
             pipeline_session(
-                cfg, path, layout, name, run_id=run_id, tags=tags, specs=stages
+                cfg,
+                path,
+                layout,
+                name,
+                run_id=run_id,
+                tags=tags,
+                specs=stages,
             ) as session,
             watch_cancellation(run_id) as cancel,
             cancel_scope(cancel),
         ):
+            session.one_off = recorded.plan.one_off()  # DVC stays out of a one-off run
             if session.tracker is not None:
                 record.mlflow_experiment_id = session.tracker.experiment_id
                 record.mlflow_run_id = session.parent_id

@@ -11,7 +11,8 @@ Every process the launcher starts is one worker of the stage: distributed-train,
 stage runs with `runtime.launcher=external` and the node count, workers per node, restart
 limit and job id the launcher decided added as overrides, so the run records them. Global
 rank 0 runs `enn <stage>` as on one machine: the pipeline lock of its work directory, its
-MLflow run, the outputs published, `--set` values recorded in params.yaml. Every other rank
+MLflow run, the outputs published, `--set` values recorded in params.yaml (not a shared folder
+outside the checkout, flows/params_file.py: the run is then its own). Every other rank
 runs the stage's work only (flows.cli.worker_only): its logs and heartbeat in
 `work/runs/<job id>-rank<r>/` of its node; no lock, no MLflow run, nothing published. The
 launcher restarts the workers (`--max-restarts`): a restarted training resumes from the

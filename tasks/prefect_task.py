@@ -99,7 +99,7 @@ def publish_diagnostics(spec: StageSpec, session: PipelineSession) -> None:
 
 def run_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
     root = session.layout.root
-    use_dvc = dvc_state.owns(root, session.config)
+    use_dvc = dvc_state.owns(root, session.config) and not session.one_off
     if use_dvc:
         fresh, why = dvc_state.stage_status(root, spec)
         if fresh:

@@ -56,6 +56,7 @@ class PipelineSession:
     tags: dict[str, str] = field(default_factory=dict)
     registration: Registration | None = None  # set by the stage that registers the model
     done: list[str] = field(default_factory=list)  # stages that ran or were up to date here
+    one_off: str = ""  # why DVC neither skips nor records this run ("" when it may)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class FlowRecord:
     flow_run_id: str | None = None
     mlflow_experiment_id: str | None = None
     mlflow_run_id: str | None = None  # the pipeline's parent run
+    params: str | None = None  # which config file `--set` changed, or that none did
 
 
 def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:

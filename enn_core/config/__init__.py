@@ -93,6 +93,24 @@ class RunConfig:
 
 FAULTS_ALLOWED_ENV = "ENN_ALLOW_FAULTS"
 
+PATH_KEYS = frozenset(
+    {
+        "data.path",
+        "data.labels_path",
+        "data.training_manifest",
+        "checkpoint.init_from",
+        "checkpoint.dir",
+        "checkpoint.resume_from",
+        "predict.model",
+        "predict.input_dir",
+        "predict.parts_dir",
+        "predict.calibration_dir",
+    }
+)
+"""The keys of the pipeline's sections whose value is a file or folder (relative to the
+pipeline's folder): a `--set` path inside the project is recorded relative to it, one outside
+is never written into a tracked params file (flows/params_file.py)."""
+
 
 def load_config(
     path: str | Path | None = "params.yaml",
@@ -157,6 +175,7 @@ def replace_key(cfg: RunConfig, key: str, value: object) -> RunConfig:
 
 
 __all__ = [
+    "PATH_KEYS",
     "all_config_keys",
     "CheckpointConfig",
     "CollapseConfig",

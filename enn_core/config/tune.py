@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any, Literal, NamedTuple
 
 from enn_core.config.fields import FrozenMap, frozen
@@ -25,6 +26,7 @@ STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 MAX_BOUND = 2.0**53  # a bound past this is no hyperparameter (and no longer an exact integer)
 MAX_CHOICES = 1000
 MAX_KEEP_DAYS = 1e6  # gc's cutoff is a time in milliseconds: 1e300 days overflowed it
+SIGNIFICANT = 4  # digits of a sampled float a trial runs (Optuna samples all 17)
 
 
 class Dimension(NamedTuple):
@@ -49,6 +51,28 @@ class Dimension(NamedTuple):
         if self.kind == "int" and not float(value).is_integer():
             return False
         return math.isfinite(value) and self.low <= value <= self.high
+
+    def point(self, value: Any) -> Any:
+        """The value a trial runs and `enn tune --apply` writes: Optuna samples a float with
+        all its 17 digits (`0.002358412537954837`), which say nothing about a hyperparameter and
+        made the params file unreadable. A sampled float is kept to `SIGNIFICANT` digits (more
+        where the range is narrower than the value), a stepped one to its step's decimals
+        (`0.30000000000000004` -> `0.3`), inside [low, high]; ints and choices as they are. The
+        file then holds, in its shortest form, the very float the best trial trained with."""
+        if self.kind != "float" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        if not math.isfinite(value):
+            return value
+        if self.step is not None:
+            exponent = Decimal(repr(float(self.step))).normalize().as_tuple().exponent
+            rounded = round(float(value), max(0, -int(exponent)))
+        elif value == 0:
+            rounded = 0.0
+        else:
+            narrow = math.log10(abs(value) / (self.high - self.low))
+            digits = SIGNIFICANT + max(0, math.ceil(narrow))
+            rounded = float(f"{value:.{digits}g}")
+        return min(max(rounded, self.low), self.high)
 
 
 def _number(key: str, spec: Mapping[str, Any], name: str) -> float:
@@ -196,6 +220,12 @@ def check_study_name(name: str, where: str) -> None:
 def dimensions(tune: TuneConfig) -> tuple[Dimension, ...]:
     """The search space as records, checked."""
     return tuple(dimension(key, spec) for key, spec in tune.space.items())
+
+
+def points(values: Mapping[str, Any], dims: tuple[Dimension, ...]) -> dict[str, Any]:
+    """A trial's values as it runs them (`Dimension.point`; a key outside `dims` as it is)."""
+    by_key = {d.key: d for d in dims}
+    return {k: by_key[k].point(v) if k in by_key else v for k, v in values.items()}
 
 
 @frozen

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.config import RunConfig
-from enn_core.config.tune import dimensions
+from enn_core.config.tune import dimensions, points
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
@@ -87,7 +87,7 @@ def tune(
         name=plan.name,
         storage=plan.storage,
         rows=rows,
-        best=top[0] if top else None,
+        best=points(top[0], dimensions(cfg.tune)) if top else None,  # as its trial ran them
         best_value=top[1] if top else None,
         best_trial=top[2] if top else None,
         ended_stale=tuple(stale),
@@ -114,4 +114,5 @@ def best_values(
     values, objective, number = top
     where = f"{plan.database}: best trial {number}"
     then = "--apply writes only those: nothing written"
-    return store.space_values(values, dimensions(cfg.tune), where, then), objective, number
+    dims = dimensions(cfg.tune)
+    return points(store.space_values(values, dims, where, then), dims), objective, number

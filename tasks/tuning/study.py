@@ -34,7 +34,7 @@ import yaml
 
 from enn_core.atomic import write_json
 from enn_core.config import RunConfig, load_config, sections_of
-from enn_core.config.tune import Dimension, check_study_name, dimensions
+from enn_core.config.tune import Dimension, check_study_name, dimensions, points
 from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
 from enn_core.paths import Layout
@@ -329,7 +329,7 @@ def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> Runni
     elif folder.exists():  # a number is never reused in one study; a leftover of another
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    values = [override(k, v) for k, v in point.items()]
+    values = [override(k, v) for k, v in points(point, dims).items()]  # 0.002358, not 17 digits
     overrides = (*plan.overrides, *values, *plan.runtime, "tracking.enabled=false")
     try:  # a value the config refuses is the study's error (the space), not a trial's
         load_config(plan.config, list(overrides))

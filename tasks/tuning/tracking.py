@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.config import RunConfig
+from enn_core.config.tune import dimensions, points
 from enn_core.paths import Layout
 from tasks.tracking import Tracker
 from tasks.tracking.runs import TAG_KIND, ended_status
@@ -36,6 +37,7 @@ class StudyTracker(Hooks):
     def __init__(self, cfg: RunConfig, layout: Layout, study: str) -> None:
         self.tracker = Tracker(cfg, layout)
         self.metric = cfg.tune.metric
+        self.dims = dimensions(cfg.tune)
         self.study = study
         self.parent: str | None = None
         self.children: dict[int, str] = {}
@@ -80,7 +82,8 @@ class StudyTracker(Hooks):
             self.tracker.experiment_id, run_name=f"trial {trial.number}", tags=tags
         )
         self.children[trial.number] = run.info.run_id
-        self.tracker.log_params(run.info.run_id, {k: str(v) for k, v in trial.trial.params.items()})
+        ran = points(trial.trial.params, self.dims)  # the values the trial runs
+        self.tracker.log_params(run.info.run_id, {k: str(v) for k, v in ran.items()})
 
     def reported(self, trial: RunningTrial, epoch: int, value: float) -> None:
         child = self.children.get(trial.number)
@@ -125,9 +128,10 @@ class StudyTracker(Hooks):
             top = min(done, key=lambda r: r["value"])
             self.client.log_metric(self.parent, "tune/best_value", top["value"])
             skip = {"trial", "state", "value", "epochs", "seconds"}
+            ran = points({k: v for k, v in top.items() if k not in skip}, self.dims)
             self.tracker.set_tags(
                 self.parent,
-                {f"enn.tune.best.{k}": v for k, v in top.items() if k not in skip}
+                {f"enn.tune.best.{k}": v for k, v in ran.items()}
                 | {"enn.tune.best.trial": top["trial"]},
             )
         status = "FINISHED" if error is None else ended_status(error)

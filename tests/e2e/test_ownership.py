@@ -76,9 +76,11 @@ def test_dvc_repro_then_flow_skips_every_stage(two_stage):
 
 
 def test_an_overlay_config_runs_in_the_project_and_dvc_stays_out(two_stage):
-    """`enn run --config configs/<file>.yaml` (an overlay like configs/expressway.yaml): the
-    project root stays the repository (outputs/, work/, data paths relative to it), and DVC,
-    whose dvc.yaml reads params.yaml, neither skips the stages nor records the run."""
+    """`enn run --config configs/<file>.yaml --set ...` (an overlay like
+    configs/expressway.yaml): the project root stays the repository (outputs/, work/, data
+    paths relative to it); DVC, whose dvc.yaml reads params.yaml, neither skips the stages nor
+    records the run; and `--set` leaves the tracked file as it was (it used to rewrite it, and
+    the run's commit tag read "dirty"): the value is the run's, in its config and MLflow."""
     p = two_stage
     _, first = flow(p)
     assert first == {"stage-data": "ran", "prepare-checkpoint": "ran"} and dvc_clean(p)
@@ -87,16 +89,49 @@ def test_an_overlay_config_runs_in_the_project_and_dvc_stays_out(two_stage):
     overlay["data"]["split_seed"] = 7
     (p.root / "configs").mkdir(exist_ok=True)
     (p.root / "configs" / "overlay.yaml").write_text(yaml.safe_dump(overlay))
-    out, status = flow(p, "--config", "configs/overlay.yaml")
+    p.git_commit("an overlay")
+    written = (p.root / "configs" / "overlay.yaml").read_bytes()
+    out, status = flow(p, "--config", "configs/overlay.yaml", "--set", "data.test_fraction=0.2")
     # DVC calls both stages up to date for params.yaml; this run is of another file: both run
     assert status == {"stage-data": "ran", "prepare-checkpoint": "ran"}, out.stdout
     assert "is not this pipeline's params.yaml" in out.stdout + out.stderr
+    assert (p.root / "configs" / "overlay.yaml").read_bytes() == written
+    assert p.run("git", "status", "--porcelain", "--untracked-files=no").stdout == ""
+    summary = "params: configs/overlay.yaml unchanged (data.test_fraction=0.2 for this run only)"
+    assert summary in out.stdout, out.stdout
     assert not any((p.root / "configs" / d).exists() for d in ("outputs", "work"))
     manifest = json.loads((p.root / "outputs" / "stage-data" / "manifest.json").read_text())
     assert manifest["split_definition"]["seed"] == 7
+    staged = json.loads((p.root / "outputs" / "stage-data" / "params.json").read_text())
+    assert staged["data"]["test_fraction"] == 0.2
+    from tests.e2e.test_tracking import runs
+
+    (parent,) = runs(p, "tags.`enn.kind` = 'pipeline' and params.`data.test_fraction` = '0.2'")
+    assert not parent.data.tags["enn.git_commit"].endswith("-dirty"), parent.data.tags
+    assert "configs/overlay.yaml unchanged" in parent.data.tags["enn.overrides"]
     assert (p.root / "dvc.lock").read_text() == lock, "a run DVC does not describe is not recorded"
     assert not dvc_clean(p)  # its outputs are not what dvc.lock holds: `dvc repro` restores them
     assert "Running stage 'stage_data'" in p.run("dvc", "repro").stdout and dvc_clean(p)
+
+
+def test_a_path_outside_the_project_keeps_the_run_out_of_params_and_dvc(two_stage, tmp_path):
+    """`--set data.path=<a file outside the project>` wrote its absolute path into the tracked
+    params file. Now the file stays as it was, the console says why, and DVC, whose params.yaml
+    does not describe this run, neither skips nor records its stages."""
+    p = two_stage
+    outside = tmp_path / "elsewhere" / "synthetic.py"  # the generator, as data.path names it
+    outside.parent.mkdir()
+    outside.write_bytes((p.root / "enn_core" / "data" / "synthetic.py").read_bytes())
+    out, status = flow(p, "--set", f"data.path={outside}", "--set", "data.split_seed=5")
+    assert status == {"stage-data": "ran", "prepare-checkpoint": "ran"}, out.stdout
+    assert p.run("git", "status", "--porcelain", "--untracked-files=no").stdout == ""
+    assert not (p.root / "dvc.lock").exists(), "DVC recorded a run params.yaml does not describe"
+    said = " ".join((out.stdout + out.stderr).split())
+    assert f"data.path={outside} lies outside the project" in said, said[-3000:]
+    assert "DVC neither skips nor records its stages" in said
+    assert "params: params.yaml unchanged (" in out.stdout
+    staged = json.loads((p.root / "outputs" / "stage-data" / "params.json").read_text())
+    assert staged["data"]["path"] == str(outside) and staged["data"]["split_seed"] == 5
 
 
 def test_changes_rerun_exactly_the_dependent_stages(two_stage):

@@ -109,8 +109,13 @@ def test_the_prediction_flow_and_torchrun_take_the_same_settings(testbed, tmp_pa
         str(model),
         *_sets("predict.chunk_rows=4", *_multinode(testbed, "flow-1")),
     ]
+    params = [h.checkout / "prediction" / "params.yaml" for h in (node1, node2)]
+    before = [p.read_bytes() for p in params]
     job = Job.start([node1, node2], flow, tmp_path, "flow")
     assert job.wait() == [0, 0], job.output()
+    # the shared parts_dir lies outside each checkout: no host's tracked file takes its path
+    assert [p.read_bytes() for p in params] == before
+    assert "lies outside the project" in job.logs[0].read_text()
     flow_preds, flow_keys = _outputs(node1, "prediction")
     assert (node1.checkout / "prediction" / "outputs" / "collapse-check").is_dir()
     assert not (node2.checkout / "prediction" / "outputs" / "predict").exists()

@@ -303,3 +303,43 @@ def test_a_damaged_or_foreign_database_is_one_line(tmp_path, damage, code, why):
     p = st.StudyPlan(**{**plan(tmp_path).__dict__, "name": "params", "storage": f"sqlite:///{db}"})
     with pytest.raises((StoreError, DataError), match=why.split(" (")[0]):
         st.open_study(cfg, p)  # what `enn tune` opens first
+
+
+def test_apply_writes_what_the_best_trial_ran_in_a_few_digits_and_nothing_else(tmp_path):
+    """Optuna samples floats with all their digits: `--apply` wrote `lr: 0.002358412537954837`
+    and `huber_delta: 0.30000000000000004` (a step of 0.1), and re-indented the file's lists
+    (issue 32). A trial runs its sampled floats to 4 digits (a stepped one to the step), and
+    `--apply` writes those very floats, each where it stands."""
+    from optuna.distributions import FloatDistribution
+
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "train:\n  lr: 0.003        # kept, aligned\n  huber_delta: 1.0\n"
+        "tune:\n  space:\n    train.lr: {low: 0.001, high: 0.1, log: true}\n"
+        "    train.huber_delta: {low: 0.1, high: 2.0, step: 0.1}\n"
+        "  enqueue:\n    - {train.lr: 0.003, train.huber_delta: 1.0}\n"
+    )
+    before = params.read_text()
+    sampled = {"train.lr": 0.0023584125379548373, "train.huber_delta": 0.1 + 0.2}
+    dists = {
+        "train.lr": FloatDistribution(0.001, 0.1, log=True),
+        "train.huber_delta": FloatDistribution(0.1, 2.0, step=0.1),
+    }
+    best_trial(tmp_path / "work" / "tune" / "params.db", sampled, dists)
+    got, lines = enn(tmp_path, "tune", "--apply")
+    assert got == 0, lines
+    old, new = before.splitlines(keepends=True), params.read_text().splitlines(keepends=True)
+    assert [(a, b) for a, b in zip(old, new, strict=True) if a != b] == [
+        ("  lr: 0.003        # kept, aligned\n", "  lr: 0.002358        # kept, aligned\n"),
+        ("  huber_delta: 1.0\n", "  huber_delta: 0.3\n"),
+    ]
+    from enn_core.config.tune import points
+
+    ran = points(sampled, dimensions(load_config(params).tune))  # what its trial's --set held
+    assert [st.override(k, v) for k, v in ran.items()] == [
+        "train.lr=0.002358",
+        "train.huber_delta=0.3",
+    ]
+    cfg = load_config(params)
+    assert (cfg.train.lr, cfg.train.huber_delta) == (ran["train.lr"], ran["train.huber_delta"])

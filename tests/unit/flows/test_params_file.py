@@ -1,0 +1,158 @@
+"""What `--set` does to config files (flows/params_file.py), through the `enn` command:
+
+- a `--config` file is never written: the value is that run's (its config.yaml holds it);
+- the pipeline's params.yaml gets only the keys whose value changes, every other byte kept
+  (a hand-written file: aligned comments, an indented list, a long line);
+- a path inside the project is recorded relative to the pipeline's folder, one outside is
+  kept out of the tracked file (the run is its own, DVC stays out of it), with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.cli import enn
+from tests.fixtures.project import ROOT
+
+# params.yaml as a person edits it: a comment aligned by hand, a list indented under its key
+# (as configs/expressway.yaml writes its folds), a line longer than ruamel's width
+HAND_EDITS = {
+    "  val_fold: -1\n": "  val_fold: -1          # validation: a seeded share of the rows\n",
+    "  enqueue: []\n": (
+        "  enqueue:\n"
+        "    - {train.lr: 0.01, train.weight_decay: 0.01, model.d_model: 32}\n"
+        "    - {train.lr: 0.003, train.weight_decay: 0.001, model.d_model: 16}\n"
+    ),
+    "  enabled: true\n": "  enabled: false   # no MLflow in this test\n",
+    "  progress: true\n": "  progress: false\n",
+}
+
+
+def hand_written(text: str) -> str:
+    for old, new in HAND_EDITS.items():
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return text
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A checkout: params.yaml (hand-edited), dvc.yaml, configs/overlay.yaml (the same values,
+    as another config file) and the prediction pipeline's folder."""
+    root = tmp_path / "proj"
+    (root / ".dvc").mkdir(parents=True)
+    (root / "dvc.yaml").write_text("stages: {}\n")
+    text = hand_written((ROOT / "params.yaml").read_text())
+    text = text.replace("  path: enn_core/data/synthetic.py\n", "  path: ''\n", 1)
+    (root / "params.yaml").write_text(text)
+    (root / "configs").mkdir()
+    (root / "configs" / "overlay.yaml").write_text(text)
+    (root / "prediction").mkdir()
+    shutil.copy(ROOT / "prediction" / "dvc.yaml", root / "prediction" / "dvc.yaml")
+    shutil.copy(ROOT / "prediction" / "params.yaml", root / "prediction" / "params.yaml")
+    return root
+
+
+def changed_lines(before: str, after: str) -> list[tuple[str, str]]:
+    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    assert len(old) == len(new), "lines were added or removed"
+    return [(a, b) for a, b in zip(old, new, strict=True) if a != b]
+
+
+def staged_params(root: Path) -> dict:
+    return json.loads((root / "outputs" / "stage-data" / "params.json").read_text())
+
+
+def test_set_never_writes_a_config_file(project, capsys):
+    """`enn <stage> --config configs/x.yaml --set k=v` used to rewrite the file (tracked in
+    git: the next MLflow commit tag read "dirty") and re-indent lines it did not change."""
+    overlay = project / "configs" / "overlay.yaml"
+    before, params = overlay.read_bytes(), (project / "params.yaml").read_bytes()
+    code, err = enn(
+        project, "stage-data", "--config", "configs/overlay.yaml", "--set", "data.split_seed=3"
+    )
+    assert code == 0, err
+    assert overlay.read_bytes() == before and (project / "params.yaml").read_bytes() == params
+    out = capsys.readouterr().out
+    assert "params: configs/overlay.yaml unchanged (data.split_seed=3 for this run only)" in out
+    assert any("--set never writes overlay.yaml" in line for line in err), err
+    assert staged_params(project)["data"]["split_seed"] == 3  # the run used it
+    (resolved,) = (project / "work" / "runs").glob("*/stage-data/config.yaml")
+    assert yaml.safe_load(resolved.read_text())["data"]["split_seed"] == 3
+
+
+def test_set_on_params_yaml_changes_only_the_lines_of_changed_keys(project, capsys):
+    params = project / "params.yaml"
+    before = params.read_text()
+    code, err = enn(
+        project,
+        "stage-data",
+        "--set",
+        "data.split_seed=3",
+        "--set",
+        "data.val_fraction=0.15",  # the file's value: not a change
+        "--set",
+        "runtime.seed=1",  # how to run: this run only
+    )
+    assert code == 0, err
+    assert changed_lines(before, params.read_text()) == [("  split_seed: 0\n", "  split_seed: 3\n")]
+    out = capsys.readouterr().out
+    assert (
+        "params: params.yaml changed (data.split_seed: 0 -> 3; runtime.seed=1 for this run only)"
+        in out
+    )
+    assert any("runtime.seed=1 for this run only" in line for line in err), err
+
+
+def test_a_path_outside_the_project_is_kept_out_of_params_yaml(project, tmp_path, capsys):
+    """The prediction flow's `--set data.path=` with a file outside the project wrote its
+    absolute path into prediction/params.yaml (a tracked file, then true on one machine only)."""
+    outside = tmp_path / "elsewhere" / "synthetic.py"
+    outside.parent.mkdir()
+    shutil.copy(ROOT / "enn_core" / "data" / "synthetic.py", outside)
+    params = project / "params.yaml"
+    before = params.read_bytes()
+    code, err = enn(
+        project, "stage-data", "--set", f"data.path={outside}", "--set", "data.split_seed=3"
+    )
+    assert code == 0, err
+    assert params.read_bytes() == before  # nothing of this run's --set: the file describes no run
+    said = " ".join(err)
+    assert f"data.path={outside} lies outside the project" in said, err
+    assert "DVC neither skips nor records its stages" in said
+    assert "params: params.yaml unchanged" in capsys.readouterr().out
+    assert staged_params(project)["data"]["path"] == str(outside)
+
+
+def test_paths_inside_the_project_are_recorded_relative_to_the_pipeline(project):
+    from flows.params_file import record_overrides
+
+    new = project / "data" / "new.csv"
+    record_overrides(project / "params.yaml", [f"data.path={new}", f"checkpoint.dir={new.parent}"])
+    text = (project / "params.yaml").read_text()
+    assert "  path: data/new.csv\n" in text and "  dir: data\n" in text
+    prediction = project / "prediction" / "params.yaml"  # its paths resolve from prediction/
+    record_overrides(prediction, [f"data.path={new}", f"predict.model={project}/m/model.pt"])
+    text = prediction.read_text()
+    assert "  path: ../data/new.csv\n" in text and "  model: ../m/model.pt\n" in text
+
+
+def test_the_plan_says_what_each_set_does(project):
+    from flows.params_file import plan
+
+    params, prediction = project / "params.yaml", project / "prediction" / "params.yaml"
+    p = plan(params, [f"data.path={project}/d.csv", "checkpoint.dir=work/ck", "runtime.seed=2"])
+    assert p.run == ("data.path=d.csv", "checkpoint.dir=work/ck", "runtime.seed=2")
+    assert p.write == p.run[:2] and p.once == ("runtime.seed=2",) and not p.one_off()
+    kept = plan(prediction, ["data.path=../../elsewhere.csv", "predict.chunk_rows=4"])
+    assert kept.kept_out == ("data.path=../../elsewhere.csv",) and not kept.write
+    assert "lies outside the project" in kept.one_off()
+    refs = plan(prediction, ["predict.model=models:/enn-x@champion"])  # a reference, no path
+    assert refs.write == ("predict.model=models:/enn-x@champion",)
+    overlay = plan(project / "configs" / "overlay.yaml", ["train.lr=0.02"])
+    assert overlay.once == ("train.lr=0.02",) and not overlay.write and not overlay.one_off()
