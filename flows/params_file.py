@@ -22,7 +22,7 @@ from pathlib import Path
 from ruamel.yaml import YAML
 
 from enn_core.atomic import atomic_file
-from enn_core.config import RunConfig, load_config
+from enn_core.config import RunConfig, load_config, redact_override
 from enn_core.config.loader import parse_override
 
 
@@ -49,7 +49,8 @@ def record_overrides(path: Path, overrides: list[str]) -> list[str]:
     lines = write_overrides(path, keep)
     once = [o for o in overrides if o not in keep]
     if once:
-        lines.append(f"{', '.join(once)} for this run only (not written: not a pipeline parameter)")
+        shown = ", ".join(redact_override(o) for o in once)
+        lines.append(f"{shown} for this run only (not written: not a pipeline parameter)")
     return lines
 
 
