@@ -1,19 +1,25 @@
-"""A study's database, read as data (README, "Security notes").
+"""A study's storage, read as data (README, "Security notes").
 
-`work/tune/<study>.db` may be damaged, restored from elsewhere or another program's file; what
-it holds never reaches a trial or the params file unchecked:
+The study lives in `work/tune/<study>.db` or in the database `tune.storage` names (an
+SQLAlchemy URL, shared by hosts). Either may be damaged, restored from elsewhere, another
+program's, or written by another host; what it holds never reaches a trial or the params file
+unchecked:
 
-- `check_database`: an SQLite file with Optuna's tables (or empty), else StoreError (exit 10):
-  a damaged file or another program's database (Optuna would add its tables to it);
-- `reading`: what SQLite or Optuna raise on a damaged record (JSON, an index out of range, an
-  unknown schema) is one StoreError naming the file;
+- `check_storage`: an SQLite file with Optuna's tables (or empty), or a server database whose
+  tables are Optuna's (or none), else StoreError (exit 10): a damaged file or another
+  program's database (Optuna would add its tables to it);
+- `reading`: what SQLAlchemy or Optuna raise on a damaged record (JSON, an index out of range,
+  an unknown schema) is one StoreError naming the storage (a server's URL without its user);
+  a server that cannot be reached says so;
 - `open_study` / `load_study`: the study, checked by `check_trials`: one minimized objective,
   trial numbers that are numbers (one names a folder), and every trial's values of keys a
-  study searches (`model.*`, `train.*`), plain values; else DataError (exit 3);
+  study searches (`model.*`, `train.*`), plain values; else DataError (exit 3); and by
+  `check_data`: the data settings every host of the study trains on;
 - `space_values`: a trial's values as a trial or `--apply` gets them: keys of the config's own
   `tune.space` only, each a point of it; else DataError, nothing run or written.
 
-The database is created 0600 (`enn_core.atomic.private_file`).
+An SQLite database is created 0600 (`enn_core.atomic.private_file`). Optuna's trial heartbeat
+is on (`rdb_storage`); the study loop drives it (tasks/tuning/shared.py).
 """
 
 from __future__ import annotations
