@@ -234,3 +234,11 @@ def test_hosts_that_both_create_the_parent_run_keep_one(tmp_path, mlflow_uri):
     assert StudyTracker(cfg, layout, "s").start({}) == early  # a third host joins it
     runs = client.search_runs([exp], "tags.`enn.kind` = 'tune'")
     assert [r.info.run_id for r in runs] == [early]
+
+
+def test_a_relative_sqlite_storage_is_taken_from_the_project_root(tmp_path):
+    default = tmp_path / "work" / "tune" / "s.db"
+    assert st.storage_url("", tmp_path, default) == f"sqlite:///{default}"
+    got = st.storage_url("sqlite:///studies/s.db?timeout=30", tmp_path, default)
+    assert got == f"sqlite:///{tmp_path / 'studies' / 's.db'}?timeout=30"
+    assert st.storage_url(SERVER, tmp_path, default) == SERVER
