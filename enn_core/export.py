@@ -201,6 +201,7 @@ def export_onnx(ep: ExportedProgram, example: torch.Tensor, target: Path, opset:
             ep,
             (example,),
             dynamo=True,
+            verbose=False,  # else it prints "[torch.onnx] Run decompositions..." to stdout
             opset_version=opset,
             input_names=[INPUT_NAME],
             output_names=[OUTPUT_NAME],

@@ -24,8 +24,16 @@ from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stub
 from enn_core.events import EVENTS_FILE, EventTail
 from enn_core.runtime.heartbeat import read_heartbeats
 
+BAR_DELAY_S = 1.0  # a bar shows once work has lasted this long: no "0chunk" flash for a blink
+TRAINING_PHASES = ("first_forward", "step")  # heartbeat phases whose `step` is the optimizer's
 
-def bar(total: int | None, desc: str, enabled: bool = True, unit: str = "it") -> tqdm:
+
+def bar(
+    total: int | None, desc: str, enabled: bool = True, unit: str = "it", delay: float = BAR_DELAY_S
+) -> tqdm:
+    """A bar on stderr when it is a terminal, shown once the work has lasted `delay` seconds
+    (it shows at an `update`; a bar drawn by `refresh` alone needs delay 0, or its `close`
+    would not clear it)."""
     on = enabled and sys.stderr.isatty()
     # A terminal that reports no size (a fresh pseudo-terminal, `docker run -t`) would make
     # tqdm draw nothing at all (0 columns; -1 rows hides every bar): 100 x 24 then.
@@ -36,6 +44,7 @@ def bar(total: int | None, desc: str, enabled: bool = True, unit: str = "it") ->
         unit=unit,
         disable=not on,
         leave=False,
+        delay=delay,
         dynamic_ncols=cols > 0 and rows > 0,
         ncols=None if cols > 0 else 100,
         nrows=None if rows > 0 else 24,
@@ -90,7 +99,7 @@ class TrainingFollower:
     ) -> None:
         self.events = EventTail(Path(run_dir) / EVENTS_FILE)
         self.run_dir, self.desc, self.log = Path(run_dir), desc, logger
-        self.pbar = bar(total, desc, bar_on, unit="step")
+        self.pbar = bar(total, desc, bar_on, unit="step", delay=0.0)  # drawn by refresh()
         self.attempt = 0
         self.epoch_s: list[float] = []
 
@@ -102,9 +111,14 @@ class TrainingFollower:
         if isinstance(attempt, int) and attempt > self.attempt:
             self.log.warning("%s: workers restarted (attempt %d)", self.desc, attempt + 1)
             self.attempt = attempt
-        if not self.pbar.disable and isinstance(beat.get("step"), int):
-            self.pbar.n = beat["step"]
-            self.pbar.refresh()
+            self.pbar.n = 0  # the restarted workers resume from their last checkpoint's step
+        step = beat.get("step")
+        # only the training phases count optimizer steps (validate's heartbeat carries the
+        # epoch, a checkpoint's its position): a bar moved by those flashed "1/575 ... 7:03:14"
+        if not self.pbar.disable and beat.get("phase") in TRAINING_PHASES:
+            if isinstance(step, int) and step >= self.pbar.n:
+                self.pbar.n = step
+                self.pbar.refresh()
 
     def close(self) -> None:
         self.pbar.close()

@@ -11,8 +11,9 @@ names what the model takes. The output has one float column per label cell, name
 predictions.parquet names them (`s00|07`: section s00, hour 07), in real units after the
 chosen calibration.
 
-`input_example` turns staged rows back into the source's spellings; `columns` says each input
-column's type (the MLflow signature is built from it in tasks/tracking/pyfunc.py).
+`decode` turns staged rows back into the source's spellings; `columns` says each input
+column's type (the MLflow signature is built from it in tasks/tracking/pyfunc.py) and `typed`
+gives a frame those types.
 
 No mlflow here: the task layer's loader module wraps this class.
 """
@@ -41,10 +42,12 @@ BATCH = 256
 
 
 def columns(specs: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """(name, type) of each input column: "double" for a continuous or cyclic feature;
-    "string" for a categorical one spelled as text (day type "mon"); "any" for a categorical
-    one whose values are numbers (month "01": the spelling or the number 1, as a CSV reader
-    gives it)."""
+    """(name, type) of each input column, as MLflow's signature types it: "double" for a
+    continuous or cyclic feature; "string" for a categorical one spelled as text (day type
+    "mon"); "long" for a categorical one whose values are whole numbers (month "01" is the
+    number 1, as every CSV reader and JSON client gives it; the model reads it by its
+    spelling). A numeric column typed as text would refuse what `mlflow models predict -t csv`
+    reads, and one typed Any makes the scoring server refuse every CSV body."""
     return [(s["name"], _column_type(s)) for s in specs]
 
 
@@ -52,8 +55,19 @@ def _column_type(spec: Mapping[str, Any]) -> str:
     if spec["kind"] != "categorical":
         return "double"
     vocab = [str(v) for v in spec.get("vocab") or []]
-    numeric = bool(vocab) and all(v.lstrip("-").isdigit() for v in vocab)
-    return "any" if numeric else "string"
+    whole = bool(vocab) and all(v.lstrip("-").isdigit() for v in vocab)
+    # "01" and "1" both in a vocabulary would be one number: keep such a column text
+    return "long" if whole and len({int(v) for v in vocab}) == len(vocab) else "string"
+
+
+def typed(frame: pd.DataFrame, specs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """`frame` (a `decode`d one) with each column in its signature type (`columns`): a whole
+    number category as the number (month "01" -> 1), what MLflow's clients send."""
+    out = frame.copy()
+    for name, kind in columns(specs):
+        if kind == "long":
+            out[name] = out[name].astype("int64")
+    return out
 
 
 def output_names(data: DataSpec) -> list[str]:

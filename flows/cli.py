@@ -43,6 +43,7 @@ from enn_core.stages import (
     up_to,
 )
 from flows import console
+from flows.report import again, predictions_lines, results_part, stage_description
 
 if TYPE_CHECKING:
     from tasks.runner import FlowRecord, StageResult
@@ -106,9 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    variants = {s.name for s in PREDICTION}
+    variants = {s.name: s for s in PREDICTION}
     for spec in TRAINING:
-        p = sub.add_parser(spec.name, help=spec.help, description=spec.help, epilog=COMMON_EPILOG)
+        p = sub.add_parser(
+            spec.name,
+            help=spec.help,
+            description=stage_description(spec, variants.get(spec.name)),
+            epilog=COMMON_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         _common(p)
         if spec.name in variants:
             p.add_argument(
@@ -176,6 +183,22 @@ def build_parser() -> argparse.ArgumentParser:
         "PREFECT_API_URL is set) and serves both deployments until Ctrl-C.",
     )
     _common(p)
+    p = sub.add_parser(
+        "serve",
+        help="Serve a registered model (this task's champion) with MLflow's scoring server on "
+        "127.0.0.1, over this project's store.",
+        description="Runs `mlflow models serve --env-manager local` over the project's MLflow "
+        "store and prints its URL and a JSON and a CSV request that work as printed. Ctrl-C "
+        "stops it.",
+    )
+    _common(p)
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="REF",
+        help="models:/NAME@ALIAS or models:/NAME/VERSION (default: this task's champion).",
+    )
+    p.add_argument("--port", type=int, default=None, help="Port (default 5001; 0: a free one).")
     p = sub.add_parser(
         "doctor",
         help="Check the execution path layer by layer (data, model, kernels, precision, "
@@ -403,7 +426,9 @@ def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout:
     if best is None:
         print(f"study {out['study']}: {out['trials']} trial(s), none complete", flush=True)
     else:
-        values = " ".join(f"{k}={v}" for k, v in sorted(best.items()))
+        from tasks.tuning.study import shown
+
+        values = shown(best)
         print(
             f"study {out['study']}: best trial {out['best_trial']} "
             f"({cfg.tune.metric} {out['best_value']:.4g}): {values}",
@@ -495,19 +520,11 @@ class Summary:
         metrics = VALIDATE.output_dir(self.layout) / "metrics.json"
         if self.flow == "training" and VALIDATE.name in record.results and metrics.is_file():
             m = json.loads(metrics.read_text())
-            out.append(
-                "results: "
-                + "; ".join(
-                    f"{split} MAE {m[f'{split}/mae']:.4g} (conditional naive "
-                    f"{m[f'{split}/naive_conditional_mae']:.4g}, per-cell mean "
-                    f"{m[f'{split}/naive_cell_mean_mae']:.4g})"
-                    for split in ("val", "test")
-                    if m.get(f"{split}/mae") is not None
-                    and m.get(f"{split}/naive_conditional_mae") is not None
-                    and m.get(f"{split}/naive_cell_mean_mae") is not None
-                )
-            )
+            splits = [results_part(m, split) for split in ("val", "test")]
+            out.append("results: " + "; ".join(p for p in splits if p))
         out += [f"model: {r.registry.line()}" for r in record.results.values() if r.registry]
+        if self.flow == "prediction":
+            out += predictions_lines(self.layout)
         return out
 
     def look_lines(self, record: FlowRecord) -> list[str]:
@@ -522,8 +539,10 @@ class Summary:
         prefect = prefect_ui(self.prefect_api) if record.flow_run_id else None
         if prefect:
             out.append(f"look: Prefect flow run {prefect}/runs/flow-run/{record.flow_run_id}")
-        hint = "dvc metrics show" if out else "enn ui (MLflow and Prefect), dvc metrics show"
-        return [*out, f"look: {hint}"]
+        hints = [] if out else ["enn ui (MLflow and Prefect)"]
+        if self.flow == "training":  # the prediction pipeline publishes no DVC metrics
+            hints.append("dvc metrics show")
+        return out + ([f"look: {', '.join(hints)}"] if hints else [])
 
 
 def prefect_ui(api: str) -> str | None:
@@ -553,6 +572,10 @@ def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Lay
         return doctor_main(cfg, layout, quick=args.quick, as_json=args.json, only=args.only)
     if args.command == "ui":
         return ui_command(cfg, layout, args.port)
+    if args.command == "serve":
+        from flows.serve import serve_command
+
+        return serve_command(cfg, layout, args.model, args.port)
     if args.command == "tune":
         return tune_command(args, cfg, config, layout)
     if args.command == "gc":
@@ -603,26 +626,25 @@ def _main(argv: list[str] | None) -> int:
         # The config, loaded and validated once for this process (bad config fails before
         # any work); then the environment, before anything imports prefect or mlflow.
         cfg = load_config(config, args.overrides)
-        layout = contain(project_layout(root, cfg.runtime.work_dir))
+        layout = contain(project_layout(root, cfg.runtime.work_dir), tracking_uri=cfg.tracking.uri)
         console.setup(layout.work / "logs", _log_name(args), verbose=args.verbose)
         return dispatch(args, cfg, config, layout)
     except EnnError as e:
         if isinstance(e, TransientError):  # a server or worker that died of a full disk
             e = no_space_behind(e, disks) or e
-        # one line, whatever a library put into the message it wraps
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(console.one_line(e), file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a full disk, whichever library it struck first: its one line
         full = no_space_behind(e, disks)
         if full is None:
             raise
-        print(f"error: {' '.join(str(full).split())}", file=sys.stderr)
+        print(console.one_line(full), file=sys.stderr)
         return full.exit_code
     except Terminated:
-        print("terminated (SIGTERM): workers stopped, lock released", file=sys.stderr)
+        print(f"terminated (SIGTERM): workers stopped, lock released{again(args)}", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"interrupted{again(args)}", file=sys.stderr)
         return 130
 
 

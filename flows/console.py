@@ -219,3 +219,19 @@ class LogFile(logging.FileHandler):
                 self.stream.close()
         self.stream = None
         self.setLevel(logging.CRITICAL + 1)
+
+
+def for_flow_run(log_dir: Path, name: str) -> bool:
+    """A flow run in a process `enn` did not start (`enn deploy`'s runs, a Prefect worker's):
+    the same console and log file as `enn run` (the project's lines, epoch lines included; the
+    known noise in the log file only), in place of Prefect's console handler. Returns whether
+    it set them up here (False under `enn run`, which already did)."""
+    if LOG_FILE is not None:
+        return False
+    setup(log_dir, f"flow-{name}")
+    return True
+
+
+def one_line(error: BaseException) -> str:
+    """`error: ...`: how `enn` reports an EnnError (one line, whatever a library put in it)."""
+    return f"error: {' '.join(str(error).split())}"

@@ -6,13 +6,14 @@ served by this process against a Prefect server.
 
 Schedules need a real server (the temporary local API cannot schedule). The server runs in
 its own process group and is stopped with it when this command ends (Ctrl-C).
-Trigger the prediction flow: `prefect deployment run prediction/on-demand` (with
-PREFECT_API_URL set to the printed URL).
+It prints each deployment with its schedule and a trigger command that works from any shell
+(`PREFECT_API_URL=<its URL> .../prefect deployment run 'prediction/on-demand'`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from enn_core.config import RunConfig
@@ -51,8 +52,49 @@ def serve_all(cfg: RunConfig, config: Path, prediction_config: Path, api_url: st
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: api_url}):
-        print(f"serving deployments against {api_url} (Ctrl-C stops)", flush=True)
-        serve(*build_deployments(cfg, config, prediction_config))
+        deployments = build_deployments(cfg, config, prediction_config)
+        for line in banner(deployments, api_url):
+            print(line, flush=True)
+        # Prefect's own banner suggests `prefect deployment run ...`, which another shell runs
+        # against its own temporary API ("Deployment not found"): ours names PREFECT_API_URL
+        serve(*deployments, print_starting_message=False)
+
+
+def banner(deployments: list, api_url: str) -> list[str]:
+    """What `enn deploy` serves, each deployment's schedule (its next runs) or "on demand",
+    a trigger command that works as printed from any shell, and the UI's page."""
+    exe = Path(sys.executable).parent / "prefect"
+    lines = [f"serving {len(deployments)} deployments against {api_url} (Ctrl-C stops):"]
+    for d in deployments:
+        name = f"{d.flow_name}/{d.name}"
+        lines.append(f"  {name:24s} {schedule_text(d)}")
+    on_demand = next((d for d in deployments if d.flow_name == "prediction"), deployments[0])
+    lines.append(
+        f"trigger a run: PREFECT_API_URL={api_url} {exe} deployment run "
+        f"'{on_demand.flow_name}/{on_demand.name}'"
+    )
+    lines.append(f"Prefect UI: {api_url.removesuffix('/api')}/deployments")
+    return lines
+
+
+def schedule_text(deployment: object) -> str:
+    """`cron '0 3 * * *' (UTC): next 2026-11-26 03:00, 2026-11-27 03:00`, or `on demand`."""
+    import asyncio
+
+    from prefect.server.schemas.schedules import CronSchedule
+
+    schedules = getattr(deployment, "schedules", None) or []
+    texts = []
+    for s in schedules:
+        cron = getattr(s.schedule, "cron", None)
+        if cron is None:
+            texts.append(str(s.schedule))
+            continue
+        tz = getattr(s.schedule, "timezone", None) or "UTC"
+        dates = asyncio.run(CronSchedule(cron=cron, timezone=tz).get_dates(n=2))
+        nxt = ", ".join(f"{d:%Y-%m-%d %H:%M}" for d in dates)
+        texts.append(f"cron '{cron}' ({tz}): next {nxt}")
+    return "; ".join(texts) or "on demand"
 
 
 def deploy(cfg: RunConfig, config: Path, prediction_config: Path) -> int:

@@ -24,7 +24,7 @@ from prefect.states import State
 
 from enn_core.paths import project_root
 from enn_core.stages import up_to
-from flows.training import load_once, run_name, run_stages
+from flows.training import flow_console, load_once, run_name, run_stages
 from tasks.runner import StageResult
 
 DEFAULT_CONFIG = "prediction/params.yaml"
@@ -39,7 +39,13 @@ def prediction(
 ) -> dict[str, StageResult] | State:
     """Stage new data, predict with `model` (default: predict.model of the config), check collapse
     (a Cancelled state when the flow run is cancelled: flows.training.run_stages)."""
-    overrides = list(overrides or [])
+    with flow_console(config, overrides, "prediction"):
+        return _prediction(config, list(overrides or []), model, until)
+
+
+def _prediction(
+    config: str, overrides: list[str], model: str | None, until: str | None
+) -> dict[str, StageResult] | State:
     path = Path(config).resolve()
     cfg = load_once(path, overrides)
     root = project_root(path)

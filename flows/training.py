@@ -29,10 +29,12 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
-from enn_core.config import RunConfig, load_config, redact_override
+from enn_core.config import RunConfig, RuntimeConfig, load_config, redact_override
+from enn_core.errors import EnnError
 from enn_core.paths import project_root
 from enn_core.stage import cancel_scope
 from enn_core.stages import StageSpec, up_to
+from flows import console
 from flows.params_file import Recorded, recorded_overrides
 from tasks import dvc_state
 from tasks.env import TOOLS, contain, project_layout
@@ -129,12 +131,40 @@ def load_once(path: Path, overrides: list[str]) -> RunConfig:
 def run_stages(
     name: str, config: str, overrides: list[str] | None, stages: tuple[StageSpec, ...]
 ) -> dict[str, StageResult] | State:
-    """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled."""
+    """Run `stages` in order in one pipeline session; a Cancelled state if the run was cancelled
+    (a run with nothing to do records no MLflow run: `_run_recorded`)."""
     logger = logging.getLogger("enn.flow")  # console, log file and (extra logger) Prefect
     path = Path(config).resolve()
     cfg = load_once(path, list(overrides or []))
     with recorded_overrides(path, list(overrides or []), logger) as recorded:
         return _run_recorded(name, path, cfg, stages, recorded, logger)
+
+
+@contextlib.contextmanager
+def flow_console(config: str, overrides: list[str] | None, name: str) -> Iterator[None]:
+    """A flow run's console: in a process `enn` did not start (`enn deploy`'s runs, a Prefect
+    worker's), the console and log file `enn run` has (the project's lines, the epoch lines
+    included; known noise in the log file only), and an enn error as the one line `enn run`
+    prints (Prefect's account of it, with its traceback, goes to the log file). Under `enn
+    run`, which set them up already, nothing changes."""
+    path = Path(config).resolve()
+    try:
+        loaded = load_once(path, list(overrides or []))
+        work_dir, tracking_uri = loaded.runtime.work_dir, loaded.tracking.uri
+    except EnnError:  # the error is said below, in the default log
+        work_dir, tracking_uri = RuntimeConfig().work_dir, ""
+    # the tools' settings before anything of this flow imports mlflow (the prediction flow
+    # downloads its model first): `contain` warned "called after importing ['mlflow']"
+    layout = contain(
+        project_layout(project_root(path), work_dir), groups=(TOOLS,), tracking_uri=tracking_uri
+    )
+    own = console.for_flow_run(layout.work / "logs", name)
+    try:
+        yield
+    except EnnError as e:
+        if own:  # the console says `HH:MM:SS ERROR: <the error's one line>`
+            logging.getLogger("enn.flow").error("%s", " ".join(str(e).split()))
+        raise
 
 
 def _run_recorded(
@@ -147,7 +177,9 @@ def _run_recorded(
 ) -> dict[str, StageResult] | State:
     root = project_root(path)
     # A worker-started flow run: tool settings before mlflow is imported (the CLI did it already)
-    layout = contain(project_layout(root, cfg.runtime.work_dir), groups=(TOOLS,))
+    layout = contain(
+        project_layout(root, cfg.runtime.work_dir), groups=(TOOLS,), tracking_uri=cfg.tracking.uri
+    )
     if dvc_state.has_dvc(root) and not dvc_state.owns(root, path):
         logger.warning(
             "%s is not this pipeline's params.yaml (%s): DVC, whose dvc.yaml reads that "
@@ -156,6 +188,15 @@ def _run_recorded(
             path,
             root / "params.yaml",
         )
+    elif cfg.tracking.enabled and dvc_state.owns(root, path) and dvc_state.all_fresh(root, stages):
+        # a scheduled run with nothing to do added a parent "training #N" carrying the last
+        # results' metrics, which read like a training; the stages still show as skipped
+        logger.info(
+            "%s: every stage is up to date (dvc status clean): nothing to run, so no MLflow "
+            "run is recorded for it (the runs that made these outputs are in MLflow)",
+            name,
+        )
+        cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
     run_id = str(flow_run.get_id() or "") or None
     record = _RECORD.get() or FlowRecord()
@@ -239,7 +280,8 @@ def training(
     config: str = "params.yaml", overrides: list[str] | None = None, until: str | None = None
 ) -> dict[str, StageResult] | State:
     """Run the seven training stages (or those up to `until`); returns each stage's status."""
-    return run_stages("training", config, overrides, up_to("training", until))
+    with flow_console(config, overrides, "training"):
+        return run_stages("training", config, overrides, up_to("training", until))
 
 
 if __name__ == "__main__":

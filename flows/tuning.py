@@ -50,7 +50,11 @@ def tuning(config: str = "params.yaml", overrides: list[str] | None = None) -> d
     """Run (or resume) the study `tune:` declares in `config`; returns its best trial."""
     path = Path(config).resolve()
     cfg = load_once(path, list(overrides or []))
-    layout = contain(project_layout(project_root(path), cfg.runtime.work_dir), groups=(TOOLS,))
+    layout = contain(
+        project_layout(project_root(path), cfg.runtime.work_dir),
+        groups=(TOOLS,),
+        tracking_uri=cfg.tracking.uri,
+    )
     run_id = str(flow_run.get_id() or "") or None
     with watch_cancellation(run_id) as cancel:
         result = tune(cfg, path, list(overrides or []), layout, should_stop=cancel.is_set)

@@ -18,9 +18,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing the project and its pinned dependencies into .venv (a few minutes the first time)"
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade "pip>=24"
   # torch is pinned to 2.13.0 (the CPU build on this machine); constraints.txt pins the rest.
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,postgres]"
+  # setuptools' "Editable installation" box warns that folders named like the packages in the
+  # working directory take precedence at import: here they are the very folders the editable
+  # install points at, so the box says nothing to act on (it printed in the Quick start).
+  PYTHONWARNINGS="ignore:Editable installation" \
+    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,postgres]"
   echo "$want" > "$stamp"
 fi
 # DVC's site cache inside work/, as an absolute path (a relative one would follow the current
-# directory, e.g. prediction/); .dvc/config.local is not committed.
-.venv/bin/dvc config --local core.site_cache_dir "$PWD/work/dvc-site-cache" >/dev/null
+# directory, e.g. prediction/), for the training project and the prediction pipeline's own
+# DVC project (prediction/.dvc); .dvc/config.local is not committed.
+root=$PWD
+.venv/bin/dvc config --local core.site_cache_dir "$root/work/dvc-site-cache" >/dev/null
+(cd prediction && "$root/.venv/bin/dvc" config --local core.site_cache_dir "$root/work/dvc-site-cache" >/dev/null)

@@ -11,7 +11,6 @@ repository root for the training pipeline, `prediction/` for the prediction pipe
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from enn_core.stages import StageSpec
@@ -38,10 +37,13 @@ def owns(root: Path, config: str | Path) -> bool:
 
 
 def _target(root: Path, spec: StageSpec) -> tuple[Path, str]:
+    """(the DVC project holding the pipeline, the stage as a target). The target's path is
+    absolute: DVC reads a relative one from the current directory, and `enn run --flow
+    prediction` from the project root would otherwise name the training pipeline's stage of
+    that name (the prediction pipeline is a DVC project of its own)."""
     repo = repo_root(root)
     assert repo is not None, f"{root} is not inside a DVC repository"
-    rel = os.path.relpath(root / "dvc.yaml", repo)
-    return repo, f"{rel}:{spec.dvc_name}"
+    return repo, f"{(root / 'dvc.yaml').resolve()}:{spec.dvc_name}"
 
 
 def _repo_class() -> type:
@@ -65,6 +67,17 @@ def stage_status(root: Path, spec: StageSpec) -> tuple[bool, str]:
     if not status:
         return True, "up to date (dvc status clean)"
     return False, f"changed: {status}"
+
+
+def all_fresh(root: Path, specs: tuple[StageSpec, ...]) -> bool:
+    """Whether every stage of `specs` is up to date: a run of them would do nothing."""
+    Repo = _repo_class()  # noqa: N806 - DVC's class
+
+    if not specs:
+        return True
+    repo_dir = _target(root, specs[0])[0]
+    with Repo(str(repo_dir)) as repo:
+        return not repo.status(targets=[_target(root, s)[1] for s in specs])
 
 
 def commit(root: Path, spec: StageSpec) -> None:

@@ -77,6 +77,10 @@ def prefect_env(layout: Layout) -> dict[str, str]:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PREFECT_UI_ENABLED": "false",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "enn",
+        # Prefect's own console handler, which a flow run of `enn deploy` uses until the flow
+        # sets up enn's console (flows/training.py: flow_console): its INFO lines ("Beginning
+        # flow run ...") go to the Prefect UI's log, not the terminal
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
     }
 
 
@@ -107,11 +111,16 @@ def follow_experiment_parent(root: Path, work_dir: str) -> None:
 
 
 def contain(
-    layout: Layout, *, override: bool = False, groups: tuple[str, ...] = (PREFECT, TOOLS)
+    layout: Layout,
+    *,
+    override: bool = False,
+    groups: tuple[str, ...] = (PREFECT, TOOLS),
+    tracking_uri: str = "",
 ) -> Layout:
     """Apply `contained_env` to os.environ and create the work directory. Values the user
     exported are kept (unless `override`); values an earlier call of this function set are
-    replaced."""
+    replaced. `tracking_uri` (the config's `tracking.uri`): a server's or another store's
+    means no local MLflow store is made."""
     os.umask(umask() | 0o002)  # before anything is made: no world-writable folder or file
     layout.work.mkdir(parents=True, exist_ok=True)
     watched = ("prefect", "mlflow") if PREFECT in groups else ("mlflow",)
@@ -124,7 +133,7 @@ def contain(
             if os.environ.get(key) != value:
                 changed.append(key)
             os.environ[key] = value
-    private_stores(layout)
+    private_stores(layout, local_tracking=not tracking_uri or tracking_uri == layout.mlflow_uri)
     if already and changed:
         # Settings read at import time cannot change now; say so instead of silently ignoring.
         import warnings
@@ -135,10 +144,11 @@ def contain(
     return layout
 
 
-def private_stores(layout: Layout) -> None:
+def private_stores(layout: Layout, local_tracking: bool = True) -> None:
     """The work directory's stores only their owner reads, and DVC's site cache as the umask
-    says (see the module's docstring); stores the user moved elsewhere are theirs."""
-    if os.environ.get("MLFLOW_TRACKING_URI") == layout.mlflow_uri:
+    says (see the module's docstring); stores the user moved elsewhere are theirs, and no
+    local MLflow store is made for a run that tracks elsewhere (`tracking.uri`)."""
+    if local_tracking and os.environ.get("MLFLOW_TRACKING_URI") == layout.mlflow_uri:
         private_file(layout.mlflow_dir / "mlflow.db")
     own_prefect = os.environ.get("PREFECT_HOME") == str(layout.prefect_home)
     if own_prefect and not os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):

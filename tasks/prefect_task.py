@@ -104,6 +104,7 @@ def run_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         fresh, why = dvc_state.stage_status(root, spec)
         if fresh:
             result = StageResult(spec.name, "skipped", why, None, "", None, 0.0, 0.0)
+            session.done.append(spec.name)  # its outputs are this run's too
             publish(result, session)
             return result
     try:

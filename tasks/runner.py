@@ -55,6 +55,7 @@ class PipelineSession:
     parent_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     registration: Registration | None = None  # set by the stage that registers the model
+    done: list[str] = field(default_factory=list)  # stages that ran or were up to date here
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             if registry is not None:
                 session.registration = registry
                 log.info("%s: %s", spec.name, registry.line())
+    session.done.append(spec.name)
     return StageResult(
         spec.name,
         "ran",

@@ -89,8 +89,11 @@ def pipeline_session(
             yield session
         except BaseException as e:
             if tracker:
+                # only what this run made or found up to date: a failed run must not show the
+                # previous run's outputs (its dataset, its results) as its own
+                done = tuple(s for s in specs if s.name in session.done)
                 with contextlib.suppress(Exception):  # the stage's error is the one to report
-                    tracker.summarize(parent, layout, specs, session.registration)
+                    tracker.summarize(parent, layout, done, session.registration)
                 tracker.end(parent, ended_status(e), f"{type(e).__name__}: {e}")
             raise
         if tracker:

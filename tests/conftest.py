@@ -9,6 +9,8 @@
 
 A test's folder gives its tier: everything under tests/distributed/ is marked `distributed`,
 everything under tests/e2e/ `e2e` (tests/fixtures/tiers.py; checked by tests/unit/test_tiers.py).
+A bare `pytest` (no `-m`, no paths) runs the fast tier only; `-m distributed`, `-m e2e` or a
+named file selects the others (`bare_run_tiers`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.project import Project, make_project, tiny_overrides
-from tests.fixtures.tiers import tier_of
+from tests.fixtures.tiers import FAST, bare_run_tiers, tier_of
 
 pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py collects the suite in process
 
@@ -32,6 +34,17 @@ def pytest_configure(config: pytest.Config) -> None:
     from tasks.env import FORCED
 
     os.environ.update(FORCED)
+    if bare_run_tiers(config):
+        config.option.markexpr = FAST
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if config.option.markexpr == FAST and bare_run_tiers(config):
+        return (
+            "tiers: the fast tier only (a bare pytest); -m distributed, -m e2e or a file's "
+            "path runs the others (scripts/test.sh runs all three)"
+        )
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers

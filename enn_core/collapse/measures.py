@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -22,17 +22,19 @@ from enn_core.config import CollapseConfig
 from enn_core.errors import DataError
 
 BROADCAST_SAMPLE_ROWS = 512
+MAX_OUT_OF_RANGE = 0.01  # fraction of predicted values that may lie out of the targets' range
 STD_CHUNK_ROWS = 65536
 
 
 class Verdict(TypedDict):
     """`measure_predictions`' verdict: the measures, each criterion (as JSON), and whether the
-    predictions collapsed and why."""
+    predictions collapsed and why; for new data, on what evidence (`reference.judge_new`)."""
 
     measures: dict[str, float]
     criteria: list[dict[str, Any]]
     collapsed: bool
     reasons: list[str]
+    evidence: NotRequired[str]
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -152,6 +154,9 @@ def criteria(measures: Mapping[str, float], cfg: CollapseConfig, *, skill: bool)
         rows.append(("correlation_median", ">=", cfg.min_correlation))
         bar = measures.get("naive_best_mae", measures.get("naive_conditional_mae", math.inf))
         rows.append(("mae", "<", bar))
+    # new data (enn_core/collapse/reference.py): what holds for any number of rows
+    rows.append(("non_finite_fraction", "<=", 0.0))
+    rows.append(("out_of_range_fraction", "<=", MAX_OUT_OF_RANGE))
     out = []
     for name, op, thr in rows:
         if name not in measures:  # e.g. no broadcast check without the inputs

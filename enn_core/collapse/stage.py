@@ -7,8 +7,11 @@ candidate prediction paths side by side (candidates.py) and records the choice.
 Outputs (its output folder, replaced atomically as one directory):
 - passed: `report.json` (every candidate, how far each was from passing, the cause, the chosen
   candidate's validation metrics), `calibration.json` (+ `slope.npy`/`intercept.npy` for the
-  calibrated candidate), `metrics.json`.
-- all collapsed: `report.json` and a `FAILED` marker, no `calibration.json`; then the stage raises
+  calibrated candidate), `metrics.json`, and `reference.npy`: the raw features of up to 64 of
+  the validation rows checked, which travel with the registered model so that the prediction
+  flow can judge a batch of a few rows beside them (enn_core/collapse/reference.py).
+- all collapsed: `report.json`, `reference.npy` and a `FAILED` marker, no `calibration.json`;
+  then the stage raises
   CollapseError. A previous passing output is replaced, so export (which requires
   calibration.json and refuses on FAILED) can never ship a stale calibration.
 
@@ -26,6 +29,7 @@ import numpy as np
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.checkpoint import Checkpoint
 from enn_core.collapse.candidates import CheckRows, check_candidates, run_precision
+from enn_core.collapse.reference import write_reference
 from enn_core.collapse.report import REPORT_FILE, CollapseReport
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
@@ -141,6 +145,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Co
     with atomic_dir(ctx.output()) as tmp:
         write_json(tmp / REPORT_FILE, report.to_json())
         write_json(tmp / "metrics.json", metrics)
+        write_reference(tmp, rows.features)
         if cal is None:
             (tmp / FAILED_MARKER).write_text(report.why + "\n")
         else:

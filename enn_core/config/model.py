@@ -38,7 +38,9 @@ class ModelConfig:
 
     options: Mapping[str, Any] = FrozenMap()
     """preset custom: keyword options passed to the factory (JSON types only: numbers, strings,
-    booleans, lists, mappings). The other model.* fields are the built-in presets' own."""
+    booleans, lists, mappings); a built-in preset takes none and ignores them (so going back from
+    your own model is `--set model.preset=spatiotemporal` alone). The other model.* fields are
+    the built-in presets' own."""
 
     d_model: int = 64
     """Width of tokens and hidden layers."""
@@ -127,6 +129,11 @@ class ModelConfig:
     """Hidden width of the per-token MLP as a multiple of d_model."""
 
     def __post_init__(self) -> None:
+        if self.preset != "custom" and self.options:
+            # the factory's keyword arguments mean nothing to a built-in preset: the resolved
+            # config, the training fingerprint and the checkpoint record none (the factory
+            # itself stays: in the prediction flow it names the code a checkpoint may use)
+            object.__setattr__(self, "options", FrozenMap())
         self._check_custom()
         if self.d_model < 1 or self.layers < 1 or self.heads < 1:
             raise ConfigError("model.d_model, model.layers and model.heads must be >= 1")
@@ -190,11 +197,6 @@ class ModelConfig:
             raise ConfigError(
                 "model.preset=custom needs model.factory ('package.module:function' that "
                 "builds your nn.Module, e.g. examples.tcn.model:build)"
-            )
-        if self.options and self.preset != "custom":
-            raise ConfigError(
-                f"model.options is for model.preset=custom (here {self.preset!r}); remove it "
-                "or set model.preset=custom"
             )
         _check_options(self.options)
 

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +27,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from enn_core.atomic import atomic_dir, write_json
-from enn_core.collapse.measures import measure_predictions, target_spread
+from enn_core.collapse.measures import target_spread
+from enn_core.collapse.reference import (
+    BESIDE_FILE,
+    MIN_ROWS,
+    TrainingTargets,
+    judge_new,
+    target_range,
+)
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import CollapseError, ConfigError, StaleOutputError
 from enn_core.predict import stage
@@ -92,10 +100,9 @@ def check_new(
     )
 
 
-def training_spread(
-    training_data_dir: str | Path, split: str = "train"
-) -> tuple[np.ndarray, float]:
-    """Per-output std of the training targets (the reference spread) and the label std."""
+def training_targets(training_data_dir: str | Path, split: str = "train") -> TrainingTargets:
+    """The training targets' per-output spread (the reference spread) and range, and the label
+    std."""
     ds = StagedDataset(training_data_dir)
     if ds.labels is None:
         raise StaleOutputError(
@@ -103,8 +110,11 @@ def training_spread(
             "not a features-only one"
         )
     idx = np.sort(np.asarray(ds.split(split)))
-    spread = target_spread(ds.labels[idx])
-    return spread, float(ds.manifest.label_stats.std or float(np.mean(spread)))
+    labels = ds.labels[idx]
+    spread = target_spread(labels)
+    low, high = target_range(labels)
+    std = float(ds.manifest.label_stats.std or float(np.mean(spread)))
+    return TrainingTargets(spread, low, high, std)
 
 
 def check_predictions(
@@ -115,8 +125,8 @@ def check_predictions(
     input_dir: str | Path,
     training_data_dir: str | Path,
 ) -> CheckSummary:
-    """Collapse verdict for new-data predictions; releases them or holds them back with the
-    report."""
+    """Collapse verdict for new-data predictions, on the evidence there is
+    (enn_core/collapse/reference.py); releases them or holds them back with the report."""
     predictions_dir = Path(predictions_dir)
     pred_file = predictions_dir / "predictions.npy"
     if not pred_file.is_file():
@@ -128,10 +138,20 @@ def check_predictions(
             f"{pred_file}: {preds.shape[0]} rows but {input_dir} has {features.shape[0]}; "
             "re-run predict on this input"
         )
-    spread, label_std = training_spread(training_data_dir)
-    verdict = measure_predictions(
-        preds, spread, cfg.collapse, features=features, label_std=label_std
+    manifest = predictions_dir / "manifest.json"
+    meta = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    beside_file = predictions_dir / BESIDE_FILE
+    beside = dict(np.load(beside_file, allow_pickle=False)) if beside_file.is_file() else None
+    verdict = judge_new(
+        preds,
+        features,
+        training_targets(training_data_dir),
+        cfg.collapse,
+        beside,
+        meta.get("reference") or {},
     )
+    if int(preds.shape[0]) < MIN_ROWS:
+        ctx.logger.info("%s: %s", ctx.stage, verdict.get("evidence", ""))
     report = {
         "reference": "training targets' per-output spread (train split)",
         "training_data": str(training_data_dir),

@@ -100,19 +100,24 @@ def choose_calibration(
         return CalibrationChoice(
             False, "raw", f"{collapse_dir} holds a FAILED marker (every candidate collapsed)"
         )
+    # what a person reads on predict's line: in the training flow predict runs before
+    # collapse-check, so a fresh model never has a calibration yet; say that, not the hashes
+    short = f"{collapse_dir.name}/{CALIBRATION_FILE}"
     if not cal_file.is_file():
         return CalibrationChoice(
-            False, "raw", f"no {cal_file} (collapse-check has not run for this model)"
+            False, "raw", f"collapse-check has not judged this model yet (no {short})"
         )
     cal = read_calibration_meta(collapse_dir)
     named = cal.get(MODEL_KEY)
     if named != model_sha:
         why = (
-            "names no model"
+            f"{short} names no model"
             if named is None
-            else f"was made for model {str(named)[:12]}, not {model_sha[:12]}"
+            else f"{short} is an earlier model's, {str(named)[:12]}; this one is {model_sha[:12]}"
         )
-        return CalibrationChoice(False, "raw", f"{cal_file} {why}")
+        return CalibrationChoice(
+            False, "raw", f"collapse-check has not judged this model yet ({why})"
+        )
     h = hashlib.sha256(json.dumps(cal, sort_keys=True).encode())
     for name in ("slope.npy", "intercept.npy"):
         if (collapse_dir / name).is_file():

@@ -14,7 +14,11 @@
    others with a message (enn_core.predict.chunks).
 4. Outputs, replaced atomically as one directory (`outputs/predict/`): `predictions.npy`
    ([N, *label_shape] float32, real units, in the input's row order), `predictions.parquet`
-   (keyed by the row keys), `predictions.xlsx` for workbook sources, `manifest.json`.
+   (keyed by the row keys), `predictions.xlsx` for workbook sources, `manifest.json`; for
+   fewer rows than the collapse statistics need, `reference_predictions.npz`: the model's
+   reference rows (from its collapse-check) predicted in one batch with the input's rows,
+   which the prediction flow's collapse-check judges beside them
+   (enn_core/collapse/reference.py).
    The parts directory is removed once the outputs are in place.
 """
 
@@ -27,7 +31,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,10 +40,12 @@ import torch
 
 from enn_core.atomic import atomic_dir, atomic_file, write_json
 from enn_core.checkpoint import Checkpoint, load_model
+from enn_core.collapse.reference import BESIDE_FILE, MIN_ROWS, find_reference, predict_beside
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.hashing import sha256_file
 from enn_core.errors import ConfigError, DataError
 from enn_core.inference import resolve_device
+from enn_core.model.enn import ENN
 from enn_core.model_code import ModelCode
 from enn_core.predict import model_io, outputs, ranks, schema, workers
 from enn_core.predict.assemble import assemble
@@ -193,7 +199,17 @@ def run(
         stats = workers.run(jobs, predictor, cancel=ctx.cancel)
     seconds_predict = time.perf_counter() - t_pred
 
-    written = _write_outputs(cfg, ctx, ds, data_dir, store, index, ckpt, choice)
+    beside = (
+        _beside(cal_dirs, model_sha, net, choice, features, n_rows, device)
+        if features_only  # the prediction flow, whose collapse-check judges new rows
+        else _Beside({"rows": 0, "why": "rows of the training data"})
+    )
+    applied = {
+        "applied": choice.applied,
+        "candidate": choice.candidate if choice.applied else "raw",
+        "reason": choice.reason,
+    }
+    written = _write_outputs(cfg, ctx, ds, data_dir, store, index, ckpt, (applied, beside))
     computed = sorted(k for s in stats for k in s.get("computed_parts", []))
     reused = sorted(k for s in stats for k in s.get("reused_parts", []))
     rows_computed = sum(s.get("rows_computed", 0) for s in stats)
@@ -207,11 +223,7 @@ def run(
         model_sha256=model_sha,
         input=str(data_dir),
         selection=selection,
-        calibration={
-            "applied": choice.applied,
-            "candidate": choice.candidate if choice.applied else "raw",
-            "reason": choice.reason,
-        },
+        calibration=applied,
         device=str(device),
         device_reason=device_reason,
         world_size=world,
@@ -321,6 +333,41 @@ def _elsewhere(
     )
 
 
+@dataclass(frozen=True)
+class _Beside:
+    """The model's reference rows predicted beside a small input (or why they are not):
+    `meta` for the manifest's `reference`, `arrays` for reference_predictions.npz."""
+
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray] | None = None
+
+
+def _beside(
+    cal_dirs: list[Path],
+    model_sha: str,
+    net: ENN,
+    choice: CalibrationChoice,
+    features: np.ndarray,
+    n_rows: int,
+    device: torch.device,
+) -> _Beside:
+    """Below MIN_ROWS rows, the reference rows of this model's collapse-check output, predicted
+    in one forward pass with the input's rows (coded by the model's vocabularies) through the
+    same prediction path; and training's verdict on the model."""
+    if n_rows >= MIN_ROWS:
+        return _Beside({"rows": 0, "why": f"{n_rows} rows: enough on their own"})
+    ref = find_reference(cal_dirs, model_sha)
+    if ref is None:
+        return _Beside({"rows": 0, "why": "no collapse-check report for this model beside it"})
+    meta: dict[str, Any] = {"from": ref.directory, "verdict": ref.verdict, "why": ref.why}
+    if ref.features is None:
+        return _Beside({**meta, "rows": 0})
+    user = np.asarray(features[:n_rows], np.float32)  # features-only input: every row
+    path = model_io.prediction_path(net, choice).to(device)
+    arrays = predict_beside(path, user, ref.features, device)
+    return _Beside({**meta, "rows": len(ref.features)}, arrays)
+
+
 def _features_for(ctx: StageContext, ds: StagedDataset, data_dir: Path, ckpt: Checkpoint) -> Path:
     """The staged features file, or, when its categories are coded otherwise than the model's
     (staged against another training manifest: a retrain that met them in another order), a
@@ -362,9 +409,12 @@ def _write_outputs(
     store: PartStore,
     index: np.ndarray | None,
     ckpt: Checkpoint,
-    choice: CalibrationChoice,
+    notes: tuple[dict[str, Any], _Beside],
 ) -> _Written:
-    """predictions.npy, .parquet, (.xlsx) and manifest.json, as one atomic directory."""
+    """predictions.npy, .parquet, (.xlsx), manifest.json and the reference rows predicted
+    beside a small input, as one atomic directory; `notes`: the calibration applied and the
+    reference rows."""
+    applied, beside = notes
     data = ckpt.data
     label_shape = list(data.label_shape)
     axes = list(data.label_axes)
@@ -402,14 +452,14 @@ def _write_outputs(
             "model_fingerprint": store.plan.model_fingerprint,
             "input_fingerprint": store.plan.input_fingerprint,
             "input_content_hash": str(ds.fingerprint),
-            "calibration": {
-                "applied": choice.applied,
-                "candidate": choice.candidate if choice.applied else "raw",
-                "reason": choice.reason,
-            },
+            "calibration": applied,
             "files": files,
             "workbook": workbook,
+            "reference": beside.meta,
         }
+        if beside.arrays is not None:
+            a = beside.arrays
+            np.savez(tmp / BESIDE_FILE, predictions=a["predictions"], input_ids=a["input_ids"])
         write_json(tmp / "manifest.json", manifest)
         del preds
     return _Written(n_rows=manifest["n_rows"], shape=tuple(manifest["shape"]), files=files)

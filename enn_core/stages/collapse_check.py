@@ -36,7 +36,7 @@ COLLAPSE_CHECK = StageSpec(
         "enn_core/metrics.py",
         "enn_core/baselines.py",
     ),
-    outputs=("report.json", "metrics.json"),
+    outputs=("report.json", "metrics.json", "reference.npy"),
     artifacts=("report.json", "calibration.json"),
-    bundle=("calibration.json", "slope.npy", "intercept.npy", "report.json"),
+    bundle=("calibration.json", "slope.npy", "intercept.npy", "report.json", "reference.npy"),
 )

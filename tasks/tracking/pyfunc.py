@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from enn_core.errors import DataError
-from enn_core.serving import TableModel, decode
+from enn_core.serving import TableModel, decode, typed
 
 if TYPE_CHECKING:
     from mlflow.models import Model
@@ -59,15 +59,14 @@ def _load_pyfunc(data_path: str) -> EnnPyfunc:
 
 def signature_and_example(model: TableModel, features: Any) -> tuple[ModelSignature, pd.DataFrame]:
     """The signature (named, typed input columns; named double outputs) and an input example
-    (the first staged rows of `features`, spelled as the source spells them)."""
+    (the first staged rows of `features`, in those types: text categories as the source spells
+    them, whole-number categories as numbers)."""
     from mlflow.models.signature import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, Schema
+    from mlflow.types.schema import ColSpec, Schema
 
-    inputs = Schema(
-        [ColSpec(AnyType() if kind == "any" else kind, name) for name, kind in model.input_columns]
-    )
+    inputs = Schema([ColSpec(kind, name) for name, kind in model.input_columns])
     outputs = Schema([ColSpec("double", name) for name in model.output_columns])
-    example = decode(features[:EXAMPLE_ROWS], model.specs)
+    example = typed(decode(features[:EXAMPLE_ROWS], model.specs), model.specs)
     return ModelSignature(inputs=inputs, outputs=outputs), example
 
 

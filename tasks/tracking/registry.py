@@ -186,6 +186,7 @@ def register(
     version = client.create_model_version(
         name, info.model_uri, run_id=run_id, tags=version_tags, model_id=info.model_id
     )
+    link_version(client, info.model_id, name, version.version)
     client.set_registered_model_alias(name, CANDIDATE, version.version)
     if promote:
         client.set_registered_model_alias(name, CHAMPION, version.version)
@@ -215,6 +216,20 @@ def promotion_baseline(chosen: Mapping[str, float]) -> tuple[float | None, str]:
     return (None if legacy is None else float(legacy)), "naive_conditional"
 
 
+def link_version(client: MlflowClient, model_id: str, name: str, version: str) -> None:
+    """Name the version on its logged model (tag `mlflow.modelVersions`, as MLflow's own
+    `mlflow.register_model` does): the run page of the model's source run (the pipeline's
+    parent) lists its registered models from that tag, and said "Registered models: None"
+    while the run list's Models column showed the model."""
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    tags = client.get_logged_model(model_id).tags
+    known = json.loads(tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+    entry = {"name": name, "version": str(version)}
+    if entry not in known:
+        client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(known + [entry])})
+
+
 def decide(
     own: Score,
     naive: float | None,
@@ -228,8 +243,8 @@ def decide(
     if naive is not None and not own.mae < naive:
         return False, f"{metric} {own.mae:.4g} does not beat {which}'s {naive:.4g}"
     if champion is None:
-        below = "" if naive is None else f", below {naive_name}'s {naive:.4g}"
-        return True, f"{metric} {own.mae:.4g} on {own.rows} rows{below}; no champion yet"
+        below = "" if naive is None else f" against {which}'s {naive:.4g}"
+        return True, f"the first: {metric} {own.mae:.4g}{below} on {own.rows} validation rows"
     rows = f"on this version's {champion.rows} validation rows"
     if champion.skipped:
         rows += f" ({champion.skipped} with categories the champion never saw left out)"

@@ -179,7 +179,8 @@ class Tracker:
     def _parent_name(self, flow: str, data: str, params: dict[str, str]) -> str:
         """`training #3 synthetic train.lr=0.02`: the flow, its run count, the data and the
         parameters that differ from the flow's previous run (a name a person tells apart);
-        on a tracking server, which several machines share, `on <host>` as well."""
+        on a tracking server, which several machines share, the host as well
+        (`training #3 @node1 synthetic`)."""
         previous = self.client.search_runs(
             [self.experiment_id],
             f"tags.`{TAG_FLOW}` = '{flow}'",
@@ -192,10 +193,10 @@ class Tracker:
             for k, v in params.items()
             if before and before.get(k, v) != v[:MAX_PARAM_LEN]
         ]
-        parts = [flow, f"#{len(previous) + 1}", data]
-        if self.uri.startswith(("http://", "https://")):
-            parts.append(f"on {socket.gethostname()}")
-        parts += changed[:3]
+        parts = [flow, f"#{len(previous) + 1}"]
+        if self.uri.startswith(("http://", "https://")):  # early: the UI's column is narrow
+            parts.append(f"@{socket.gethostname()}")
+        parts += [data, *changed[:3]]
         if len(changed) > 3:
             parts.append(f"(+{len(changed) - 3})")
         return " ".join(p for p in parts if p)[:250]

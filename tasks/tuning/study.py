@@ -194,6 +194,14 @@ def override(key: str, value: Any) -> str:
     return f"{key}={text}"
 
 
+def shown(values: dict[str, Any]) -> str:
+    """`train.lr=0.01173 model.layers=2`: a trial's values for a console line (4 significant
+    digits; the trial runs with the exact values, which trial.json and MLflow keep)."""
+    return " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(values.items())
+    )
+
+
 def distribution(dim: Dimension) -> Any:
     from optuna.distributions import (
         CategoricalDistribution,
@@ -409,7 +417,7 @@ def start_trial(
             start_new_session=True,  # its own group: pruning kills the group
         )
     trial.set_user_attr(OWNER_ATTR, TrialOwner.of(proc.pid, command).to_json())
-    log.info("trial %d: %s", trial.number, " ".join(values))
+    log.info("trial %d: %s", trial.number, shown(trial.params))
     return RunningTrial(trial, folder, proc, time.monotonic())
 
 

@@ -217,7 +217,10 @@ def test_ctrl_c_in_a_terminal_exits_130_within_10_s_and_records_the_run(proj):
     assert "Traceback" not in text and "ConnectError" not in text, text[-3000:]
     # the terminal itself may echo "^C" just before enn's line (ECHOCTL); that is not enn's text
     last = text.rstrip().splitlines()[-1].strip()
-    assert last.removeprefix("^C") == "interrupted", text[-1000:]
+    assert last.removeprefix("^C") == (
+        "interrupted; run the same command again to resume: stages that finished are skipped, "
+        "distributed-train continues from its last checkpoint"
+    ), text[-1000:]
     assert_all_gone(procs, proc, log)
     assert_lock_free(proj)
     assert prefect_flow_run_states(proj)[0] in ("CRASHED", "CANCELLED")

@@ -8,13 +8,14 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 
 import psutil
 import pytest
 
-from tests.fixtures.project import make_project
+from tests.fixtures.project import clean_env, make_project
 
 pytestmark = pytest.mark.timeout(1200)
 TWO = ("stage-data", "prepare-checkpoint")
@@ -146,11 +147,56 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=30)
 
 
-def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
+class Output:
+    """Every line a process prints (the terminal of `enn deploy`, its flow runs' too), read by
+    a thread as it comes."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._t.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, pattern: str, timeout: float, start: int = 0) -> re.Match:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = re.search(pattern, self.text(start), re.M)
+            if m:
+                return m
+            time.sleep(0.5)
+        raise AssertionError(f"no {pattern!r} in output:\n{self.text(start)[-4000:]}")
+
+    def text(self, start: int = 0) -> str:
+        return "".join(self.lines[start:])
+
+
+def _finished(api: str, run_id: str, timeout: float) -> str:
+    deadline, state = time.time() + timeout, None
+    while time.time() < deadline:
+        state = http(f"{api}/flow_runs/{run_id}")["state"]["type"]
+        if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return state
+        time.sleep(2)
+    return str(state)
+
+
+# third-party lines `enn run` keeps in its log file (flows/console.py NOISE, QUIET_WARNINGS)
+NOISE = ("signal handlers", "torchvision", "FutureWarning", "[torch.onnx]", "contain() called")
+
+
+def test_deploy_serves_its_schedules_and_its_runs_talk_like_enn_run(project, tmp_path):
     project.set_params(["deploy.cron=*/5 * * * *"])
     proc = _start(project, "deploy")
+    out = Output(proc)
     try:
-        api = _read_until(proc, r"Prefect server: (http://127\.0\.0\.1:\d+/api)", 240).group(1)
+        api = out.wait_for(r"Prefect server: (http://127\.0\.0\.1:\d+/api)", 240).group(1)
+        # what it serves and when (the UI says "At every 5th minute"), and how to trigger a run
+        out.wait_for(r"^  training/scheduled +cron '\*/5 \* \* \* \*' \(UTC\): next 20\d\d-", 60)
+        out.wait_for(r"^  prediction/on-demand +on demand$", 10)
+        trigger = out.wait_for(r"^trigger a run: (.*)$", 10).group(1)
         deadline = time.time() + 180
         deployments = []
         while time.time() < deadline and len(deployments) < 3:
@@ -159,16 +205,13 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
         by_name = {d["name"]: d for d in deployments}
         assert set(by_name) == {"scheduled", "on-demand"}  # prediction and tuning: on demand
         assert len(deployments) == 3
-        # every link the console prints (Prefect's banner: "...via the Prefect UI: <url>")
-        # answers a browser (which asks for HTML: the UI's pages are client-side routes, served
-        # as its index page only then) with the UI, not a 404
-        banner = _read_until(proc, r"via the Prefect UI: (http://\S+)", 120)
-        links = [banner.group(1)]
-        assert links == [f"{api.removesuffix('/api')}/deployments"], links
-        for link in links:
-            browser = urllib.request.Request(link, headers={"Accept": "text/html"})
-            with urllib.request.urlopen(browser, timeout=30) as r:
-                assert r.status == 200 and b"<html" in r.read().lower(), link
+        # every link the console prints answers a browser (which asks for HTML: the UI's pages
+        # are client-side routes, served as its index page only then) with the UI, not a 404
+        link = out.wait_for(r"^Prefect UI: (http://\S+)$", 10).group(1)
+        assert link == f"{api.removesuffix('/api')}/deployments", link
+        browser = urllib.request.Request(link, headers={"Accept": "text/html"})
+        with urllib.request.urlopen(browser, timeout=30) as r:
+            assert r.status == 200 and b"<html" in r.read().lower(), link
         train_id = by_name["scheduled"]["id"]
         scheduled = []
         while time.time() < deadline and not scheduled:  # the server's scheduler, not a tick
@@ -181,17 +224,50 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
             )
             time.sleep(1)
         assert scheduled, "the scheduler created no scheduled run"
+
+        # a scheduled training run: the console enn run has (epoch lines, no noise)
+        mark = len(out.lines)
         run = http(
             f"{api}/deployments/{train_id}/create_flow_run", {"state": {"type": "SCHEDULED"}}
         )
-        deadline = time.time() + 900
-        state = None
-        while time.time() < deadline:
-            state = http(f"{api}/flow_runs/{run['id']}")["state"]["type"]
-            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-                break
-            time.sleep(2)
-        assert state == "COMPLETED", state
+        assert _finished(api, run["id"], 900) == "COMPLETED"
+        trained = out.text(mark)
+        assert re.search(r"^\d\d:\d\d:\d\d distributed-train: epoch \d+/20 ", trained, re.M)
+        assert not [n for n in NOISE if n in trained], trained[-4000:]
+        assert "Beginning flow run" not in trained  # Prefect's INFO: its UI's log, not here
+        assert "Traceback" not in trained, trained[-4000:]
+
+        # a run with nothing to do says so and adds no MLflow parent run
+        mark = len(out.lines)
+        again = http(
+            f"{api}/deployments/{train_id}/create_flow_run", {"state": {"type": "SCHEDULED"}}
+        )
+        assert _finished(api, again["id"], 600) == "COMPLETED"
+        out.wait_for(r"training: every stage is up to date .* no MLflow run is recorded", 60, mark)
+
+        # the printed trigger, from a shell that has no Prefect setting, with a parameter: a
+        # prediction run (the champion is there) whose input is missing: one line, no
+        # traceback, no "contain() called after importing ['mlflow']" warning
+        mark = len(out.lines)
+        bad = 'overrides=["data.source=csv", "data.path=missing.csv"]'
+        shell = subprocess.run(
+            ["bash", "-c", f"{trigger} --param '{bad}'"],
+            env=clean_env(HOME=str(tmp_path)),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert shell.returncode == 0 and "Created flow run" in shell.stdout, shell
+        run_id = re.search(r"UUID: ([0-9a-f-]{36})", shell.stdout).group(1)
+        assert _finished(api, run_id, 600) == "FAILED"
+        line = out.wait_for(
+            r"^\d\d:\d\d:\d\d ERROR: data\.path='missing\.csv': .*$", 60, mark
+        ).group(0)
+        failed = out.text(mark)
+        assert failed.count("ERROR") == 1 and "Traceback" not in failed, failed[-3000:]
+        assert not [n for n in NOISE if n in failed], failed[-3000:]
+        assert "put it there or fix data.path" in line, line
     finally:
         _stop(proc)
     from mlflow.tracking import MlflowClient
@@ -200,8 +276,10 @@ def test_deploy_schedules_runs_and_a_triggered_training_run_completes(project):
         tracking_uri=f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
     )
     exp = client.get_experiment_by_name("enn")
-    parents = client.search_runs([exp.experiment_id], f"tags.`prefect.flow_run_id` = '{run['id']}'")
-    assert parents and parents[0].info.status == "FINISHED"
+    parents = client.search_runs([exp.experiment_id], "tags.`enn.kind` = 'pipeline'")
+    by_flow_run = {p.data.tags.get("prefect.flow_run_id"): p for p in parents}
+    assert by_flow_run[run["id"]].info.status == "FINISHED"
+    assert again["id"] not in by_flow_run  # no "training #2" with copies of the last results
     leftovers = [
         p
         for p in psutil.process_iter(["cmdline"])

@@ -148,14 +148,15 @@ def test_prediction_flow_uses_the_champion_and_any_client_calls_it(store, tmp_pa
     assert (root / "prediction/model/SOURCE").read_text().strip() == f"models:/{NAME}@champion"
     mlflow.set_tracking_uri(store.uri)
     model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
-    frame = pd.DataFrame(
-        {"month": ["01", "04"], "daytype": ["sun", "mon"], "direction": ["up", "down"]}
-    )
+    # the signature's types: month, a category spelled "01", as the whole number it is
+    inputs = {c.name: str(c.type) for c in model.metadata.get_input_schema().inputs}
+    assert inputs["month"] == "DataType.long" and inputs["daytype"] == "DataType.string"
+    frame = pd.DataFrame({"month": [1, 4], "daytype": ["sun", "mon"], "direction": ["up", "down"]})
     out = model.predict(frame)
     assert out.shape[0] == 2 and all("|" in c for c in out.columns)
-    # mlflow models predict on a CSV (pandas reads month 01 as the number 1)
+    # mlflow models predict on a CSV spelled as the source spells it (month 01)
     csv = tmp_path / "new.csv"
-    frame.to_csv(csv, index=False)
+    csv.write_text("month,daytype,direction\n01,sun,up\n04,mon,down\n")
     Project(root, {**store.project.env, "MLFLOW_TRACKING_URI": store.uri}).run(
         "mlflow",
         "models",
@@ -237,57 +238,61 @@ def wait_up(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
     raise AssertionError(f"{url} did not answer in {seconds} s")
 
 
-def test_mlflow_models_serve_answers_over_http(store, tmp_path):
-    port = free_port()
-    env = {**store.project.env, "MLFLOW_TRACKING_URI": store.uri}
-    log = open(tmp_path / "serve.log", "w")
+def test_enn_serve_answers_json_and_csv_as_it_prints_them(store, tmp_path):
+    """Issue 32: the README's `mlflow models serve` line, run from the project root, answered
+    "Registered Model ... not found" (no tracking URI) and a CSV body always failed (month was
+    typed Any). `enn serve` serves the champion over the project's store; the JSON and the CSV
+    requests it prints work as printed."""
     proc = subprocess.Popen(
-        [
-            "mlflow",
-            "models",
-            "serve",
-            "-m",
-            f"models:/{NAME}@champion",
-            "--env-manager",
-            "local",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-        ],
+        ["enn", "serve", "--port", "0"],
         cwd=store.project.root,
-        env=env,
-        stdout=log,
+        env=store.project.env,
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
+    said: list[str] = []
     try:
-        wait_up(f"http://127.0.0.1:{port}/ping", proc)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not any("  CSV:  " in x for x in said):
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(said)
+            said.append(line)
+        text = "".join(said)
+        url = re.search(rf"serving models:/{NAME}@champion at (http://127\.0\.0\.1:\d+)", text)
+        assert url, text
+        requests = {
+            kind: re.search(rf"^  {kind}: +(.*)$", text, re.M).group(1) for kind in ("JSON", "CSV")
+        }
+        for kind, command in requests.items():
+            done = subprocess.run(
+                ["bash", "-c", command], capture_output=True, text=True, timeout=60
+            )
+            body = json.loads(done.stdout)
+            assert len(body["predictions"]) == 1, (kind, done.stdout[:500])
+            assert all(isinstance(v, float) for v in body["predictions"][0].values()), kind
+        # a CSV of the source's spellings, and an unseen category: one line, HTTP 400
+        invocations = f"{url.group(1)}/invocations"
+        csv = b"month,daytype,direction\n01,sun,up\n04,mon,down\n"
+        req = urllib.request.Request(invocations, csv, {"Content-Type": "text/csv"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert len(json.loads(r.read())["predictions"]) == 2
         columns = ["month", "daytype", "direction"]
         status, body = post(
-            f"http://127.0.0.1:{port}/invocations",
-            {
-                "dataframe_split": {
-                    "columns": columns,
-                    "data": [["01", "sun", "up"], ["04", "mon", "down"]],
-                }
-            },
-        )
-        assert status == 200 and len(body["predictions"]) == 2, body
-        assert all(isinstance(v, float) for v in body["predictions"][0].values())
-        status, body = post(
-            f"http://127.0.0.1:{port}/invocations",
+            invocations,
             {"dataframe_split": {"columns": columns, "data": [["01", "someday", "up"]]}},
         )
         assert status == 400, body
         line = "column 'daytype': value 'someday' is not in the training vocabulary"
         assert line in body["message"] and "Traceback" not in body["message"], body
+        assert not (store.project.root / "mlflow.db").exists()  # no stray store
     finally:
         import os
         import signal
 
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(60)
 
 
 def test_the_rest_api_shows_parents_models_and_the_champion(store, tmp_path):

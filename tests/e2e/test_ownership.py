@@ -67,8 +67,12 @@ def test_dvc_repro_then_flow_skips_every_stage(two_stage):
         r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id
     ]
     assert sorted(r.info.run_name for r in children) == sorted(TWO)
-    _, status = flow(two_stage)
+    out, status = flow(two_stage)
     assert status == {"stage-data": "skipped", "prepare-checkpoint": "skipped"}
+    # nothing ran: no MLflow parent run copying the last results (issue 32), and it says so
+    assert "every stage is up to date (dvc status clean): nothing to run" in out.stderr
+    after = [r for r in runs(two_stage) if r.data.tags.get("enn.kind") == "pipeline"]
+    assert [r.info.run_id for r in after] == [parents[0].info.run_id]
 
 
 def test_an_overlay_config_runs_in_the_project_and_dvc_stays_out(two_stage):

@@ -123,6 +123,11 @@ def ran(tmp_path_factory) -> Ran:
         ).stdout
         # importing more code (the prediction flow) must not make the training pipeline stale
         result.outputs["status_after"] = project.run("dvc", "status", "dvc.yaml").stdout
+        # the experiments tables: the training project's, and the prediction pipeline's own
+        result.outputs["exp_show"] = project.run("dvc", "exp", "show", "--csv").stdout
+        result.outputs["exp_show_prediction"] = project.run(
+            "dvc", "exp", "show", "--csv", cwd=project.root / "prediction"
+        ).stdout
     result.tree = tree.seen
     return result
 
@@ -260,6 +265,18 @@ def test_dvc_repro_runs_the_evaluation_stages_and_the_prediction_pipeline(ran):
     assert (ran.project.root / "outputs" / "export" / "model.onnx").exists()
 
 
+def test_the_training_experiments_table_holds_the_training_pipeline_only(ran):
+    """Issue 32: the prediction pipeline's params and deps (`prediction/params.yaml:data.path`,
+    its input file) were columns of the training experiments' table; the prediction pipeline
+    is its own DVC project (prediction/.dvc), with its own table."""
+    training = ran.outputs["exp_show"].splitlines()[0].split(",")
+    assert "val/mae" in training and any(c.endswith("train.lr") for c in training), training
+    assert not [c for c in training if c.startswith(("prediction/", "../"))], training
+    prediction = ran.outputs["exp_show_prediction"].splitlines()[0].split(",")
+    assert any(c.endswith("predict.model") for c in prediction), prediction
+    assert not any(c.endswith("train.lr") for c in prediction), prediction
+
+
 def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     from mlflow.tracking import MlflowClient
 
@@ -327,7 +344,7 @@ def test_champion_loads_and_predicts_in_real_units(ran):
     import mlflow.pyfunc
 
     from enn_core.data.dataset import StagedDataset
-    from enn_core.serving import decode
+    from enn_core.serving import decode, typed
 
     root = ran.project.root
     uri = f"sqlite:///{root / 'work' / 'mlflow' / 'mlflow.db'}"
@@ -336,8 +353,9 @@ def test_champion_loads_and_predicts_in_real_units(ran):
     model = mlflow.pyfunc.load_model("models:/enn-synthetic@champion")
     ds = StagedDataset(root / "outputs" / "stage-data")
     rows = np.sort(np.asarray(ds.split("test")))
-    frame = decode(np.asarray(ds.features[rows]), ds.feature_specs)  # as the source spells them
-    assert frame["month"].iloc[0].isdigit() and len(frame["month"].iloc[0]) == 2
+    # as the source spells them, in the signature's types (month "01" as the number 1)
+    frame = typed(decode(np.asarray(ds.features[rows]), ds.feature_specs), ds.feature_specs)
+    assert frame["month"].dtype == np.int64 and frame["daytype"].iloc[0].isalpha()
     out = model.predict(frame)
     target = np.asarray(ds.labels[rows])
     pred = out.to_numpy().reshape(target.shape)

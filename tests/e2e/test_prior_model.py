@@ -65,11 +65,13 @@ def test_a_client_gets_the_blend_from_the_registered_version(blended):
     from enn_core.checkpoint import load_model
     from enn_core.data.dataset import StagedDataset
     from enn_core.inference import PredictionPath, load_calibration
+    from enn_core.serving import typed
 
     root = blended.project.root
     ds = StagedDataset(root / "outputs/stage-data")
     rows = np.asarray(ds.split("test"))[:6]
     frame = pd.DataFrame({k: ds.row_keys[k].to_numpy()[rows] for k in ds.manifest.row_keys})
+    frame = typed(frame, ds.feature_specs)  # the signature's types: month "01" as 1
     mlflow.set_registry_uri(blended.uri)
     mlflow.set_tracking_uri(blended.uri)
     served = mlflow.pyfunc.load_model(f"models:/{NAME}/2").predict(frame).to_numpy()

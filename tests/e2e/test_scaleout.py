@@ -2,7 +2,8 @@
 
 - DVC experiments: `dvc exp run --temp -S ...` in DVC's temporary copy of the repository
   (paths resolve from that copy; the MLflow runs land in the parent's work/), `dvc exp show`,
-  `dvc exp apply`, a workspace `dvc exp run -S train.epochs=...` that re-runs training only;
+  `dvc exp apply`, a workspace `dvc exp run -S train.lr=...` that re-runs training and validate
+  only, and `dvc exp show --only-changed` in 120 columns (the learning rate and both MAEs);
 - a DVC remote (a local directory): `dvc push`, then `dvc pull` into an emptied cache;
 - a Prefect process work pool (`prefect work-pool create --type process`, a deployment of the
   training flow on it, `prefect worker start` running the triggered flow run) with an MLflow
@@ -55,9 +56,9 @@ def _exp_rows(project: Project) -> dict[str, dict]:
     return out
 
 
-def _epochs(data: dict) -> tuple[int, int]:
-    """(train.epochs param, epochs_run metric) of one `dvc exp show` row."""
-    params = data["params"]["params.yaml"]["data"]["train"]["epochs"]
+def _lr(data: dict) -> tuple[float, int]:
+    """(train.lr param, epochs_run metric) of one `dvc exp show` row."""
+    params = data["params"]["params.yaml"]["data"]["train"]["lr"]
     metrics = data["metrics"]["outputs/metrics/distributed-train.json"]["data"]["train/epochs_run"]
     return params, metrics
 
@@ -66,17 +67,19 @@ def _epochs(data: dict) -> tuple[int, int]:
 def test_experiments_temp_and_workspace_then_push_and_pull_a_local_remote(
     tmp_path, prefect_home_shared
 ):
-    project = make_project(tmp_path / "proj", prefect_home_shared, stages=TRAIN)
+    project = make_project(tmp_path / "proj", prefect_home_shared, stages=(*TRAIN, "validate"))
     root = project.root
+    project.set_params(["train.epochs=2"])  # two cheap trainings
+    project.git_commit("two epochs")
 
     # 1. in DVC's temporary copy: every stage runs there, the workspace stays as it was
-    out = project.run("dvc", "exp", "run", "--temp", "-S", "train.epochs=1", timeout=600).stdout
+    out = project.run("dvc", "exp", "run", "--temp", "-S", "train.lr=0.005", timeout=600).stdout
     temp_name = re.search(r"Ran experiment\(s\): (\S+)", out).group(1)
     assert re.search(
         r"distributed-train: done in .* -> \S*/\.dvc/tmp/exps/\S*/outputs/distributed-train", out
     ), out
     assert not (root / "outputs" / "distributed-train").exists()
-    assert yaml.safe_load((root / "params.yaml").read_text())["train"]["epochs"] == 20
+    assert yaml.safe_load((root / "params.yaml").read_text())["train"]["lr"] == 0.01
     # the experiment's MLflow runs and run directories live in the parent's work/, not the copy
     from mlflow.tracking import MlflowClient
 
@@ -87,26 +90,28 @@ def test_experiments_temp_and_workspace_then_push_and_pull_a_local_remote(
     assert runs["distributed-train"].info.status == "FINISHED"
     assert any((root / "work" / "runs").glob("*/distributed-train/result.json"))
 
-    # 2. apply it; a workspace experiment with another epoch count re-runs training only
+    # 2. apply and commit it; a workspace experiment with another learning rate re-runs
+    # training and validate only
     project.run("dvc", "exp", "apply", temp_name)
-    out = project.run("dvc", "exp", "run", "-S", "train.epochs=2", timeout=600).stdout
+    project.git_commit("lr 0.005")
+    out = project.run("dvc", "exp", "run", "-S", "train.lr=0.02", timeout=600).stdout
     ws_name = re.search(r"Ran experiment\(s\): (\S+)", out).group(1)
-    assert "Running stage 'distributed_train'" in out
+    assert "Running stage 'distributed_train'" in out and "Running stage 'validate'" in out
     assert (
         "Running stage 'stage_data'" not in out and "Running stage 'prepare_checkpoint'" not in out
     )
     rows = _exp_rows(project)
-    assert _epochs(rows[temp_name]) == (1, 1)
-    assert _epochs(rows[ws_name]) == (2, 2)
+    assert _lr(rows[ws_name]) == (0.02, 2)
     assert "train/epochs_run" in project.run("dvc", "exp", "show", "--no-pager", "--md").stdout
-    # the README's form fits a 120-column terminal after two experiments (dvc.lock is not
-    # committed here: the README's --drop hides the code and output hashes then)
+    # issue 32: the README's `dvc exp show --only-changed` in a 120-column terminal shows the
+    # learning rate and the validation and test MAE of both rows (it showed two metrics, "…")
     wide = Project(root, {**project.env, "COLUMNS": "120"})
-    drop = "enn_core.*|outputs.*"
-    out = wide.run("dvc", "exp", "show", "--only-changed", "--no-pager", "--drop", drop).stdout
+    out = wide.run("dvc", "exp", "show", "--only-changed", "--no-pager").stdout
     widths = [len(line) for line in out.splitlines()]
     assert widths and max(widths) <= 120, out
-    assert "train.epochs" in out and "train/epochs_run" in out and temp_name in out, out
+    head = next(line for line in out.splitlines() if "Experiment" in line).split()
+    assert {"train.lr", "val/mae", "test/mae"} <= set(head), out
+    assert ws_name in out and re.search(r"0\.02\b", out) and re.search(r"0\.005\b", out), out
 
     # 3. a DVC remote in a local directory: push, empty the cache and outputs, pull them back
     remote = tmp_path / "dvc-remote"
@@ -174,7 +179,7 @@ def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
         )["runs"]
         names = {r["info"]["run_name"] for r in found}
         # on a tracking server (several machines may share it) the run names its host
-        parent = f"training #1 synthetic on {socket.gethostname()}"
+        parent = f"training #1 @{socket.gethostname()} synthetic"
         assert names == {parent, *(s.name for s in TRAINING)}, names
         assert {r["info"]["status"] for r in found} == {"FINISHED"}
         from mlflow.tracking import MlflowClient  # telemetry off: tests/conftest.py

@@ -100,9 +100,7 @@ def test_registered_and_callable_by_any_mlflow_client(custom):
     mlflow.set_registry_uri(custom.uri)
     mlflow.set_tracking_uri(custom.uri)
     model = mlflow.pyfunc.load_model(f"models:/{NAME}/2")
-    frame = pd.DataFrame(
-        {"month": ["01", "04"], "daytype": ["sun", "mon"], "direction": ["up", "down"]}
-    )
+    frame = pd.DataFrame({"month": [1, 4], "daytype": ["sun", "mon"], "direction": ["up", "down"]})
     out = model.predict(frame)  # served from model.onnx: none of the user's code is imported
     assert out.shape[0] == 2 and all("|" in c for c in out.columns)
     assert np.isfinite(out.to_numpy()).all()

@@ -17,6 +17,7 @@ PostgreSQL version.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -45,9 +46,12 @@ def unavailable(why: str | None) -> None:
 def say(request) -> Iterator:
     """Write a line into the tier's log (the terminal), whatever pytest captures."""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
 
     def write(line: str) -> None:
-        if reporter is not None:
+        if reporter is None:
+            return
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             reporter.write_line(f"[multihost] {line}")
 
     yield write

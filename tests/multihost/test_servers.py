@@ -120,7 +120,15 @@ def test_two_hosts_run_pooled_flows_logging_to_servers_on_postgres(
         hosts = sorted(host for _, host in parents.values())
         assert hosts == [node1.name, node2.name], parents  # one run on each host
         for name, host in parents.values():
-            assert f" on {host}" in name, name  # the run list names the host
+            assert name.startswith("training #") and f" @{host} " in name, name
+        # the run list as the UI asks for it from a browser at the server's address
+        ui = http(
+            node1,
+            f"{mlflow_url}/ajax-api/2.0/mlflow/runs/search",
+            {"experiment_ids": [exp["experiment_id"]], "max_results": 10},
+            origin=mlflow_url,
+        )
+        assert len(ui.get("runs", [])) >= 4, ui  # a refused origin: {"error_code": ...}
         stages = [r for r in runs if r["info"]["run_name"] == "distributed-train"]
         assert len(stages) == 2 and {r["info"]["status"] for r in stages} == {"FINISHED"}
     # the servers kept their state in PostgreSQL, the artifacts in the shared folder

@@ -66,7 +66,7 @@ def _heldout() -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_export_both_formats_with_parity_and_sidecar(tmp_path):
+def test_export_both_formats_with_parity_and_sidecar(tmp_path, capfd):
     rows = check_rows()
     with torch.no_grad():
         raw = Compressed().predict(torch.from_numpy(rows.features)).numpy()
@@ -79,6 +79,8 @@ def test_export_both_formats_with_parity_and_sidecar(tmp_path):
         p = results[fmt]["parity"]
         assert results[fmt]["status"] == "ok" and p["ok"] and p["worst"] <= p["tolerance"]
         assert set(p["max_abs_diff"]) == {"1", "37", "64"} and p["rows"] == 30
+    # `enn export` under `dvc repro` printed six "[torch.onnx] Run decompositions..." lines
+    assert "[torch.onnx]" not in capfd.readouterr().out
     # the ONNX file answers in calibrated real units at a batch size never traced
     x = dataset()[0][:5]
     got = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"features": x})[0]

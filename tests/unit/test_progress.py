@@ -82,3 +82,62 @@ def test_a_line_caught_half_written_is_read_once_complete(tmp_path, said):
         f.write('"best_val_loss": 0.5}}\n')
     follower.poll()
     assert [s.split(":")[1] for s in said()] == [" early stop after epoch 3"]
+
+
+def _terminal(monkeypatch) -> tuple[int, object]:
+    """stderr on a pseudo-terminal of 100 x 24 (what `enn` sees in a terminal); returns the
+    master's file descriptor, from which the test reads what the terminal received."""
+    import fcntl
+    import os
+    import struct
+    import sys
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    tty = os.fdopen(slave, "w", buffering=1)
+    monkeypatch.setattr(sys, "stderr", tty)
+    return master, tty
+
+
+def _read(master: int) -> str:
+    import os
+    import select
+
+    out = b""
+    while select.select([master], [], [], 0.2)[0]:
+        out += os.read(master, 65536)
+    return out.decode(errors="replace")
+
+
+def test_the_bar_never_goes_back_to_a_validation_or_checkpoint_heartbeat(tmp_path, monkeypatch):
+    """In a terminal the bar follows the optimizer steps of rank 0's heartbeat; validate's
+    heartbeat (its step is the epoch) once flashed a stale "0%  1/575 ... 7:03:14" bar at
+    every epoch line."""
+    import re
+
+    master, tty = _terminal(monkeypatch)
+    log = logging.getLogger("enn.test-progress")
+    follower = TrainingFollower(tmp_path, 575, "distributed-train", log, bar_on=True)
+    beat = Heartbeat(tmp_path, rank=0, attempt=0)
+    for phase, step in (("step", 40), ("step", 44), ("validate", 1), ("checkpoint", 0)):
+        beat.phase(phase, step)
+        follower.poll()
+    beat.phase("step", 46)
+    follower.poll()
+    follower.close()
+    tty.flush()
+    shown = [int(n) for n in re.findall(r"distributed-train:.*?\| *(\d+)/575", _read(master))]
+    assert shown and shown == sorted(shown) and shown[-1] == 46, shown
+
+
+def test_a_blink_of_work_draws_no_bar(monkeypatch):
+    """Staging one chunk in a few seconds drew "stage-data: 0chunk [00:00, ?chunk/s]" for
+    its whole length; a bar shows once the work has lasted BAR_DELAY_S, at an update."""
+    from enn_core.progress import bar
+
+    master, tty = _terminal(monkeypatch)
+    with bar(None, "stage-data", True, unit="chunk") as pbar:
+        pbar.update(1)
+    tty.flush()
+    assert "chunk" not in _read(master)

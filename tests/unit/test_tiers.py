@@ -42,3 +42,22 @@ def test_every_test_carries_the_tier_of_its_folder_and_no_other(pytester):
             wrong.append(f"{nodeid}: {sorted(names & set(TIERS))}, its folder says {sorted(want)}")
     assert all(seen.values()), f"no tests collected in some folder: {seen}"
     assert not wrong, "tier markers that disagree with the test's folder:\n" + "\n".join(wrong)
+
+
+def test_a_bare_pytest_runs_the_fast_tier_and_paths_or_markers_the_rest():
+    """`pytest` alone selects the fast tier (CONVENTIONS); `-m e2e`, a path, or an xdist
+    worker (which receives its controller's choice) keep pytest's own selection."""
+    from types import SimpleNamespace
+
+    from tests.fixtures.tiers import bare_run_tiers
+
+    def config(markexpr: str, source: pytest.Config.ArgsSource, **extra) -> SimpleNamespace:
+        return SimpleNamespace(
+            option=SimpleNamespace(markexpr=markexpr), args_source=source, **extra
+        )
+
+    sources = pytest.Config.ArgsSource
+    assert bare_run_tiers(config("", sources.TESTPATHS))
+    assert not bare_run_tiers(config("e2e", sources.TESTPATHS))
+    assert not bare_run_tiers(config("", sources.ARGS))  # pytest tests/e2e/test_x.py
+    assert not bare_run_tiers(config("", sources.TESTPATHS, workerinput={}))

@@ -72,3 +72,37 @@ def test_ui_help_names_both_uis(capsys):
         main(["ui", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "The MLflow UI" in text and "the Prefect UI" in text and "Ctrl-C stops both" in text
+
+
+def test_a_stages_help_says_what_it_reads_and_writes_from_its_spec(capsys):
+    """Issue 32: `enn <stage> --help` listed only --config, --set and -v."""
+    from enn_core.stages import TRAINING
+    from flows.cli import main
+
+    for spec in TRAINING:
+        with pytest.raises(SystemExit):
+            main([spec.name, "--help"])
+        text = capsys.readouterr().out
+        writes = f"writes: outputs/{spec.name}/ ({', '.join(spec.outputs)})"
+        assert writes in text and "reads: " in text, text
+        for upstream in spec.inputs:
+            assert f"outputs/{upstream.name}/" in text.split("reads: ")[1], (spec.name, text)
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    text = capsys.readouterr().out
+    assert (
+        "reads: params.yaml (section validate); outputs/stage-data/, outputs/distributed-train/"
+        in text
+    )
+    assert "outputs/metrics/validate.json (dvc metrics)" in text
+
+
+def test_a_stopped_run_says_that_running_it_again_resumes():
+    import argparse
+
+    from flows.report import again
+
+    for argv in (["run"], ["distributed-train"]):
+        assert "run the same command again to resume" in again(argparse.Namespace(command=argv[0]))
+    assert "resume the study" in again(argparse.Namespace(command="tune"))
+    assert again(argparse.Namespace(command="ui")) == ""  # Ctrl-C is how a server stops

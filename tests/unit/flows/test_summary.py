@@ -126,3 +126,45 @@ def test_with_enn_ui_running_it_links_the_runs_own_pages(layout, ui_server):
         f"look: Prefect flow run {ui_server}/runs/flow-run/0b6f",
         "look: dvc metrics show",
     ]
+
+
+def test_the_results_line_says_when_a_baseline_beat_the_model(layout):
+    """Issue 32: on the workbook gbt scored 3.286 against the model's 3.334 on validation, and
+    only validate's own line showed it."""
+    metrics = {  # as validate writes them: sorted by name
+        "test/gbt_mae": 3.8,
+        "val/mae": 3.334,
+        "val/naive_conditional_mae": 3.5,
+        "val/naive_cell_mean_mae": 6.3,
+        "val/ridge_mae": 3.4,
+        "val/gbt_mae": 3.286,
+        "test/mae": 3.1,
+        "test/naive_conditional_mae": 3.6,
+        "test/naive_cell_mean_mae": 6.9,
+        "test/ridge_mae": 3.7,
+    }
+    out = layout.outputs / "validate"
+    out.mkdir(parents=True)
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    record = FlowRecord()
+    record.results["validate"] = _result("validate")
+    lines = Summary(layout, RunConfig(), "training", None, "http://127.0.0.1:9/api").lines(record)
+    assert (
+        "results: val MAE 3.334, beaten by gbt 3.286 (conditional naive 3.5, per-cell mean 6.3, "
+        "ridge 3.4); test MAE 3.1 (conditional naive 3.6, per-cell mean 6.9, ridge 3.7, gbt 3.8)"
+    ) in lines
+
+
+def test_a_prediction_run_names_its_predictions_and_no_dvc_metrics(layout):
+    out = layout.outputs / "collapse-check"
+    out.mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"n_rows": 3}))
+    for name in ("predictions.parquet", "predictions.npy"):
+        (out / name).write_bytes(b"")
+    record = FlowRecord()
+    record.results["collapse-check"] = _result("collapse-check")
+    lines = Summary(layout, RunConfig(), "prediction", None, "http://127.0.0.1:9/api").lines(record)
+    assert (
+        f"predictions: {out / 'predictions.parquet'} (3 rows; predictions.npy beside it)" in lines
+    )
+    assert lines[-1] == "look: enn ui (MLflow and Prefect)", lines

@@ -84,13 +84,34 @@ def test_a_checkpoint_naming_other_code_never_imports_it(tmp_path):
         ({"factory": ""}, "model.preset=custom needs model.factory"),
         ({"factory": "examples/tcn.py"}, "is not 'package.module:function'"),
         ({"options": {"x": float("inf")}}, "model.options.x=inf is not finite"),
-        ({"preset": "tabular"}, "model.options is for model.preset=custom"),
     ],
 )
 def test_bad_custom_config_is_one_line(model, message):
     with pytest.raises(ConfigError, match=message) as e:
         _cfg(**model)
     assert "\n" not in str(e.value)
+
+
+def test_going_back_to_a_preset_needs_only_the_preset(tmp_path):
+    """Issue 32: after your own model, `--set model.preset=spatiotemporal` was refused until
+    model.options and model.factory were cleared by hand. A built-in preset ignores the options
+    (none reach its config, fingerprint or checkpoint); the factory stays as the params say."""
+    from enn_core.config import load_config
+    from enn_core.train.fingerprint import fingerprint
+
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        f"model:\n  preset: custom\n  factory: {TCN}\n  options: {{channels: 32, layers: 2}}\n"
+    )
+    back = load_config(params, ["model.preset=spatiotemporal"])
+    assert back.model.preset == "spatiotemporal" and dict(back.model.options) == {}
+    assert back.model.factory == TCN
+    plain = load_config(None, ["model.preset=spatiotemporal", f"model.factory={TCN}"])
+    assert fingerprint(back, "data").digest == fingerprint(plain, "data").digest
+    model = build_model(back.model, make_manifest(), code=ModelCode.of(back.model, ROOT))
+    path = save_consolidated(tmp_path / "init.pt", model, back.model, make_manifest())
+    assert read_checkpoint(path).model_config["options"] == {}
+    assert type(load_model(path, ModelCode.of(back.model, ROOT))[0]) is type(model)
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,8 @@ def test_cli_and_prefect_tasks_come_from_the_specs():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for spec in TRAINING:
         assert spec.name in sub.choices
-        assert sub.choices[spec.name].description == spec.help
+        description = sub.choices[spec.name].description
+        assert description.startswith(f"{spec.help}\n\nreads: ") and "\nwrites: " in description
     for spec in ALL:
         assert stage_task(spec).name == spec.name
     for spec in PREDICTION:

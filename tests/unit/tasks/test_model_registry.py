@@ -10,7 +10,6 @@ its own validation rows, and a model of another task is not registered under the
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from enn_core.metrics import NAIVE_HOW
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.predict.schema import remap_codes
-from enn_core.serving import TableModel, decode
+from enn_core.serving import TableModel, decode, typed
 from enn_core.stage import make_context
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA
 from enn_core.stages.demo import stage_synthetic
@@ -90,7 +89,9 @@ def store(tmp_path):
 def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     client, reg = store
     first = reg(trained(tmp_path / "a", steps=25))
-    assert first.champion and first.version == 1 and "no champion yet" in first.reason
+    assert first.champion and first.version == 1
+    assert first.reason.startswith(f"the first: val/mae {first.val_mae:.4g} against the ")
+    assert first.line().startswith("enn-synthetic version 1: champion: the first: val/mae")
     worse = reg(trained(tmp_path / "b", steps=10))
     assert worse.registered and not worse.champion, worse
     assert worse.val_mae > worse.champion_val_mae  # scored on the same rows
@@ -111,6 +112,11 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
         and worse.naive_predictor == tags["enn.naive_predictor"]
     )
     assert tags["enn.schema"] == client.get_model_version("enn-synthetic", "1").tags["enn.schema"]
+    # each logged model names its registered version, as mlflow.register_model does: the run
+    # page of its source run lists its registered models from that tag ("None" without it)
+    for reg_ in (first, worse, better):
+        versions = json.loads(client.get_logged_model(reg_.model_id).tags["mlflow.modelVersions"])
+        assert versions == [{"name": "enn-synthetic", "version": str(reg_.version)}], versions
 
 
 def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(tmp_path, store):
@@ -252,16 +258,17 @@ def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path,
     reg(layout)
     model = mlflow.pyfunc.load_model("models:/enn-synthetic@champion")
     inputs = {c.name: str(c.type) for c in model.metadata.get_input_schema().inputs}
-    # month is spelled "01" but a CSV reader gives the number 1 (`mlflow models predict -i
-    # x.csv` reads without the schema): a string column would refuse it, so it takes either
+    # each column typed as what it is (issue 32: month was Any, and the scoring server refused
+    # every CSV body): month "01" is a whole number, which is what a CSV or JSON reader gives
     assert inputs == {
-        "month": "Any",
+        "month": "DataType.long",
         "daytype": "DataType.string",
         "direction": "DataType.string",
     }, inputs
     ds = StagedDataset(STAGE_DATA.output_dir(layout))
     rows = np.sort(np.asarray(ds.split("test")))
-    frame = decode(np.asarray(ds.features[rows]), ds.feature_specs)
+    frame = typed(decode(np.asarray(ds.features[rows]), ds.feature_specs), ds.feature_specs)
+    assert frame["month"].dtype == np.int64
     out = model.predict(frame)
     axes = ds.manifest.label_axis_values
     first = f"{axes['section'][0]}|{axes['hour'][0]}"
@@ -277,8 +284,20 @@ def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path,
     assert "\n" not in e.value.message and "'someday' is not in the training vocabulary" in str(
         e.value.message
     )
-    as_read_from_csv = frame.head(2).assign(month=frame["month"].head(2).astype(int))
-    assert np.allclose(model.predict(as_read_from_csv).to_numpy(), out.head(2).to_numpy())
+    # a CSV as MLflow's CLI reads it (no schema: pandas' own types), and as the scoring server
+    # reads a text/csv body (the signature's types)
+    import io
+
+    text = (
+        frame.head(2).assign(month=[f"{m:02d}" for m in frame["month"].head(2)]).to_csv(index=False)
+    )
+    from mlflow.pyfunc.scoring_server import parse_csv_input
+
+    for read in (
+        pd.read_csv(io.StringIO(text)),
+        parse_csv_input(io.StringIO(text), model.metadata.get_input_schema()),
+    ):
+        assert np.allclose(model.predict(read).to_numpy(), out.head(2).to_numpy())
     # nothing in the model's folder is code or a pickle
     local = Path(mlflow.artifacts.download_artifacts("models:/enn-synthetic@champion"))
     files = [p.relative_to(local) for p in local.rglob("*") if p.is_file()]
@@ -302,8 +321,8 @@ def test_the_registered_pyfunc_takes_raw_columns_and_names_its_outputs(tmp_path,
     assert info is not None and info["type"] == "dataframe", info
     example = json.loads((local / info["artifact_path"]).read_text())
     assert example["columns"] == ["month", "daytype", "direction"]
-    assert len(example["data"]) == 2 and all(isinstance(v, str) for v in example["data"][0])
-    assert re.fullmatch(r"\d\d", example["data"][0][0]), example  # month as the source: "01"
+    assert len(example["data"]) == 2 and all(isinstance(v, str) for v in example["data"][0][1:])
+    assert isinstance(example["data"][0][0], int), example  # month 1 (the source's "01")
     assert not any("pickle" in line for line in (local / "requirements.txt").read_text().split())
 
 

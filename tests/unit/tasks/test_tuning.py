@@ -156,3 +156,10 @@ def test_a_resumed_study_draws_new_points_not_its_first_runs_again(tmp_path):
 
     first, second = draw_two(), draw_two()  # the second: the next `enn tune`
     assert not set(first) & set(second), (first, second)
+
+
+def test_a_trials_console_line_shows_four_digits_and_runs_the_exact_value():
+    """Issue 32: tuning's console lines showed 18-digit floats (`train.lr=0.011734567891234567`)."""
+    values = {"train.lr": 0.011734567891234567, "model.layers": 2, "train.loss": "huber"}
+    assert st.shown(values) == "model.layers=2 train.loss=huber train.lr=0.01173"
+    assert st.override("train.lr", values["train.lr"]) == "train.lr=0.011734567891234567"
