@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from enn_core.config import RunConfig
+from enn_core.config import RunConfig, redact_override
 from enn_core.errors import EnnError, TransientError, exit_codes, no_space_behind
 from enn_core.paths import ENV_WORK_DIR, Layout, find_root, project_root
 from enn_core.runtime.external import LauncherEnv
@@ -159,8 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Runs (or resumes) the study the config's tune: section declares, as the "
         "Prefect flow `tuning`: trials side by side up to the cores (or GPUs), pruned from their "
         "per-epoch validation loss, each a child run of the MLflow run `tune <study>`; the study "
-        "lives in work/tune/<study>.db. --set overrides apply to every trial and are not written "
-        "into the config file. --apply writes the best values into the config file instead.",
+        "lives in work/tune/<study>.db, or in tune.storage's database, which several hosts' `enn "
+        "tune` share (docs/scale-out.md). --set overrides apply to every trial and are not "
+        "written into the config file. --apply writes the best values into the config file "
+        "instead.",
     )
     _common(p)
     p.add_argument(
@@ -445,14 +447,19 @@ def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout:
             flush=True,
         )
         again = [f"--config {args.config}"] if args.config else []
-        again += [f"--set {o}" for o in args.overrides if o.startswith("tune.study=")]
+        again += [
+            f"--set {redact_override(o)}"
+            for o in args.overrides
+            if o.startswith(("tune.study=", "tune.storage="))
+        ]
         print(" ".join(["apply: enn tune --apply", *again]), flush=True)
     if args.overrides:  # as every --set: the config file keeps its values (--apply writes)
         from flows.params_file import plan
 
         sets = plan(config, args.overrides)
         print(
-            f"params: {sets.name()} unchanged ({' '.join(sets.run)} for this study's trials only)"
+            f"params: {sets.name()} unchanged "
+            f"({' '.join(redact_override(o) for o in sets.run)} for this study's trials only)"
         )
     if console.LOG_FILE is not None:
         print(f"log: {console.LOG_FILE}")

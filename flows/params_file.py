@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.atomic import atomic_file
-from enn_core.config import PATH_KEYS, RunConfig, load_config, to_plain
+from enn_core.config import PATH_KEYS, RunConfig, load_config, redact_override, to_plain
 from enn_core.config.loader import parse_override
 from enn_core.config.yaml_edit import render, set_values
 from enn_core.paths import checkout_root, project_root
@@ -148,6 +148,11 @@ def plan(config: Path, overrides: Sequence[str]) -> Plan:
     return Plan(config, run, write=tuple(keep), once=tuple(once), why=why)
 
 
+def _shown(overrides: Sequence[str], sep: str) -> str:
+    """Overrides as the console and MLflow show them: a URL's user is ***."""
+    return sep.join(redact_override(o) for o in overrides)
+
+
 def once_lines(p: Plan) -> list[str]:
     """The lines that say what `--set` did not write, and why."""
     if p.kept_out:
@@ -159,17 +164,17 @@ def once_lines(p: Plan) -> list[str]:
             "version that input, copy it into the project"
         ]
     if p.once:
-        return [f"{', '.join(p.once)} for this run only ({p.why})"]
+        return [f"{_shown(p.once, ', ')} for this run only ({p.why})"]
     return []
 
 
 def summary_line(p: Plan, changes: Sequence[str]) -> str | None:
     """The closing summary's word on the config file: which file changed, or that none did."""
     if changes:
-        once = f"; {', '.join(p.once)} for this run only" if p.once else ""
+        once = f"; {_shown(p.once, ', ')} for this run only" if p.once else ""
         return f"params: {p.name()} changed ({'; '.join(changes)}{once})"
     if p.once:
-        return f"params: {p.name()} unchanged ({', '.join(p.once)} for this run only)"
+        return f"params: {p.name()} unchanged ({_shown(p.once, ', ')} for this run only)"
     if p.write:
         return f"params: {p.name()} unchanged (it held these values)"
     return None
@@ -179,12 +184,12 @@ def mlflow_tags(p: Plan) -> dict[str, str]:
     """The run's `--set` values as the MLflow tag `enn.overrides`, with where they went."""
     if not p.run:
         return {}
-    parts = [" ".join(p.run)]
+    parts = [_shown(p.run, " ")]
     if p.write:
         parts.append(f"in {p.name()}: {' '.join(p.write)}")
     if p.once:
         unchanged = "" if p.write else f" ({p.name()} unchanged)"
-        parts.append(f"this run only{unchanged}: {' '.join(p.once)}")
+        parts.append(f"this run only{unchanged}: {_shown(p.once, ' ')}")
     return {"enn.overrides": "; ".join(parts)[:5000]}
 
 

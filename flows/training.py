@@ -30,7 +30,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
-from enn_core.config import RunConfig, RuntimeConfig, load_config
+from enn_core.config import RunConfig, RuntimeConfig, load_config, redact_override
 from enn_core.errors import EnnError
 from enn_core.paths import project_root
 from enn_core.stage import cancel_scope
@@ -278,7 +278,7 @@ def run_name() -> str:
     not a random pair of words."""
     params = flow_run.parameters
     parts = [str(flow_run.flow_name), Path(str(params.get("config") or "")).name]
-    parts += [str(o) for o in params.get("overrides") or []]
+    parts += [redact_override(str(o)) for o in params.get("overrides") or []]
     if params.get("model"):
         parts.append(f"model={params['model']}")
     if params.get("until"):

@@ -15,7 +15,7 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
-from enn_core.config import RunConfig
+from enn_core.config import RunConfig, redact_override
 from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout, project_root
 from flows.params_file import apply_overrides
@@ -30,7 +30,7 @@ log = logging.getLogger("enn.flow")
 def tuning_run_name() -> str:
     params = flow_run.parameters
     parts = ["tuning", Path(str(params.get("config") or "")).name]
-    parts += [str(o) for o in params.get("overrides") or []]
+    parts += [redact_override(str(o)) for o in params.get("overrides") or []]
     return " ".join(p for p in parts if p)[:150]
 
 

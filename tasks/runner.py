@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 import yaml
 
 from enn_core.atomic import atomic_file, write_json
-from enn_core.config import RunConfig, replace_key, sections_of, to_plain
+from enn_core.config import RunConfig, replace_key, sections_of, to_logged
 from enn_core.errors import StaleOutputError
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
@@ -91,7 +91,7 @@ class FlowRecord:
 def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
     path = run_dir / "config.yaml"
     with atomic_file(path) as f:
-        yaml.safe_dump(to_plain(cfg), f, sort_keys=False, allow_unicode=True)
+        yaml.safe_dump(to_logged(cfg), f, sort_keys=False, allow_unicode=True)
     return path
 
 

@@ -43,6 +43,7 @@ from enn_core.config.stages import (
 from enn_core.config.tracking import TrackingConfig
 from enn_core.config.train import TrainConfig
 from enn_core.config.tune import GcConfig, TuneConfig, dimensions
+from enn_core.config.urls import URL_KEYS, redact_override, redact_url
 from enn_core.errors import ConfigError
 
 
@@ -167,6 +168,16 @@ def sections_of(cfg: RunConfig, sections: Iterable[str]) -> dict[str, Any]:
     return {s: to_plain(getattr(cfg, s)) for s in sections}
 
 
+def to_logged(cfg: RunConfig) -> dict[str, Any]:
+    """The plain config as it is shown (a run directory's config.yaml, MLflow params): the
+    user info of its URLs (`tune.storage`, `tracking.uri`) redacted."""
+    plain: dict[str, Any] = to_plain(cfg)
+    for key in URL_KEYS:
+        section, name = key.split(".")
+        plain[section][name] = redact_url(plain[section][name])
+    return plain
+
+
 def replace_key(cfg: RunConfig, key: str, value: object) -> RunConfig:
     """`cfg` with the value at `section.name` replaced (the config stays frozen)."""
     section, name = key.split(".")
@@ -199,5 +210,8 @@ __all__ = [
     "load_config",
     "replace_key",
     "sections_of",
+    "to_logged",
     "to_plain",
+    "redact_override",
+    "redact_url",
 ]

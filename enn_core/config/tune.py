@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any, Literal, NamedTuple
 
 from enn_core.config.fields import FrozenMap, frozen
+from enn_core.config.urls import check_storage_url
 from enn_core.errors import ConfigError
 
 # A trial re-runs prepare-checkpoint and distributed-train on the study's staged data, so
@@ -144,9 +145,9 @@ def _check_choices(key: str, choices: list[Any] | tuple[Any, ...]) -> None:
 @frozen
 class TuneConfig:
     study: str = ""
-    """Name of the study (its SQLite file `work/tune/<study>.db` and folder `work/tune/<study>/`):
-    letters, digits, '.', '_' and '-', never a path; empty = the config file's name (`params`,
-    `expressway`)."""
+    """Name of the study (in its storage, by default `work/tune/<study>.db`, and its folder
+    `work/tune/<study>/`): letters, digits, '.', '_' and '-', never a path; empty = the config
+    file's name (`params`, `expressway`)."""
 
     space: Mapping[str, Mapping[str, Any]] = FrozenMap()
     """The search space: a `model.*` or `train.*` key -> `{low, high}` (numbers; `log: true` for a
@@ -183,6 +184,21 @@ class TuneConfig:
     """Trials to run first, each a mapping of some space keys to values (e.g. the current config);
     keys left out are sampled."""
 
+    storage: str = ""
+    """Where the study lives, as an SQLAlchemy URL; empty = the SQLite file
+    `work/tune/<study>.db`. Several hosts join one study through one database server:
+    `postgresql://USER@HOST:PORT/DB` (psycopg2). Never a password: libpq reads it from
+    PGPASSWORD or ~/.pgpass. The user name is shown as `***` wherever the config is logged."""
+
+    heartbeat_s: int = 10
+    """Seconds between heartbeats: the study records one for each of its running trials in the
+    storage (Optuna's trial heartbeat) and fails the study's stale trials this often."""
+
+    stale_after_s: int = 120
+    """A running trial whose last heartbeat is older than this (its host died, or lost the
+    database) is failed by whichever host sees it first and its values queued again; at least
+    2 x heartbeat_s."""
+
     def __post_init__(self) -> None:
         dims = {d.key: d for d in dimensions(self)}
         if self.study:
@@ -193,6 +209,14 @@ class TuneConfig:
             raise ConfigError(f"tune.parallel={self.parallel} must be >= 0 (0 = automatic)")
         if self.n_startup_trials < 0 or self.n_warmup_steps < 0:
             raise ConfigError("tune.n_startup_trials and tune.n_warmup_steps must be >= 0")
+        if self.storage:
+            check_storage_url(self.storage, "tune.storage")
+        if self.heartbeat_s < 1 or self.stale_after_s < 2 * self.heartbeat_s:
+            raise ConfigError(
+                f"tune.heartbeat_s={self.heartbeat_s} must be >= 1 and tune.stale_after_s="
+                f"{self.stale_after_s} at least twice that (a trial misses one beat before it "
+                "is stale)"
+            )
         for i, trial in enumerate(self.enqueue):
             unknown = sorted(set(trial) - set(self.space))
             if unknown:

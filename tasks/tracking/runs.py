@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from enn_core.config import RunConfig, to_plain
+from enn_core.config import RunConfig, to_logged
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -148,7 +148,7 @@ class Tracker:
                 self.client.update_run(run_id, status="RUNNING")
                 self._monitor(run_id, resumed=True)
                 return run_id
-        params = _flatten(to_plain(cfg)) if cfg is not None else {}
+        params = _flatten(to_logged(cfg)) if cfg is not None else {}
         all_tags = {
             **self._own_tags(),
             **source_tags(name, tags.get("enn.git_commit", "")),

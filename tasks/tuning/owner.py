@@ -12,8 +12,13 @@ process only when (`claim`)
   trial's own folder (`python -m tasks.tuning.trial work/tune/<study>/trial-<N>/trial.json`,
   the folder computed by the study, not read from the record);
 
-anything else is left alone and named. Records of other hosts are left to that host (a study
-shared across hosts is issue 30's: the record already says which host it is).
+anything else is left alone and named. The record also names the `enn tune` process that
+started the trial (`study_pid`, `study_started`). On a storage shared by several hosts
+(`tune.storage`), a starting study ends at once only the trials it finds `left_here`: made on
+this host, for this checkout's study folder, by a study process that is gone; every other
+running trial belongs to a live study somewhere, and Optuna's heartbeat decides when it is
+stale (tasks/tuning/shared.py). Another host's record is never signalled: each host kills only
+its own trials' processes, and only by `claim`.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class TrialOwner:
     pid: int
     started: float  # the process's start time (psutil create_time, seconds since the epoch)
     cmdline: tuple[str, ...]
+    study_pid: int = 0  # the `enn tune` process that started it (0: an older record)
+    study_started: float = 0.0
 
     @classmethod
     def of(cls, pid: int, command: list[str]) -> TrialOwner:
@@ -50,7 +57,8 @@ class TrialOwner:
             started, cmdline = p.create_time(), tuple(p.cmdline())
         except psutil.NoSuchProcess:  # it exited already: a record no process will match
             started, cmdline = 0.0, tuple(command)
-        return cls(socket.gethostname(), pid, started, cmdline)
+        me = psutil.Process()
+        return cls(socket.gethostname(), pid, started, cmdline, me.pid, me.create_time())
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -60,8 +68,15 @@ class TrialOwner:
         """The record as stored, or None when it is not one (missing, malformed, foreign)."""
         try:
             d = json.loads(raw) if isinstance(raw, str) else None
-            owner = cls(str(d["host"]), int(d["pid"]), float(d["started"]), tuple(d["cmdline"]))
-        except (TypeError, ValueError, KeyError):
+            owner = cls(
+                str(d["host"]),
+                int(d["pid"]),
+                float(d["started"]),
+                tuple(d["cmdline"]),
+                int(d.get("study_pid", 0)),
+                float(d.get("study_started", 0.0)),
+            )
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
             return None
         if not all(isinstance(a, str) for a in owner.cmdline):
             return None
@@ -97,3 +112,28 @@ def claim(owner: TrialOwner | None, job_file: Path) -> tuple[psutil.Process | No
     if not same:
         return None, f"{who}: now another process (pid reused)"
     return p, f"{who}: still running"
+
+
+def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
+    """Whether `owner` is a trial this host started for this checkout's study (`job_file` is
+    the study's own job file for the trial's number) whose `enn tune` is gone: a trial a killed
+    study left here, which the next `enn tune` of this checkout ends without waiting for its
+    heartbeat to go stale."""
+    if owner is None or owner.host != socket.gethostname():
+        return False
+    if tuple(owner.cmdline[-3:]) != tuple(trial_command(job_file)[-3:]):
+        return False
+    return not process_is(owner.study_pid, owner.study_started)
+
+
+def process_is(pid: int, started: float) -> bool:
+    """Whether process `pid` of this host runs and started at `started`."""
+    if pid <= 0:
+        return False
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - started) <= START_TOLERANCE_S and (
+            p.status() != psutil.STATUS_ZOMBIE
+        )
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False

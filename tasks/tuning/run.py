@@ -3,8 +3,10 @@
     tune(cfg, config, overrides, layout) -> StudyResult
     best_values(cfg, config, overrides, layout) -> (values, objective, trial number)
 
-One `enn tune` per study at a time (a lock on `work/tune/<study>.lock`); trials hold no lock
-and the pipeline's lock is not taken: a study writes only under `work/tune/` and MLflow.
+One `enn tune` per study and checkout at a time (a lock on `work/tune/<study>.lock`); on a
+shared storage (`tune.storage`), one per host joins the same study. Trials hold no lock and
+the pipeline's lock is not taken: a study writes only under `work/tune/`, its storage and
+MLflow.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
 from tasks.tuning import store
 from tasks.tuning import study as st
+from tasks.tuning.shared import StaleTrials
 from tasks.tuning.tracking import StudyTracker
 
 log = logging.getLogger("enn.tune")
@@ -54,9 +57,10 @@ def tune(
     t0 = time.monotonic()
     plan = st.make_plan(cfg, config, overrides, layout)
     with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
-        st.stage_study_data(plan, cfg)
-        study = st.open_study(cfg, plan)
-        with store.reading(plan.database):
+        on_stale = StaleTrials(dimensions(cfg.tune), plan.shown)
+        study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
+        st.stage_study_data(plan, cfg, study)
+        with store.reading(plan.storage):
             stale = st.end_stale_trials(study, plan, dimensions(cfg.tune))
         if stale:
             log.info("study %s: trials %s were interrupted; ran again", plan.name, stale)
@@ -68,13 +72,14 @@ def tune(
             cfg.tune.n_trials,
             plan.parallel,
             ", ".join(plan.runtime[:1]),
-            plan.storage,
+            plan.shown,
         )
         tracker = StudyTracker(cfg, layout, plan.name)
         parent = tracker.start({"enn.config": str(config)})
+        on_stale.listeners.append(tracker.stale)
         error: BaseException | None = None
         try:
-            with store.reading(plan.database, records=False):
+            with store.reading(plan.storage, records=False):
                 st.run_study(study, cfg, plan, tracker, should_stop)
         except BaseException as e:
             error = e
@@ -85,7 +90,7 @@ def tune(
     top = st.best(study)
     return StudyResult(
         name=plan.name,
-        storage=plan.storage,
+        storage=plan.shown,
         rows=rows,
         best=points(top[0], dimensions(cfg.tune)) if top else None,  # as its trial ran them
         best_value=top[1] if top else None,
@@ -103,16 +108,16 @@ def best_values(
     """The study's best complete trial: its values (only keys of the config's `tune.space`,
     each a point of it: the database is data), objective and number."""
     plan = st.make_plan(cfg, config, overrides, layout)
-    study = store.load_study(plan.name, plan.database)
-    with store.reading(plan.database):
+    study = store.load_study(plan.name, plan.storage)
+    with store.reading(plan.storage):
         top = st.best(study)
     if top is None:
         raise ConfigError(
-            f"{plan.database}: study {plan.name!r} has no complete trial yet; run `enn tune` to "
+            f"{plan.shown}: study {plan.name!r} has no complete trial yet; run `enn tune` to "
             "finish one"
         )
     values, objective, number = top
-    where = f"{plan.database}: best trial {number}"
+    where = f"{plan.shown}: best trial {number}"
     then = "--apply writes only those: nothing written"
     dims = dimensions(cfg.tune)
     return points(store.space_values(values, dims, where, then), dims), objective, number

@@ -1,38 +1,66 @@
-"""A study's database, read as data (README, "Security notes").
+"""A study's storage, read as data (README, "Security notes").
 
-`work/tune/<study>.db` may be damaged, restored from elsewhere or another program's file; what
-it holds never reaches a trial or the params file unchecked:
+The study lives in `work/tune/<study>.db` or in the database `tune.storage` names (an
+SQLAlchemy URL, shared by hosts). Either may be damaged, restored from elsewhere, another
+program's, or written by another host; what it holds never reaches a trial or the params file
+unchecked:
 
-- `check_database`: an SQLite file with Optuna's tables (or empty), else StoreError (exit 10):
-  a damaged file or another program's database (Optuna would add its tables to it);
-- `reading`: what SQLite or Optuna raise on a damaged record (JSON, an index out of range, an
-  unknown schema) is one StoreError naming the file;
+- `check_storage`: an SQLite file with Optuna's tables (or empty), or a server database whose
+  tables are Optuna's (or none), else StoreError (exit 10): a damaged file or another
+  program's database (Optuna would add its tables to it);
+- `reading`: what SQLAlchemy or Optuna raise on a damaged record (JSON, an index out of range,
+  an unknown schema) is one StoreError naming the storage (a server's URL without its user);
+  a server that cannot be reached says so;
 - `open_study` / `load_study`: the study, checked by `check_trials`: one minimized objective,
   trial numbers that are numbers (one names a folder), and every trial's values of keys a
-  study searches (`model.*`, `train.*`), plain values; else DataError (exit 3);
+  study searches (`model.*`, `train.*`), plain values; else DataError (exit 3); and by
+  `check_data`: the data settings every host of the study trains on;
 - `space_values`: a trial's values as a trial or `--apply` gets them: keys of the config's own
   `tune.space` only, each a point of it; else DataError, nothing run or written.
 
-The database is created 0600 (`enn_core.atomic.private_file`).
+An SQLite database is created 0600 (`enn_core.atomic.private_file`). Optuna's trial heartbeat
+is on (`rdb_storage`); the study loop drives it (tasks/tuning/shared.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
+import random
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from enn_core.atomic import private_file
-from enn_core.config import RunConfig, all_config_keys
-from enn_core.config.tune import SEARCHABLE, Dimension
+from enn_core.config import RunConfig, all_config_keys, redact_url, to_plain
+from enn_core.config.tune import SEARCHABLE, Dimension, TuneConfig
 from enn_core.errors import ConfigError, DataError, NoSpaceError, StoreError
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 OPTUNA_TABLES = frozenset({"studies", "trials", "trial_params", "alembic_version"})
 ANOTHER = "move it away, or name another study (--set tune.study=NAME)"
+DATA_ATTR = "enn.data"  # the study's user attribute: the data section its trials train on
+CONNECT_TIMEOUT_S = 10
+TABLE_RACE_TRIES = 3
+StaleHook = Callable[[Any, Any], None]  # (study, the FrozenTrial Optuna failed as stale)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite storage URL (`sqlite:///<path>`), else None (a database server)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    return Path(url.removeprefix("sqlite:///").partition("?")[0])
+
+
+def shown(url: str) -> str:
+    """How a storage is named in messages: its file, or its URL without user info."""
+    file = sqlite_file(url)
+    return str(file) if file is not None else redact_url(url)
 
 
 def check_database(path: Path) -> None:
@@ -55,41 +83,119 @@ def check_database(path: Path) -> None:
             con.close()
     except sqlite3.Error as e:
         raise StoreError(f"{path}: cannot be read as SQLite ({e}); {ANOTHER}") from e
-    tables = {r[0] for r in rows}
+    check_tables({r[0] for r in rows}, str(path))
+
+
+def check_tables(tables: set[str], where: str) -> None:
     if tables and not OPTUNA_TABLES <= tables:
         raise StoreError(
-            f"{path}: another program's database (tables {sorted(tables)[:4]}), not an Optuna "
+            f"{where}: another program's database (tables {sorted(tables)[:4]}), not an Optuna "
             f"study; {ANOTHER}"
         )
 
 
-@contextlib.contextmanager
-def reading(path: Path, records: bool = True) -> Iterator[None]:
-    """What SQLite raises (and with `records`, what Optuna raises on a damaged record or a
-    schema it does not know) as one StoreError naming `path`; a full disk as NoSpaceError."""
-    from sqlalchemy.exc import SQLAlchemyError
+def check_storage(url: str) -> None:
+    """Before Optuna opens (and adds its tables to) a storage: an SQLite file as
+    `check_database` reads it; a database server's database empty or Optuna's."""
+    file = sqlite_file(url)
+    if file is not None:
+        check_database(file)
+        return
+    import sqlalchemy
 
+    engine = sqlalchemy.create_engine(url, **engine_options(url))
+    try:
+        with reading(url, records=False):
+            tables = set(sqlalchemy.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+    check_tables(tables, shown(url))
+
+
+def engine_options(url: str) -> dict[str, Any]:
+    """A database server that does not answer fails in seconds (not at the OS's TCP timeout),
+    and a connection the server dropped between two heartbeats is replaced, not raised."""
+    if sqlite_file(url) is not None:
+        return {}
+    connect = {"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
+    return {"pool_pre_ping": True, "connect_args": connect}
+
+
+@contextlib.contextmanager
+def reading(url: str | Path, records: bool = True) -> Iterator[None]:
+    """What SQLAlchemy raises (and with `records`, what Optuna raises on a damaged record or a
+    schema it does not know) as one StoreError naming the storage; a database server that
+    cannot be reached says so; a full disk is NoSpaceError."""
+    from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+    url = str(url) if not isinstance(url, Path) else f"sqlite:///{url}"
     damaged = (ValueError, KeyError, IndexError, TypeError, RuntimeError) if records else ()
     try:
         yield
     except (SQLAlchemyError, *damaged) as e:
-        first = (str(e).splitlines() or [""])[0][:200]
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        file = sqlite_file(url)
         if "database or disk is full" in str(e):
-            raise NoSpaceError.at(path, "the study database") from e
+            raise NoSpaceError.at(file or Path("."), "the study database") from e
+        if file is None and isinstance(e, OperationalError):
+            raise StoreError(
+                f"{shown(url)}: the study storage cannot be reached ({first}); check that the "
+                "database server runs and answers from this host, and the password in "
+                "PGPASSWORD or ~/.pgpass"
+            ) from e
         raise StoreError(
-            f"{path}: the study database cannot be read ({type(e).__name__}: {first}); {ANOTHER}"
+            f"{shown(url)}: the study database cannot be read ({type(e).__name__}: {first}); "
+            f"{ANOTHER}"
         ) from e
 
 
-def open_study(cfg: RunConfig, name: str, path: Path) -> Any:
-    """Study `name` in the database at `path` (created, 0600, when missing), checked; its
-    sampler seeded with `tune.seed` plus the trials it already has (a resumed study draws new
-    points, not its first run's again); `tune.enqueue`'s points queued once."""
+def rdb_storage(url: str, tune: TuneConfig | None = None, on_stale: StaleHook | None = None) -> Any:
+    """Optuna's RDBStorage for `url`; with `tune`, its trial heartbeat on (`tune.heartbeat_s`,
+    failed after `tune.stale_after_s`; `on_stale` called for each trial failed so). Optuna
+    creates its tables on first use, and two hosts doing so at once can collide: retried."""
+    import optuna
+    from optuna.exceptions import ExperimentalWarning
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    beat = {}
+    if tune is not None:
+        beat = {
+            "heartbeat_interval": tune.heartbeat_s,
+            "grace_period": tune.stale_after_s,
+            "heartbeat_stale_trial_callback": on_stale,
+        }
+    for attempt in range(TABLE_RACE_TRIES):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_options(url), **beat)
+        except (IntegrityError, ProgrammingError):
+            if attempt == TABLE_RACE_TRIES - 1 or sqlite_file(url) is not None:
+                raise
+            time.sleep(0.5 + random.random())
+    raise AssertionError("unreachable")
+
+
+def open_study(
+    cfg: RunConfig,
+    name: str,
+    url: str | Path,
+    identity: str = "",
+    on_stale: StaleHook | None = None,
+) -> Any:
+    """Study `name` in the storage at `url` (an SQLite file is created, 0600, when missing),
+    checked; Optuna's trial heartbeat on. Its sampler is seeded with `tune.seed` plus the
+    trials it already has (a resumed study draws new points, not its first run's again) and,
+    on a shared storage, this host's `identity` (two hosts draw different points);
+    `tune.enqueue`'s points queued once."""
     import optuna
 
+    url = str(url) if not isinstance(url, Path) else f"sqlite:///{url}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    check_database(path)
-    private_file(path)
+    check_storage(url)
+    file = sqlite_file(url)
+    if file is not None:
+        private_file(file)
     t = cfg.tune
     pruner = (
         optuna.pruners.MedianPruner(
@@ -98,17 +204,18 @@ def open_study(cfg: RunConfig, name: str, path: Path) -> Any:
         if t.pruner == "median"
         else optuna.pruners.NopPruner()
     )
-    with reading(path):
+    with reading(url):
         study = optuna.create_study(
             study_name=name,
-            storage=f"sqlite:///{path}",
+            storage=rdb_storage(url, t, on_stale),
             sampler=optuna.samplers.RandomSampler(seed=t.seed),  # replaced below
             pruner=pruner,
             direction="minimize",
             load_if_exists=True,
         )
-        check_trials(study, path)
-    seed = t.seed + len(study.get_trials(deepcopy=False))
+        check_trials(study, shown(url))
+        check_data(study, cfg, shown(url))
+    seed = sampler_seed(t.seed, len(study.get_trials(deepcopy=False)), identity)
     study.sampler = (
         optuna.samplers.TPESampler(seed=seed)
         if t.sampler == "tpe"
@@ -119,24 +226,53 @@ def open_study(cfg: RunConfig, name: str, path: Path) -> Any:
     return study
 
 
-def load_study(name: str, path: Path) -> Any:
-    """Study `name` of an existing database, checked (`enn tune --apply` reads it)."""
+def sampler_seed(seed: int, trials: int, identity: str) -> int:
+    """`seed + trials` on one host; with a host's identity, a seed of all three (so each host
+    of a shared study draws its own points)."""
+    if not identity:
+        return seed + trials
+    digest = hashlib.sha256(f"{seed}:{trials}:{identity}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def check_data(study: Any, cfg: RunConfig, where: str) -> None:
+    """Every host of a study trains on the same data settings: the first records its `data`
+    section in the study, the others are compared with it (a record, never used as config)."""
+    want = json.loads(json.dumps(to_plain(cfg.data)))
+    had = study.user_attrs.get(DATA_ATTR)
+    if had is None:
+        study.set_user_attr(DATA_ATTR, want)
+        return
+    if had != want:
+        changed = sorted(k for k in want if not isinstance(had, dict) or had.get(k) != want[k])
+        raise ConfigError(
+            f"study {study.study_name} ({where}) ran on other data settings "
+            f"(data.{changed[0] if changed else '?'} differs); name a new study "
+            "(--set tune.study=NAME), or use the data settings the study ran with"
+        )
+
+
+def load_study(name: str, url: str | Path) -> Any:
+    """Study `name` of an existing storage, checked (`enn tune --apply` reads it)."""
     import optuna
 
-    if not path.exists():
-        raise ConfigError(f"{path}: no study {name!r} here; run `enn tune` first")
-    check_database(path)
+    url = str(url) if not isinstance(url, Path) else f"sqlite:///{url}"
+    file = sqlite_file(url)
+    if file is not None and not file.exists():
+        raise ConfigError(f"{file}: no study {name!r} here; run `enn tune` first")
+    check_storage(url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with reading(path):
-        names = optuna.get_all_study_names(f"sqlite:///{path}")
+    with reading(url):
+        storage = rdb_storage(url)
+        names = optuna.get_all_study_names(storage)
         if name not in names:
-            raise ConfigError(f"{path}: no study {name!r} here; run `enn tune` first")
-        study = optuna.load_study(study_name=name, storage=f"sqlite:///{path}")
-        check_trials(study, path)
+            raise ConfigError(f"{shown(url)}: no study {name!r} here; run `enn tune` first")
+        study = optuna.load_study(study_name=name, storage=storage)
+        check_trials(study, shown(url))
     return study
 
 
-def check_trials(study: Any, path: Path) -> None:
+def check_trials(study: Any, path: str) -> None:
     """One minimized objective, and every trial's values of keys a study searches."""
     from optuna.study import StudyDirection
 

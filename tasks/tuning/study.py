@@ -1,18 +1,24 @@
 """`enn tune`'s study: Optuna's ask/tell loop over trial processes, pruned from their events.
 
-    work/tune/<study>.db                     Optuna's storage (SQLite): the study, resumable
+    work/tune/<study>.db                     Optuna's storage (SQLite; or tune.storage's URL)
     work/tune/<study>/outputs/stage-data/    the study's staged data (its config's data section)
     work/tune/<study>/trial-<N>/             one trial: trial.json, trial.log, outputs/, work/
 
 One loop in the calling thread starts trials (`tasks.tuning.trial`, each in its own process
 group) up to the parallel slots, follows each trial's `epoch/<metric>` events, reports them
 to Optuna and, when the pruner says so, kills the trial's process group and waits until every
-process of it is gone (`pruned.json` records the pids and how long they took). A trial's
+process of it is gone (`end.json` records the pids and how long they took). A trial's
 checkpoints are deleted when it ends. On start, trials a killed study left RUNNING are ended:
 their process trees are killed (only processes this study started, `tasks/tuning/owner.py`)
-and they are marked FAIL; the study then runs until `tune.n_trials` trials are complete or
-pruned. The database is data (`tasks/tuning/store.py`): a trial runs only values of the
-config's own `tune.space`.
+and they are marked FAIL and queued again; the study then runs until `tune.n_trials` trials
+are complete or pruned. The database is data (`tasks/tuning/store.py`): a trial runs only
+values of the config's own `tune.space`.
+
+Several hosts share a study through one storage (`tune.storage`, tasks/tuning/shared.py):
+Optuna numbers the trials and pops each queued one to one host; each host counts every
+host's trials against `tune.n_trials`, records heartbeats for its own and fails any host's
+stale ones; a host whose own trials ended waits while other hosts' still run (one of them may
+go stale and be queued again).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -41,8 +48,8 @@ from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA
 from tasks.gc import size_of
 from tasks.runner import PipelineSession, execute_stage
-from tasks.tuning import store
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner, claim, trial_command
+from tasks.tuning import shared, store
+from tasks.tuning.owner import OWNER_ATTR, TrialOwner, claim, left_here, trial_command
 from tasks.tuning.trial import TrialJob, checkpoint_files, events_file
 
 log = logging.getLogger("enn.tune")
@@ -58,14 +65,22 @@ class StudyPlan:
     overrides: tuple[str, ...]  # the study's own --set (every trial gets them)
     root: Path
     folder: Path  # work/tune/<study>/
-    storage: str  # sqlite:///.../work/tune/<study>.db
+    storage: str  # sqlite:///.../work/tune/<study>.db, or tune.storage's URL
     parallel: int
     runtime: tuple[str, ...]  # each trial's runtime overrides (threads, progress)
     gpus: int
+    shared: bool = False  # tune.storage is set: other hosts may run this study's trials
+    identity: str = ""  # this host and checkout, in a shared study's sampler seed
 
     @property
-    def database(self) -> Path:
-        return Path(self.storage.removeprefix("sqlite:///"))
+    def database(self) -> Path | None:
+        """The SQLite file, when the storage is one."""
+        return store.sqlite_file(self.storage)
+
+    @property
+    def shown(self) -> str:
+        """The storage as messages name it (a server's URL without its user info)."""
+        return store.shown(self.storage)
 
     @property
     def staged(self) -> Path:
@@ -109,22 +124,39 @@ def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
     gpus = gpu_count() if cfg.runtime.device != "cpu" else 0
     parallel, threads = slots(cfg, usable_cores(), gpus)
     folder = layout.work / "tune" / name
+    shared_storage = bool(cfg.tune.storage)
     return StudyPlan(
         name=name,
         config=config,
         overrides=tuple(overrides),
         root=layout.root,
         folder=folder,
-        storage=f"sqlite:///{layout.work / 'tune' / f'{name}.db'}",
+        storage=storage_url(cfg.tune.storage, layout.root, layout.work / "tune" / f"{name}.db"),
         parallel=parallel,
         runtime=(f"runtime.threads_per_worker={threads}", "runtime.progress=false"),
         gpus=gpus,
+        shared=shared_storage,
+        identity=f"{socket.gethostname()}:{folder.resolve()}" if shared_storage else "",
     )
 
 
-def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
+def storage_url(configured: str, root: Path, default: Path) -> str:
+    """`tune.storage`, an SQLite file's relative path taken from the project root; empty: the
+    SQLite file `default`."""
+    if not configured:
+        return f"sqlite:///{default}"
+    file = store.sqlite_file(configured)
+    if file is None or file.is_absolute():
+        return configured
+    query = configured.partition("?")[2]
+    return f"sqlite:///{root / file}" + (f"?{query}" if query else "")
+
+
+def stage_study_data(plan: StudyPlan, cfg: RunConfig, study: Any = None) -> Path:
     """The study's staged data (its config's data section), staged once into its folder; a
-    study whose trials ran on other data settings (another fold) is refused."""
+    study whose trials ran on other data settings (another fold) is refused. On a shared
+    storage the study itself holds its data settings (`store.check_data` compared them when
+    it opened): this host's staged copy is only a cache, staged again when it differs."""
     layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
     params = plan.staged / "params.json"
     want = json.loads(json.dumps(sections_of(cfg, STAGE_DATA.sections)))
@@ -137,12 +169,16 @@ def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
             ) from e
         if had == want:
             return plan.staged
-        if plan.database.is_file():
+        if study is None:
+            ran = plan.database is not None and plan.database.is_file()
+        else:
+            ran = not plan.shared and bool(study.get_trials(deepcopy=False))
+        if ran:
             changed = sorted(
                 k for k in want["data"] if had.get("data", {}).get(k) != want["data"][k]
             )
             raise ConfigError(
-                f"study {plan.name} ({plan.database}) ran on other data settings "
+                f"study {plan.name} ({plan.shown}) ran on other data settings "
                 f"(data.{changed[0] if changed else '?'} differs); name a new study "
                 "(--set tune.study=NAME) or delete its database"
             )
@@ -181,10 +217,10 @@ def distribution(dim: Dimension) -> Any:
     return FloatDistribution(dim.low, dim.high, log=dim.log, step=dim.step)
 
 
-def open_study(cfg: RunConfig, plan: StudyPlan) -> Any:
-    """The plan's study, created or resumed, its database checked (`store.open_study`)."""
+def open_study(cfg: RunConfig, plan: StudyPlan, on_stale: store.StaleHook | None = None) -> Any:
+    """The plan's study, created or resumed, its storage checked (`store.open_study`)."""
     plan.folder.mkdir(parents=True, exist_ok=True)
-    return store.open_study(cfg, plan.name, plan.database)
+    return store.open_study(cfg, plan.name, plan.storage, plan.identity, on_stale)
 
 
 def kill_tree(proc: psutil.Process, timeout: float = 10.0) -> tuple[list[int], float]:
@@ -212,23 +248,25 @@ def kill_tree(proc: psutil.Process, timeout: float = 10.0) -> tuple[list[int], f
 def end_stale_trials(study: Any, plan: StudyPlan, dims: tuple[Dimension, ...]) -> list[int]:
     """Trials a killed study left RUNNING: kill what of them still runs (only a process this
     study started here, `owner.claim`), mark them FAIL, enqueue their values again (when they
-    are points of the space), delete their checkpoints. Returns their numbers."""
+    are points of the space), delete their checkpoints. Returns their numbers. The default
+    SQLite file is this checkout's alone (and `enn tune` holds its lock), so each of its
+    running trials is one; on a shared storage only those `left_here` are (the others run on
+    live studies elsewhere, or go stale by their heartbeat)."""
     from optuna.trial import TrialState
 
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         folder = trial_folder(plan, t.number)
-        proc, why = claim(TrialOwner.parse(t.user_attrs.get(OWNER_ATTR)), folder / "trial.json")
+        owner = TrialOwner.parse(t.user_attrs.get(OWNER_ATTR))
+        if plan.shared and not left_here(owner, folder / "trial.json"):
+            continue
+        proc, why = claim(owner, folder / "trial.json")
         if proc is not None:
             kill_tree(proc)
         elif "gone" not in why:
             log.warning("trial %d: %s; left alone", t.number, why)
-        study.tell(t.number, state=TrialState.FAIL)
-        try:  # the same point again, as if never interrupted
-            where = f"{plan.database}: trial {t.number}"
-            study.enqueue_trial(store.space_values(t.params, dims, where, "not run again"))
-        except DataError as e:
-            log.warning("%s", e)
+        if shared.fail(study, t.number):
+            shared.requeue(study, t, dims, plan.shown)
         remove_checkpoints(folder)
         ended.append(t.number)
     return ended
@@ -237,7 +275,7 @@ def end_stale_trials(study: Any, plan: StudyPlan, dims: tuple[Dimension, ...]) -
 def trial_folder(plan: StudyPlan, number: Any) -> Path:
     """`work/tune/<study>/trial-<N>/`; a number that is not one is the database's fault."""
     if type(number) is not int or number < 0:
-        raise DataError(f"{plan.database}: a trial numbered {number!r}: not this project's study")
+        raise DataError(f"{plan.shown}: a trial numbered {number!r}: not this project's study")
     return plan.folder / f"trial-{number}"
 
 
@@ -311,14 +349,33 @@ class Hooks:
 
     def ended(self, trial: RunningTrial, end: TrialEnd) -> None: ...
 
+    def stale(self, number: int) -> None:
+        """Trial `number` (any host's) was failed as stale and its values queued again."""
 
-def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> RunningTrial:
+
+def start_trial(
+    study: Any,
+    cfg: RunConfig,
+    plan: StudyPlan,
+    slot: int,
+    heartbeat: shared.Heartbeat | None = None,
+) -> RunningTrial | None:
+    """The next trial (a queued one first, else the sampler's) started as a process; None
+    when the queued trial Optuna handed out duplicates a lower one (`shared.duplicate_of`)."""
     from optuna.trial import TrialState
 
     dims = dimensions(cfg.tune)
-    trial = study.ask({d.key: distribution(d) for d in dims})
+    trial = shared.ask(study, {d.key: distribution(d) for d in dims})
+    if heartbeat is not None:  # from its first moment: a host that dies now leaves it stale
+        heartbeat.beat(trial)
+    twin = shared.duplicate_of(study, trial)
+    if twin is not None:
+        trial.set_user_attr(shared.DUPLICATE_ATTR, twin)
+        study.tell(trial, state=TrialState.FAIL)
+        log.info("trial %d: the point of trial %d (queued twice); not run", trial.number, twin)
+        return None
     try:  # a point the database enqueued is data: only the space's keys and values run
-        where = f"{plan.database}: trial {trial.number}"
+        where = f"{plan.shown}: trial {trial.number}"
         point = store.space_values(trial.params, dims, where, "nothing run")
     except DataError:
         study.tell(trial, state=TrialState.FAIL)
@@ -330,7 +387,8 @@ def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> Runni
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     values = [override(k, v) for k, v in points(point, dims).items()]  # 0.002358, not 17 digits
-    overrides = (*plan.overrides, *values, *plan.runtime, "tracking.enabled=false")
+    study_sets = tuple(o for o in plan.overrides if not o.startswith("tune.storage="))
+    overrides = (*study_sets, *values, *plan.runtime, "tracking.enabled=false")
     try:  # a value the config refuses is the study's error (the space), not a trial's
         load_config(plan.config, list(overrides))
     except ConfigError:
@@ -363,8 +421,32 @@ def start_trial(study: Any, cfg: RunConfig, plan: StudyPlan, slot: int) -> Runni
     return RunningTrial(trial, folder, proc, time.monotonic())
 
 
-def poll_trial(study: Any, cfg: RunConfig, running: RunningTrial, hooks: Hooks) -> TrialEnd | None:
-    """Report new epoch values; prune when Optuna says so; the end once the trial ended."""
+def poll_trial(
+    study: Any, cfg: RunConfig, running: RunningTrial, hooks: Hooks, lost: bool = False
+) -> TrialEnd | None:
+    """Report new epoch values; prune when Optuna says so; the end once the trial ended. A
+    trial the storage no longer holds as running (`lost`: another host failed it as stale
+    when this host's heartbeats stopped reaching the storage, and queued it again) is stopped:
+    its result is not this host's to tell."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    try:
+        if not lost:
+            return _poll(study, cfg, running, hooks)
+    except (UpdateFinishedTrialError, ValueError):
+        if running.number in shared.counts(study)[1]:
+            raise  # still running there: a damaged record, not a trial taken over
+    pids, gone = kill_tree(psutil.Process(running.proc.pid))
+    running.proc.wait()
+    log.warning(
+        "trial %d was failed as stale by another host (no heartbeat for %d s): stopped here",
+        running.number,
+        cfg.tune.stale_after_s,
+    )
+    return _end(running, "failed", None, pids, gone)
+
+
+def _poll(study: Any, cfg: RunConfig, running: RunningTrial, hooks: Hooks) -> TrialEnd | None:
     from optuna.trial import TrialState
 
     for epoch, value in running.new_values(cfg.tune.metric):
@@ -425,25 +507,42 @@ def run_study(
     hooks: Hooks,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> list[TrialEnd]:
-    """Trials side by side until `tune.n_trials` are complete or pruned."""
+    """Trials side by side until `tune.n_trials` of the study (every host's) are complete or
+    pruned: a trial starts while a slot is free and the complete, pruned and running trials
+    are fewer than `tune.n_trials`. Two hosts that count at the same moment may both start
+    one, so hosts together end with at most `tune.n_trials + hosts - 1`. Each `heartbeat_s`,
+    a beat for each running trial of this host and a sweep for stale ones (any host's)."""
+    heartbeat = shared.Heartbeat(study, cfg.tune.heartbeat_s)
     running: dict[int, RunningTrial] = {}
     ends: list[TrialEnd] = []
     failed_in_a_row = 0
+    waiting_said = False
     try:
         while True:
             if should_stop():
                 log.warning("study %s stopped: its running trials are killed", plan.name)
                 return ends
-            room = cfg.tune.n_trials - finished(study) - len(running)
+            heartbeat.tick([t.trial for t in running.values() if t.proc.poll() is None])
+            done, busy = shared.counts(study)
+            room = cfg.tune.n_trials - done - len(busy)
             if room > 0 and len(running) < plan.parallel:
                 slot = min(set(range(plan.parallel)) - set(running))
-                running[slot] = start_trial(study, cfg, plan, slot)
-                hooks.started(running[slot])
+                started = start_trial(study, cfg, plan, slot, heartbeat)
+                if started is not None:
+                    running[slot] = started
+                    hooks.started(started)
                 continue
             if not running:
-                return ends
+                if done >= cfg.tune.n_trials:
+                    return ends
+                if not waiting_said:  # another host's trials run; one may go stale
+                    others = ", ".join(str(n) for n in sorted(busy))
+                    log.info("study %s: waiting for other hosts' trials %s", plan.name, others)
+                    waiting_said = True
+                time.sleep(1.0)
+                continue
             for slot, trial in list(running.items()):
-                end = poll_trial(study, cfg, trial, hooks)
+                end = poll_trial(study, cfg, trial, hooks, lost=trial.number not in busy)
                 if end is None:
                     continue
                 del running[slot]
@@ -458,11 +557,25 @@ def run_study(
                     )
             time.sleep(0.5)
     finally:
-        for trial in running.values():  # interrupted: no trial trains on without its study
-            if trial.proc.poll() is None:
-                kill_tree(psutil.Process(trial.proc.pid))
-                trial.proc.wait()
-            remove_checkpoints(trial.folder)
+        hand_back(study, cfg, plan, list(running.values()))
+
+
+def hand_back(study: Any, cfg: RunConfig, plan: StudyPlan, running: list[RunningTrial]) -> None:
+    """An interrupted study's trials: killed (no trial trains on without its study), failed
+    and queued again at once (another host need not wait for them to go stale)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    dims = dimensions(cfg.tune)
+    for trial in running:
+        if trial.proc.poll() is None:
+            kill_tree(psutil.Process(trial.proc.pid))
+            trial.proc.wait()
+        remove_checkpoints(trial.folder)
+        try:
+            if shared.fail(study, trial.number):
+                shared.requeue(study, trial.trial, dims, plan.shown)
+        except SQLAlchemyError as e:  # the storage may be what interrupted the study
+            log.warning("trial %d: not handed back (%s); it goes stale instead", trial.number, e)
 
 
 def describe(end: TrialEnd, metric: str) -> str:

@@ -1,10 +1,14 @@
 """A study in MLflow: one parent run (`tune <study>`), one child run per trial.
 
-The parent (tag `enn.kind: tune`, `enn.tune.study`) is found again when a study resumes. A
-trial's child holds its values as parameters, `epoch/<metric>` per epoch as the study reads
-them, `tune/objective` and the tag `enn.tune.state` (complete, pruned, failed). When the study
-stops, the parent gets the table (`tune/trials.csv`, `tune/trials.json`), the best values as
-tags `enn.tune.best.<key>`, counts as metrics and Optuna's plots (`plots/*.png`, matplotlib).
+The parent (tag `enn.kind: tune`, `enn.tune.study`) is found again when a study resumes, and
+by every host of a shared study (hosts that start at once and both create one keep the
+earliest and delete their own). A trial's child is made by the host that runs it (tag
+`enn.host`) and holds its values as parameters, `epoch/<metric>` per epoch as the study reads
+them, `tune/objective` and the tag `enn.tune.state` (complete, pruned, failed; stale when
+another host failed it for its missed heartbeats). When a host's study stops, the parent gets
+the table (`tune/trials.csv`, `tune/trials.json`), the best values as tags
+`enn.tune.best.<key>`, counts as metrics and Optuna's plots (`plots/*.png`, matplotlib); it
+stays RUNNING while other hosts' trials run.
 """
 
 from __future__ import annotations
@@ -49,23 +53,44 @@ class StudyTracker(Hooks):
     def start(self, tags: dict[str, str]) -> str | None:
         if not self.tracker.enabled:
             return None
+        own = self.tracker._own_tags()
+        found = self.parents()
+        if found:
+            self.parent = found[0]
+            self.client.update_run(self.parent, status="RUNNING")
+            self.tracker.set_tags(self.parent, own)
+            return self.parent
+        all_tags = {**own, **tags, TAG_KIND: "tune", TAG_STUDY: self.study}
+        mine = self.client.create_run(
+            self.tracker.experiment_id, run_name=f"tune {self.study}", tags=all_tags
+        ).info.run_id
+        self.parent = self.parents()[0]  # another host may have made one at the same moment
+        if self.parent != mine:
+            self.client.delete_run(mine)
+        return self.parent
+
+    def parents(self) -> list[str]:
+        """The study's parent runs, earliest first (by start time, then id)."""
         found = self.client.search_runs(
             [self.tracker.experiment_id],
             f"tags.`{TAG_STUDY}` = '{self.study}' and tags.`{TAG_KIND}` = 'tune'",
-            max_results=1,
+            max_results=100,
         )
-        own = self.tracker._own_tags()
-        if found:
-            self.parent = found[0].info.run_id
-            self.client.update_run(self.parent, status="RUNNING")
-            self.tracker.set_tags(self.parent, own)
-        else:
-            all_tags = {**own, **tags, TAG_KIND: "tune", TAG_STUDY: self.study}
-            run = self.client.create_run(
-                self.tracker.experiment_id, run_name=f"tune {self.study}", tags=all_tags
-            )
-            self.parent = run.info.run_id
-        return self.parent
+        found.sort(key=lambda r: (r.info.start_time, r.info.run_id))
+        return [r.info.run_id for r in found]
+
+    def stale(self, number: int) -> None:
+        """Trial `number`'s child (made by the host that died) marked stale and KILLED."""
+        if not self.tracker.enabled:
+            return
+        for run in self.client.search_runs(
+            [self.tracker.experiment_id],
+            f"tags.`{TAG_STUDY}` = '{self.study}' and tags.`{TAG_TRIAL}` = '{number}' "
+            "and attributes.status = 'RUNNING'",
+            max_results=10,
+        ):
+            self.tracker.set_tags(run.info.run_id, {TAG_STATE: "stale"})
+            self.tracker.end(run.info.run_id, "KILLED", "its host stopped beating (stale)")
 
     def started(self, trial: RunningTrial) -> None:
         if not self.tracker.enabled or self.parent is None:
@@ -134,6 +159,8 @@ class StudyTracker(Hooks):
                 {f"enn.tune.best.{k}": v for k, v in ran.items()}
                 | {"enn.tune.best.trial": top["trial"]},
             )
+        if error is None and any(r["state"] == "running" for r in rows):
+            return  # other hosts' trials run on: the last host to stop ends the parent
         status = "FINISHED" if error is None else ended_status(error)
         self.tracker.end(self.parent, status, None if error is None else str(error))
 

@@ -374,7 +374,7 @@ OWN = re.compile(
 )
 SUMMARY = re.compile(
     r"^((stage-data|prepare-checkpoint|distributed-train|validate|predict|collapse-check|"
-    r"export) +(ran|skipped) |results: |model: |outputs: |log: |look: )"
+    r"export) +(ran|skipped) |results: |model: |outputs: |log: |look: |params: )"
 )
 
 

@@ -5,7 +5,9 @@ PostgreSQL on the third (tests/fixtures/postgres.py), once per test session.
   path on every host: `TestBed.view`) on which the training flow ran once (staged data, model,
   calibration, export: what `dvc pull` gives each machine of a cluster), and one shared folder
   (`TestBed.shared`);
-- `postgres`: PostgreSQL listening on node3's address only.
+- `postgres`: PostgreSQL listening on node3's address only;
+- `mlflow`: MLflow's tracking server on node3, its runs in that PostgreSQL, artifacts in the
+  shared folder (its URL, as the hosts name it).
 
 Where namespaces or PostgreSQL cannot be made (not root, binaries missing), the tests skip with
 one line saying why and how to run them; under CI=true they fail instead (scripts/test.sh's
@@ -26,6 +28,7 @@ from tests.fixtures.multihost import TEMPLATE, Cluster
 from tests.fixtures.postgres import Postgres
 from tests.fixtures.postgres import missing as postgres_missing
 from tests.fixtures.project import contained_env, make_project
+from tests.fixtures.servers import mlflow_server
 
 NAMES = ["node1", "node2", "node3"]
 
@@ -83,3 +86,11 @@ def postgres(testbed: Cluster, say) -> Iterator[Postgres]:
         yield pg
     finally:
         pg.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow(testbed: Cluster, postgres: Postgres, say, tmp_path_factory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("mlflow-server") / "mlflow.log"
+    with mlflow_server(testbed, postgres, log) as url:
+        say(f"MLflow's tracking server at {url}, on PostgreSQL")
+        yield url

@@ -1,26 +1,24 @@
 """The Prefect side across hosts, on servers with a real database: MLflow's tracking server
-and Prefect's server on node3, both on one PostgreSQL there (artifacts proxied into the shared
-folder), a process work pool with one worker on node1 and one on node2 (each in its own
-checkout at the same path), the training flow deployed to the pool and triggered twice at
-once: one run on each host, both logging to the same MLflow server, whose run list names the
-hosts. Every command is docs/scale-out.md's with the hosts' names filled in."""
+(the tier's `mlflow` fixture) and Prefect's server on node3, both on one PostgreSQL there
+(artifacts proxied into the shared folder), a process work pool with one worker on node1 and
+one on node2 (each in its own checkout at the same path), the training flow deployed to the
+pool and triggered twice at once: one run on each host, both logging to the same MLflow
+server, whose run list names the hosts. Every command is docs/scale-out.md's with the hosts'
+names filled in."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from flows.params_file import apply_overrides
 from tests.fixtures.hosts import Host
+from tests.fixtures.servers import http, serving, wait_up
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -30,58 +28,6 @@ DEPLOY = (
     "training.from_source('{view}', 'flows/training.py:training')"
     ".to_deployment('pooled', work_pool_name='enn-pool').apply()"
 )
-GET = """
-import json, sys, urllib.error, urllib.request
-body = sys.argv[2].encode() if len(sys.argv) > 2 and sys.argv[2] else None
-headers = {"Content-Type": "application/json"}
-if len(sys.argv) > 3:
-    headers["Origin"] = sys.argv[3]
-req = urllib.request.Request(sys.argv[1], data=body, headers=headers)
-try:
-    with urllib.request.urlopen(req, timeout=10) as r:
-        text = r.read().decode()
-    try:
-        print(json.dumps(json.loads(text)))
-    except ValueError:
-        print(json.dumps({"text": text}))
-except urllib.error.HTTPError as e:
-    print(json.dumps({"status": e.code, "error": e.read().decode(errors="replace")[:300]}))
-except OSError as e:
-    print(json.dumps({"unreachable": str(e)}))
-"""
-
-
-def http(host: Host, url: str, body: dict | None = None, origin: str = "") -> Any:
-    """A JSON request made from inside `host` (the servers are on the hosts' network only),
-    with a browser's Origin header when `origin` is given."""
-    args = [url, json.dumps(body) if body is not None else ""] + ([origin] if origin else [])
-    return json.loads(host.run("python", "-c", GET, *args).stdout)
-
-
-def wait_up(host: Host, url: str, proc: subprocess.Popen, log, timeout: float = 180) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        assert proc.poll() is None, f"{url}: the server exited:\n{log.read_text()[-3000:]}"
-        out = http(host, url)
-        if not (isinstance(out, dict) and "unreachable" in out):
-            return
-        time.sleep(1)
-    raise AssertionError(f"{url} did not answer in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-@contextlib.contextmanager
-def serving(host: Host, log, env: dict[str, str], *cmd: str) -> Iterator[subprocess.Popen]:
-    proc = host.popen(*cmd, log=log, env=env)
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _restore(path):
@@ -91,49 +37,22 @@ def _restore(path):
 
 
 def test_two_hosts_run_pooled_flows_logging_to_servers_on_postgres(
-    testbed, postgres, say, tmp_path, request
+    testbed, postgres, mlflow, say, tmp_path, request
 ):
     node1, node2, node3 = testbed.hosts
-    bed, pg = testbed.bed, postgres
-    pg.create_database("mlflow")
+    bed, pg, mlflow_url = testbed.bed, postgres, mlflow
     pg.create_database("prefect")
-    mlflow_url = f"http://{node3.name}:{bed.port(20)}"
     api = f"http://{node3.name}:{bed.port(21)}/api"
     server_env = {
         **node3.env,
         **pg.env,
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
         "PREFECT_HOME": str(bed.view / "work" / "prefect-server"),
         "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "postgresql+asyncpg"),
         "PREFECT_UI_API_URL": api,
     }
-    mlflow_cmd = [
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        pg.url("mlflow"),
-        "--artifacts-destination",
-        str(testbed.shared / "mlflow-artifacts"),
-        "--host",
-        node3.addr,
-        "--port",
-        str(bed.port(20)),
-        "--workers",
-        "1",
-        # MLflow answers only Host headers it knows (DNS-rebinding guard): the name clients use;
-        # and its UI's own POSTs only from origins it knows (else its run list is an error)
-        "--allowed-hosts",
-        f"{node3.name}:{bed.port(20)}",
-        "--cors-allowed-origins",
-        mlflow_url,
-    ]
     prefect_cmd = ["prefect", "server", "start", "--host", node3.addr, "--port", str(bed.port(21))]
     logs = tmp_path
-    with (
-        serving(node3, logs / "mlflow.log", server_env, *mlflow_cmd) as mlflow,
-        serving(node3, logs / "prefect.log", server_env, *prefect_cmd) as prefect,
-    ):
-        wait_up(node1, f"{mlflow_url}/health", mlflow, logs / "mlflow.log")
+    with serving(node3, logs / "prefect.log", server_env, *prefect_cmd) as prefect:
         wait_up(node1, f"{api}/health", prefect, logs / "prefect.log")
         for h in (node1, node2):  # params.yaml of each checkout: the shared tracking server
             request.addfinalizer(_restore(h.checkout / "params.yaml"))

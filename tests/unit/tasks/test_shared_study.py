@@ -1,0 +1,250 @@
+"""A study on a configured storage (`tune.storage`), without training: what a host does with
+the trials other hosts run, and the URL's user and password kept out of what is shown.
+
+- a storage URL with a password is refused (one line, the password not in it); its user is
+  `***` in a run's config.yaml, the MLflow params, the console and Prefect's run name;
+- a database server that cannot be reached is one line at once (exit 10), with no user;
+- on a shared storage a starting study leaves other hosts' running trials alone (their
+  heartbeat decides), and ends those a killed study of this checkout left;
+- a trial whose heartbeat stopped is failed and its point queued again, once, by the one host
+  that failed it; the tracker hears of it;
+- two hosts' samplers draw different points from the same study; a point queued twice (two
+  hosts enqueueing at once) runs once;
+- hosts that both create the study's MLflow parent end with one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from enn_core.config import load_config
+from enn_core.config.tune import dimensions
+from enn_core.errors import ConfigError
+from enn_core.paths import Layout
+from tasks.tuning import shared
+from tasks.tuning import study as st
+from tasks.tuning.owner import OWNER_ATTR, TrialOwner, trial_command
+from tests.fixtures.cli import enn
+
+SPACE = {"train.lr": {"low": 0.001, "high": 0.1, "log": True}}
+LR = f"tune.space={yaml.safe_dump(SPACE, default_flow_style=True).strip()}"
+SERVER = "postgresql://alice@node3:5432/studies"
+
+
+def shared_plan(tmp_path: Path, folder: str = "s", identity: str = "node1") -> st.StudyPlan:
+    """A study `s` on the SQLite file `tmp_path/shared.db`, configured as a shared storage."""
+    return st.StudyPlan(
+        name="s",
+        config=tmp_path / "params.yaml",
+        overrides=(),
+        root=tmp_path,
+        folder=tmp_path / folder,
+        storage=f"sqlite:///{tmp_path / 'shared.db'}",
+        parallel=1,
+        runtime=("runtime.threads_per_worker=1",),
+        gpus=0,
+        shared=True,
+        identity=identity,
+    )
+
+
+def test_a_password_in_the_url_is_refused_without_showing_it(tmp_path):
+    (tmp_path / "params.yaml").write_text(f"tune:\n  space: {json.dumps(SPACE)}\n")
+    for url in ("postgresql://alice:s3cret@node3/studies", f"{SERVER}?password=s3cret"):
+        code, lines = enn(tmp_path, "tune", "--apply", "--set", f"tune.storage={url}")
+        assert code == 2 and len(lines) == 1, lines
+        assert "holds a password" in lines[0] and "(PGPASSWORD) or in ~/.pgpass" in lines[0]
+        assert "s3cret" not in lines[0] and "alice" not in lines[0]
+    with pytest.raises(ConfigError, match="expected an SQLAlchemy URL"):
+        load_config(None, ["tune.storage=http://node3/studies"])
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory) -> str:
+    """One MLflow store for the module's tests (its migrations take seconds)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def test_the_user_is_redacted_wherever_the_config_is_shown(tmp_path, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from flows.params_file import mlflow_tags, once_lines, record_overrides, summary_line
+    from tasks.runner import write_resolved
+    from tasks.tracking import Tracker
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    uri = mlflow_uri
+    sets = [f"tune.storage={SERVER}", f"tracking.uri={uri}"]
+    cfg = load_config(None, sets)
+    assert cfg.tune.storage == SERVER  # the run itself uses the URL as written
+    text = write_resolved(cfg, tmp_path).read_text()
+    assert "alice" not in text and "postgresql://***@node3:5432/studies" in text
+    tracker = Tracker(cfg, Layout.for_root(tmp_path))
+    run_id = tracker.start_parent("training", {}, cfg=cfg)
+    params = MlflowClient(uri).get_run(run_id).data.params
+    assert params["tune.storage"] == "postgresql://***@node3:5432/studies"
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")  # params.yaml: the pipeline's own
+    p, changes = record_overrides(tmp_path / "params.yaml", sets[:1])
+    assert changes == [] and "tune" not in (tmp_path / "params.yaml").read_text()
+    shown = "tune.storage=postgresql://***@node3:5432/studies"
+    said = [*once_lines(p), summary_line(p, changes) or "", *mlflow_tags(p).values()]
+    assert all("alice" not in line for line in said), said
+    assert (
+        said[0]
+        == f"{shown} for this run only (not pipeline parameters: how to run, not what to compute)"
+    )
+    assert said[1] == f"params: params.yaml unchanged ({shown} for this run only)"
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_cannot_be_reached_is_one_line(tmp_path):
+    from flows.servers import free_port
+
+    (tmp_path / "params.yaml").write_text(f"tune:\n  space: {json.dumps(SPACE)}\n")
+    url = f"postgresql://alice@127.0.0.1:{free_port()}/studies"  # nothing listens there
+    code, lines = enn(tmp_path, "tune", "--apply", "--set", f"tune.storage={url}")
+    assert code == 10 and len(lines) == 1, lines
+    assert "the study storage cannot be reached" in lines[0] and "alice" not in lines[0]
+
+
+def record(host: str, job: Path, study_pid: int) -> str:
+    me = psutil.Process()
+    cmd = trial_command(job)
+    return json.dumps(
+        {
+            "host": host,
+            "pid": 999999999,  # its process is gone
+            "started": 0.0,
+            "cmdline": cmd,
+            "study_pid": study_pid,
+            "study_started": me.create_time() if study_pid == me.pid else 0.0,
+        }
+    )
+
+
+def test_a_starting_study_leaves_other_hosts_trials_to_their_heartbeat(tmp_path):
+    cfg = load_config(None, [LR])
+    plan = shared_plan(tmp_path)
+    study = st.open_study(cfg, plan)
+    space = {d.key: st.distribution(d) for d in dimensions(cfg.tune)}
+    mine = plan.folder / "trial-{}" / "trial.json"
+    here = socket.gethostname()
+    owners = [
+        record("node2", Path(str(mine).format(0)), 0),  # another host's
+        record(here, Path(str(mine).format(1)), psutil.Process().pid),  # a live study's, here
+        record(here, tmp_path / "other" / "trial-2" / "trial.json", 0),  # another checkout's
+        record(here, Path(str(mine).format(3)), 0),  # this checkout's, its study gone
+    ]
+    for raw in owners:
+        study.ask(space).set_user_attr(OWNER_ATTR, raw)
+    assert st.end_stale_trials(study, plan, dimensions(cfg.tune)) == [3]
+    states = [t.state.name for t in study.get_trials()]
+    assert states == ["RUNNING", "RUNNING", "RUNNING", "FAIL", "WAITING"]
+    retry = study.get_trials()[4]
+    assert retry.user_attrs[shared.RETRY_ATTR] == 3
+    assert retry.system_attrs["fixed_params"] == study.get_trials()[3].params
+    assert TrialOwner.parse(owners[3]).study_pid == 0  # an older record's form parses too
+
+
+@pytest.mark.timeout(60)
+def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_path):
+    cfg = load_config(None, [LR, "tune.heartbeat_s=1", "tune.stale_after_s=2"])
+    dims = dimensions(cfg.tune)
+    heard: list[int] = []
+    hosts = []
+    for name in ("node1", "node2"):  # two hosts' studies on one storage
+        on_stale = shared.StaleTrials(dims, "shared.db")
+        on_stale.listeners.append(heard.append)
+        hosts.append(st.open_study(cfg, shared_plan(tmp_path, identity=name), on_stale))
+    space = {d.key: st.distribution(d) for d in dims}
+    dead = hosts[1].ask(space)  # node2 starts a trial, beats once, then dies
+    alive = hosts[0].ask(space)
+    beats = [shared.Heartbeat(h, cfg.tune.heartbeat_s) for h in hosts]
+    beats[1].beat(dead)
+    beats[0].beat(alive)
+    end = time.monotonic() + 20
+    while hosts[0].get_trials()[dead.number].state.name == "RUNNING" and time.monotonic() < end:
+        beats[0].tick([alive], force=True)  # node1 beats for its own and sweeps
+        time.sleep(0.5)
+    trials = hosts[0].get_trials()
+    assert trials[dead.number].state.name == "FAIL"
+    assert trials[alive.number].state.name == "RUNNING"  # it kept beating
+    waiting = [t for t in trials if t.state.name == "WAITING"]
+    assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == dead.params
+    assert waiting[0].user_attrs[shared.RETRY_ATTR] == dead.number
+    assert heard == [dead.number]
+    beats[1].tick([], force=True)  # the other host's sweep finds nothing left to fail
+    assert len([t for t in hosts[0].get_trials() if t.state.name == "WAITING"]) == 1
+
+
+def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_path):
+    cfg = load_config(None, [LR, "tune.sampler=random"])
+    dims = dimensions(cfg.tune)
+    space = {d.key: st.distribution(d) for d in dims}
+    draws = []
+    for name in ("node1", "node2"):
+        study = st.open_study(cfg, shared_plan(tmp_path, folder=name, identity=name))
+        trial = study.ask(space)
+        study.tell(trial, 1.0)
+        draws.append(trial.params["train.lr"])
+    assert draws[0] != draws[1]
+    (tmp_path / "params.yaml").write_text(f"tune:\n  space: {json.dumps(SPACE)}\n")
+    # both hosts enqueued the same point at once (skip_if_exists read before either wrote)
+    study.enqueue_trial({"train.lr": 0.02})
+    study.enqueue_trial({"train.lr": 0.02})
+    plan = shared_plan(tmp_path)
+    first = st.start_trial(study, cfg, plan, 0)  # a trial process starts...
+    assert first is not None and first.trial.params == {"train.lr": 0.02}
+    try:
+        assert st.start_trial(study, cfg, plan, 0) is None  # ...the twin does not
+        twin = study.get_trials()[-1]
+        assert twin.state.name == "FAIL" and twin.user_attrs[shared.DUPLICATE_ATTR] == 2
+    finally:
+        st.kill_tree(psutil.Process(first.proc.pid))
+        first.proc.wait()
+
+
+def test_hosts_that_both_create_the_parent_run_keep_one(tmp_path, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tuning.tracking import StudyTracker
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    uri = mlflow_uri
+    cfg = load_config(None, [f"tracking.uri={uri}"])
+    layout = Layout.for_root(tmp_path)
+
+    class Racing(StudyTracker):
+        """A host whose first search ran before the other host's parent was made."""
+
+        searched = 0
+
+        def parents(self) -> list[str]:
+            self.searched += 1
+            return [] if self.searched == 1 else super().parents()
+
+    client = MlflowClient(uri)
+    racing = Racing(cfg, layout, "s")
+    exp = client.get_experiment_by_name("enn").experiment_id
+    early = client.create_run(  # the other host's, made between this host's search and create
+        exp, run_name="tune s", tags={"enn.kind": "tune", "enn.tune.study": "s"}
+    ).info.run_id
+    assert racing.start({}) == early  # it made its own, found the earlier one, deleted its own
+    assert StudyTracker(cfg, layout, "s").start({}) == early  # a third host joins it
+    runs = client.search_runs([exp], "tags.`enn.kind` = 'tune'")
+    assert [r.info.run_id for r in runs] == [early]
+
+
+def test_a_relative_sqlite_storage_is_taken_from_the_project_root(tmp_path):
+    default = tmp_path / "work" / "tune" / "s.db"
+    assert st.storage_url("", tmp_path, default) == f"sqlite:///{default}"
+    got = st.storage_url("sqlite:///studies/s.db?timeout=30", tmp_path, default)
+    assert got == f"sqlite:///{tmp_path / 'studies' / 's.db'}?timeout=30"
+    assert st.storage_url(SERVER, tmp_path, default) == SERVER
