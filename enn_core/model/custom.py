@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -98,10 +99,11 @@ def import_factory(code: ModelCode) -> Callable[..., nn.Module]:
 @contextmanager
 def user_code(factory: str, where: str) -> Iterator[None]:
     """Any error of the user's code is one ConfigError naming the factory (`where`: what it was
-    doing): an exception, and also `sys.exit()` (the stage exited 0 after "failed"), or a
+    doing): an exception, and also `sys.exit()` (the stage exited 0 after "failed"), `os._exit()`
+    (the whole run ended with the code the factory chose, without a word), or a
     KeyboardInterrupt the code raised itself (the stage said "interrupted"). A real Ctrl-C or
     SIGTERM meanwhile (`signals_seen`) still stops the run as one."""
-    with signals_seen() as seen:
+    with signals_seen() as seen, no_hard_exit():
         try:
             yield
         except ConfigError:
@@ -114,6 +116,25 @@ def user_code(factory: str, where: str) -> Iterator[None]:
             raise ConfigError(
                 f"model.factory={factory!r}{where}: {type(e).__name__}: {first}{exits}"
             ) from e
+
+
+@contextmanager
+def no_hard_exit() -> Iterator[None]:
+    """`os._exit()` called by this process while the block runs raises SystemExit instead (it
+    would end the run at once, with the caller's exit code and no message); a child the block
+    forks still exits as it asks (multiprocessing's children end with `os._exit`)."""
+    real, pid = os._exit, os.getpid()
+
+    def hard_exit(code: int) -> NoReturn:
+        if os.getpid() != pid:
+            real(code)
+        raise SystemExit(f"os._exit({code})")
+
+    os._exit = hard_exit
+    try:
+        yield
+    finally:
+        os._exit = real
 
 
 @contextmanager

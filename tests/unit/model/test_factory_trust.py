@@ -46,6 +46,13 @@ def build(spec, how="ok"):
         sys.exit(0)
     if how == "exit3":
         raise SystemExit(3)
+    if how == "hard-exit":
+        os._exit(0)
+    if how == "child":  # a child of the factory exits as it asks; the factory returns
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
     if how == "interrupt":
         raise KeyboardInterrupt
     if how == "odd":
@@ -93,6 +100,7 @@ def forget_modules():
         ("exit3", "SystemExit: 3 (a factory must return, not exit)"),
         ("interrupt", "KeyboardInterrupt:  (a factory must return, not exit)"),
         ("odd", "Odd: odd (a factory must return, not exit)"),
+        ("hard-exit", "SystemExit: os._exit(0) (a factory must return, not exit)"),
         ("forward", "the module's forward of [2, 51] failed: SystemExit: 0"),
         ("attribute", "with model.options {'how': 'attribute'}: SystemExit: 0"),
     ],
@@ -103,6 +111,14 @@ def test_a_factory_that_exits_or_interrupts_fails_with_its_own_error(tmp_path, h
     with pytest.raises(ConfigError) as e:
         build(root, "mine.grid:build", how=how)
     assert str(e.value).startswith("model.factory='mine.grid:build'") and said in str(e.value)
+
+
+def test_os_exit_is_put_back_and_a_forked_child_still_exits_with_its_code(tmp_path):
+    import os
+
+    real = os._exit
+    assert build(project(tmp_path), "mine.grid:build", how="child").body is not None
+    assert os._exit is real
 
 
 def test_a_real_ctrl_c_while_the_factory_runs_still_interrupts(tmp_path):
