@@ -125,10 +125,10 @@ def no_hard_exit() -> Iterator[None]:
     forks still exits as it asks (multiprocessing's children end with `os._exit`)."""
     real, pid = os._exit, os.getpid()
 
-    def hard_exit(code: int) -> NoReturn:
+    def hard_exit(status: int) -> NoReturn:
         if os.getpid() != pid:
-            real(code)
-        raise SystemExit(f"os._exit({code})")
+            real(status)
+        raise SystemExit(f"os._exit({status})")
 
     os._exit = hard_exit
     try:
