@@ -32,24 +32,11 @@ from enn_core.errors import DataError, StoreError
 from tasks.tuning import study as st
 from tasks.tuning.owner import OWNER_ATTR, TrialOwner
 from tests.fixtures.cli import enn
+from tests.fixtures.study import study_plan
 
 SPACE = {"train.lr": {"low": 0.001, "high": 0.1, "log": True}}
 LR = f"tune.space={yaml.safe_dump(SPACE, default_flow_style=True).strip()}"
 SLEEP = "import time; time.sleep(120)"
-
-
-def plan(tmp_path: Path) -> st.StudyPlan:
-    return st.StudyPlan(
-        name="s",
-        config=tmp_path / "params.yaml",
-        overrides=(),
-        root=tmp_path,
-        folder=tmp_path / "s",
-        storage=f"sqlite:///{tmp_path / 's.db'}",
-        parallel=1,
-        runtime=("runtime.threads_per_worker=1",),
-        gpus=0,
-    )
 
 
 def spawn(*argv: str) -> subprocess.Popen:
@@ -81,7 +68,7 @@ def record(proc: subprocess.Popen, **change) -> str:
 def stale_trial(tmp_path: Path, attrs: dict[str, str]) -> tuple[object, st.StudyPlan]:
     """A study whose trial 0 a killed `enn tune` left RUNNING with these user attributes."""
     cfg = load_config(None, [LR])
-    p = plan(tmp_path)
+    p = study_plan(tmp_path)
     study = st.open_study(cfg, p)
     trial = study.ask({"train.lr": st.distribution(dimensions(cfg.tune)[0])})
     for k, v in attrs.items():
@@ -124,7 +111,7 @@ def test_a_record_naming_another_process_leaves_it_alone(tmp_path):
 
 def test_the_trial_this_study_started_is_killed(tmp_path):
     cfg = load_config(None, [LR])
-    p = plan(tmp_path)
+    p = study_plan(tmp_path)
     trial = spawn("-m", "tasks.tuning.trial", str(p.folder / "trial-0" / "trial.json"))
     try:
         study, _ = stale_trial(tmp_path, {OWNER_ATTR: record(trial)})
@@ -142,7 +129,7 @@ def test_a_waiting_trial_of_foreign_keys_runs_nothing(tmp_path):
     from optuna.trial import TrialState, create_trial
 
     cfg = load_config(None, [LR])
-    p = plan(tmp_path)
+    p = study_plan(tmp_path)
     study = st.open_study(cfg, p)
     study.add_trial(
         create_trial(
@@ -300,7 +287,9 @@ def test_a_damaged_or_foreign_database_is_one_line(tmp_path, damage, code, why):
     assert got == code and len(lines) == 1 and why in lines[0], lines
     assert "name another study (--set tune.study=NAME)" in lines[0]
     cfg = load_config(tmp_path / "params.yaml")
-    p = st.StudyPlan(**{**plan(tmp_path).__dict__, "name": "params", "storage": f"sqlite:///{db}"})
+    p = st.StudyPlan(
+        **{**study_plan(tmp_path).__dict__, "name": "params", "storage": f"sqlite:///{db}"}
+    )
     with pytest.raises((StoreError, DataError), match=why.split(" (")[0]):
         st.open_study(cfg, p)  # what `enn tune` opens first
 

@@ -17,6 +17,7 @@ from enn_core.config.tune import dimensions
 from tasks.tuning import study as st
 from tasks.tuning.owner import OWNER_ATTR, TrialOwner
 from tasks.tuning.trial import events_file
+from tests.fixtures.study import study_plan
 
 LR = 'tune.space={"train.lr": {"low": 0.001, "high": 0.1, "log": true}}'
 
@@ -81,26 +82,11 @@ def test_kill_tree_ends_the_group_and_its_children():
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
-def _plan(tmp_path) -> st.StudyPlan:
-    """A study `s` in `tmp_path`, one trial at a time on one thread."""
-    return st.StudyPlan(
-        name="s",
-        config=tmp_path / "params.yaml",
-        overrides=(),
-        root=tmp_path,
-        folder=tmp_path / "s",
-        storage=f"sqlite:///{tmp_path / 's.db'}",
-        parallel=1,
-        runtime=("runtime.threads_per_worker=1",),
-        gpus=0,
-    )
-
-
 def test_stale_running_trial_is_failed_and_enqueued_again(tmp_path):
     import optuna
 
     cfg = load_config(None, [LR, "tune.n_trials=2"])
-    plan = _plan(tmp_path)
+    plan = study_plan(tmp_path)
     study = st.open_study(cfg, plan)
     left = study.ask({"train.lr": optuna.distributions.FloatDistribution(0.001, 0.1, log=True)})
     gone = TrialOwner("here", 999999999, 0.0, ("python", "-m", "tasks.tuning.trial", "x"))
@@ -128,7 +114,7 @@ def test_a_study_refuses_other_data_settings(tmp_path):
     from enn_core.stages import STAGE_DATA
 
     cfg = load_config(None, [LR])
-    plan = _plan(tmp_path)
+    plan = study_plan(tmp_path)
     other = load_config(None, [LR, "data.split_seed=7"])  # the study ran on other splits
     write_json(plan.staged / "params.json", sections_of(other, STAGE_DATA.sections))
     plan.database.write_bytes(b"")
@@ -142,7 +128,7 @@ def test_a_resumed_study_draws_new_points_not_its_first_runs_again(tmp_path):
     import optuna
 
     cfg = load_config(None, [LR, "tune.n_trials=4"])
-    plan = _plan(tmp_path)
+    plan = study_plan(tmp_path)
     space = {"train.lr": optuna.distributions.FloatDistribution(0.001, 0.1, log=True)}
 
     def draw_two() -> list[float]:
