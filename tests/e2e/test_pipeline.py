@@ -53,10 +53,12 @@ NON_PYTHON_OK = {
 
 
 class TreeWatcher:
-    """Polls the descendants of this process and remembers every one it saw."""
+    """Polls the descendants of this process and remembers every one it saw: its name, command
+    line and parent, as last seen (a child caught between fork and exec shows its parent's
+    command line; a later poll shows what it became)."""
 
     def __init__(self) -> None:
-        self.seen: dict[int, tuple[str, list[str]]] = {}
+        self.seen: dict[int, tuple[str, list[str], int]] = {}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
@@ -73,7 +75,7 @@ class TreeWatcher:
         while not self._stop.wait(0.1):
             for p in me.children(recursive=True):
                 try:
-                    self.seen.setdefault(p.pid, (p.name(), p.cmdline()))
+                    self.seen[p.pid] = (p.name(), p.cmdline(), p.ppid())
                 except psutil.Error:
                     continue
 
@@ -394,7 +396,12 @@ def test_every_process_was_offline_and_watched(ran):
         for p in ran.guard_dir.glob("watched-*.json")
     }
     unwatched = []
-    for pid, (name, cmd) in ran.tree.items():
+    for pid, (name, cmd, ppid) in ran.tree.items():
+        parent = ran.tree.get(ppid)
+        if parent and parent[1] == cmd and ppid in watched:
+            # a fork of a watched process, seen before it exec'd (a subprocess's child): it
+            # holds the guard it inherited; what it exec'd into, if Python, leaves its own proof
+            continue
         is_python = (
             "python" in name
             or bool(cmd and "python" in Path(cmd[0]).name)
