@@ -92,10 +92,18 @@ def wait_for_the_others(job: WorkerJob) -> None:
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         peer = re.search(r"peer \[?([^\]\s]+)\]?:\d+", first)
-        who = f"the rank at {peer.group(1)}" if peer else "another rank"
+        # under TORCH_DISTRIBUTED_DEBUG=DETAIL the barrier is gloo's monitored one, whose text
+        # names the missing ranks beside its (unreached) timeout: name the ranks only
+        missing = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", first)
+        if peer:
+            who, how = f"the rank at {peer.group(1)}", "connection closed"
+        elif missing:
+            who, how = f"rank {missing.group(1).strip()}", "its connection closed"
+        else:
+            who, how = "another rank", first[:120]
         raise WorkerError(
             f"rank {job.rank} wrote its parts and waited for the other ranks, but {who} went "
-            f"away ({'connection closed' if peer else first[:120]}): its node's prediction failed "
+            f"away ({how}): its node's prediction failed "
             f"or was killed; the completed parts in {job.parts_dir} are kept: run predict again "
             "on every node to compute only the missing ones"
         ) from None
