@@ -619,12 +619,39 @@ def wait_for_agents(timeout_s: float = 60.0) -> None:
             t.join(max(0.0, end - time.monotonic()))
 
 
+STOPPED = (130, 143)  # interrupted or cancelled, terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     with sigterm_as_interrupt():
         try:
-            return _main(argv)
+            code = _main(argv)
         finally:
             wait_for_agents()
+    if code in STOPPED:
+        end_stopped(code)
+    return code
+
+
+def end_stopped(code: int) -> None:
+    """End a stopped command without the interpreter's finalization. Everything of ours is
+    done by then (workers stopped, lock released, MLflow runs ended, the last line printed),
+    but a thread of torch's elastic agent or store that a stop cut short can still be inside
+    C++ when finalization tears the interpreter down, which aborts the process: "terminate
+    called without an active exception", SIGABRT (exit -6) instead of 143 (1 of ~15 SIGTERMed
+    runs under load, even after `wait_for_agents`). So: what Python's exit runs first, in its
+    order (threading's exit hooks, where Prefect sends its last logs, and the join of
+    non-daemon threads; then atexit's: servers stopped, logs flushed), then `os._exit`."""
+    with contextlib.suppress(Exception):
+        getattr(threading, "_shutdown")()  # noqa: B009 - CPython's own first step at exit
+    with contextlib.suppress(Exception):
+        import atexit
+
+        getattr(atexit, "_run_exitfuncs")()  # noqa: B009 - runs each hook once, then clears
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _log_name(args: argparse.Namespace) -> str:
