@@ -18,8 +18,13 @@ is `spec.output_dir(layout)`, `layout.outputs / <name>`.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from enn_core.errors import ConfigError
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
 # The short list of environment variables the project reads (documented in the README).
 ENV_WORK_DIR = "ENN_WORK_DIR"  # override the work directory (absolute path)
@@ -108,6 +113,13 @@ class Layout:
         return self.work / "pipeline.lock"
 
     def run_dir(self, run_id: str, stage: str) -> Path:
+        """`work/runs/<run id>/<stage>/`; the id is a name, never a path (under an external
+        launcher it comes from the environment: TORCHELASTIC_RUN_ID)."""
+        if not RUN_ID.match(run_id) or ".." in run_id:
+            raise ConfigError(
+                f"run id {run_id[:80]!r} is not a name (letters, digits, '_', '.', '-'; no '..'): "
+                "give the launcher's --rdzv-id (TORCHELASTIC_RUN_ID) such a value"
+            )
         return self.work / "runs" / run_id / stage
 
     def resolve(self, path: str | Path) -> Path:

@@ -625,12 +625,22 @@ STOPPED = (130, 143)  # interrupted or cancelled, terminated
 def main(argv: list[str] | None = None) -> int:
     with sigterm_as_interrupt():
         try:
-            code = _main(argv)
+            return _main(argv)
         finally:
             wait_for_agents()
+
+
+def entry() -> None:
+    """The `enn` command: `main`, then the process ends with its code (`exit_with`)."""
+    exit_with(main())
+
+
+def exit_with(code: int) -> None:
+    """End this process with `code`: a stopped command through `end_stopped`, any other as
+    Python ends. Only for a process's entry point: in-process callers of `main` keep theirs."""
     if code in STOPPED:
         end_stopped(code)
-    return code
+    sys.exit(code)
 
 
 def end_stopped(code: int) -> None:
@@ -699,4 +709,4 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -190,7 +190,12 @@ def _run_recorded(
             path,
             root / "params.yaml",
         )
-    elif cfg.tracking.enabled and dvc_state.owns(root, path) and dvc_state.all_fresh(root, stages):
+    elif (
+        cfg.tracking.enabled
+        and not recorded.plan.one_off()  # DVC does not skip a one-off run's stages: they run
+        and dvc_state.owns(root, path)
+        and dvc_state.all_fresh(root, stages)
+    ):
         # a scheduled run with nothing to do added a parent "training #N" carrying the last
         # results' metrics, which read like a training; the stages still show as skipped
         logger.info(

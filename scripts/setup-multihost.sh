@@ -13,11 +13,16 @@ command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "setup-multihost: installing ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
+  before=$(pg_lsclusters -h 2>/dev/null | awk '{print $1, $2}')
   apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
     || echo "setup-multihost: apt-get could not install ${missing[*]}; the multi-host tests will say so" >&2
-  # Debian's package starts a cluster of its own; the tests start private ones
-  command -v pg_ctlcluster >/dev/null 2>&1 && pg_ctlcluster --help >/dev/null 2>&1 && \
-    (pg_lsclusters -h 2>/dev/null | awk '{print $1, $2}' | while read -r v c; do pg_ctlcluster "$v" "$c" stop || true; done)
+  # Debian's package starts a cluster of its own (the tests start private ones): stop that
+  # one only, never a cluster this machine ran before
+  if [[ " ${missing[*]} " == *" postgresql "* ]] && command -v pg_ctlcluster >/dev/null 2>&1; then
+    pg_lsclusters -h 2>/dev/null | awk '{print $1, $2}' | while read -r v c; do
+      grep -qxF "$v $c" <<<"$before" || pg_ctlcluster "$v" "$c" stop || true
+    done
+  fi
 else
   echo "setup-multihost: missing ${missing[*]}; install them (as root: apt-get install ${missing[*]})" >&2
 fi

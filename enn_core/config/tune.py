@@ -57,16 +57,18 @@ class Dimension(NamedTuple):
         """The value a trial runs and `enn tune --apply` writes: Optuna samples a float with
         all its 17 digits (`0.002358412537954837`), which say nothing about a hyperparameter and
         made the params file unreadable. A sampled float is kept to `SIGNIFICANT` digits (more
-        where the range is narrower than the value), a stepped one to its step's decimals
-        (`0.30000000000000004` -> `0.3`), inside [low, high]; ints and choices as they are. The
-        file then holds, in its shortest form, the very float the best trial trained with."""
+        where the range is narrower than the value), a stepped one to its grid `low + k * step`
+        in the decimals of step and low (`0.30000000000000004` -> `0.3`), inside [low, high];
+        ints and choices as they are. The file then holds, in its shortest form, the very float
+        the best trial trained with."""
         if self.kind != "float" or isinstance(value, bool) or not isinstance(value, (int, float)):
             return value
         if not math.isfinite(value):
             return value
-        if self.step is not None:
-            exponent = Decimal(repr(float(self.step))).normalize().as_tuple().exponent
-            rounded = round(float(value), max(0, -int(exponent)))
+        if self.step is not None:  # on the grid low + k * step, in the decimals both need
+            decimals = max(_decimals(self.step), _decimals(self.low))
+            k = round((float(value) - self.low) / self.step)
+            rounded = round(self.low + k * self.step, decimals)
         elif value == 0:
             rounded = 0.0
         else:
@@ -74,6 +76,11 @@ class Dimension(NamedTuple):
             digits = SIGNIFICANT + max(0, math.ceil(narrow))
             rounded = float(f"{value:.{digits}g}")
         return min(max(rounded, self.low), self.high)
+
+
+def _decimals(x: float) -> int:
+    """The decimals `x` is written with (0.25 -> 2, 10 -> 0)."""
+    return max(0, -int(Decimal(repr(float(x))).normalize().as_tuple().exponent))
 
 
 def _number(key: str, spec: Mapping[str, Any], name: str) -> float:

@@ -23,6 +23,7 @@ go stale and be queued again).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -436,7 +437,10 @@ def poll_trial(
     except (UpdateFinishedTrialError, ValueError):
         if running.number in shared.counts(study)[1]:
             raise  # still running there: a damaged record, not a trial taken over
-    pids, gone = kill_tree(psutil.Process(running.proc.pid))
+    pids, gone = [], 0.0
+    if running.proc.poll() is None:  # reaped already: its pid may be another process's now
+        with contextlib.suppress(psutil.NoSuchProcess):
+            pids, gone = kill_tree(psutil.Process(running.proc.pid))
     running.proc.wait()
     log.warning(
         "trial %d was failed as stale by another host (no heartbeat for %d s): stopped here",

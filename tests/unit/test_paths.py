@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_project_root_of_a_config_is_its_pipeline_folder(tmp_path):
     """params.yaml and prediction/params.yaml are their pipelines' roots; an overlay config
@@ -24,3 +26,15 @@ def test_project_root_of_a_config_is_its_pipeline_folder(tmp_path):
     assert project_root(proj / "prediction" / "params.yaml") == proj / "prediction"
     assert project_root(proj / "configs" / "expressway.yaml") == proj
     assert project_root(tmp_path / "loose" / "params.yaml") == tmp_path / "loose"
+
+
+@pytest.mark.parametrize("run_id", ["../../elsewhere", "/tmp/x", "a/b", "", ".."])
+def test_a_run_id_from_the_environment_is_a_name_never_a_path(tmp_path, run_id):
+    """TORCHELASTIC_RUN_ID names `work/runs/<id>-rank<r>/` under an external launcher."""
+    from enn_core.errors import ConfigError
+    from enn_core.paths import Layout
+
+    layout = Layout.for_root(tmp_path)
+    assert layout.run_dir("job-7_a.b", "predict") == tmp_path / "work/runs/job-7_a.b/predict"
+    with pytest.raises(ConfigError, match="is not a name"):
+        layout.run_dir(run_id, "predict")

@@ -88,3 +88,19 @@ def test_the_shipped_params_declare_a_valid_study():
 
     cfg = load_config(ROOT / "params.yaml")
     assert {d.key for d in dimensions(cfg.tune)} >= {"train.lr"}
+
+
+def test_a_stepped_float_runs_on_its_grid_from_low():
+    """Rounding to the step's decimals alone put 0.15 (low 0.05, step 0.1) at 0.1 or 0.2 and
+    0.65 (low 0.15, step 0.5) at 0.7: values off the grid Optuna samples."""
+    from enn_core.config.tune import Dimension
+
+    d = Dimension("train.lr", "float", 0.05, 1.0, step=0.1)
+    assert [d.point(v) for v in (0.15000000000000002, 0.25, 0.35000000000000003)] == [
+        0.15,
+        0.25,
+        0.35,
+    ]
+    d = Dimension("train.lr", "float", 0.15, 3.0, step=0.5)
+    assert [d.point(v) for v in (0.65, 1.15, 2.1500000000000004)] == [0.65, 1.15, 2.15]
+    assert Dimension("train.lr", "float", 0.0, 1.0, step=0.1).point(0.30000000000000004) == 0.3

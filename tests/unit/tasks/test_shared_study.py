@@ -15,6 +15,7 @@ the trials other hosts run, and the URL's user and password kept out of what is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -32,6 +33,7 @@ from tasks.tuning import shared
 from tasks.tuning import study as st
 from tasks.tuning.owner import OWNER_ATTR, TrialOwner, trial_command
 from tests.fixtures.cli import enn
+from tests.fixtures.study import study_plan
 
 SPACE = {"train.lr": {"low": 0.001, "high": 0.1, "log": True}}
 LR = f"tune.space={yaml.safe_dump(SPACE, default_flow_style=True).strip()}"
@@ -40,16 +42,10 @@ SERVER = "postgresql://alice@node3:5432/studies"
 
 def shared_plan(tmp_path: Path, folder: str = "s", identity: str = "node1") -> st.StudyPlan:
     """A study `s` on the SQLite file `tmp_path/shared.db`, configured as a shared storage."""
-    return st.StudyPlan(
-        name="s",
-        config=tmp_path / "params.yaml",
-        overrides=(),
-        root=tmp_path,
+    return dataclasses.replace(
+        study_plan(tmp_path),
         folder=tmp_path / folder,
         storage=f"sqlite:///{tmp_path / 'shared.db'}",
-        parallel=1,
-        runtime=("runtime.threads_per_worker=1",),
-        gpus=0,
         shared=True,
         identity=identity,
     )
