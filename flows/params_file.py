@@ -213,13 +213,18 @@ class Recorded:
     """The overrides a run wrote; `keep()` once a stage's outputs were made with them."""
 
     def __init__(self, path: Path, before: bytes, p: Plan, changes: list[str]) -> None:
-        self.path, self.before, self.kept = path, before, False
+        self.path, self.before, self.kept, self.restored = path, before, False, False
         self.plan, self.changes = p, changes
 
     def keep(self) -> None:
         self.kept = True
 
     def summary(self) -> str | None:
+        if self.restored:
+            return (
+                f"params: {self.plan.name()} unchanged (restored, no stage finished: "
+                f"{'; '.join(self.changes)} undone)"
+            )
         return summary_line(self.plan, self.changes)
 
 
@@ -237,6 +242,7 @@ def recorded_overrides(path: Path, overrides: list[str], log: logging.Logger) ->
     except BaseException:
         if not recorded.kept and path.read_bytes() != recorded.before:
             put_back(path, recorded.before)
+            recorded.restored = True
             log.info("params: %s restored (the run failed before any stage finished)", path.name)
         raise
 

@@ -138,8 +138,13 @@ def run_stages(
     path = Path(config).resolve()
     overrides = run_overrides(path, list(overrides or []))  # project paths relative
     cfg = load_once(path, overrides)
-    with recorded_overrides(path, overrides, logger) as recorded:
-        return _run_recorded(name, path, cfg, stages, recorded, logger)
+    recorded: Recorded | None = None
+    try:
+        with recorded_overrides(path, overrides, logger) as recorded:
+            return _run_recorded(name, path, cfg, stages, recorded, logger)
+    finally:  # the closing summary says what the file holds now: restored after a failure
+        if recorded is not None and recorded.restored and (record := _RECORD.get()) is not None:
+            record.params = recorded.summary()
 
 
 @contextlib.contextmanager

@@ -156,3 +156,23 @@ def test_the_plan_says_what_each_set_does(project):
     assert refs.write == ("predict.model=models:/enn-x@champion",)
     overlay = plan(project / "configs" / "overlay.yaml", ["train.lr=0.02"])
     assert overlay.once == ("train.lr=0.02",) and not overlay.write and not overlay.one_off()
+
+
+def test_a_run_stopped_before_any_stage_finished_says_the_file_was_restored(project):
+    """Ctrl-C during the first stage put params.yaml back, but the closing summary said
+    "params: params.yaml changed (train.epochs: 25 -> 200)"."""
+    import logging
+
+    from flows.params_file import recorded_overrides
+
+    path = project / "params.yaml"
+    before = path.read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        with recorded_overrides(path, ["train.epochs=200"], logging.getLogger("t")) as rec:
+            assert rec.summary().startswith("params: params.yaml changed (train.epochs:")
+            raise KeyboardInterrupt
+    assert path.read_bytes() == before and rec.restored
+    assert rec.summary() == (
+        "params: params.yaml unchanged (restored, no stage finished: train.epochs: "
+        f"{yaml.safe_load(before)['train']['epochs']} -> 200 undone)"
+    )
