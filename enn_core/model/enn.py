@@ -29,7 +29,7 @@ from torch import nn
 
 from enn_core.config.model import ModelConfig, Preset
 from enn_core.data.dataset import StagedDataset
-from enn_core.data.manifest import DataSpec
+from enn_core.data.manifest import DataSpec, StagedManifest
 from enn_core.errors import ConfigError, DataError
 from enn_core.model.custom import build_body, describe_body, model_spec
 from enn_core.model.encoding import (
@@ -319,10 +319,12 @@ if set(PRESETS) != set(get_args(Preset)):  # a preset the config accepts is one 
     )
 
 
-def _data_spec(data: DataSpec | Mapping[str, Any]) -> DataSpec:
-    """A manifest's mapping (the JSON form of `StagedManifest.model_data()`) as a DataSpec."""
+def _data_spec(data: DataSpec | StagedManifest | Mapping[str, Any]) -> DataSpec:
+    """The data spec of a manifest, or of a mapping (the JSON form of either)."""
     if isinstance(data, DataSpec):
         return data
+    if isinstance(data, StagedManifest):
+        return data.data_spec()
     for key in ("label_shape", "feature_specs"):
         if key not in data:
             raise DataError(f"manifest has no {key!r}; re-run stage-data")
@@ -331,18 +333,18 @@ def _data_spec(data: DataSpec | Mapping[str, Any]) -> DataSpec:
 
 def build_model(
     cfg: ModelConfig,
-    data: DataSpec | Mapping[str, Any],
+    data: DataSpec | StagedManifest | Mapping[str, Any],
     *,
     data_dir: str | Path | None = None,
     code: ModelCode = BUILTIN,
     where: str = "model",
     prior: PriorSize | None = None,
 ) -> ENN:
-    """The model for `data` (`StagedManifest.data_spec()`, a checkpoint's, or the JSON form of
-    either), initialised from `cfg.init_seed` (global RNG untouched). A custom model's factory
-    is imported only when `code` (the params in use) allows it. With a neighbour prior
-    (model.prior_weight > 0) its training rows are read from `data_dir` unless `prior` says
-    their size (a checkpoint's weights then bring them)."""
+    """The model for `data` (the staged manifest, its `data_spec()`, a checkpoint's, or the
+    JSON form of either), initialised from `cfg.init_seed` (global RNG untouched). A custom
+    model's factory is imported only when `code` (the params in use) allows it. With a
+    neighbour prior (model.prior_weight > 0) its training rows are read from `data_dir` unless
+    `prior` gives their size (a checkpoint's weights then bring them)."""
     spec = _data_spec(data)
     check_fit(cfg, spec)
     mean, std = label_statistics(spec, data_dir)
