@@ -62,7 +62,7 @@ def make_inputs(work: Path, rows: int, model_path: str | None, overrides: list[s
     if model_path:
         model, _ = load_model(model_path)
     else:
-        model = build_model(cfg.model, ds.manifest, data_dir=staged).eval()
+        model = build_model(cfg.model, ds.manifest.data_spec(), data_dir=staged).eval()
     return work / "features.npy", model, tuple(ds.label_shape)
 
 

@@ -18,6 +18,7 @@ such as prepare-checkpoint's warm start; `capped` joins them for a one-line mess
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,63 +29,17 @@ import torch
 from torch import nn
 
 from enn_core.atomic import atomic_file
-from enn_core.config.loader import build, to_plain
+from enn_core.config.loader import build
 from enn_core.config.model import ModelConfig
-from enn_core.data.manifest import MODEL_DATA_KEYS
+from enn_core.data.manifest import MODEL_DATA_KEYS, DataSpec, StagedManifest, plain
 from enn_core.errors import ConfigError, StaleOutputError
-from enn_core.model.enn import ENN, build_model
+from enn_core.model.enn import ENN, PriorSize, build_model
 from enn_core.model_code import BUILTIN, ModelCode
 from enn_core.tensor_file import load_tensors
 
 FORMAT_VERSION = 1
 DATA_KEYS = MODEL_DATA_KEYS  # the staged manifest's part a model is rebuilt from
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.")
-
-
-def plain(obj: Any) -> Any:
-    """JSON round trip: what weights_only loading accepts (and no numpy scalars)."""
-    return json.loads(json.dumps(to_plain(obj), default=_json_default))
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    return str(o)
-
-
-def data_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of the staged manifest a model needs to be rebuilt and to read its inputs."""
-    return plain({k: manifest.get(k) for k in DATA_KEYS})
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    """What a model knows of its data: the inputs it reads and the labels it predicts."""
-
-    feature_specs: tuple[Mapping[str, Any], ...]
-    label_shape: tuple[int, ...]
-    label_axes: tuple[str, ...] = ()
-    label_axis_values: Mapping[str, list[str]] = field(default_factory=dict)
-    label_stats: Mapping[str, Any] = field(default_factory=dict)
-    row_keys: tuple[str, ...] = ()
-    naive_keys: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, data: Mapping[str, Any]) -> DataSpec:
-        """From a manifest or a checkpoint's `data` mapping (absent optional keys: empty)."""
-        return cls(
-            feature_specs=tuple(data.get("feature_specs") or ()),
-            label_shape=tuple(int(s) for s in data.get("label_shape") or ()),
-            label_axes=tuple(data.get("label_axes") or ()),
-            label_axis_values=dict(data.get("label_axis_values") or {}),
-            label_stats=dict(data.get("label_stats") or {}),
-            row_keys=tuple(data.get("row_keys") or ()),
-            naive_keys=tuple(data.get("naive_keys") or ()),
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        """The file form (lists, plain dicts): also what the model builder reads."""
-        return plain({k: getattr(self, k) for k in DATA_KEYS})
 
 
 @dataclass(frozen=True)
@@ -170,17 +125,27 @@ def consolidated_state_dict(
     return out
 
 
+def _data_of(manifest: StagedManifest | Mapping[str, Any]) -> tuple[DataSpec, str]:
+    """(what the model knows of its data, the data's content hash)."""
+    if isinstance(manifest, StagedManifest):
+        return manifest.data_spec(), manifest.content_hash
+    spec = DataSpec.of(plain({k: manifest.get(k) for k in DATA_KEYS}))
+    return spec, str(manifest.get("content_hash") or "")
+
+
 def make_checkpoint(
     model: nn.Module | Mapping[str, torch.Tensor],
     model_cfg: ModelConfig,
-    manifest: Mapping[str, Any],
+    manifest: StagedManifest | Mapping[str, Any],
     meta: Mapping[str, Any] | None = None,
 ) -> Checkpoint:
+    """`manifest`: the staged data's (or the JSON form of its `model_data()`)."""
+    data, fingerprint = _data_of(manifest)
     return Checkpoint(
         state_dict=consolidated_state_dict(model),
         model_config=plain(model_cfg),
-        data=DataSpec.of(data_spec(manifest)),
-        data_fingerprint=str(manifest.get("content_hash") or ""),
+        data=data,
+        data_fingerprint=fingerprint,
         torch_version=str(torch.__version__),
         meta=plain(dict(meta or {})),
     )
@@ -190,7 +155,7 @@ def save_consolidated(
     path: str | Path,
     model: nn.Module | Mapping[str, torch.Tensor],
     model_cfg: ModelConfig,
-    manifest: Mapping[str, Any],
+    manifest: StagedManifest | Mapping[str, Any],
     meta: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the consolidated checkpoint atomically; returns the path."""
@@ -229,14 +194,14 @@ def model_from_checkpoint(
         raise StaleOutputError(
             f"{where}: stored model_config no longer valid ({e}); re-create the checkpoint"
         ) from e
-    data = ckpt.data.as_dict()
     # Label statistics come from the state dict's buffers; per-cell stat files need no data dir.
-    data["label_stats"] = {"mean": 0.0, "std": 1.0}
+    data = dataclasses.replace(ckpt.data, label_stats={"mean": 0.0, "std": 1.0})
+    prior = None
     if (kept := ckpt.state_dict.get("prior.keys")) is not None:
-        data["prior_rows"] = int(kept.shape[0])  # the neighbour prior's rows come as weights
-    if (groups := ckpt.state_dict.get("prior.group_values")) is not None:
-        data["prior_groups"] = int(groups.shape[0])  # and its kriging solves, one per group
-    model = build_model(cfg, data, code=code, where=where)
+        # the neighbour prior's rows come as weights, and its kriging solves, one per group
+        groups = ckpt.state_dict.get("prior.group_values")
+        prior = PriorSize(int(kept.shape[0]), 0 if groups is None else int(groups.shape[0]))
+    model = build_model(cfg, data, code=code, where=where, prior=prior)
     if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise StaleOutputError(
             f"{where}: its weights do not fit the model its config describes: {capped(diffs)}; "

@@ -26,7 +26,6 @@ from enn_core.checkpoint import (
     FORMAT_VERSION,
     capped,
     data_schema_differences,
-    data_spec,
     model_config_differences,
     plain,
     read_checkpoint,
@@ -129,7 +128,7 @@ def warm_start(
         raise  # a crafted file is not a config problem: exit 4, as every refused file
     except StaleOutputError as e:
         raise ConfigError(f"checkpoint.init_from={source}: {e}") from e
-    ours_data = data_spec(manifest.model_data())
+    ours_data = manifest.data_spec().as_dict()
     _refuse_mismatch(
         source,
         model_config_differences(ckpt.model_config, plain(cfg.model)),
@@ -168,7 +167,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
     """
     manifest = read_manifest(staged)
     code = ModelCode.of(cfg.model, ctx.layout.root)
-    model = build_model(cfg.model, manifest.model_data(), data_dir=staged, code=code)
+    model = build_model(cfg.model, manifest.data_spec(), data_dir=staged, code=code)
     source = cfg.checkpoint.init_from
     warm = warm_start(cfg, manifest, source, ctx.layout, model) if source else None
     meta = {
@@ -179,7 +178,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
     }
     described = model.describe()
     with atomic_dir(ctx.output()) as tmp:
-        save_consolidated(tmp / "init.pt", model, cfg.model, manifest.model_data(), meta)
+        save_consolidated(tmp / "init.pt", model, cfg.model, manifest, meta)
         summary = InitSummary(
             output=str(ctx.output()),
             path=str(ctx.output() / "init.pt"),

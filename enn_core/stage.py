@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
@@ -31,7 +31,6 @@ from enn_core.paths import Layout
 
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
-    from enn_core.stages.spec import StageSpec
 
 _SCOPE: ContextVar[threading.Event | None] = ContextVar("enn_cancel_scope", default=None)
 
@@ -51,9 +50,24 @@ def cancel_scope(event: threading.Event) -> Iterator[threading.Event]:
         _SCOPE.reset(token)
 
 
+class StageRef(Protocol):
+    """What a context needs of its stage: `enn_core.stages.spec.StageSpec` is one (the
+    registry names this contract, never the other way round)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def inputs(self) -> tuple[StageRef, ...]: ...
+    @property
+    def optional_inputs(self) -> tuple[StageRef, ...]: ...
+    def output_dir(self, layout: Layout) -> Path: ...
+
+
 @dataclass(frozen=True)
 class StageContext:
-    spec: StageSpec
+    spec: StageRef
     layout: Layout
     run_dir: Path
     events: EventLog
@@ -71,7 +85,7 @@ class StageContext:
         """This stage's output directory."""
         return self.spec.output_dir(self.layout)
 
-    def input(self, upstream: StageSpec) -> Path:
+    def input(self, upstream: StageRef) -> Path:
         """The output directory of `upstream`, which this stage's spec must declare."""
         if upstream not in (*self.spec.inputs, *self.spec.optional_inputs):
             raise KeyError(f"{self.spec.key} does not declare {upstream.key} as an input")
@@ -81,7 +95,7 @@ class StageContext:
 def make_context(
     cfg: RunConfig,
     layout: Layout,
-    spec: StageSpec,
+    spec: StageRef,
     run_id: str,
     cancel: threading.Event | None = None,
 ) -> StageContext:

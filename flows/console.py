@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import io
 import logging
 import os
 import re
@@ -62,7 +63,7 @@ QUIET_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
 )
 
 
-class Console(logging.StreamHandler):  # type: ignore[type-arg]
+class Console(logging.StreamHandler):
     """stderr, written through tqdm so that a progress bar is redrawn below the line."""
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -210,7 +211,7 @@ class LogFile(logging.FileHandler):
     """The log file, never opened through a link; once a write fails (a full disk), it stops
     writing instead of failing on every record."""
 
-    def _open(self):  # noqa: ANN202 - logging's hook
+    def _open(self) -> io.TextIOWrapper:  # logging's hook
         return os.fdopen(open_own(self.baseFilename), "a", encoding=self.encoding)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name

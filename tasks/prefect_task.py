@@ -10,9 +10,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from typing import Any
 
 from prefect import Task, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.schemas.objects import State, TaskRun
 
 from enn_core.errors import TransientError
 from enn_core.stages import StageSpec
@@ -21,7 +23,7 @@ from tasks.runner import PipelineSession, StageResult, execute_stage
 from tasks.ui import mlflow_run_url, mlflow_ui
 
 
-def only_transient(task_, task_run, state) -> bool:
+def only_transient(task_: Task[..., Any], task_run: TaskRun, state: State) -> bool:
     """Prefect retry condition: retry transient errors only (and say so on the console:
     Prefect's own retry line is INFO of a third-party logger, kept in the log file)."""
     try:

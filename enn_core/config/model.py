@@ -25,9 +25,14 @@ OPTIONS_DEPTH = 8
 OPTIONS_BYTES = 64 << 10
 
 
+# The model presets: each has its builder in enn_core/model/enn.py (BUILDERS), which refuses
+# to import while one of these lacks it.
+Preset = Literal["spatiotemporal", "tabular", "custom"]
+
+
 @frozen
 class ModelConfig:
-    preset: Literal["spatiotemporal", "tabular", "custom"] = "spatiotemporal"
+    preset: Preset = "spatiotemporal"
     """Model preset: factorized section/hour attention over output-axis tokens, a residual MLP,
     or your own nn.Module built by `model.factory` (README, "Your own model")."""
 

@@ -13,7 +13,8 @@ such a manifest is unchanged).
 In memory the manifest is a `StagedManifest` record (its arrays, files, labels and source as
 nested records); `read_manifest` parses the file once, with the version checked, and
 `StagedManifest.to_json` writes the same keys the file has always had. The feature specs stay
-the JSON mappings the model builder and the consolidated checkpoint's `data` also read.
+the JSON mappings the model builder and the consolidated checkpoint's `data` also read. What a
+model knows of its data is a `DataSpec` (`StagedManifest.data_spec()`, or a checkpoint's).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enn_core.config.loader import to_plain
 from enn_core.errors import StaleOutputError
 
 FORMAT_VERSION = 1
@@ -45,6 +47,48 @@ MODEL_DATA_KEYS = (
     "row_keys",
     "naive_keys",
 )
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model knows of its data: the inputs it reads and the labels it predicts (the
+    manifest's MODEL_DATA_KEYS; a consolidated checkpoint's `data`)."""
+
+    feature_specs: tuple[Mapping[str, Any], ...]
+    label_shape: tuple[int, ...]
+    label_axes: tuple[str, ...] = ()
+    label_axis_values: Mapping[str, list[str]] = field(default_factory=dict)
+    label_stats: Mapping[str, Any] = field(default_factory=dict)
+    row_keys: tuple[str, ...] = ()
+    naive_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> DataSpec:
+        """From a manifest or a checkpoint's `data` mapping (absent optional keys: empty)."""
+        return cls(
+            feature_specs=tuple(data.get("feature_specs") or ()),
+            label_shape=tuple(int(s) for s in data.get("label_shape") or ()),
+            label_axes=tuple(data.get("label_axes") or ()),
+            label_axis_values=dict(data.get("label_axis_values") or {}),
+            label_stats=dict(data.get("label_stats") or {}),
+            row_keys=tuple(data.get("row_keys") or ()),
+            naive_keys=tuple(data.get("naive_keys") or ()),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The file form (lists, plain dicts), as a checkpoint's `data` holds it."""
+        return plain({k: getattr(self, k) for k in MODEL_DATA_KEYS})
+
+
+def plain(obj: Any) -> Any:
+    """JSON round trip: what weights_only loading accepts (and no numpy scalars)."""
+    return json.loads(json.dumps(to_plain(obj), default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
 
 
 @dataclass(frozen=True)
@@ -230,9 +274,13 @@ class StagedManifest:
     def label_stats(self) -> LabelStats:
         return self.label.stats if self.label else LabelStats()
 
+    def data_spec(self) -> DataSpec:
+        """What a model built for this data knows of it (`build_model`, checkpoints)."""
+        return DataSpec.of(self.model_data())
+
     def model_data(self) -> dict[str, Any]:
-        """The part a model is built from and its checkpoint records (MODEL_DATA_KEYS and the
-        content hash), in the JSON form `build_model` and `save_consolidated` read."""
+        """The JSON form of `data_spec()` with the content hash (MODEL_DATA_KEYS and
+        "content_hash"), for the readers of mappings (the prediction schema checks)."""
         d = self.to_json()
         return {k: d[k] for k in (*MODEL_DATA_KEYS, "content_hash")}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ from enn_core.data.sources import ArraySource, Source, SourceInfo
 from enn_core.data.synthetic import SyntheticSource
 from enn_core.data.tables import CsvSource, ParquetSource
 from enn_core.data.workbook import WorkbookSource
-from enn_core.data.writer import ChunkWriter
+from enn_core.data.writer import ChunkHooks, ChunkWriter
 from enn_core.errors import DataError
 from enn_core.paths import Layout
 from enn_core.summaries import StagedSummary
@@ -203,7 +204,10 @@ def _write(
     frozen = [dict(s) for s in training.feature_specs] if training else None
     enc = Encoder(info.feature_names, data, frozen)
     file = str(info.path or "synthetic")
-    writer = ChunkWriter(tmp, data, info, enc, file, ctx)
+    hooks = None
+    if ctx is not None:  # a stage run: its progress bar, its fault phase once per chunk
+        hooks = ChunkHooks(ctx.stage, ctx.progress, functools.partial(ctx.faults.at, ctx.stage))
+    writer = ChunkWriter(tmp, data, info, enc, file, hooks)
     stop = threading.Event()  # a failed run does not wait for the whole input to be hashed
     with ThreadPoolExecutor(max_workers=1) as pool:  # hash the input while staging it
         src_hash = pool.submit(hashing.hash_files, info.inputs, stop) if info.inputs else None

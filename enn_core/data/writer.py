@@ -9,24 +9,23 @@ its exact-integer range 2**24); the pass then restarts in float64 and records th
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from enn_core.bars import bar
 from enn_core.config import DataConfig
 from enn_core.data import splits
 from enn_core.data.encode import Encoder, value_key
 from enn_core.data.npyio import NpyWriter
 from enn_core.data.sources import Chunk, Source, SourceInfo
 from enn_core.errors import DataError
-from enn_core.progress import bar
-
-if TYPE_CHECKING:
-    from enn_core.stage import StageContext
 
 NARROW_KINDS = {
     np.dtype(t) for t in ("float16", "float32", "int8", "int16", "uint8", "uint16", "bool")
@@ -92,6 +91,20 @@ def _key_strings(col: np.ndarray) -> pa.Array:
     return pa.array([value_key(v) for v in col], pa.string())
 
 
+def _no_hook(i: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ChunkHooks:
+    """What a stage run adds to the write pass: its progress bar (label, shown when `progress`)
+    and a call before each chunk with the chunk's index (the stage's fault phase)."""
+
+    label: str = "staging"
+    progress: bool = False
+    before_chunk: Callable[[int], None] = _no_hook
+
+
 class ChunkWriter:
     codes_file = ".codes.npy"
     source_hash: str | None  # the input files' hash, set by staging once they are hashed
@@ -103,10 +116,9 @@ class ChunkWriter:
         info: SourceInfo,
         enc: Encoder,
         file: str,
-        ctx: StageContext | None = None,
+        hooks: ChunkHooks | None = None,
     ) -> None:
-        # a stage run's context: its fault phase (the stage name, per chunk) and progress bar
-        self.ctx = ctx
+        self.hooks = hooks or ChunkHooks()
         self.out, self.cfg, self.info, self.enc, self.file = out, cfg, info, enc, file
         self.has_labels = info.label_shape is not None
         # this pass's writers (None between passes)
@@ -154,12 +166,10 @@ class ChunkWriter:
             else None
         )
         self._codes = codes_w = NpyWriter(self.out / self.codes_file, np.int8, ())
-        ctx = self.ctx
-        label, progress = (ctx.stage, ctx.progress) if ctx is not None else ("staging", False)
-        with bar(None, label, progress, unit="chunk") as pbar:
+        hooks = self.hooks
+        with bar(None, hooks.label, hooks.progress, unit="chunk") as pbar:
             for i, chunk in enumerate(source.chunks()):
-                if ctx is not None:
-                    ctx.faults.at(ctx.stage, step=i)
+                hooks.before_chunk(i)
                 self._chunk(chunk, x_w, y_w, codes_w)
                 pbar.update(1)
         if self.rows == 0:

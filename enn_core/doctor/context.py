@@ -193,7 +193,7 @@ class DoctorContext:
             manifest, _, data_dir, _ = self.sample()
             code = ModelCode.of(self.cfg.model, self.layout.root)
             self.shared["model"] = build_model(
-                self.cfg.model, manifest.model_data(), data_dir=data_dir, code=code
+                self.cfg.model, manifest.data_spec(), data_dir=data_dir, code=code
             ).eval()
         return self.shared["model"]
 

@@ -1,10 +1,13 @@
-"""The ENN model (no ranks, no meshes): `build_model(model_cfg, manifest) -> ENN`."""
+"""The ENN model (no ranks, no meshes): `build_model(model_cfg, data_spec) -> ENN`, one builder
+per preset (BUILDERS)."""
 
 from enn_core.model.custom import ModelSpec
 from enn_core.model.enn import (
+    BUILDERS,
     ENN,
     PRESETS,
     CustomENN,
+    PriorSize,
     SpatioTemporalENN,
     TabularENN,
     build_model,
@@ -18,12 +21,14 @@ from enn_core.model.layers import (
 from enn_core.model_code import BUILTIN, ModelCode
 
 __all__ = [
+    "BUILDERS",
     "BUILTIN",
     "ENN",
     "CustomENN",
     "ModelCode",
     "ModelSpec",
     "PRESETS",
+    "PriorSize",
     "SpatioTemporalENN",
     "TabularENN",
     "build_model",

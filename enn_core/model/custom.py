@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from enn_core.config.model import ModelConfig
+from enn_core.data.manifest import DataSpec
 from enn_core.errors import ConfigError
 from enn_core.model.encoding import FeatureEncoder, parse_feature_specs
 from enn_core.model_code import ModelCode, check_inside, code_root
@@ -163,8 +164,8 @@ def _note(seen: list[int], handler: Callable[..., Any], signum: int, frame: Any)
     handler(signum, frame)
 
 
-def model_spec(manifest: Mapping[str, Any], encoder: FeatureEncoder) -> ModelSpec:
-    raw = list(manifest["feature_specs"])
+def model_spec(data: DataSpec, encoder: FeatureEncoder) -> ModelSpec:
+    raw = list(data.feature_specs)
     specs = parse_feature_specs(raw)
     lay = encoder.layout
     vocab = dict(zip(lay.categorical, lay.vocab_sizes, strict=True))
@@ -182,9 +183,9 @@ def model_spec(manifest: Mapping[str, Any], encoder: FeatureEncoder) -> ModelSpe
     return ModelSpec(
         features=features,
         encoded_dim=int(encoder.out_dim),
-        label_shape=tuple(int(s) for s in manifest["label_shape"]),
-        label_axes=tuple(manifest.get("label_axes") or ()),
-        label_axis_values=dict(manifest.get("label_axis_values") or {}),
+        label_shape=data.label_shape,
+        label_axes=data.label_axes,
+        label_axis_values=dict(data.label_axis_values),
     )
 
 

@@ -18,16 +18,18 @@ No data-dependent control flow: torch.export (dynamic batch) and ONNX see one gr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
 from torch import nn
 
-from enn_core.config.model import ModelConfig
+from enn_core.config.model import ModelConfig, Preset
 from enn_core.data.dataset import StagedDataset
+from enn_core.data.manifest import DataSpec, StagedManifest
 from enn_core.errors import ConfigError, DataError
 from enn_core.model.custom import build_body, describe_body, model_spec
 from enn_core.model.encoding import (
@@ -40,7 +42,14 @@ from enn_core.model.layers import MLP, FP32Head, ResidualBlock, SpatioTemporalBl
 from enn_core.model.prior import NeighbourPrior, group_count
 from enn_core.model_code import BUILTIN, ModelCode
 
-PRESETS = ("tabular", "spatiotemporal", "custom")
+
+@dataclass(frozen=True)
+class PriorSize:
+    """The neighbour prior's size: the training rows it keeps and the groups it solves for
+    (read from the staged data, or from a checkpoint's weights)."""
+
+    rows: int
+    groups: int = 0
 
 
 class ENN(nn.Module):
@@ -55,15 +64,16 @@ class ENN(nn.Module):
     def __init__(
         self,
         cfg: ModelConfig,
-        manifest: Mapping[str, Any],
+        data: DataSpec,
         label_mean: np.ndarray,
         label_std: np.ndarray,
+        prior: PriorSize | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.label_shape = tuple(int(s) for s in manifest["label_shape"])
-        self.feature_names = parse_feature_specs(manifest["feature_specs"]).names
-        layout = parse_feature_specs(manifest["feature_specs"])
+        self.label_shape = data.label_shape
+        self.feature_names = parse_feature_specs(data.feature_specs).names
+        layout = parse_feature_specs(data.feature_specs)
         if not cfg.cyclic_embeddings:
             layout = without_cyclic_embeddings(layout)
         self.encoder = FeatureEncoder(
@@ -73,12 +83,9 @@ class ENN(nn.Module):
         self.register_buffer("label_std", torch.as_tensor(label_std, dtype=torch.float32))
         self.prior: NeighbourPrior | None = None
         if cfg.prior_weight > 0:
+            size = prior or PriorSize(0)
             self.prior = NeighbourPrior(
-                cfg,
-                parse_feature_specs(manifest["feature_specs"]),
-                self.label_shape,
-                int(manifest.get("prior_rows") or 0),
-                int(manifest.get("prior_groups") or 0),
+                cfg, parse_feature_specs(data.feature_specs), self.label_shape, *astuple(size)
             )
 
     @property
@@ -143,11 +150,12 @@ class TabularENN(ENN):
     def __init__(
         self,
         cfg: ModelConfig,
-        manifest: Mapping[str, Any],
+        data: DataSpec,
         label_mean: np.ndarray,
         label_std: np.ndarray,
+        prior: PriorSize | None = None,
     ) -> None:
-        super().__init__(cfg, manifest, label_mean, label_std)
+        super().__init__(cfg, data, label_mean, label_std, prior)
         d = cfg.d_model
         self.stem = nn.Linear(self.encoder.out_dim, d)
         self.blocks = nn.ModuleList(
@@ -168,11 +176,12 @@ class SpatioTemporalENN(ENN):
     def __init__(
         self,
         cfg: ModelConfig,
-        manifest: Mapping[str, Any],
+        data: DataSpec,
         label_mean: np.ndarray,
         label_std: np.ndarray,
+        prior: PriorSize | None = None,
     ) -> None:
-        super().__init__(cfg, manifest, label_mean, label_std)
+        super().__init__(cfg, data, label_mean, label_std, prior)
         d = cfg.d_model
         s, t = self.label_shape
         film, cross = "film" in cfg.conditioning, "cross" in cfg.conditioning
@@ -215,13 +224,13 @@ class CustomENN(ENN):
     def __init__(
         self,
         cfg: ModelConfig,
-        manifest: Mapping[str, Any],
+        data: DataSpec,
         label_mean: np.ndarray,
         label_std: np.ndarray,
         code: ModelCode,
     ) -> None:
-        super().__init__(cfg, manifest, label_mean, label_std)
-        spec = model_spec(manifest, self.encoder)
+        super().__init__(cfg, data, label_mean, label_std)
+        spec = model_spec(data, self.encoder)
         self.body, self.raw_features = build_body(cfg, spec, code, self.n_features)
 
     @property
@@ -241,11 +250,11 @@ class CustomENN(ENN):
 
 
 def label_statistics(
-    manifest: Mapping[str, Any], data_dir: str | Path | None = None
+    data: DataSpec, data_dir: str | Path | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Label mean/std broadcast to label_shape, std floored; per-cell files when declared."""
-    shape = tuple(int(s) for s in manifest["label_shape"])
-    stats = manifest.get("label_stats") or {}
+    shape = data.label_shape
+    stats = data.label_stats
     if "mean" not in stats or "std" not in stats:
         raise DataError("manifest label_stats lacks mean/std; re-run stage-data")
     mean = np.asarray(stats["mean"], dtype=np.float64)
@@ -274,18 +283,15 @@ def label_statistics(
     return mean.astype(np.float32), np.asarray(floors, dtype=np.float32)
 
 
-def check_fit(cfg: ModelConfig, manifest: Mapping[str, Any]) -> None:
+def check_fit(cfg: ModelConfig, data: DataSpec) -> None:
     """Config x data checks that only make sense together; messages name the fix."""
-    for key in ("label_shape", "feature_specs"):
-        if key not in manifest:
-            raise DataError(f"manifest has no {key!r}; re-run stage-data")
-    shape = list(manifest["label_shape"])
+    if cfg.preset not in BUILDERS:
+        raise ConfigError(f"model.preset={cfg.preset!r} is unknown; use one of {list(PRESETS)}")
+    shape = list(data.label_shape)
     if not shape or any(int(s) < 1 for s in shape):
         raise DataError(
             f"manifest label_shape={shape} must be non-empty with sizes >= 1; re-run stage-data"
         )
-    if cfg.preset not in PRESETS:
-        raise ConfigError(f"model.preset={cfg.preset!r} is unknown; use one of {list(PRESETS)}")
     if cfg.preset == "spatiotemporal" and len(shape) != 2:
         raise ConfigError(
             "model.preset=spatiotemporal needs a 2-D label_shape [sections, hours] "
@@ -294,31 +300,64 @@ def check_fit(cfg: ModelConfig, manifest: Mapping[str, Any]) -> None:
         )
 
 
+# How each preset is built: (config, data spec, label mean, label std, prior size, code).
+Builder = Callable[
+    [ModelConfig, DataSpec, np.ndarray, np.ndarray, PriorSize | None, ModelCode], ENN
+]
+BUILDERS: dict[str, Builder] = {
+    "tabular": lambda cfg, data, mean, std, prior, code: TabularENN(cfg, data, mean, std, prior),
+    "spatiotemporal": lambda cfg, data, mean, std, prior, code: SpatioTemporalENN(
+        cfg, data, mean, std, prior
+    ),
+    "custom": lambda cfg, data, mean, std, prior, code: CustomENN(cfg, data, mean, std, code),
+}
+PRESETS = tuple(BUILDERS)
+if set(PRESETS) != set(get_args(Preset)):  # a preset the config accepts is one built here
+    raise ImportError(
+        f"model presets of ModelConfig.preset {sorted(get_args(Preset))} and the builders in "
+        f"enn_core/model/enn.py {sorted(PRESETS)} differ; add the builder to BUILDERS"
+    )
+
+
+def _data_spec(data: DataSpec | StagedManifest | Mapping[str, Any]) -> DataSpec:
+    """The data spec of a manifest, or of a mapping (the JSON form of either)."""
+    if isinstance(data, DataSpec):
+        return data
+    if isinstance(data, StagedManifest):
+        return data.data_spec()
+    for key in ("label_shape", "feature_specs"):
+        if key not in data:
+            raise DataError(f"manifest has no {key!r}; re-run stage-data")
+    return DataSpec.of(data)
+
+
 def build_model(
     cfg: ModelConfig,
-    manifest: Mapping[str, Any],
+    data: DataSpec | StagedManifest | Mapping[str, Any],
     *,
     data_dir: str | Path | None = None,
     code: ModelCode = BUILTIN,
     where: str = "model",
+    prior: PriorSize | None = None,
 ) -> ENN:
-    """The model for `manifest`'s data, initialised from `cfg.init_seed` (global RNG untouched).
-    A custom model's factory is imported only when `code` (the params in use) allows it."""
-    check_fit(cfg, manifest)
-    mean, std = label_statistics(manifest, data_dir)
+    """The model for `data` (the staged manifest, its `data_spec()`, a checkpoint's, or the
+    JSON form of either), initialised from `cfg.init_seed` (global RNG untouched). A custom
+    model's factory is imported only when `code` (the params in use) allows it. With a
+    neighbour prior (model.prior_weight > 0) its training rows are read from `data_dir` unless
+    `prior` gives their size (a checkpoint's weights then bring them)."""
+    spec = _data_spec(data)
+    check_fit(cfg, spec)
+    mean, std = label_statistics(spec, data_dir)
     training = None
-    if cfg.prior_weight > 0 and not manifest.get("prior_rows"):
+    if cfg.prior_weight > 0 and (prior is None or not prior.rows):
         training = prior_rows(data_dir, cfg.prior_group)
-        layout = parse_feature_specs(manifest["feature_specs"])
-        groups = group_count(training[0], cfg, layout)
-        manifest = {**manifest, "prior_rows": training[0].shape[0], "prior_groups": groups}
+        layout = parse_feature_specs(spec.feature_specs)
+        prior = PriorSize(training[0].shape[0], group_count(training[0], cfg, layout))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
         if cfg.preset == "custom":
             code.allow(cfg.factory, where)
-            return CustomENN(cfg, manifest, mean, std, code)
-        cls = SpatioTemporalENN if cfg.preset == "spatiotemporal" else TabularENN
-        model = cls(cfg, manifest, mean, std)
+        model = BUILDERS[cfg.preset](cfg, spec, mean, std, prior, code)
     if training is not None and model.prior is not None:
         model.prior.fill(*training)
     return model

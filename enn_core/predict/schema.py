@@ -21,10 +21,19 @@ from typing import Any
 
 import numpy as np
 
+from enn_core.data.manifest import DataSpec, StagedManifest
 from enn_core.errors import DataError
 
 # A feature spec as the manifest and the checkpoint store it (JSON: name, kind, vocab, ...).
 Spec = Mapping[str, Any]
+# The staged data's manifest and the model's data spec; a mapping is their JSON form.
+Data = StagedManifest | Mapping[str, Any]
+Model = DataSpec | Mapping[str, Any]
+
+
+def _field(record: Data | Model, key: str) -> Any:
+    """A field of a manifest or a data spec (None where it has none), or a mapping's key."""
+    return record.get(key) if isinstance(record, Mapping) else getattr(record, key, None)
 
 
 def check_specs(
@@ -205,13 +214,13 @@ def _first_unseen(row: np.ndarray, data_specs: Sequence[Spec], model_specs: Sequ
     raise AssertionError("remap_codes found a row with an unseen category, and none is")
 
 
-def check_labels(manifest: Mapping[str, Any], model_data: Mapping[str, Any], where: str) -> None:
+def check_labels(manifest: Data, model_data: Model, where: str) -> None:
     """The model must predict the labels of the data's task: a features-only dataset carries
     the label shape of the training data it was staged against."""
-    want = list(manifest.get("label_shape") or [])
-    have = list(model_data.get("label_shape") or [])
+    want = list(_field(manifest, "label_shape") or [])
+    have = list(_field(model_data, "label_shape") or [])
     if want and have and want != have:
-        against = manifest.get("training_manifest") or "its training data"
+        against = _field(manifest, "training_manifest") or "its training data"
         raise DataError(
             f"{where}: the model predicts labels of shape {have} but this task's are {want} "
             f"(staged against {against}): it is a model of another task; predict with this "
@@ -221,17 +230,17 @@ def check_labels(manifest: Mapping[str, Any], model_data: Mapping[str, Any], whe
 
 
 def check_schema(
-    manifest: Mapping[str, Any],
+    manifest: Data,
     features: np.ndarray,
-    model_data: Mapping[str, Any],
+    model_data: Model,
     where: str,
     *,
     remapped: bool = False,
 ) -> None:
     """The whole check: specs first, then the codes of every row. `remapped`: `features` are
     already coded by the model's vocabularies (`remap_file`), so only those are checked."""
-    data_specs = manifest.get("feature_specs") or []
-    model_specs = model_data.get("feature_specs") or []
+    data_specs = list(_field(manifest, "feature_specs") or [])
+    model_specs = list(_field(model_data, "feature_specs") or [])
     check_specs(data_specs, model_specs, where, vocabularies=not remapped)
     if features.ndim != 2 or features.shape[1] != len(model_specs):
         raise DataError(

@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
+from enn_core.data.manifest import StagedManifest
 from enn_core.errors import ConfigError
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
@@ -204,7 +205,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         summary = {**_summary(result, env, choices), **rank_summary(result, env)}
         summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
         if env.is_main:
-            write_outputs(job, state, loss, data.manifest.model_data(), result, summary)
+            write_outputs(job, state, loss, data.manifest, result, summary)
         if ckpt is not None:
             ckpt.complete()
     finally:
@@ -357,7 +358,7 @@ def write_outputs(
     job: WorkerJob,
     state: dict,
     loss: torch.nn.Module,
-    manifest: dict[str, Any],
+    manifest: StagedManifest,
     result: TrainResult,
     summary: dict,
 ) -> None:

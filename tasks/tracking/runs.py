@@ -87,7 +87,8 @@ class Tracker:
     def __init__(self, cfg: RunConfig, layout: Layout) -> None:
         self.enabled = cfg.tracking.enabled
         self.layout = layout
-        self.client: MlflowClient | None = None
+        # set whenever tracking is on; every use is behind `self.enabled`
+        self.client: MlflowClient = None  # type: ignore[assignment]
         self.experiment_id = ""
         self.system_metrics = cfg.tracking.log_system_metrics
         self._monitors: dict[str, Any] = {}  # run id -> MLflow's SystemMetricsMonitor

@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 
+from enn_core.data.manifest import DataSpec
 from enn_core.errors import DataError
 from enn_core.predict.schema import check_labels, check_schema
 
@@ -90,3 +91,14 @@ def test_a_model_of_other_labels_is_another_task():
         "against t/manifest.json): it is a model of another task"
     )
     assert "\n" not in str(e.value)
+
+
+def test_the_checks_read_a_checkpoints_data_spec_as_its_mapping():
+    """The model's side as the checkpoint holds it in memory (a DataSpec), the same verdicts."""
+    data = {"feature_specs": SPECS, "label_shape": [4, 6], "training_manifest": "t/manifest.json"}
+    check_labels(data, DataSpec.of({**MODEL, "label_shape": [4, 6]}), "in")
+    with pytest.raises(DataError, match=r"shape \[3, 6\] but this task's are \[4, 6\]"):
+        check_labels(data, DataSpec.of({**MODEL, "label_shape": [3, 6]}), "in")
+    check_schema(data, _x([[0, 1, 3.5]]), DataSpec.of(MODEL), "in")
+    with pytest.raises(DataError, match="expects"):
+        check_schema(data, _x([[0, 1, 3.5, 1.0]]), DataSpec.of(MODEL), "in")
