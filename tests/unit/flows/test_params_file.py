@@ -224,3 +224,18 @@ def test_the_advice_after_a_stop_says_what_the_same_command_runs_again(project, 
     assert "runs every stage again" in outside and "outside the project" in outside, outside
     own = again(parse(["run", "--set", "train.epochs=3"]))
     assert "DVC skips the stages that finished" in own, own
+
+
+def test_a_deployments_run_never_writes_a_tracked_file(project):
+    """A Prefect deployment run with overrides, picked up by a work-pool worker, rewrote that
+    worker's params.yaml ("train.epochs: 25 -> 2"): pooled checkouts drifted from their commit."""
+    from flows.params_file import once_lines, record_overrides
+
+    params = project / "params.yaml"
+    before = params.read_bytes()
+    p, changes = record_overrides(params, ["train.epochs=2", "runtime.seed=1"], deployed=True)
+    assert params.read_bytes() == before and changes == []
+    assert p.once == ("train.epochs=2", "runtime.seed=1") and "deployment" in p.one_off()
+    (line,) = once_lines(p)
+    assert "train.epochs=2, runtime.seed=1 for this run only" in line
+    assert "DVC neither skips nor records its stages" in line
