@@ -214,6 +214,9 @@ class Tracker:
         if error:
             self.client.set_tag(run_id, "enn.error", error[:5000])
         self.client.set_terminated(run_id, status=status)
+        if self.uri.startswith(("http://", "https://")):  # the log file's copy of MLflow's lines
+            url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+            logging.getLogger("tasks.tracking").info("MLflow run %s %s: %s", run_id, status, url)
 
     @contextlib.contextmanager
     def child(
