@@ -59,6 +59,7 @@ def _ctx(cfg, root, stage):
     return make_context(cfg, Layout.for_root(root), stage, "test")
 
 
+@pytest.mark.slow  # fits the fitted baselines (gbt) on the staged rows
 def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path, caplog):
     cfg = _project(tmp_path, steps=0)
     # validate reports the numbers and flags both naive predictors the model does not beat
