@@ -178,8 +178,8 @@ def verdict_lines(report: CollapseReport, loss: str = "") -> list[str]:
         ]
     return [
         f"cause: {report.cause.diagnosis.split(';')[0]}",
-        "try: more epochs or another train.lr, a larger model, or collapse.order with calibrated "
-        "first (the report's candidates say how far each was from passing)",
+        "try: more epochs, another train.lr or a larger model (the report says how far each "
+        "candidate was from passing)",
     ]
 
 
