@@ -38,6 +38,7 @@ from enn_core.config.yaml_edit import render, set_values
 from enn_core.paths import checkout_root, project_root
 
 _MISSING = object()
+TAG_CHANGES_KEY = "enn.changes"  # = tasks.tracking.runs.TAG_CHANGES (a test holds them equal)
 
 
 def tracked_sections() -> frozenset[str]:
@@ -202,11 +203,11 @@ def mlflow_tags(p: Plan) -> dict[str, str]:
     file's name, then each --set, as JSON; tasks/tracking/runs.py names the run from it)."""
     import json
 
-    from tasks.tracking.runs import TAG_CHANGES
-
     changes = [] if is_pipeline_params(p.config) else [p.config.name]
     changes += [redact_override(o) for o in p.run]
-    tags = {TAG_CHANGES: json.dumps(changes)} if changes else {}
+    if not changes:  # `dvc repro`, `dvc exp run -S`: what the file holds against its commit
+        changes = committed_changes(p.config)
+    tags = {TAG_CHANGES_KEY: json.dumps(changes)} if changes else {}
     if not p.run:
         return tags
     parts = [_shown(p.run, " ")]
@@ -216,6 +217,45 @@ def mlflow_tags(p: Plan) -> dict[str, str]:
         unchanged = "" if p.write else f" ({p.name()} unchanged)"
         parts.append(f"this run only{unchanged}: {_shown(p.once, ' ')}")
     return {**tags, "enn.overrides": "; ".join(parts)[:5000]}
+
+
+def committed_changes(config: Path) -> list[str]:
+    """`key=value` for each pipeline parameter whose value in `config` differs from the file's
+    last commit (what `dvc exp run -S` changed), or [] (no git, not committed, unreadable)."""
+    import subprocess
+    import tempfile
+
+    root = checkout_root(config.parent)
+    try:
+        rel = config.resolve().relative_to(root.resolve()).as_posix()
+        old = subprocess.run(
+            ["git", "-C", str(root), "show", f"HEAD:{rel}"],
+            capture_output=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        with tempfile.TemporaryDirectory() as tmp:
+            then = Path(tmp) / "params.yaml"
+            then.write_bytes(old)
+            before = _flat(to_plain(load_config(then)))
+        now = _flat(to_plain(load_config(config)))
+    except Exception:  # noqa: BLE001 - a run's name is best-effort: no git, no commit, no name part
+        return []
+    tracked = tracked_sections()
+    return [
+        f"{k}={render(v)}"
+        for k, v in now.items()
+        if k.split(".")[0] in tracked and not _same(before.get(k, _MISSING), v)
+    ]
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): tree}
 
 
 def record_overrides(

@@ -40,3 +40,31 @@ def test_a_run_is_named_for_its_own_changes_not_the_previous_run(tmp_path):
         "training #2 synthetic train.epochs=3",
         "training #3 synthetic",
     ], names
+
+
+def test_a_dvc_exp_run_is_named_for_what_differs_from_the_committed_params_file(tmp_path):
+    """`dvc exp run -S train.lr=0.005` gives enn no --set: the name says what the file holds
+    against its last commit."""
+    import subprocess
+
+    from flows.params_file import TAG_CHANGES_KEY
+
+    root = tmp_path / "proj"
+    (root / ".dvc").mkdir(parents=True)
+    (root / "dvc.yaml").write_text("stages: {}\n")
+    params = root / "params.yaml"
+    params.write_text("train:\n  epochs: 25\n  lr: 0.01\nruntime:\n  seed: 0\n")
+    git = ["git", "-C", str(root), "-c", "user.email=t@e.invalid", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "params"], check=True)
+    params.write_text("train:\n  epochs: 25\n  lr: 0.005\nruntime:\n  seed: 3\n")  # as DVC -S
+    tags = mlflow_tags(plan(params, []))
+    assert tags[TAG_CHANGES_KEY] == '["train.lr=0.005"]', tags  # runtime: how to run, not what
+
+
+def test_the_tag_names_agree():
+    from flows.params_file import TAG_CHANGES_KEY
+    from tasks.tracking.runs import TAG_CHANGES
+
+    assert TAG_CHANGES_KEY == TAG_CHANGES
