@@ -120,8 +120,8 @@ def again(args: argparse.Namespace) -> str:
     )
     if args.command == "distributed-train":
         return (
-            "; the same command continues from its last checkpoint with the same data, model "
-            "and train settings, else trains from epoch 1"
+            "; run the same command again to resume: it continues from its last checkpoint "
+            "with the same data, model and train settings, else trains from epoch 1"
         )
     if args.command != "run":
         return ""
@@ -142,7 +142,8 @@ def one_off(args: argparse.Namespace) -> str:
     from flows.params_file import is_pipeline_params, plan
 
     flow = getattr(args, "flow", None) or "training"
-    config = Path(args.config).resolve() if args.config else pipeline_params(flow)
+    given = getattr(args, "config", None)
+    config = Path(given).resolve() if given else pipeline_params(flow)
     if not is_pipeline_params(config):
         return "--config"
     try:

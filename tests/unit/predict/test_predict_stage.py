@@ -3,9 +3,8 @@ one process (a killed run and two workers: tests/distributed/test_predict_stage.
 
 from __future__ import annotations
 
-import logging
-
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
