@@ -76,6 +76,16 @@ def schema_differences(ours: DataSpec, theirs: DataSpec) -> list[str]:
 def score_split(folder: str | Path, staged: str | Path, split: str = "val") -> Score:
     """The MAE of the model in `folder` (model.pt + calibration.json) on `split` of the staged
     dataset, through its chosen prediction path; SchemaClash when it is another task."""
+    rows, kept, pred, target = split_predictions(folder, staged, split)
+    mae = float(np.mean(np.abs(pred.astype(np.float64) - target)))
+    return Score(mae=mae, rows=len(kept), skipped=int(len(rows) - len(kept)))
+
+
+def split_predictions(
+    folder: str | Path, staged: str | Path, split: str = "val"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(the split's rows, sorted; the positions among them the model could read; its
+    predictions there; the targets there) of the model in `folder`."""
     model = TableModel.load(folder)
     ds = StagedDataset(staged)
     data = DataSpec.of(ds.manifest.model_data())
@@ -93,5 +103,4 @@ def score_split(folder: str | Path, staged: str | Path, split: str = "val") -> S
 
     pred = predict_rows(model.path, x, kept, 256)
     target = np.asarray(ds.targets[rows[kept]], dtype=np.float64)
-    mae = float(np.mean(np.abs(pred.astype(np.float64) - target)))
-    return Score(mae=mae, rows=len(kept), skipped=int(len(rows) - len(kept)))
+    return rows, kept, pred, target

@@ -98,13 +98,14 @@ def evaluate_split(
     fitted: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, float], dict[str, AxisBreakdown], list[str]]:
     """Flat metrics, the breakdown (the model's and each baseline's) and the flags (in words)
-    of one split. `naive`: the naive predictors, flagged when the model does not beat them;
-    `fitted`: the fitted baselines (enn_core.fitted_baselines), scored the same way, reported
-    but not flagged."""
+    of one split. `naive`: the naive predictors; `fitted`: the fitted baselines
+    (enn_core.fitted_baselines), scored the same way; one flag names every one of them that
+    beat the model."""
     m = regression_metrics(pred, target)
     metrics = {f"{split}/{k}": v for k, v in m.items()}
     breakdown = {"model": axis_breakdown(pred, target, axes, axis_values)}
     flags: list[str] = []
+    beaten_by: list[str] = []
     for name, npred in {**naive, **(fitted or {})}.items():
         nm = regression_metrics(npred, target)
         metrics[f"{split}/{name}_mae"] = nm["mae"]
@@ -113,11 +114,13 @@ def evaluate_split(
         metrics[f"{split}/worse_than_{name}"] = float(worse)
         metrics[f"{split}/skill_vs_{name}"] = skill(m["mae"], nm["mae"])
         breakdown[name] = axis_breakdown(npred, target, axes, axis_values)
-        if worse and name in naive:
-            flags.append(
-                f"{split}: the model's MAE {m['mae']:.4g} does not beat the {name} predictor's "
-                f"{nm['mae']:.4g}; the model adds nothing over it on this split"
-            )
+        if worse:
+            beaten_by.append(f"{name} {nm['mae']:.4g}")
+    if beaten_by:  # one warning naming every predictor that beat the model
+        flags.append(
+            f"{split}: the model's MAE {m['mae']:.4g} does not beat {', '.join(beaten_by)}; "
+            "the model adds nothing over them on this split"
+        )
     return metrics, breakdown, flags
 
 

@@ -53,16 +53,30 @@ def project_root(config: str | Path) -> Path:
 
 
 def checkout_root(root: str | Path) -> Path:
-    """The checkout a pipeline folder belongs to (the repository root for `prediction/`): the
-    nearest folder at or above `root` holding `.dvc/` (the DVC repository), else `.git`; `root`
-    itself without either. `.dvc/` first: a DVC project inside a larger git tree (a home folder
-    kept in git) is its own project."""
+    """The project a pipeline folder belongs to (the repository root for `prediction/`, which
+    is a DVC project of its own): the outermost folder at or above `root` holding `.dvc/`
+    inside the git repository that holds `root` (a DVC project inside a larger git tree, a
+    home folder kept in git, is its own project), else that git repository's root, else the
+    outermost `.dvc/` folder; `root` itself without either."""
     start = Path(os.path.abspath(root))
-    for marker in (".dvc", ".git"):
-        for d in (start, *start.parents):
-            if (d / marker).exists():
-                return d
-    return start
+    chain = (start, *start.parents)
+    git = next((d for d in chain if (d / ".git").exists()), None)
+    inside = chain if git is None else chain[: chain.index(git) + 1]
+    dvc = [d for d in inside if (d / ".dvc").is_dir()]
+    if dvc:
+        return dvc[-1]
+    return git if git is not None else start
+
+
+def pipeline_params(flow: str, start: str | Path | None = None) -> Path:
+    """The params.yaml of pipeline `flow` ("training": `<project>/params.yaml`, "prediction":
+    `<project>/prediction/params.yaml`) from any folder of the project (`prediction/`
+    included), so a command run there does that pipeline's work, never the other's."""
+    here = find_root(start)
+    top = checkout_root(here)
+    if not (top / "params.yaml").is_file():
+        top = here
+    return top / "prediction" / "params.yaml" if flow == "prediction" else top / "params.yaml"
 
 
 @dataclass(frozen=True)

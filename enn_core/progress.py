@@ -59,6 +59,9 @@ def follow_training(
         follower.close()
 
 
+EPOCH_LINE_WIDTH = 110  # an epoch line with the console's `HH:MM:SS ` fits this many columns
+
+
 class TrainingFollower:
     """Reads rank 0's events (new lines only) and heartbeat; says what happened."""
 
@@ -138,7 +141,9 @@ class TrainingFollower:
 
     def _epoch_line(self, f: dict[str, Any]) -> str:
         """`distributed-train: epoch 3/20  train loss 0.1234  val loss 0.1111  val MAE 2.455
-        lr 9.5e-03  268 samples/s  ~0:45 left`"""
+        lr 9.5e-03  268 samples/s  ~0:45 left`, within EPOCH_LINE_WIDTH with the console's
+        time in front: the rate goes first when it is longer, then the learning rate (both
+        are in MLflow), then the double spaces."""
         epoch, epochs = int(f.get("epoch", 0)) + 1, int(f.get("epochs", 0))
         parts = [f"{self.desc}: epoch {epoch}/{epochs}"]
         for key, label in (("train_loss", "train loss"), ("val_loss", "val loss")):
@@ -146,12 +151,19 @@ class TrainingFollower:
                 parts.append(f"{label} {f[key]:.4g}")
         if isinstance(f.get("val_mae"), (int, float)):
             parts.append(f"val MAE {f['val_mae']:.4g}")
+        optional = []
         if isinstance(f.get("lr"), (int, float)):
-            parts.append(f"lr {f['lr']:.2e}")
+            optional.append(f"lr {f['lr']:.2e}")
         if isinstance(f.get("samples_per_s"), (int, float)):
-            parts.append(f"{f['samples_per_s']:.0f} samples/s")
+            optional.append(f"{f['samples_per_s']:.0f} samples/s")
+        left = []
         if isinstance(f.get("epoch_s"), (int, float)):
             self.epoch_s.append(float(f["epoch_s"]))
-            left = (epochs - epoch) * sum(self.epoch_s) / len(self.epoch_s)
-            parts.append(f"~{int(left // 60)}:{int(left % 60):02d} left")
-        return "  ".join(parts)
+            s = (epochs - epoch) * sum(self.epoch_s) / len(self.epoch_s)
+            left.append(f"~{int(s // 60)}:{int(s % 60):02d} left")
+        room = EPOCH_LINE_WIDTH - len("HH:MM:SS ")
+        for keep in (len(optional), len(optional) - 1, 0):
+            line = "  ".join(parts + optional[: max(keep, 0)] + left)
+            if len(line) <= room:
+                return line
+        return " ".join(parts + left)

@@ -21,22 +21,38 @@ import sys
 from pathlib import Path
 
 from enn_core.config import RunConfig
-from enn_core.errors import EnnError, TransientError, no_space_behind
-from enn_core.paths import ENV_WORK_DIR, Layout, find_root, project_root
-from enn_core.stages import Flow, lookup
+from enn_core.errors import ConfigError, EnnError, TransientError, no_space_behind
+from enn_core.paths import ENV_WORK_DIR, Layout, pipeline_params, project_root
+from enn_core.stages import TRAINING, Flow, lookup
 from flows import console
 from flows.commands import run_flow_command, run_stage_command, tune_command, ui_command
 from flows.exits import Terminated, exit_with, sigterm_as_interrupt, wait_for_agents
+from flows.params_file import is_pipeline_params
 from flows.parser import build_parser
 from flows.report import again
 
 
 def _config_path(args: argparse.Namespace) -> Path:
-    if args.config:
-        return Path(args.config).resolve()
-    if getattr(args, "flow", None) == "prediction":
-        return find_root() / "prediction" / "params.yaml"
-    return find_root() / "params.yaml"
+    """The run's config file: --config, else the asked pipeline's params.yaml from any folder of
+    the project (`enn stage-data --pipeline prediction` from the root, or `enn run` from
+    prediction/, each does its own pipeline's work). A pipeline's own params.yaml given to the
+    other pipeline's stage is refused: its outputs would be the other pipeline's."""
+    flow = getattr(args, "flow", None) or getattr(args, "pipeline", None) or "training"
+    if not args.config:
+        return pipeline_params(flow)
+    config = Path(args.config).resolve()
+    if args.command in {"run", *STAGE_NAMES} and is_pipeline_params(config):
+        other = "prediction" if flow == "training" else "training"
+        if config == pipeline_params(other, config.parent) != pipeline_params(flow, config.parent):
+            raise ConfigError(
+                f"--config {args.config} is the {other} pipeline's params.yaml, and this is the "
+                f"{flow} pipeline's {args.command}: leave --config out (it finds "
+                f"{pipeline_params(flow, config.parent)}) or pass --pipeline {other}"
+            )
+    return config
+
+
+STAGE_NAMES = frozenset(s.name for s in TRAINING)
 
 
 def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
@@ -89,7 +105,11 @@ def _log_name(args: argparse.Namespace) -> str:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     console.setup(None, args.command, verbose=args.verbose)  # the log file once work/ is known
-    config = _config_path(args)
+    try:
+        config = _config_path(args)
+    except ConfigError as e:
+        print(console.one_line(e), file=sys.stderr)
+        return e.exit_code
     root = project_root(config)  # an overlay under configs/ runs in the project, not in configs/
     disks = [root, os.environ.get(ENV_WORK_DIR) or root / "work"]  # where a full disk is named
     try:

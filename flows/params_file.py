@@ -38,6 +38,7 @@ from enn_core.config.yaml_edit import render, set_values
 from enn_core.paths import checkout_root, project_root
 
 _MISSING = object()
+TAG_CHANGES_KEY = "enn.changes"  # = tasks.tracking.runs.TAG_CHANGES (a test holds them equal)
 
 
 def tracked_sections() -> frozenset[str]:
@@ -86,6 +87,7 @@ class Plan:
     once: tuple[str, ...] = ()  # this run's only
     why: str = ""  # why `once` are not written
     kept_out: tuple[str, ...] = ()  # paths outside the project (DVC neither skips nor records)
+    deployed: bool = False  # a run a deployment started: its --set values are its own
 
     def name(self) -> str:
         root = checkout_root(project_root(self.config))
@@ -97,6 +99,11 @@ class Plan:
     def one_off(self) -> str:
         """Why DVC must neither skip nor record this run's stages ("" when it may): a value the
         run uses that params.yaml does not hold."""
+        if self.deployed:
+            return (
+                "a deployment's run never writes a tracked file, so "
+                f"{self.name()} does not hold this run's values"
+            )
         if not self.kept_out:
             return ""
         return (
@@ -120,11 +127,16 @@ def run_overrides(config: Path, overrides: Sequence[str]) -> list[str]:
     return out
 
 
-def plan(config: Path, overrides: Sequence[str]) -> Plan:
-    """What `--set` does with `config` for a run with `overrides`."""
+def plan(config: Path, overrides: Sequence[str], deployed: bool = False) -> Plan:
+    """What `--set` does with `config` for a run with `overrides`. `deployed`: a run a
+    deployment started (a worker's checkout, `enn deploy`): its overrides are that run's only,
+    as with --config, so that a pooled checkout never drifts from its commit."""
     run = tuple(run_overrides(config, overrides))
     if not run:
         return Plan(config, run)
+    if deployed:
+        why = "a deployment's run: its overrides are its own, never written into a tracked file"
+        return Plan(config, run, once=run, why=why, deployed=True)
     if not is_pipeline_params(config):
         why = (
             f"--set never writes {config.name}, a --config file; the run's config.yaml and "
@@ -155,6 +167,11 @@ def _shown(overrides: Sequence[str], sep: str) -> str:
 
 def once_lines(p: Plan) -> list[str]:
     """The lines that say what `--set` did not write, and why."""
+    if p.deployed:
+        return [
+            f"{p.name()} unchanged: {_shown(p.once, ', ')} for this run only (a deployment's run "
+            "never writes a tracked file); DVC neither skips nor records its stages"
+        ]
     if p.kept_out:
         return [
             f"{p.name()} unchanged: {', '.join(p.kept_out)} lies outside the project (a tracked "
@@ -181,22 +198,72 @@ def summary_line(p: Plan, changes: Sequence[str]) -> str | None:
 
 
 def mlflow_tags(p: Plan) -> dict[str, str]:
-    """The run's `--set` values as the MLflow tag `enn.overrides`, with where they went."""
+    """The run's `--set` values as the MLflow tag `enn.overrides`, with where they went; and
+    what the run's name says differs from the pipeline's params file (`TAG_CHANGES`: a --config
+    file's name, then each --set, as JSON; tasks/tracking/runs.py names the run from it)."""
+    import json
+
+    changes = [] if is_pipeline_params(p.config) else [p.config.name]
+    changes += [redact_override(o) for o in p.run]
+    if not changes:  # `dvc repro`, `dvc exp run -S`: what the file holds against its commit
+        changes = committed_changes(p.config)
+    tags = {TAG_CHANGES_KEY: json.dumps(changes)} if changes else {}
     if not p.run:
-        return {}
+        return tags
     parts = [_shown(p.run, " ")]
     if p.write:
         parts.append(f"in {p.name()}: {' '.join(p.write)}")
     if p.once:
         unchanged = "" if p.write else f" ({p.name()} unchanged)"
         parts.append(f"this run only{unchanged}: {_shown(p.once, ' ')}")
-    return {"enn.overrides": "; ".join(parts)[:5000]}
+    return {**tags, "enn.overrides": "; ".join(parts)[:5000]}
 
 
-def record_overrides(config: Path, overrides: Sequence[str]) -> tuple[Plan, list[str]]:
+def committed_changes(config: Path) -> list[str]:
+    """`key=value` for each pipeline parameter whose value in `config` differs from the file's
+    last commit (what `dvc exp run -S` changed), or [] (no git, not committed, unreadable)."""
+    import subprocess
+    import tempfile
+
+    root = checkout_root(config.parent)
+    try:
+        rel = config.resolve().relative_to(root.resolve()).as_posix()
+        old = subprocess.run(
+            ["git", "-C", str(root), "show", f"HEAD:{rel}"],
+            capture_output=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        with tempfile.TemporaryDirectory() as tmp:
+            then = Path(tmp) / "params.yaml"
+            then.write_bytes(old)
+            before = _flat(to_plain(load_config(then)))
+        now = _flat(to_plain(load_config(config)))
+    except Exception:  # noqa: BLE001 - a run's name is best-effort: no git, no commit, no name part
+        return []
+    tracked = tracked_sections()
+    return [
+        f"{k}={render(v)}"
+        for k, v in now.items()
+        if k.split(".")[0] in tracked and not _same(before.get(k, _MISSING), v)
+    ]
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): tree}
+
+
+def record_overrides(
+    config: Path, overrides: Sequence[str], deployed: bool = False
+) -> tuple[Plan, list[str]]:
     """`--set` applied to the config file (the values were validated: the run's config holds
     them): its plan and the 'key: old -> new' lines of what changed."""
-    p = plan(config, overrides)
+    p = plan(config, overrides, deployed)
     return p, write_overrides(config, p.write)
 
 
@@ -229,11 +296,13 @@ class Recorded:
 
 
 @contextlib.contextmanager
-def recorded_overrides(path: Path, overrides: list[str], log: logging.Logger) -> Iterator[Recorded]:
+def recorded_overrides(
+    path: Path, overrides: list[str], log: logging.Logger, deployed: bool = False
+) -> Iterator[Recorded]:
     """`record_overrides` for the body's run; the file restored if the body fails before
     `keep()`."""
     before = path.read_bytes()
-    p, changes = record_overrides(path, overrides)
+    p, changes = record_overrides(path, overrides, deployed)
     recorded = Recorded(path, before, p, changes)
     for line in [f"{p.name()}: {c}" for c in changes] + once_lines(p):
         log.info("params: %s", line)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from enn_core.metric_names import NAIVE, NAIVE_BEST
 from enn_core.paths import Layout
-from enn_core.stages import COLLAPSE_CHECK, TRAINING, StageSpec
+from enn_core.stages import COLLAPSE_CHECK, StageSpec
 
 
 def reads_writes(spec: StageSpec, where: str = "") -> str:
@@ -36,20 +37,28 @@ def stage_description(spec: StageSpec, variant: StageSpec | None) -> str:
     return text
 
 
-# validate's baselines, as the results line names them and in its order (any other
-# `<split>/<name>_mae` by its name, after these)
-BASELINE_LABELS = {
-    "naive_conditional": "conditional naive",
-    "naive_cell_mean": "per-cell mean",
-    "ridge": "ridge",
-    "gbt": "gbt",
-}
+RESULTS_WIDTH = 160
 
 
-def results_part(m: dict[str, float], split: str) -> str:
-    """`val MAE 3.334, beaten by gbt 3.286 (conditional naive 3.5, per-cell mean 6.3, ridge
-    3.4)`: the model's MAE on `split`, each baseline validate scored, and which of them beat
-    the model (they are reported, not a gate: docs/design.md)."""
+def results_line(m: dict[str, object]) -> str | None:
+    """`results: val MAE ...; test MAE ...` in at most RESULTS_WIDTH characters: when every
+    predictor is named it would be longer, the test split keeps its MAE and how many beat the
+    model, then validation the first three that beat it (MLflow and `dvc metrics show` hold
+    every figure)."""
+    for most in (None, 3, 1):
+        parts = [results_part(m, "val", most), results_part(m, "test", most)]
+        line = "results: " + "; ".join(p for p in parts if p)
+        if len(line) <= RESULTS_WIDTH:
+            return line if any(parts) else None
+    return line[: RESULTS_WIDTH - 3] + "..."
+
+
+def results_part(m: dict[str, object], split: str, most: int | None = None) -> str:
+    """`val MAE 3.334, beaten by gbt 3.286 (naive_conditional 3.5, ridge 3.4)`: the model's MAE
+    on `split`, every predictor validate scored that beat it, else the best naive predictor (the
+    one chosen on the validation rows, `naive_best` in metrics.json) and each fitted baseline;
+    each by its metric's name (`val/<name>_mae`, docs/metrics.md). They are reported, not a
+    gate here: docs/design.md."""
     model = m.get(f"{split}/mae")
     if not isinstance(model, (int, float)):
         return ""
@@ -57,14 +66,24 @@ def results_part(m: dict[str, float], split: str) -> str:
     for key, value in m.items():
         name = key.removeprefix(prefix).removesuffix("_mae")
         if key.startswith(prefix) and key.endswith("_mae") and name and "/" not in name:
-            if isinstance(value, (int, float)):
+            if isinstance(value, (int, float)) and name != NAIVE_BEST:
                 found[name] = float(value)
-    order = [n for n in BASELINE_LABELS if n in found] + sorted(set(found) - set(BASELINE_LABELS))
-    baselines = [(BASELINE_LABELS.get(n, n), found[n]) for n in order]
-    beat = [f"{n} {v:.4g}" for n, v in baselines if v < model]
-    rest = [f"{n} {v:.4g}" for n, v in baselines if v >= model]
-    head = f"{split} MAE {model:.4g}" + (f", beaten by {', '.join(beat)}" if beat else "")
-    return head + (f" ({', '.join(rest)})" if rest else "")
+    best = m.get(NAIVE_BEST)
+    naive = [n for n in NAIVE if n in found]
+    if not isinstance(best, str) or best not in found:
+        best = min(naive, key=lambda n: found[n]) if naive else None
+    shown = [best] if best else []
+    shown += sorted(n for n in found if n not in NAIVE)  # the fitted baselines: gbt, ridge
+    beat = sorted((n for n in found if found[n] <= model), key=lambda n: found[n])
+    rest = [n for n in shown if n not in beat]
+    head = f"{split} MAE {model:.4g}"
+    if most is not None:  # shortened: the first `most` that beat the model, then how many more
+        more = f" (+{len(beat) - most})" if len(beat) > most else ""
+        named = ", ".join(f"{n} {found[n]:.4g}" for n in beat[:most])
+        return head + (f", beaten by {named}{more}" if beat else "")
+    if beat:
+        head += f", beaten by {', '.join(f'{n} {found[n]:.4g}' for n in beat)}"
+    return head + (f" ({', '.join(f'{n} {found[n]:.4g}' for n in rest)})" if rest else "")
 
 
 def predictions_lines(layout: Layout) -> list[str]:
@@ -87,13 +106,49 @@ def predictions_lines(layout: Layout) -> list[str]:
 
 
 def again(args: argparse.Namespace) -> str:
-    """What running a stopped command again does (nothing to add for the servers, which
-    Ctrl-C is the way to stop)."""
+    """What running a stopped command again does, exactly (nothing to add for the servers,
+    which Ctrl-C is the way to stop). A run on the pipeline's params.yaml: DVC skips the stages
+    that finished (dvc.lock records each); a --config run, or one with a path outside the
+    project, is its own (DVC neither skips nor records it): every stage runs again. Training
+    continues from its last checkpoint only when it was stopped mid-training with the same
+    fingerprint (data, data/model/train settings, torch); a finished training starts over."""
     if args.command == "tune":
         return "; run the same command again to resume the study"
-    if args.command == "run" or args.command in {s.name for s in TRAINING}:
+    training = (
+        "distributed-train continues from its last checkpoint if it was stopped mid-training "
+        "with the same data, model and train settings, else trains from epoch 1"
+    )
+    if args.command == "distributed-train":
         return (
-            "; run the same command again to resume: stages that finished are skipped, "
-            "distributed-train continues from its last checkpoint"
+            "; run the same command again to resume: it continues from its last checkpoint "
+            "with the same data, model and train settings, else trains from epoch 1"
         )
+    if args.command != "run":
+        return ""
+    if one_off(args):
+        return (
+            "; the same command runs every stage again (DVC neither skips nor records a "
+            f"{one_off(args)} run); {training}"
+        )
+    return f"; run the same command again to resume: DVC skips the stages that finished; {training}"
+
+
+def one_off(args: argparse.Namespace) -> str:
+    """Why DVC neither skips nor records this `enn run` ("--config", "--set path outside the
+    project"), or ""."""
+    from pathlib import Path
+
+    from enn_core.paths import pipeline_params
+    from flows.params_file import is_pipeline_params, plan
+
+    flow = getattr(args, "flow", None) or "training"
+    given = getattr(args, "config", None)
+    config = Path(given).resolve() if given else pipeline_params(flow)
+    if not is_pipeline_params(config):
+        return "--config"
+    try:
+        if plan(config, list(getattr(args, "overrides", None) or [])).one_off():
+            return "--set path outside the project"
+    except Exception:  # noqa: BLE001 - an unreadable override: the run said so already
+        return ""
     return ""

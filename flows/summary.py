@@ -12,7 +12,7 @@ from enn_core.errors import EnnError
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, VALIDATE, Flow, up_to
 from flows import console
-from flows.report import predictions_lines, results_part
+from flows.report import predictions_lines, results_line
 
 if TYPE_CHECKING:
     from tasks.runner import FlowRecord
@@ -84,8 +84,8 @@ class Summary:
         metrics = VALIDATE.output_dir(self.layout) / "metrics.json"
         if self.flow == "training" and VALIDATE.name in record.results and metrics.is_file():
             m = json.loads(metrics.read_text())
-            splits = [results_part(m, split) for split in ("val", "test")]
-            out.append("results: " + "; ".join(p for p in splits if p))
+            line = results_line(m)
+            out += [line] if line else []
         out += [f"model: {r.registry.line()}" for r in record.results.values() if r.registry]
         if self.flow == "prediction":
             out += predictions_lines(self.layout)

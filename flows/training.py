@@ -27,7 +27,7 @@ from uuid import UUID
 
 import httpx
 from prefect import flow
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled, State
 
 from enn_core.config import RunConfig, RuntimeConfig, load_config, redact_override
@@ -140,7 +140,8 @@ def run_stages(
     cfg = load_once(path, overrides)
     recorded: Recorded | None = None
     try:
-        with recorded_overrides(path, overrides, logger) as recorded:
+        deployed = deployment.get_id() is not None  # a deployment's run: its overrides its own
+        with recorded_overrides(path, overrides, logger, deployed) as recorded:
             return _run_recorded(name, path, cfg, stages, recorded, logger)
     finally:  # the closing summary says what the file holds now: restored after a failure
         if recorded is not None and recorded.restored and (record := _RECORD.get()) is not None:

@@ -9,6 +9,7 @@ best values into the config file the study ran with (`apply_best`). Cancelling t
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 from prefect import flow
@@ -56,6 +57,8 @@ def tuning(config: str = "params.yaml", overrides: list[str] | None = None) -> d
         tracking_uri=cfg.tracking.uri,
     )
     run_id = str(flow_run.get_id() or "") or None
+    # the trials' --set values, for --apply to compare with the file (a stopped study ran too)
+    record_sets(layout, cfg.tune.study or path.stem, path, list(overrides or []))
     with watch_cancellation(run_id) as cancel:
         result = tune(cfg, path, list(overrides or []), layout, should_stop=cancel.is_set)
     publish(result)
@@ -82,9 +85,71 @@ def apply_best(cfg: RunConfig, config: Path, overrides: list[str], layout: Layou
             f"by the config ({e}); nothing written"
         ) from e
     head = f"trial {number} ({cfg.tune.metric} {objective:.4g})"
+    note = sets_note(config, read_sets(layout, cfg.tune.study or config.stem))
     if not lines:
-        return [f"{config.name} already holds {head}'s values"]
-    return [f"{config.name}: {line} ({head})" for line in lines]
+        return [f"{config.name} already holds {head}'s values", *note]
+    return [f"{config.name}: {line} ({head})" for line in lines] + note
+
+
+def _sets_file(layout: Layout, study: str) -> Path:
+    return layout.work / "tune" / f"{study}.sets.json"
+
+
+def record_sets(layout: Layout, study: str, config: Path, overrides: list[str]) -> None:
+    """The study's own --set values of the pipeline's sections (the trials trained under them),
+    beside its database, for `--apply` to compare with the config file. The last run of a
+    study writes them (a resumed study runs under the values it is given again)."""
+    from enn_core.atomic import write_json
+    from enn_core.config.loader import parse_override
+    from flows.params_file import tracked_sections
+
+    sets = [o for o in overrides if parse_override(o)[0].split(".")[0] in tracked_sections()]
+    if re.fullmatch(r"[A-Za-z0-9_.-]+", study):  # a name (check_study_name), never a path
+        _sets_file(layout, study).parent.mkdir(parents=True, exist_ok=True)
+        write_json(_sets_file(layout, study), {"config": str(config), "sets": sets})
+
+
+def read_sets(layout: Layout, study: str) -> list[str]:
+    """What `record_sets` recorded for `study` ([] when nothing, or not a list of strings)."""
+    import json
+
+    try:
+        sets = json.loads(_sets_file(layout, study).read_text()).get("sets")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [s for s in sets if isinstance(s, str)] if isinstance(sets, list) else []
+
+
+def sets_note(config: Path, sets: list[str]) -> list[str]:
+    """`study ran with --set train.epochs=2; params.yaml has train.epochs 3: ...`: the study's
+    --set values the config file does not hold (the winner was found under them), or []."""
+    from enn_core.config import load_config, to_plain
+    from enn_core.config.loader import parse_override
+
+    if not sets:
+        return []
+    try:
+        file = to_plain(load_config(config))
+    except ConfigError:
+        return []
+    differ = []
+    for text in sets:
+        key, value = parse_override(text)
+        held: object = file
+        for part in key.split("."):
+            held = held.get(part) if isinstance(held, dict) else None
+        if held != value and not (
+            isinstance(held, (int, float)) and isinstance(value, (int, float)) and held == value
+        ):
+            differ.append((redact_override(text), f"{key} {held}"))
+    if not differ:
+        return []
+    ran = " ".join(f"--set {t}" for t, _ in differ)
+    has = ", ".join(h for _, h in differ)
+    return [
+        f"note: the study ran with {ran}; {config.name} has {has}: `dvc repro` trains the best "
+        f"values with the file's; add {ran} to `enn run` to train as the trials did"
+    ]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every test tier that can run on CPU, each within its budget:
-#   fast (unit) <= 6 min, distributed (multi-process gloo) <= 25 min, multi-host (hosts in
+#   fast (unit) <= 6 min, slow (unit tests that fit real models) <= 10 min, distributed (multi-process gloo) <= 25 min, multi-host (hosts in
 #   network namespaces, PostgreSQL-backed servers; needs root) <= 12 min, end-to-end <= 45 min.
 # GPU tests are collected in the fast tier and skip cleanly without CUDA.
 # Each test also has its own timeout (pytest-timeout), so nothing waits on a 30-minute default.
@@ -38,7 +38,8 @@ tier() {  # name, budget seconds, per-test timeout, marker expression, pytest op
   echo "=== tier: $name finished in ${took}s (rc=$rc) ==="
 }
 
-tier fast 360 120 "not distributed and not e2e and not multihost" -n 2
+tier fast 360 120 "not slow and not distributed and not e2e and not multihost" -n 2
+tier slow 600 300 "slow and not distributed and not e2e and not multihost" -n 2
 tier distributed 1500 300 "distributed"
 rm -f work/test-multihost.xml  # the skip check reads this run's report, never an older one
 tier multihost 720 600 "multihost" -rs --junitxml=work/test-multihost.xml

@@ -42,6 +42,10 @@ FORCED = {
     # MLflow's records go to this process's handlers (flows/console.py), not a console
     # handler of its own that prints every INFO line
     "MLFLOW_CONFIGURE_LOGGING": "false",
+    # MLflow writes "View run ... at: URL" and "View experiment at: URL" to stdout for every
+    # run it ends on a tracking server (each stage, each trial); the log file keeps each run's
+    # URL instead (tasks/tracking/runs.py, Tracker.end), the summary's `look:` line the parent's
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 

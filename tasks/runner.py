@@ -180,7 +180,10 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             registry = tracker.after_stage(spec, child_id, layout, cfg, lineage, run_dir)
             if registry is not None:
                 session.registration = registry
-                log.info("%s: %s", spec.name, registry.line())
+                # a first version made champion without passing the rule is a warning
+                (log.warning if registry.warning else log.info)(
+                    "%s: %s", spec.name, registry.line()
+                )
     session.done.append(spec.name)
     return StageResult(
         spec.name,

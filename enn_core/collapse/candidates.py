@@ -32,7 +32,7 @@ from enn_core.collapse.measures import (
     fit_affine,
     spread_measures,
 )
-from enn_core.collapse.report import Candidate, Cause, CollapseReport
+from enn_core.collapse.report import Candidate, Cause, CollapseReport, label_mode
 from enn_core.config import CollapseConfig
 from enn_core.inference import Calibration, PredictionPath, predict_rows
 from enn_core.metric_names import PROMOTION_BASELINE
@@ -152,7 +152,7 @@ def check_candidates(
         n_rows=int(len(idx)),
         thresholds={k: getattr(cfg, k) for k in THRESHOLDS},
         candidates=cands,
-        cause=_cause(preds, cands, rows.label_std, precision),
+        cause=_cause(preds, cands, rows.label_std, precision, rows.target),
     )
     if chosen is None:
         return report, None
@@ -181,6 +181,7 @@ def _cause(
     cands: Mapping[str, Candidate],
     label_std: float,
     precision: str,
+    target: np.ndarray | None = None,
 ) -> Cause:
     """Which part of the path collapses, from the differences between candidates."""
     scale = max(label_std, 1e-12)
@@ -213,8 +214,14 @@ def _cause(
             "the model's predictions themselves collapsed (no candidate restores spread with "
             "skill); retrain or change the model"
         )
+    mode = label_mode(target) if target is not None else None
     return Cause(
-        batch_dependence=bd, batch_dependent=dependent, diagnosis=text, precision_effect=effect
+        batch_dependence=bd,
+        batch_dependent=dependent,
+        diagnosis=text,
+        precision_effect=effect,
+        label_mode=None if mode is None else mode[0],
+        label_mode_share=None if mode is None else mode[1],
     )
 
 

@@ -74,6 +74,8 @@ class Cause:
     batch_dependent: bool
     diagnosis: str
     precision_effect: float | None = None
+    label_mode: float | None = None  # the validation targets' most common value
+    label_mode_share: float | None = None  # and the share of the targets it is
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +146,41 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
     if c.slope is None:
         del out["slope"]
     return out
+
+
+MOSTLY_ONE_VALUE = 0.5  # a label whose most common value is at least this share of it
+
+
+def label_mode(target: object) -> tuple[float, float] | None:
+    """(the most common value of the targets, its share of the finite ones), or None."""
+    import numpy as np
+
+    t = np.asarray(target, dtype=np.float64).reshape(-1)
+    t = t[np.isfinite(t)]
+    if not len(t):
+        return None
+    values, counts = np.unique(t, return_counts=True)
+    i = int(np.argmax(counts))
+    return float(values[i]), float(counts[i] / len(t))
+
+
+def verdict_lines(report: CollapseReport, loss: str = "") -> list[str]:
+    """collapse-check's verdict on a failed check as a person reads it: the cause it sees and
+    what to try, each one short line (the candidates' figures are in the report)."""
+    share, value = report.cause.label_mode_share, report.cause.label_mode
+    if share is not None and value is not None and share >= MOSTLY_ONE_VALUE:
+        pull = f"; {loss} pulls to it" if loss in ("l1", "quantile") else ""
+        return [
+            f"cause: the label is mostly one value ({share:.0%} of the validation targets are "
+            f"{value:g}): predicting about {value:g} everywhere scores well",
+            f"try: train.loss=mse or huber (the mean, not the median{pull}), more epochs, or "
+            f"model apart whether a row is {value:g} and how far from it",
+        ]
+    return [
+        f"cause: {report.cause.diagnosis.split(';')[0]}",
+        "try: more epochs, another train.lr or a larger model (the report says how far each "
+        "candidate was from passing)",
+    ]
 
 
 def read_report(directory: str | Path) -> CollapseReport | None:

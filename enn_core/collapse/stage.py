@@ -30,7 +30,7 @@ from enn_core.atomic import atomic_dir, write_json
 from enn_core.checkpoint import Checkpoint
 from enn_core.collapse.candidates import CheckRows, check_candidates, run_precision
 from enn_core.collapse.reference import write_reference
-from enn_core.collapse.report import REPORT_FILE, CollapseReport
+from enn_core.collapse.report import REPORT_FILE, CollapseReport, verdict_lines
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import CollapseError, StaleOutputError
@@ -157,9 +157,11 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Co
     ctx.events.metrics(metrics)
     if cal is None:
         ctx.events.event("collapse", why=report.why, diagnosis=report.cause.diagnosis)
+        for line in verdict_lines(report, cfg.train.loss):  # the cause and what to try
+            ctx.logger.warning("%s: %s", ctx.stage, line)
         raise CollapseError(
-            f"{ctx.stage}: {report.why}; diagnosis: {report.cause.diagnosis}; "
-            f"report: {out / REPORT_FILE}"
+            f"{ctx.stage}: every candidate collapsed ({', '.join(report.order)}; the cause and "
+            f"what to try above); report: {out / REPORT_FILE}"
         )
     ctx.logger.info("%s chose %s: %s", ctx.stage, report.chosen, report.why)
     return CollapseSummary(

@@ -99,7 +99,10 @@ class PartStore:
         if manifest.exists():
             reason = self._mismatch(_read_json(manifest))
             if reason:
-                log.warning("predict: discarding parts in %s: %s", self.root, reason)
+                # the caller says it (once, on the console); the folder goes to the log file
+                logging.getLogger("enn_core.predict.chunks").info(
+                    "predict: discarding parts in %s: %s", self.root, reason
+                )
                 shutil.rmtree(self.root)
         self.root.mkdir(parents=True, exist_ok=True)
         for p in self.root.glob(f"{TMP_PREFIX}*"):  # left by a killed worker

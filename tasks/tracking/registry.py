@@ -6,14 +6,16 @@ it as a new version of the task's registered model (`TrackingConfig.model_name`)
 
 - alias `candidate`: every registered version (export only runs after collapse-check passed);
 - alias `champion`: moved when the version
-  1. beats the best naive predictor for MAE on its validation rows (`val/mae` below
-     `val/naive_best_mae`: the lowest of the per-key and per-cell means and medians, named in
-     the tags as `enn.naive_predictor`; a collapse report written before the medians offers only
-     the conditional mean, `val/naive_conditional_mae`, docs/metrics.md), and
+  1. beats every naive predictor (the per-key and per-cell means and medians; the best named
+     in the tags as `enn.naive_predictor`) and every fitted baseline validate scored (ridge,
+     gbt) on its validation rows by the rule of tasks/tracking/champion_rule.py (a paired
+     bootstrap of per-row absolute errors on at least 30 rows), and
   2. beats the current champion on the same rows: the champion is scored on the candidate's
      validation rows through its own prediction path (enn_core/challenge.py), so a retrain on
      refreshed data (another fingerprint, the same columns) can promote.
-  The version's tags say why, with the numbers (`enn.champion_decision`).
+  The first version of a model becomes champion even when it does not pass 1 (the prediction
+  flow resolves @champion), with a warning naming what beat it. The version's tags say why,
+  with the numbers (`enn.champion_decision`).
 
 A model of another task (other features, label shape; no category in common) is not
 registered under this name: the result says so, naming `tracking.registered_model`.
@@ -29,7 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from enn_core.challenge import SchemaClash, Score, schema, score_split
+import numpy as np
+
+from enn_core.challenge import SchemaClash, Score, schema, score_split, split_predictions
 from enn_core.checkpoint import DataSpec
 from enn_core.collapse.report import read_report
 from enn_core.data.dataset import StagedDataset
@@ -44,9 +48,13 @@ from enn_core.paths import Layout
 from enn_core.serving import TableModel
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING
 from tasks.tracking import pyfunc
+from tasks.tracking.champion_rule import Comparison, judge, row_errors
+from tasks.tracking.champion_rule import verdict as rule_verdict
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
+
+    from enn_core.config import ValidateConfig
 
 CHAMPION, CANDIDATE = "champion", "candidate"
 DESCRIPTION = (
@@ -72,6 +80,7 @@ class Registration:
     champion_val_mae: float | None = None  # the previous champion's, on the same rows
     naive_val_mae: float | None = None
     naive_predictor: str | None = None  # which naive predictor naive_val_mae is
+    warning: str = ""  # a first version made champion without passing the rule: why
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -82,6 +91,9 @@ class Registration:
             return f"{self.model}: not registered: {self.reason}"
         role = "champion" if self.champion else "candidate (champion unchanged)"
         return f"{self.model} version {self.version}: {role}: {self.reason}"
+
+    def as_tags(self) -> dict[str, Any]:
+        return {k: v for k, v in self.as_dict().items() if v != ""}
 
 
 def bundle(layout: Layout, dest: Path) -> Path:
@@ -142,7 +154,12 @@ def log_model(
 
 
 def register(
-    client: MlflowClient, run_id: str, layout: Layout, name: str, tags: dict[str, str]
+    client: MlflowClient,
+    run_id: str,
+    layout: Layout,
+    name: str,
+    tags: dict[str, str],
+    validate: ValidateConfig | None = None,
 ) -> Registration:
     """Log the export of `layout` under `run_id`, register it as a version of `name`, decide
     the champion."""
@@ -159,7 +176,10 @@ def register(
     staged = STAGE_DATA.output_dir(layout)
     with tempfile.TemporaryDirectory() as tmp:
         enn_dir = bundle(layout, Path(tmp))
-        own = score_split(enn_dir, staged, "val")
+        rows, kept, pred, target = split_predictions(enn_dir, staged, "val")
+        errors = row_errors(pred, target)
+        own = Score(mae=float(np.mean(errors)), rows=len(kept), skipped=len(rows) - len(kept))
+        against = judge(errors, baseline_errors(layout, staged, rows[kept], validate))
         info = log_model(client, run_id, name, enn_dir, layout, tags)
         ours = TableModel.load(enn_dir).checkpoint.data
         _ensure_registered_model(client, name)
@@ -169,7 +189,10 @@ def register(
         return Registration(
             name, False, verdict, model_uri=info.model_uri, model_id=info.model_id, val_mae=own.mae
         )
-    promote, why = decide(own, naive, verdict, champion.version if champion else None, naive_name)
+    promote, why = decide(
+        own, naive, verdict, champion.version if champion else None, naive_name, against
+    )
+    warning = why if promote and champion is None and not rule_verdict(against)[0] else ""
     version_tags = {
         **tags,
         **_identity(layout, ours),
@@ -202,7 +225,30 @@ def register(
         champion_val_mae=None if verdict is None else verdict.mae,
         naive_val_mae=naive,
         naive_predictor=None if naive is None else naive_name,
+        warning=warning,
     )
+
+
+def baseline_errors(
+    layout: Layout, staged: Path, rows: np.ndarray, validate: ValidateConfig | None
+) -> dict[str, np.ndarray]:
+    """Each naive predictor's and (with `validate`, from validate's cache) each fitted
+    baseline's per-row absolute errors at `rows` (validation rows, sorted)."""
+    from enn_core.metrics import naive_predictions
+
+    ds = StagedDataset(staged)
+    target = np.asarray(ds.targets[rows], dtype=np.float64)
+    out = {n: row_errors(p, target) for n, p in naive_predictions(ds, rows).items()}
+    if validate is not None and validate.baselines:
+        from enn_core.fitted_baselines import fitted_baselines
+
+        split = np.asarray(ds.split("val"))
+        where = {int(r): i for i, r in enumerate(split)}
+        at = np.asarray([where[int(r)] for r in rows], dtype=np.int64)
+        cache = layout.work / "cache" / "baselines"
+        for n, res in fitted_baselines(ds, validate, ("val",), cache).items():
+            out[n] = row_errors(np.asarray(res.predictions["val"])[at], target)
+    return out
 
 
 def promotion_baseline(chosen: Mapping[str, float]) -> tuple[float | None, str]:
@@ -236,15 +282,26 @@ def decide(
     champion: Score | None,
     champion_version: str | None,
     naive_name: str = "naive_conditional",
+    against: list[Comparison] | None = None,
 ) -> tuple[bool, str]:
-    """(promote, why in words with the numbers)."""
+    """(promote, why in words with the numbers). `against`: the model against each baseline
+    by the rule (champion_rule.py); without it (no per-row errors), the best naive predictor's
+    MAE is the bar."""
     metric = PROMOTION_METRIC
     which = f"the best naive predictor ({naive_name}: {NAIVE_HOW.get(naive_name, naive_name)})"
-    if naive is not None and not own.mae < naive:
-        return False, f"{metric} {own.mae:.4g} does not beat {which}'s {naive:.4g}"
-    if champion is None:
+    if against:
+        passed, rule = rule_verdict(against)
+    elif naive is not None and not own.mae < naive:
+        passed, rule = False, f"{metric} {own.mae:.4g} does not beat {which}'s {naive:.4g}"
+    else:
         below = "" if naive is None else f" against {which}'s {naive:.4g}"
-        return True, f"the first: {metric} {own.mae:.4g}{below} on {own.rows} validation rows"
+        passed, rule = True, f"{metric} {own.mae:.4g}{below} on {own.rows} validation rows"
+    if champion is None:
+        if passed:
+            return True, f"the first: {rule}"
+        return True, f"the first version, champion until one passes the rule: {rule}"
+    if not passed:
+        return False, rule
     rows = f"on this version's {champion.rows} validation rows"
     if champion.skipped:
         rows += f" ({champion.skipped} with categories the champion never saw left out)"

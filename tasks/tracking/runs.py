@@ -48,6 +48,7 @@ TAG_HOST = "enn.host"
 TAG_GROUP = "enn.group"
 TAG_KIND = "enn.kind"
 TAG_FLOW = "enn.flow"
+TAG_CHANGES = "enn.changes"  # JSON: what differs from the params file (flows/params_file.py)
 MAX_PARAM_LEN = 500
 # MLflow 3 opens an experiment in the view its kind names; without it, the GenAI view.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
@@ -159,7 +160,7 @@ class Tracker:
         }
         if group:
             all_tags[TAG_GROUP] = group
-        run_name = self._parent_name(name, data, params)
+        run_name = self._parent_name(name, data, tags)
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.log_params(run.info.run_id, params)
         self._monitor(run.info.run_id)
@@ -177,23 +178,20 @@ class Tracker:
         monitor.start()
         self._monitors[run_id] = monitor
 
-    def _parent_name(self, flow: str, data: str, params: dict[str, str]) -> str:
-        """`training #3 synthetic train.lr=0.02`: the flow, its run count, the data and the
-        parameters that differ from the flow's previous run (a name a person tells apart);
-        on a tracking server, which several machines share, the host as well
-        (`training #3 @node1 synthetic`)."""
+    def _parent_name(self, flow: str, data: str, tags: dict[str, str]) -> str:
+        """`training #3 synthetic train.lr=0.02`: the flow, its run count, the data and what
+        differs from the pipeline's params file (a --config file's name, each --set: the tag
+        `enn.changes`), never a diff against whichever run came before; on a tracking server,
+        which several machines share, the host as well (`training #3 @node1 synthetic`)."""
         previous = self.client.search_runs(
             [self.experiment_id],
             f"tags.`{TAG_FLOW}` = '{flow}'",
             max_results=1000,
-            order_by=["attributes.start_time DESC"],
         )
-        before = previous[0].data.params if previous else {}
-        changed = [
-            f"{k}={v}"
-            for k, v in params.items()
-            if before and before.get(k, v) != v[:MAX_PARAM_LEN]
-        ]
+        try:
+            changed = [str(c) for c in json.loads(tags.get(TAG_CHANGES) or "[]")]
+        except ValueError:
+            changed = []
         parts = [flow, f"#{len(previous) + 1}"]
         if self.uri.startswith(("http://", "https://")):  # early: the UI's column is narrow
             parts.append(f"@{socket.gethostname()}")
@@ -217,6 +215,9 @@ class Tracker:
         if error:
             self.client.set_tag(run_id, "enn.error", error[:5000])
         self.client.set_terminated(run_id, status=status)
+        if self.uri.startswith(("http://", "https://")):  # the log file's copy of MLflow's lines
+            url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+            logging.getLogger("tasks.tracking").info("MLflow run %s %s: %s", run_id, status, url)
 
     @contextlib.contextmanager
     def child(
@@ -284,8 +285,8 @@ class Tracker:
                 self.log_artifact(run_id, png, "plots")
         if spec.registers_model:
             name = models.model_name(cfg, layout.root)
-            result = registry.register(self.client, run_id, layout, name, tags)
-            self.set_tags(run_id, {f"enn.registry.{k}": v for k, v in result.as_dict().items()})
+            result = registry.register(self.client, run_id, layout, name, tags, cfg.validate)
+            self.set_tags(run_id, {f"enn.registry.{k}": v for k, v in result.as_tags().items()})
             return result
         return None
 

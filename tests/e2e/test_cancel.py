@@ -218,8 +218,9 @@ def test_ctrl_c_in_a_terminal_exits_130_within_10_s_and_records_the_run(proj):
     # the terminal itself may echo "^C" just before enn's line (ECHOCTL); that is not enn's text
     last = text.rstrip().splitlines()[-1].strip()
     assert last.removeprefix("^C") == (
-        "interrupted; run the same command again to resume: stages that finished are skipped, "
-        "distributed-train continues from its last checkpoint"
+        "interrupted; run the same command again to resume: DVC skips the stages that "
+        "finished; distributed-train continues from its last checkpoint if it was stopped "
+        "mid-training with the same data, model and train settings, else trains from epoch 1"
     ), text[-1000:]
     assert_all_gone(procs, proc, log)
     assert_lock_free(proj)

@@ -63,6 +63,11 @@ def test_a_terminal_sees_each_epoch_while_it_trains(proj):
     print(f"epoch line latency (written by rank 0 -> on the terminal): {latency}")
     assert arrivals[2] < written[6], "epoch 2 only showed after the last epoch was written"
     assert text.index("epoch 2/6") < text.index("distributed-train: ran in")
+    # each epoch line fits 110 columns (issue 39: 121-123 characters wrapped in 120)
+    lines = [
+        ln for ln in text.replace("\r", "\n").splitlines() if "distributed-train: epoch " in ln
+    ]
+    assert lines and all(len(ln.strip()) <= 110 for ln in lines), lines
     # a bar with the loss in the terminal
     assert re.search(r"distributed-train:\s+\d+%.*loss \d", text), text[-2000:]
 
@@ -95,3 +100,60 @@ def test_set_writes_the_pipelines_parameters_the_same_way_and_a_failure_none(pro
         assert params.read_bytes() == before, argv
     proj.run("enn", "run", "--until", "stage-data", "--set", "data.val_fraction=0.25")
     assert "val_fraction: 0.25" in params.read_text()
+
+
+def test_a_stopped_config_run_says_what_the_same_command_runs_again_and_it_does(proj):
+    """Issue 39: after a stop, a --config run's message said finished stages are skipped and
+    training continues from its last checkpoint; the same command re-ran every stage. Now the
+    message says so, and a training stopped mid-way continues from its checkpoint."""
+    import signal
+    import subprocess
+
+    shutil.copy(proj.root / "params.yaml", proj.root / "configs-own.yaml")
+    slow = ["fault.kind=delay", "fault.phase=step", "fault.seconds=0.4", "fault.times=100000"]
+    sets = ["train.epochs=5", "tracking.enabled=false", *slow]
+    argv = ["enn", "run", "--config", "configs-own.yaml", "--until", "distributed-train"]
+    argv += [a for o in sets for a in ("--set", o)]
+    log = proj.root / "stopped.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(argv, cwd=proj.root, env=proj.env, stdout=f, stderr=f)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if "epoch 2/5" in log.read_text():
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(120)
+    said = log.read_text()
+    assert proc.returncode == 143, said[-3000:]
+    last = said.strip().splitlines()[-1]
+    assert "the same command runs every stage again" in last, last
+    assert "continues from its last checkpoint if it was stopped mid-training" in last, last
+    again = proj.run(*argv, timeout=600)
+    text = again.stdout + again.stderr
+    for stage in ("stage-data", "prepare-checkpoint", "distributed-train"):
+        assert re.search(rf"^{stage} +ran +[0-9.]+ s +executed", again.stdout, re.M), text[-3000:]
+    assert "distributed-train: resumed from step-" in text, text[-3000:]
+    assert "epoch 1/5" not in text, text[-3000:]
+
+
+def test_a_tracking_servers_view_run_lines_stay_off_the_console(proj, tmp_path):
+    """Issue 39: with a tracking server, MLflow printed "View run ... at: URL" and "View
+    experiment at: URL" for every stage and trial; the log file keeps each run's URL."""
+    from flows.servers import mlflow_server
+
+    store = tmp_path / "store"
+    store.mkdir()
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    with mlflow_server(uri, store / "artifacts", "127.0.0.1", 0, tmp_path / "mlflow.log") as url:
+        sets = [f"tracking.uri={url}", "data.split_seed=7"]  # another split: stage-data runs
+        argv = [a for o in sets for a in ("--set", o)]
+        out = proj.run("enn", "run", "--until", "stage-data", *argv, timeout=600)
+    text = out.stdout + out.stderr
+    assert "View run" not in text and "View experiment" not in text, text[-3000:]
+    logged = re.search(r"^log: (\S+)", out.stdout, re.M)
+    assert logged, out.stdout
+    kept = Path(logged.group(1)).read_text()
+    assert re.search(rf"MLflow run \w+ FINISHED: {re.escape(url)}/#/experiments/", kept), kept[
+        -2000:
+    ]

@@ -336,7 +336,8 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
     # dvc repro re-ran export (same model, same MAE): a new candidate, the champion stays
     candidate = client.get_model_version_by_alias("enn-synthetic", "candidate")
     assert int(candidate.version) > int(version.version)
-    assert "does not beat the champion" in candidate.tags["enn.champion_decision"]
+    why = candidate.tags["enn.champion_decision"]  # the champion rule's, or the champion's
+    assert "does not beat the champion" in why or "validation rows" in why, why
     for tag in ("enn.git_commit", "enn.data_fingerprint", "prefect.flow_run_id", "enn.world_size"):
         assert version.tags.get(tag), tag
 

@@ -47,6 +47,7 @@ def test_the_encoding_is_one_hot_sin_cos_and_z_scores():
     assert np.isfinite(enc).all()
 
 
+@pytest.mark.slow  # fits ridge and gbt
 def test_both_learn_what_the_data_holds_and_are_cached_per_data_and_settings(ds, tmp_path):
     cfg = ValidateConfig()
     first = fitted_baselines(ds, cfg, SPLITS, tmp_path)
@@ -72,6 +73,7 @@ def test_both_learn_what_the_data_holds_and_are_cached_per_data_and_settings(ds,
     assert len(list(tmp_path.iterdir())) == 4
 
 
+@pytest.mark.slow  # fits ridge and gbt
 def test_large_data_is_subsampled_and_the_time_cap_stops_the_trees(ds, tmp_path):
     cfg = ValidateConfig(baseline_max_rows=300, baseline_time_s=1e-6)
     out = fitted_baselines(ds, cfg, SPLITS, tmp_path)
@@ -86,6 +88,7 @@ def test_large_data_is_subsampled_and_the_time_cap_stops_the_trees(ds, tmp_path)
     assert record["samples"] == 300 and record["available"] == n_train * 24
 
 
+@pytest.mark.slow  # fits ridge and gbt
 def test_on_a_skewed_label_the_absolute_error_fits_are_kept_and_named(tmp_path):
     """Counts with a long right tail (most rows small, a few huge): for MAE the absolute-error
     fits beat the squared-error ones on the validation rows, and the record says which ran."""
@@ -125,6 +128,7 @@ def test_on_a_skewed_label_the_absolute_error_fits_are_kept_and_named(tmp_path):
     assert all(r.fit.cached and r.fit.loss == "absolute_error" for r in cached.values())
 
 
+@pytest.mark.slow  # fits ridge and gbt
 def test_a_damaged_cache_is_refitted_never_unpickled(ds, tmp_path):
     cfg = ValidateConfig(baselines=("ridge",))
     good = fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"]

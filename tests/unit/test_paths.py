@@ -38,3 +38,19 @@ def test_a_run_id_from_the_environment_is_a_name_never_a_path(tmp_path, run_id):
     assert layout.run_dir("job-7_a.b", "predict") == tmp_path / "work/runs/job-7_a.b/predict"
     with pytest.raises(ConfigError, match="is not a name"):
         layout.run_dir(run_id, "predict")
+
+
+def test_prediction_params_show_where_tracking_goes():
+    """docs/scale-out.md says to set the tracking server in prediction/params.yaml "too"; the
+    file had no tracking: section to set it in."""
+    from pathlib import Path
+
+    import yaml
+
+    from enn_core.config import load_config
+
+    path = Path(__file__).resolve().parents[2] / "prediction" / "params.yaml"
+    raw = yaml.safe_load(path.read_text())
+    assert set(raw["tracking"]) >= {"uri", "registered_model"}, raw.get("tracking")
+    assert "tracking.uri in params.yaml" in path.read_text()
+    assert load_config(path).tracking.uri == ""

@@ -141,3 +141,30 @@ def test_a_blink_of_work_draws_no_bar(monkeypatch):
         pbar.update(1)
     tty.flush()
     assert "chunk" not in _read(master)
+
+
+def test_an_epoch_line_fits_110_columns_with_the_consoles_time(tmp_path, said):
+    """Issue 39: epoch lines of 121-123 characters wrapped in 120 columns."""
+    log = logging.getLogger("enn.test-progress")
+    follower = TrainingFollower(tmp_path, None, "distributed-train", log, bar_on=False)
+    events = EventLog(tmp_path)
+    for epoch in range(2):
+        events.event(
+            "epoch",
+            epochs=1000,
+            epoch=epoch,
+            train_loss=0.077251,
+            val_loss=0.082881,
+            val_mae=12.0513,
+            lr=0.000540,
+            samples_per_s=12345.0,
+            epoch_s=0.9,
+        )
+    follower.poll()
+    lines = said()
+    assert len(lines) == 2, lines
+    for line in lines:
+        message = line.removeprefix("INFO ")
+        assert len("12:34:56 " + message) <= 110, (len(message), message)
+        assert "epoch " in message and "train loss 0.07725" in message, message
+        assert "val loss 0.08288" in message and "val MAE 12.05" in message and "left" in message

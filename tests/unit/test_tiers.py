@@ -61,3 +61,17 @@ def test_a_bare_pytest_runs_the_fast_tier_and_paths_or_markers_the_rest():
     assert not bare_run_tiers(config("e2e", sources.TESTPATHS))
     assert not bare_run_tiers(config("", sources.ARGS))  # pytest tests/e2e/test_x.py
     assert not bare_run_tiers(config("", sources.TESTPATHS, workerinput={}))
+
+
+def test_the_test_script_runs_the_fast_tier_without_the_slow_tests_and_then_them():
+    """Issue 39: the fast tier took 587 s on a loaded two-core machine against its 360 s; the
+    unit tests that fit real models (marked `slow`) are a tier of their own after it."""
+    import re
+
+    from tests.fixtures.tiers import FAST, SLOW
+
+    script = (TESTS.parent / "scripts" / "test.sh").read_text()
+    tiers = dict(re.findall(r'^tier (\w+) \d+ \d+ "([^"]+)"', script, flags=re.M))
+    assert tiers["fast"] == FAST and "not slow" in FAST, tiers
+    assert tiers["slow"] == SLOW and SLOW.startswith("slow and "), tiers
+    assert list(tiers)[:2] == ["fast", "slow"], tiers

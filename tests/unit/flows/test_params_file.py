@@ -52,7 +52,7 @@ def project(tmp_path: Path) -> Path:
     (root / "params.yaml").write_text(text)
     (root / "configs").mkdir()
     (root / "configs" / "overlay.yaml").write_text(text)
-    (root / "prediction").mkdir()
+    (root / "prediction" / ".dvc").mkdir(parents=True)  # its own DVC project, as the real one
     shutil.copy(ROOT / "prediction" / "dvc.yaml", root / "prediction" / "dvc.yaml")
     shutil.copy(ROOT / "prediction" / "params.yaml", root / "prediction" / "params.yaml")
     return root
@@ -142,6 +142,35 @@ def test_paths_inside_the_project_are_recorded_relative_to_the_pipeline(project)
     assert "  path: ../data/new.csv\n" in text and "  model: ../m/model.pt\n" in text
 
 
+def test_a_path_of_the_repository_is_inside_the_prediction_pipelines_project(project, capsys):
+    """`enn run --flow prediction --set data.path=$PWD/data/new.csv` said the file "lies outside
+    the project": the root was found by the nearest .dvc/, and prediction/ has its own."""
+    from flows.params_file import plan
+
+    new = project / "data" / "new.csv"
+    p = plan(project / "prediction" / "params.yaml", [f"data.path={new}"])
+    assert p.write == ("data.path=../data/new.csv",) and not p.kept_out and not p.one_off()
+    git_home = project.parent  # a home folder kept in git: the DVC project is still its own
+    (git_home / ".git").mkdir()
+    assert plan(project / "params.yaml", [f"data.path={git_home}/x.csv"]).kept_out
+
+
+def test_a_stage_of_the_prediction_pipeline_runs_there_from_any_folder(project, capsys):
+    """`enn stage-data --pipeline prediction` from the project root read params.yaml and wrote
+    outputs/stage-data/ (the training pipeline's); from prediction/ `enn stage-data` did the
+    prediction pipeline's work with the training stage."""
+    from enn_core.paths import pipeline_params
+
+    pred = project / "prediction" / "params.yaml"
+    for where in (project, project / "prediction", project / "configs"):
+        assert pipeline_params("prediction", where) == pred
+        assert pipeline_params("training", where) == project / "params.yaml"
+    code, err = enn(project, "stage-data", "--pipeline", "prediction", "--config", "params.yaml")
+    assert code == 2 and "the prediction pipeline's stage-data" in err[-1], err
+    assert "is the training pipeline's params.yaml" in err[-1] and len(err) == 1
+    assert not (project / "outputs").exists() and not (project / "prediction" / "outputs").exists()
+
+
 def test_the_plan_says_what_each_set_does(project):
     from flows.params_file import plan
 
@@ -176,3 +205,37 @@ def test_a_run_stopped_before_any_stage_finished_says_the_file_was_restored(proj
         "params: params.yaml unchanged (restored, no stage finished: train.epochs: "
         f"{yaml.safe_load(before)['train']['epochs']} -> 200 undone)"
     )
+
+
+def test_the_advice_after_a_stop_says_what_the_same_command_runs_again(project, monkeypatch):
+    """After Ctrl-C during validate of an `enn run --config` run the message said finished
+    stages are skipped; the same command re-ran stage-data, prepare-checkpoint and trained
+    again from epoch 1 (DVC neither skips nor records a --config run; a finished training
+    starts over)."""
+    from flows.parser import build_parser
+    from flows.report import again
+
+    monkeypatch.chdir(project)
+    parse = build_parser().parse_args
+    said = again(parse(["run", "--config", "configs/overlay.yaml"]))
+    assert "runs every stage again" in said and "DVC skips the stages" not in said, said
+    assert "else trains from epoch 1" in said
+    outside = again(parse(["run", "--set", f"data.path={project.parent}/x.csv"]))
+    assert "runs every stage again" in outside and "outside the project" in outside, outside
+    own = again(parse(["run", "--set", "train.epochs=3"]))
+    assert "DVC skips the stages that finished" in own, own
+
+
+def test_a_deployments_run_never_writes_a_tracked_file(project):
+    """A Prefect deployment run with overrides, picked up by a work-pool worker, rewrote that
+    worker's params.yaml ("train.epochs: 25 -> 2"): pooled checkouts drifted from their commit."""
+    from flows.params_file import once_lines, record_overrides
+
+    params = project / "params.yaml"
+    before = params.read_bytes()
+    p, changes = record_overrides(params, ["train.epochs=2", "runtime.seed=1"], deployed=True)
+    assert params.read_bytes() == before and changes == []
+    assert p.once == ("train.epochs=2", "runtime.seed=1") and "deployment" in p.one_off()
+    (line,) = once_lines(p)
+    assert "train.epochs=2, runtime.seed=1 for this run only" in line
+    assert "DVC neither skips nor records its stages" in line

@@ -150,9 +150,38 @@ def test_the_results_line_says_when_a_baseline_beat_the_model(layout):
     record.results["validate"] = _result("validate")
     lines = Summary(layout, RunConfig(), "training", None, "http://127.0.0.1:9/api").lines(record)
     assert (
-        "results: val MAE 3.334, beaten by gbt 3.286 (conditional naive 3.5, per-cell mean 6.3, "
-        "ridge 3.4); test MAE 3.1 (conditional naive 3.6, per-cell mean 6.9, ridge 3.7, gbt 3.8)"
+        "results: val MAE 3.334, beaten by gbt 3.286 (naive_conditional 3.5, ridge 3.4); "
+        "test MAE 3.1 (naive_conditional 3.6, gbt 3.8, ridge 3.7)"
     ) in lines
+
+
+def test_the_results_line_fits_160_columns_and_names_each_predictor_once():
+    """Issue 39: the line was about 330 characters and said some things twice under two names
+    ("conditional naive 5.25 ... naive_best 5.25", raw metric keys beside readable names)."""
+    from flows.report import results_line
+
+    m: dict[str, object] = {"naive_best": "naive_conditional"}
+    for split, model in (("val", 2.041), ("test", 1.916)):
+        m.update({f"{split}/mae": model, f"{split}/naive_best_mae": 5.25})
+        for name, v in (
+            ("naive_conditional", 5.25),
+            ("naive_conditional_median", 5.31),
+            ("naive_cell_mean", 5.503),
+            ("naive_cell_median", 5.61),
+            ("ridge", 2.093),
+            ("gbt", 2.204),
+        ):
+            m[f"{split}/{name}_mae"] = v
+    line = results_line(m)
+    assert line == (
+        "results: val MAE 2.041 (naive_conditional 5.25, gbt 2.204, ridge 2.093); "
+        "test MAE 1.916 (naive_conditional 5.25, gbt 2.204, ridge 2.093)"
+    ), line
+    worst = {k: (9.99999 if k.endswith("/mae") else v) for k, v in m.items()}  # every one beat it
+    line = results_line(worst)
+    assert line is not None and len(line) <= 160, (len(line or ""), line)
+    assert "val MAE 10, beaten by ridge 2.093" in line and "(+" in line, line
+    assert "naive_best" not in line and "conditional naive" not in line
 
 
 def test_a_prediction_run_names_its_predictions_and_no_dvc_metrics(layout):

@@ -4,6 +4,7 @@ one process (a killed run and two workers: tests/distributed/test_predict_stage.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,7 @@ def test_predicts_a_split_in_real_units_with_keyed_parquet(project):
 
 
 def test_parts_of_another_model_are_discarded_with_a_message(project, caplog):
+    caplog.set_level(logging.INFO, logger="enn_core.predict.chunks")
     parts = project / "work/predict-parts/predict"
     layout = Layout.for_root(project)
     fault = ["fault.kind=raise", "fault.phase=predict_chunk", "fault.step=1"]
@@ -87,7 +89,10 @@ def test_parts_of_another_model_are_discarded_with_a_message(project, caplog):
     )  # new weights
     s = PREDICT.work(other, make_context(other, layout, PREDICT, "r2"))
     assert "model_fingerprint" in s.discarded_parts and s.reused_parts == ()
-    assert "discarding parts" in caplog.text
+    # said once on the console (the stage's warning); the folder in the log file only
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sum("discard" in m for m in warned) == 1, warned
+    assert "discarding parts in" in caplog.text
     np.testing.assert_allclose(
         np.load(project / "outputs/predict/predictions.npy"),
         _model_predict(project),

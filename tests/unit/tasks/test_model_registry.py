@@ -25,7 +25,6 @@ from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
 from enn_core.metric_names import NAIVE
-from enn_core.metrics import NAIVE_HOW
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.predict.schema import remap_codes
@@ -44,6 +43,8 @@ def trained(
 ) -> Layout:
     """Staged synthetic data (or `data`), a tabular ENN trained `steps` full-batch steps,
     collapse-check."""
+    if data is None:  # 36 validation rows: the champion rule needs at least 30
+        synthetic.setdefault("n_replicates", 4)
     data_dir = stage_synthetic(root, data=data, **synthetic)
     ds = StagedDataset(data_dir)
     torch.manual_seed(0)
@@ -90,8 +91,8 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     client, reg = store
     first = reg(trained(tmp_path / "a", steps=25))
     assert first.champion and first.version == 1
-    assert first.reason.startswith(f"the first: val/mae {first.val_mae:.4g} against the ")
-    assert first.line().startswith("enn-synthetic version 1: champion: the first: val/mae")
+    assert first.reason.startswith("the first")
+    assert first.line().startswith("enn-synthetic version 1: champion: the first")
     worse = reg(trained(tmp_path / "b", steps=10))
     assert worse.registered and not worse.champion, worse
     assert worse.val_mae > worse.champion_val_mae  # scored on the same rows
@@ -122,7 +123,6 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
 def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(tmp_path, store):
     """Sales that mostly follow the store: after 10 steps the model passes collapse-check but
     its validation MAE is above the per-store mean's (the conditional naive predictor)."""
-    from mlflow.exceptions import MlflowException
 
     from tasks.tracking.registry import decide
 
@@ -136,19 +136,25 @@ def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(t
     name = min(NAIVE, key=lambda n: chosen[f"val/{n}_mae"])
     assert naive == min(chosen[f"val/{n}_mae"] for n in NAIVE)
     weak = reg(layout, "enn-sales")
-    assert weak.registered and weak.version == 1 and not weak.champion, weak
+    # the first version is champion all the same (the prediction flow resolves @champion),
+    # with a warning naming every predictor that beat it
+    assert weak.registered and weak.version == 1 and weak.champion and weak.warning, weak
     assert weak.val_mae == pytest.approx(mae, rel=1e-4) and weak.naive_val_mae == naive
     tags = client.get_model_version("enn-sales", "1").tags
-    assert tags["enn.champion_decision"] == (
-        f"val/mae {weak.val_mae:.4g} does not beat the best naive predictor ({name}: "
-        f"{NAIVE_HOW[name]})'s {naive:.4g}"
-    )
+    why = tags["enn.champion_decision"]
+    assert why.startswith(
+        f"the first version, champion until one passes the rule: val/mae {weak.val_mae:.4g} is "
+        f"beaten by {name} {naive:.4g}"
+    ), why
+    beaten = [n for n in NAIVE if chosen[f"val/{n}_mae"] <= mae]
+    assert all(n in why for n in beaten), (beaten, why)
     assert float(tags["enn.val_mae"]) == pytest.approx(mae, rel=1e-4)
     assert float(tags["enn.naive_val_mae"]) == pytest.approx(naive, rel=1e-5)
     assert tags["enn.naive_predictor"] == weak.naive_predictor == name
-    assert str(client.get_model_version_by_alias("enn-sales", "candidate").version) == "1"
-    with pytest.raises(MlflowException, match="champion"):
-        client.get_model_version_by_alias("enn-sales", "champion")
+    assert str(client.get_model_version_by_alias("enn-sales", "champion").version) == "1"
+    # a second as weak is not promoted over it
+    second = reg(layout, "enn-sales")
+    assert not second.champion and "is beaten by" in second.reason, second
     # the gate comes first: beating a champion does not make up for it
     own = Score(mae=naive * 1.01, rows=registration_rows(layout), skipped=0)
     promote, why = decide(own, naive, Score(mae=naive * 2, rows=own.rows, skipped=0), "1")
@@ -172,7 +178,7 @@ def registration_rows(layout: Layout) -> int:
 def test_a_retrain_on_more_rows_is_compared_on_its_own_validation_rows(tmp_path, store):
     _, reg = store
     first = reg(trained(tmp_path / "a", steps=10))
-    more = trained(tmp_path / "b", steps=60, n_replicates=3)
+    more = trained(tmp_path / "b", steps=60, n_replicates=6)
     fp_a = StagedDataset(STAGE_DATA.output_dir(Layout.for_root(tmp_path / "a"))).fingerprint
     assert StagedDataset(STAGE_DATA.output_dir(more)).fingerprint != fp_a
     second = reg(more)

@@ -1,0 +1,76 @@
+"""The champion rule against the baselines (tasks/tracking/champion_rule.py, the decision in
+tasks/tracking/registry.py): the expressway model became champion while its own results line
+said "val MAE 3.536, beaten by gbt 3.429", judged on 19 validation rows against the naive
+predictors only; and validate's warning named the naive predictor that beat a model but not
+ridge, which beat it too."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from enn_core.challenge import Score
+from enn_core.metrics import evaluate_split
+from tasks.tracking.champion_rule import MIN_ROWS, judge
+from tasks.tracking.registry import decide
+
+
+def errors(n: int, mean: float, seed: int) -> np.ndarray:
+    return np.abs(np.random.default_rng(seed).normal(mean, 0.5, size=n))
+
+
+def test_a_model_beaten_by_a_fitted_baseline_is_not_promoted_over_a_champion():
+    model = errors(19, 3.5, 0)
+    against = judge(model, {"naive_conditional": errors(19, 5.2, 1), "gbt": model - 0.1})
+    own = Score(mae=float(model.mean()), rows=19, skipped=0)
+    champion = Score(mae=9.0, rows=19, skipped=0)
+    promote, why = decide(own, 5.2, champion, "1", against=against)
+    assert not promote and "beaten by gbt" in why and "naive_conditional" not in why, why
+
+
+def test_too_few_validation_rows_never_promote_over_a_champion():
+    n = MIN_ROWS - 1
+    against = judge(errors(n, 1.0, 0), {"naive_cell_mean": errors(n, 6.0, 1)})
+    own = Score(mae=1.0, rows=n, skipped=0)
+    promote, why = decide(own, 6.0, Score(mae=9.0, rows=n, skipped=0), "1", against=against)
+    assert not promote and f"fewer than the {MIN_ROWS}" in why, why
+
+
+def test_a_clear_win_on_enough_rows_promotes_and_says_the_rule():
+    n = 64
+    model = errors(n, 1.0, 0)
+    against = judge(model, {"naive_conditional": model + 2.0, "ridge": model + 0.5})
+    own = Score(mae=float(model.mean()), rows=n, skipped=0)
+    promote, why = decide(own, 3.0, Score(mae=9.0, rows=n, skipped=0), "1", against=against)
+    assert promote and "beats the champion's" in why
+    first, why = decide(own, 3.0, None, None, against=against)
+    assert first and why.startswith("the first: ") and "paired bootstrap" in why, why
+
+
+def test_a_win_within_the_noise_is_not_a_win():
+    """A mean lower by chance: half the rows better, half worse by more or less the same."""
+    n = 200
+    base = errors(n, 2.0, 0)
+    noise = np.random.default_rng(3).normal(0, 1.0, size=n)
+    model = np.abs(base + noise) - 0.01
+    (c,) = judge(model, {"ridge": base})
+    assert c.rows == n and c.upper > 0 and not c.beaten
+
+
+def test_the_first_version_is_champion_with_a_warning_naming_every_predictor_that_beat_it():
+    n = 40
+    model = errors(n, 3.0, 0)
+    against = judge(model, {"naive_conditional": model - 0.2, "ridge": model - 0.1})
+    own = Score(mae=float(model.mean()), rows=n, skipped=0)
+    promote, why = decide(own, 2.8, None, None, against=against)
+    assert promote and "champion until one passes the rule" in why, why
+    assert "naive_conditional" in why and "ridge" in why
+
+
+def test_validates_warning_names_every_predictor_that_beat_the_model():
+    target = np.zeros((10, 2))
+    pred = np.full((10, 2), 3.0)
+    naive = {"naive_conditional": np.full((10, 2), 1.0), "naive_cell_mean": np.full((10, 2), 5.0)}
+    _, _, flags = evaluate_split("val", pred, target, naive, fitted={"ridge": target + 2.0})
+    assert len(flags) == 1, flags
+    assert "naive_conditional 1" in flags[0] and "ridge 2" in flags[0], flags
+    assert "naive_cell_mean" not in flags[0]
