@@ -112,17 +112,13 @@ def wait_for_the_others(job: WorkerJob) -> None:
 def check_same_plan(plan: PartsPlan, env: DistEnv) -> None:
     """Every rank predicts with the same model, input and part size, or none starts."""
     host = os.uname().nodename
-    plans = gather_objects((host, plan), env)
-    mine = plans[0][1]
+    plans = gather_objects([host, plan.to_manifest()], env)
+    (first, mine) = plans[0]
     for r, (where, theirs) in enumerate(plans):
         if theirs != mine:
-            diff = [
-                f.name
-                for f in dataclasses.fields(PartsPlan)
-                if getattr(theirs, f.name) != getattr(mine, f.name)
-            ]
+            diff = [k for k in mine if theirs.get(k) != mine[k]]
             raise ConfigError(
-                f"rank {r} (on {where}) predicts another plan than rank 0 (on {plans[0][0]}): "
+                f"rank {r} (on {where}) predicts another plan than rank 0 (on {first}): "
                 f"{', '.join(diff)} differ; every node needs the same model, staged input and "
                 "predict settings (dvc pull the same commit)"
             )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import gc
+import json
 import os
 import random
 from dataclasses import dataclass
@@ -348,13 +349,39 @@ def agree_any(flag: bool, env: DistEnv) -> bool:
     return bool(t.item() > 0)
 
 
+def _json_tensor(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+
+
+def _json_of(buf: torch.Tensor, size: int) -> Any:
+    return json.loads(bytes(buf[:size].tolist()).decode())
+
+
 def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
-    """Every rank's `obj` (rare paths only: error reports)."""
+    """Every rank's `obj`, a JSON value (rare paths only: error reports, the plan check). JSON,
+    not torch's pickled object collectives: what a peer sends is data, never code."""
     if not env.distributed:
         return [obj]
-    out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, obj)
-    return out
+    data = _json_tensor(obj)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(env.world_size)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64))
+    top = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(top, dtype=torch.uint8)
+    padded[: data.numel()] = data
+    bufs = [torch.zeros(top, dtype=torch.uint8) for _ in range(env.world_size)]
+    dist.all_gather(bufs, padded)
+    return [_json_of(b, int(s.item())) for b, s in zip(bufs, sizes, strict=True)]
+
+
+def broadcast_json(value: Any, src: int = 0) -> Any:
+    """Rank `src`'s `value` (a JSON value) on every rank of the default group."""
+    rank = dist.get_rank()
+    data = _json_tensor(value) if rank == src else torch.zeros(0, dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    dist.broadcast(size, src=src)
+    buf = data if rank == src else torch.zeros(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(buf, src=src)
+    return _json_of(buf, int(size.item()))
 
 
 def ranks_not_sharing(directory: str | os.PathLike, env: DistEnv) -> list[int]:

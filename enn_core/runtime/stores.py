@@ -11,18 +11,33 @@ one address (`master_listen_fd`) stays on it: 127.0.0.1 for a one-node job, the 
 
 torchrun finds the same backend by name (`torchrun --rdzv-backend enn-c10d ...`) through the
 entry point `torchrun.handlers` -> `torchrun_handler` (pyproject.toml).
+
+Authenticated (enn_core.runtime.store_auth): the rendezvous state is stored with an HMAC keyed
+by the job secret (enn_core.runtime.secret) and bound to the run id, checked before torch
+unpickles it; the store the handler gives the agent (the workers' MASTER_ADDR/MASTER_PORT, the
+rank assignment) seals and checks every value the same way. A job of several nodes needs a
+secret (one line without); a one-node job without one makes a fresh key in memory per launch
+(its only agent is the only reader), so a local user reaching the loopback port cannot forge
+either.
 """
 
 from __future__ import annotations
 
+import binascii
 import datetime as _dt
 import os
+import secrets
 import socket
 import time
+from base64 import b64decode, b64encode
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
+
+from enn_core.errors import ConfigError
+from enn_core.runtime import secret
+from enn_core.runtime.store_auth import MacStore, seal, unseal
 
 RENDEZVOUS_BACKEND = "enn-c10d"
 LEAVE_WAIT_S = 10.0  # how long the store's host waits for the other nodes to close
@@ -105,21 +120,76 @@ def _leave(store: dist.TCPStore, run_id: str, nodes: int, hosting: bool, wait_s:
         pass
 
 
-def _create_handler(params: Any) -> Any:
-    """torch's c10d rendezvous handler, on a store bound to the endpoint's address, whose
-    workers' store (the agent shares it with its workers) is bound to the node's address."""
+def job_key(max_nodes: int) -> bytes:
+    """The rendezvous' MAC key: the job secret; on one node without one, a fresh key."""
+    key = secret.load()
+    if key is not None:
+        return key
+    if max_nodes > 1:
+        raise ConfigError(
+            f"a job of up to {max_nodes} nodes needs a job secret in {secret.ENV} (the "
+            f"rendezvous store authenticates every value with it); {secret.how_to_make()}"
+        )
+    return secrets.token_bytes(32)
+
+
+def _backend_class() -> type:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
     )
+
+    class Backend(C10dRendezvousBackend):
+        """torch's c10d backend whose state carries an HMAC bound to the run id, checked
+        before the state (a pickle) reaches torch's unpickling state holder."""
+
+        def __init__(self, store: Any, run_id: str, key: bytes, where: str) -> None:
+            self._mac_key, self._run_id, self._where = key, run_id, where
+            super().__init__(store, run_id)
+
+        @property
+        def name(self) -> str:
+            return RENDEZVOUS_BACKEND  # what the registry checks the handler against
+
+        def _open(self, stored: bytes) -> tuple[bytes, Any] | None:
+            if stored == self._NULL_SENTINEL.encode():
+                return None
+            try:
+                raw = b64decode(stored, validate=True)
+            except binascii.Error:
+                raw = b""  # not even base64: it fails its MAC below, as anything forged does
+            state = unseal(self._mac_key, "the rendezvous state", self._run_id, raw, self._where)
+            return state, stored
+
+        def get_state(self) -> tuple[bytes, Any] | None:
+            return self._open(self._call_store("get", self._key))
+
+        def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
+            if token and not isinstance(token, bytes):
+                current = self.get_state()
+                return (*current, False) if current is not None else None
+            sealed = seal(self._mac_key, "the rendezvous state", self._run_id, state)
+            expected = token.decode() if token else self._NULL_SENTINEL
+            stored = self._call_store(
+                "compare_set", self._key, expected, b64encode(sealed).decode()
+            )
+            current = self._open(stored)
+            if current is None:
+                return None
+            return current[0], current[1], current[0] == state
+
+    return Backend
+
+
+def _create_handler(params: Any) -> Any:
+    """torch's c10d rendezvous handler, on a store bound to the endpoint's address, whose
+    workers' store (the agent shares it with its workers) is bound to the node's address,
+    every value of which is authenticated with the job secret."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         create_handler,
     )
 
-    class Backend(C10dRendezvousBackend):
-        @property
-        def name(self) -> str:
-            return RENDEZVOUS_BACKEND  # what the registry checks the handler against
+    key = job_key(params.max_nodes)
 
     class Handler(DynamicRendezvousHandler):
         def _create_tcp_store_server(self, master_addr: str, master_port: int) -> dist.TCPStore:
@@ -131,6 +201,11 @@ def _create_handler(params: Any) -> Any:
                 timeout=_dt.timedelta(seconds=300),  # TCPStore's default
                 multi_tenant=True,
             )
+
+        def _get_store(self) -> Any:
+            # what the agent reads MASTER_ADDR/PORT, the rank assignment and its barrier from
+            round_ = self._state_holder.state.round
+            return MacStore(super()._get_store(), key, f"{params.run_id}/{round_}", params.endpoint)
 
         def shutdown(self) -> bool:
             closed = super().shutdown()
@@ -146,7 +221,8 @@ def _create_handler(params: Any) -> Any:
         # too (launch.clean_dist_env); under torchrun this handler runs in its agent.
         os.environ[NO_SHARED_STORE] = "1"
     store, hosting = _rendezvous_store(params.endpoint, params.get_as_int("read_timeout", 60) or 60)
-    handler = create_handler(store, Backend(store, params.run_id), params)
+    backend = _backend_class()(store, params.run_id, key, params.endpoint)
+    handler = create_handler(store, backend, params)
     handler.__class__ = Handler  # the same handler, with the bound workers' store
     return handler
 

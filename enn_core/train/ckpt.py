@@ -65,6 +65,7 @@ from enn_core.atomic import fsync_dir, write_json
 from enn_core.config import CheckpointConfig
 from enn_core.data.hashing import hash_files
 from enn_core.errors import StaleOutputError
+from enn_core.runtime.dist import broadcast_json
 
 COMMITTED = "COMMITTED"
 COMPLETE = "COMPLETE"
@@ -206,9 +207,7 @@ class Checkpointer:
     def _broadcast(self, value: Any) -> Any:
         if not (self.distributed and dist.is_initialized()):
             return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return broadcast_json(value, src=0)  # JSON, not a pickle from a peer
 
     # -- save ----------------------------------------------------------------------------
     def save(self, state: dict, trainer: dict, position: int) -> None:
