@@ -110,7 +110,7 @@ class MacStore:
 
     @property
     def timeout(self) -> _dt.timedelta:
-        return self._inner.timeout  # type: ignore[no-any-return]
+        return self._inner.timeout
 
     def set_timeout(self, timeout: _dt.timedelta) -> None:
         self._inner.set_timeout(timeout)

@@ -1,0 +1,56 @@
+"""Across hosts, only the job's own members act (issue 38): a third host that reaches a running
+job's rendezvous port and knows its id (it is on every node's command line) writes the
+rendezvous state as a pickle that runs a command; the nodes check its HMAC with the job secret
+(each host's own file, named by its environment; the third host has none to use) before torch
+unpickles it, so nothing runs and the job stops with one line naming the store."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.fixtures.multihost import Job, enn_multinode, torchrun_multinode
+
+pytestmark = pytest.mark.timeout(300)
+
+# What the attacker runs on node3: a plain TCPStore client setting the job's state key to a
+# pickle whose unpickling creates the marker file (any command would do).
+ATTACK = """
+import base64, datetime, pickle, sys
+import torch.distributed as dist
+
+class Payload:
+    def __reduce__(self):
+        return (open, (sys.argv[3], "w"))
+
+host, port, marker, job = sys.argv[1:5]
+store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=10))
+store.set("torch.rendezvous." + job, base64.b64encode(pickle.dumps(Payload())).decode())
+print("written")
+"""
+
+
+@pytest.mark.parametrize("launcher", ["enn", "torchrun"])
+def test_a_third_host_writing_the_rendezvous_state_runs_nothing(testbed, say, tmp_path, launcher):
+    node1, node2, node3 = testbed.hosts
+    marker = testbed.shared / f"injected-{launcher}"
+    port = testbed.bed.port(40 + len(launcher))
+    endpoint, job_id = f"{node1.name}:{port}", f"job-inject-{launcher}"
+    ckpt = testbed.shared / f"ckpt-inject-{launcher}"
+    pause = ["fault.kind=delay", "fault.phase=step", "fault.step=2", "fault.seconds=40"]
+    if launcher == "enn":
+        cmd = enn_multinode(endpoint, job_id, ckpt, *pause)
+    else:
+        cmd = torchrun_multinode(endpoint, job_id, ckpt, "runtime.socket_ifname=eth0", *pause)
+    job = Job.start([node1, node2], cmd, tmp_path, f"inject-{launcher}")
+    job.wait_for_beat(lambda r, b: b["phase"] == "step" and (b.get("step") or 0) >= 2)
+    attack = node3.run(sys.executable, "-c", ATTACK, node1.addr, str(port), str(marker), job_id)
+    assert "written" in attack.stdout, attack
+    codes = job.wait(timeout=120)
+    out = job.output()
+    assert not marker.exists(), f"the forged state was unpickled on a node:\n{out}"
+    if codes != [0, 0]:  # the job ends (within seconds, job.wait's timeout) naming the store
+        assert f"rendezvous store at {endpoint}" in out, out
+        assert "unauthenticated write" in out, out
+    say(f"{launcher}: the injected rendezvous state ran nothing; exits {codes}")
