@@ -37,7 +37,6 @@ import torch.distributed as dist
 
 from enn_core.errors import ConfigError
 from enn_core.runtime import secret
-from enn_core.runtime.store_auth import MacStore, seal, unseal
 
 RENDEZVOUS_BACKEND = "enn-c10d"
 LEAVE_WAIT_S = 10.0  # how long the store's host waits for the other nodes to close
@@ -138,6 +137,10 @@ def _backend_class() -> type:
         C10dRendezvousBackend,
     )
 
+    # imported here: store_auth imports torch's rendezvous package, whose registry imports
+    # this module (torchrun's entry point) while it loads
+    from enn_core.runtime.store_auth import seal, unseal
+
     class Backend(C10dRendezvousBackend):
         """torch's c10d backend whose state carries an HMAC bound to the run id, checked
         before the state (a pickle) reaches torch's unpickling state holder."""
@@ -188,6 +191,8 @@ def _create_handler(params: Any) -> Any:
         DynamicRendezvousHandler,
         create_handler,
     )
+
+    from enn_core.runtime.store_auth import MacStore
 
     key = job_key(params.max_nodes)
 
