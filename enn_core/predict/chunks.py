@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from enn_core.atomic import write_json
+from enn_core.atomic import not_a_link, write_json
 from enn_core.data.hashing import sha256_file
 from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.runtime import secret
@@ -309,13 +309,7 @@ PARTS = ("pred", "rows", "done")
 
 def own_folder(root: Path) -> None:
     """A folder enn writes into: not a link (nothing is written or deleted through one)."""
-    if os.path.islink(root):
-        raise ConfigError(
-            f"{root} is a link (to {os.readlink(root)}); enn writes prediction parts only into a "
-            "folder of its own: remove the link or choose another predict.parts_dir"
-        )
-    if os.path.lexists(root) and not root.is_dir():
-        raise ConfigError(f"{root} is not a folder; remove it or choose another predict.parts_dir")
+    not_a_link(root, "remove it or choose another predict.parts_dir")
 
 
 def _regular(path: Path) -> bool:
