@@ -48,7 +48,7 @@ from enn_core.model.enn import ENN
 from enn_core.model_code import ModelCode
 from enn_core.predict import model_io, outputs, ranks, schema, workers
 from enn_core.predict.assemble import assemble
-from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore
+from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore, own_folder
 from enn_core.predict.model_io import CalibrationChoice
 from enn_core.runtime.external import LauncherEnv
 from enn_core.runtime.launch import Rendezvous, launch
@@ -146,6 +146,7 @@ def run(
     )
     launched = ranked(cfg)
     store = PartStore(parts_root(cfg, ctx, launched) / ctx.output().name, plan)
+    own_folder(store.root)  # a link there: one line on every node, before any rank starts
     # launched: global rank 0 alone prepares the shared folder, after the ranks agreed on the
     # plan (enn_core.predict.ranks); each node keeps its row index in its own run directory
     discarded = None if launched else store.prepare(ctx.run_dir.parent.name)

@@ -2,14 +2,20 @@
 job's rendezvous port and knows its id (it is on every node's command line) writes the
 rendezvous state as a pickle that runs a command; the nodes check its HMAC with the job secret
 (each host's own file, named by its environment; the third host has none to use) before torch
-unpickles it, so nothing runs and the job stops with one line naming the store."""
+unpickles it, so nothing runs and the job stops with one line naming the store. The shared
+folders choose nothing: a link planted there is followed by no node."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
+from enn_core.config import load_config
+from enn_core.data.dataset import StagedDataset
+from enn_core.train.ckpt import COMMITTED
+from enn_core.train.fingerprint import fingerprint
 from tests.fixtures.multihost import Job, enn_multinode, torchrun_multinode
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,3 +60,51 @@ def test_a_third_host_writing_the_rendezvous_state_runs_nothing(testbed, say, tm
         assert f"rendezvous store at {endpoint}" in out, out
         assert "unauthenticated write" in out, out
     say(f"{launcher}: the injected rendezvous state ran nothing; exits {codes}")
+
+
+def _victim(shared: Path) -> Path:
+    """A folder someone else owns, holding what looks like a committed checkpoint."""
+    step = shared / "victim" / "step-00000004"
+    step.mkdir(parents=True, exist_ok=True)
+    (step / COMMITTED).write_text('{"files": {}}')
+    (step / "keep.txt").write_text("precious")
+    return step.parent
+
+
+def _contents(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_links_planted_in_the_shared_folders_are_one_line_and_nothing_follows_them(
+    testbed, tmp_path
+):
+    """The job's checkpoint fingerprint folder and the prediction parts folder, both in the
+    shared folder, planted as links to someone else's folder: every node refuses in one line
+    before any rank starts; the folder they point at is as it was."""
+    node1, node2 = testbed.hosts[:2]
+    victim = _victim(testbed.shared)
+    before = _contents(victim)
+    cfg = load_config(node1.checkout / "params.yaml")  # the job's data, model and train
+    staged = StagedDataset(node1.checkout / "outputs" / "stage-data")
+    ckpt = testbed.shared / "ckpt-linked"
+    ckpt.mkdir()
+    (ckpt / fingerprint(cfg, staged.fingerprint).digest).symlink_to(victim)
+    endpoint = f"{node1.name}:{testbed.bed.port(50)}"
+    job = Job.start([node1, node2], enn_multinode(endpoint, "job-linked", ckpt), tmp_path, "ck")
+    assert job.wait(timeout=120) == [2, 2], job.output()
+    assert all("is a link" in p.read_text() for p in job.logs), job.output()
+    parts = testbed.shared / "parts-linked"
+    parts.mkdir()
+    (parts / "predict").symlink_to(victim)
+    sets = [
+        "predict.split=all",
+        "runtime.nnodes=2",
+        f"runtime.rdzv_endpoint={node1.name}:{testbed.bed.port(51)}",
+        "runtime.rdzv_id=predict-linked",
+        f"predict.parts_dir={parts}",
+    ]
+    cmd = ["enn", "predict", *(p for s in sets for p in ("--set", s))]
+    job = Job.start([node1, node2], cmd, tmp_path, "parts")
+    assert job.wait(timeout=120) == [2, 2], job.output()
+    assert all("is a link" in p.read_text() for p in job.logs), job.output()
+    assert _contents(victim) == before
