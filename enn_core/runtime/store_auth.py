@@ -24,7 +24,7 @@ import datetime as _dt
 import logging
 from typing import Any
 
-from torch.distributed.elastic.rendezvous.api import RendezvousStateError
+from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousStateError
 
 from enn_core.runtime import secret
 
@@ -46,6 +46,20 @@ class UnauthenticatedWrite(RendezvousStateError):
             f"different job secrets ({secret.ENV})"
         )
         self.where, self.what = where, what
+
+
+class RendezvousNodesDiffer(RendezvousError):
+    """Nodes of one job that count its nodes differently (runtime.nnodes, --nnodes)."""
+
+    def __init__(self, run_id: str, theirs: dict[str, Any], mine: dict[str, Any]) -> None:
+        def count(d: dict[str, Any]) -> str:
+            return str(d["max"]) if d["min"] == d["max"] else f"{d['min']}:{d['max']}"
+
+        super().__init__(
+            f"the nodes of job {run_id} disagree on runtime.nnodes: {theirs['host']} said "
+            f"{count(theirs)}, this node ({mine['host']}) says {count(mine)}; give every node "
+            "the same runtime.nnodes (torchrun: --nnodes) and a new runtime.rdzv_id"
+        )
 
 
 def _as_bytes(value: Any) -> bytes:

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import binascii
 import datetime as _dt
+import json
+import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from base64 import b64decode, b64encode
 from collections.abc import Callable
@@ -38,7 +41,9 @@ import torch.distributed as dist
 from enn_core.errors import ConfigError
 from enn_core.runtime import secret
 
+log = logging.getLogger("enn.launch")
 RENDEZVOUS_BACKEND = "enn-c10d"
+WAITING_EVERY_S = 30.0  # how often a node waiting in the rendezvous says whom it waits for
 LEAVE_WAIT_S = 10.0  # how long the store's host waits for the other nodes to close
 # torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
 NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -84,10 +89,14 @@ def tcp_store(
     )
 
 
-def _rendezvous_store(endpoint: str, read_timeout_s: int) -> tuple[dist.TCPStore, bool]:
+def _rendezvous_store(
+    endpoint: str, read_timeout_s: int, connect_timeout_s: int
+) -> tuple[dist.TCPStore, bool]:
     """The rendezvous store, hosted by this process when the endpoint names this machine
     and nobody hosts it yet (torch's c10d backend decides the same way), else a client;
-    and whether this process hosts it."""
+    and whether this process hosts it. An endpoint that does not answer within
+    `connect_timeout_s` (runtime.rdzv_timeout_s) is one line naming it."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
     from torch.distributed.elastic.rendezvous.utils import (
         _matches_machine_hostname,
@@ -101,7 +110,23 @@ def _rendezvous_store(endpoint: str, read_timeout_s: int) -> tuple[dist.TCPStore
             return tcp_store(host, port, is_master=True, timeout=timeout, multi_tenant=True), True
         except OSError:  # another agent on this machine hosts it: join as a client
             pass
-    return tcp_store(host, port, is_master=False, timeout=timeout, multi_tenant=True), False
+    try:
+        client = tcp_store(
+            host,
+            port,
+            is_master=False,
+            timeout=_dt.timedelta(seconds=connect_timeout_s),
+            multi_tenant=True,
+        )
+    except (RuntimeError, ValueError, TimeoutError, OSError) as e:
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise RendezvousConnectionError(
+            f"the rendezvous endpoint {endpoint} did not answer within {connect_timeout_s} s "
+            f"({first}); start the node it names first (it hosts the store), check that "
+            f"{host} resolves to it here and that port {port} is open between the nodes"
+        ) from None
+    client.set_timeout(timeout)
+    return client, False
 
 
 def _leave(store: dist.TCPStore, run_id: str, nodes: int, hosting: bool, wait_s: float) -> None:
@@ -212,6 +237,21 @@ def _create_handler(params: Any) -> Any:
             round_ = self._state_holder.state.round
             return MacStore(super()._get_store(), key, f"{params.run_id}/{round_}", params.endpoint)
 
+        def next_rendezvous(self) -> Any:
+            agree_on_nodes(store, key, params)
+            stop = threading.Event()
+            waiting = threading.Thread(
+                target=report_waiting,
+                args=(self, params, stop, WAITING_EVERY_S),
+                name="enn-rdzv-waiting",
+                daemon=True,
+            )
+            waiting.start()
+            try:
+                return super().next_rendezvous()
+            finally:
+                stop.set()
+
         def shutdown(self) -> bool:
             closed = super().shutdown()
             # the nodes of the last round (one that never met its peers waits for nobody)
@@ -225,11 +265,47 @@ def _create_handler(params: Any) -> Any:
         # attempts by a restart count the nodes need not agree on. Our own launcher sets this
         # too (launch.clean_dist_env); under torchrun this handler runs in its agent.
         os.environ[NO_SHARED_STORE] = "1"
-    store, hosting = _rendezvous_store(params.endpoint, params.get_as_int("read_timeout", 60) or 60)
+    store, hosting = _rendezvous_store(
+        params.endpoint,
+        params.get_as_int("read_timeout", 60) or 60,
+        params.get_as_int("join_timeout", 600) or 600,
+    )
     backend = _backend_class()(store, params.run_id, key, params.endpoint)
     handler = create_handler(store, backend, params)
     handler.__class__ = Handler  # the same handler, with the bound workers' store
     return handler
+
+
+def agree_on_nodes(store: Any, key: bytes, params: Any) -> None:
+    """The first node to arrive records its node count (min, max) in the store (sealed);
+    a node that counts otherwise is one line naming both (runtime.nnodes, torchrun's
+    --nnodes), instead of waiting for a job that can never form."""
+    from enn_core.runtime.store_auth import RendezvousNodesDiffer, seal, unseal
+
+    mine = {"min": params.min_nodes, "max": params.max_nodes, "host": socket.gethostname()}
+    sealed = seal(key, "the node count", params.run_id, json.dumps(mine).encode())
+    where = f"enn/{params.run_id}/nodes"
+    first = store.compare_set(where, "", sealed)
+    theirs = json.loads(unseal(key, "the node count", params.run_id, first, params.endpoint))
+    if (theirs["min"], theirs["max"]) != (mine["min"], mine["max"]):
+        raise RendezvousNodesDiffer(params.run_id, theirs, mine)
+
+
+def report_waiting(handler: Any, params: Any, stop: threading.Event, every_s: float) -> None:
+    """While this node waits in the rendezvous: every `every_s` seconds, one line saying whom
+    it waits for (the nodes seen, how many are missing, the endpoint)."""
+    while not stop.wait(every_s):
+        state = handler._state_holder.state  # a snapshot; the agent's thread replaces it
+        seen = sorted({n.addr for n in (*state.participants, *state.wait_list)})
+        missing = max(0, params.min_nodes - len(state.participants))
+        log.warning(
+            "rendezvous %s at %s: still waiting for %d more node(s) of %d; seen: %s",
+            params.run_id,
+            params.endpoint,
+            missing,
+            params.min_nodes,
+            ", ".join(seen) or "none yet",
+        )
 
 
 def torchrun_handler() -> Callable[[Any], Any]:

@@ -61,3 +61,25 @@ def test_a_local_process_writing_the_rendezvous_state_runs_nothing(
     error = str(outcome.get("error"))
     assert f"rendezvous store at {endpoint}" in error, outcome
     assert "unauthenticated write" in error
+
+
+def test_an_unreachable_rendezvous_endpoint_is_one_line_naming_it(tmp_path, monkeypatch):
+    """A node whose endpoint answers nothing (another machine's address that nothing serves)
+    says so within runtime.rdzv_timeout_s, naming the endpoint."""
+    monkeypatch.setenv(secret.ENV, str(secret.make(tmp_path / "secret")))
+    endpoint = "192.0.2.1:29400"  # TEST-NET-1: no machine answers it
+    t0 = time.time()
+    with pytest.raises(Exception) as e:  # noqa: PT011  the launcher's class is not ours
+        launch(
+            sleeper,
+            (str(tmp_path / "started"), 1.0),
+            nprocs=1,
+            run_dir=tmp_path / "run",
+            hang_timeout_s=60,
+            rdzv=Rendezvous(nnodes=2, endpoint=endpoint, run_id="job-far", timeout_s=5),
+        )
+    assert time.time() - t0 < 30
+    line = str(e.value)
+    assert f"the rendezvous endpoint {endpoint} did not answer within 5 s" in line, line
+    assert "\n" not in line.strip()
+    assert not (tmp_path / "started").exists()

@@ -4,15 +4,25 @@ nobody of the job wrote is never unpickled nor used; the secret file is checked.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from enn_core.errors import ConfigError
 from enn_core.runtime import secret
 from enn_core.runtime.launch import free_port
-from enn_core.runtime.store_auth import MacStore, UnauthenticatedWrite
-from enn_core.runtime.stores import _backend_class, job_key, tcp_store
+from enn_core.runtime.store_auth import MacStore, RendezvousNodesDiffer, UnauthenticatedWrite
+from enn_core.runtime.stores import (
+    _backend_class,
+    agree_on_nodes,
+    job_key,
+    report_waiting,
+    tcp_store,
+)
 from tests.fixtures.distributed import forged_state
 
 
@@ -96,3 +106,35 @@ def test_launch_env_makes_one_per_work_dir_on_one_node_and_refuses_several_witho
     monkeypatch.setenv(secret.ENV, env[secret.ENV])
     assert secret.launch_env(tmp_path, 4) == {}  # inherited by the child
     assert os.environ[secret.ENV] == env[secret.ENV]
+
+
+def _params(run_id: str, nodes: int, endpoint: str = "127.0.0.1:1") -> SimpleNamespace:
+    return SimpleNamespace(run_id=run_id, min_nodes=nodes, max_nodes=nodes, endpoint=endpoint)
+
+
+def test_nodes_that_count_the_job_differently_are_named(store):
+    agree_on_nodes(store, b"k" * 32, _params("job-n", 2))
+    agree_on_nodes(store, b"k" * 32, _params("job-n", 2))  # a restart, or the second node
+    with pytest.raises(RendezvousNodesDiffer, match=r"disagree on runtime.nnodes: .* said 2, .*3"):
+        agree_on_nodes(store, b"k" * 32, _params("job-n", 3))
+
+
+def test_a_node_waiting_in_the_rendezvous_says_whom_it_waits_for(caplog):
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc as Node
+
+    node = Node("node1", 123, 0)
+    state = SimpleNamespace(participants={node: 0}, wait_list=set())
+    handler = SimpleNamespace(_state_holder=SimpleNamespace(state=state))
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=report_waiting, args=(handler, _params("job-w", 3, "node1:29400"), stop, 0.05)
+    )
+    with caplog.at_level(logging.WARNING, logger="enn.launch"):
+        thread.start()
+        time.sleep(0.3)
+        stop.set()
+        thread.join(5)
+    assert (
+        "rendezvous job-w at node1:29400: still waiting for 2 more node(s) of 3; seen: node1"
+        in caplog.text
+    )
