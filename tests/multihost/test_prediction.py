@@ -100,7 +100,7 @@ def test_a_prediction_across_hosts_equals_one_hosts_and_resumes_after_a_host_die
     node2_out = node2.checkout / "outputs" / "predict" / "manifest.json"  # the template's
     assert node2_out.stat().st_mtime < job.started  # only global rank 0's node publishes
     # assembled: the parts are removed, the user's file is left (and named)
-    assert sorted(p.name for p in parts.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in parts.iterdir()) == [".enn-parts", "notes.txt"]  # enn's mark
     assert "notes.txt" in job.logs[0].read_text()
     say(f"prediction across hosts: resumed {len(kept)} parts, recomputed the forged one")
 
