@@ -44,6 +44,9 @@ from enn_core.runtime import secret
 log = logging.getLogger("enn.launch")
 RENDEZVOUS_BACKEND = "enn-c10d"
 WAITING_EVERY_S = 30.0  # how often a node waiting in the rendezvous says whom it waits for
+# seconds without a peer node's liveness beat before it is named silent (runtime.hang_timeout_s:
+# the launcher passes it as the rendezvous config `liveness_timeout`; torchrun: --rdzv-conf)
+LIVENESS_TIMEOUT_S = 120
 LEAVE_WAIT_S = 10.0  # how long the store's host waits for the other nodes to close
 # torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
 NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -217,6 +220,7 @@ def _create_handler(params: Any) -> Any:
         create_handler,
     )
 
+    from enn_core.runtime.liveness import Liveness
     from enn_core.runtime.store_auth import MacStore
 
     key = job_key(params.max_nodes)
@@ -247,12 +251,30 @@ def _create_handler(params: Any) -> Any:
                 daemon=True,
             )
             waiting.start()
+            beat = getattr(self, "_enn_liveness", None)
+            if beat is not None:  # a new round: this node leaves the last one on purpose
+                beat.stop()
             try:
-                return super().next_rendezvous()
+                info = super().next_rendezvous()
             finally:
                 stop.set()
+            if params.max_nodes > 1:
+                self._enn_liveness = Liveness(
+                    params.endpoint,
+                    key,
+                    params.run_id,
+                    self._state_holder.state.round,
+                    info.rank,
+                    info.world_size,
+                    assigned_ranks(self._get_store()),
+                    float(params.get_as_int("liveness_timeout", LIVENESS_TIMEOUT_S) or 1),
+                ).start()
+            return info
 
         def shutdown(self) -> bool:
+            beat = getattr(self, "_enn_liveness", None)
+            if beat is not None:  # the job ended here: the others must not call it silent
+                beat.stop()
             closed = super().shutdown()
             # the nodes of the last round (one that never met its peers waits for nobody)
             nodes = len(self._state_holder.state.participants) or 1
@@ -289,6 +311,26 @@ def agree_on_nodes(store: Any, key: bytes, params: Any) -> None:
     theirs = json.loads(unseal(key, "the node count", params.run_id, first, params.endpoint))
     if (theirs["min"], theirs["max"]) != (mine["min"], mine["max"]):
         raise RendezvousNodesDiffer(params.run_id, theirs, mine)
+
+
+def assigned_ranks(store: Any) -> Callable[[int], str]:
+    """A node's global ranks as the agents assigned them in this round (the sealed store's
+    torchelastic keys), for naming a silent node; "unknown" before they were assigned."""
+
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    def ranks_of(node: int) -> str:
+        keys = [f"torchelastic/assigned_ranks/{node}", f"torchelastic/role_info/{node}"]
+        try:
+            if not store.check(keys):
+                return "unknown"
+            base = int(json.loads(store.get(keys[0]))[0])
+            local = int(json.loads(store.get(keys[1]))["local_world_size"])
+        except (RuntimeError, ValueError, KeyError, IndexError, RendezvousError):
+            return "unknown"
+        return str(base) if local == 1 else f"{base}-{base + local - 1}"
+
+    return ranks_of
 
 
 def report_waiting(handler: Any, params: Any, stop: threading.Event, every_s: float) -> None:

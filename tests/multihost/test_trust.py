@@ -8,6 +8,7 @@ folders choose nothing: a link planted there is followed by no node."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,40 @@ def test_links_planted_in_the_shared_folders_are_one_line_and_nothing_follows_th
     assert job.wait(timeout=120) == [2, 2], job.output()
     assert all("is a link" in p.read_text() for p in job.logs), job.output()
     assert _contents(victim) == before
+
+
+def test_a_partitioned_node_is_named_by_the_other_within_the_liveness_timeout(testbed, tmp_path):
+    """node2's network is cut mid-training (no connection is reset: a partition); node1 names
+    node2 and its rank from the liveness beats within the timeout (torchrun's
+    `--rdzv-conf liveness_timeout=`, what the launcher sets from runtime.hang_timeout_s),
+    instead of each node naming its own rank as hung minutes later."""
+    node1, node2 = testbed.hosts[:2]
+    endpoint = f"{node1.name}:{testbed.bed.port(52)}"
+    cmd = torchrun_multinode(
+        endpoint,
+        "job-partition",
+        testbed.shared / "ckpt-partition",
+        "runtime.socket_ifname=eth0",
+        "fault.kind=delay",
+        "fault.phase=step",
+        "fault.step=2",
+        "fault.seconds=20",
+    )
+    at = cmd.index("--max-restarts=1")
+    cmd[at : at + 1] = ["--max-restarts=0", "--rdzv-conf=liveness_timeout=15"]
+    job = Job.start([node1, node2], cmd, tmp_path, "partition")
+    try:
+        job.wait_for_beat(lambda r, b: b["phase"] == "step" and (b.get("step") or 0) >= 2)
+        node2.run("ip", "link", "set", "eth0", "down")
+        cut = time.time()
+        line = "node node2 (node rank 1, global ranks 1) went silent: no liveness beat for"
+        while line not in job.logs[0].read_text() and time.time() - cut < 60:
+            time.sleep(0.5)
+        named_after = time.time() - cut
+        assert line in job.logs[0].read_text(), job.output()
+        assert named_after < 45, named_after  # the 15 s timeout and a few beats
+        codes = job.wait(timeout=90)
+        assert codes[0] != 0, job.output()
+    finally:
+        node2.run("ip", "link", "set", "eth0", "up")
+        job.wait(timeout=10)
