@@ -169,8 +169,8 @@ def claim_rank(store: dist.Store, rank: int) -> None:
     both (hand-set RANK variables, two launchers started with one id), before the group
     forms and hangs."""
     me = f"{os.uname().nodename} pid {os.getpid()}"
-    owner = store.compare_set(f"rank-owner/{rank}", "", me)
-    owner = owner.decode(errors="replace") if isinstance(owner, bytes) else str(owner)
+    got = store.compare_set(f"rank-owner/{rank}", "", me)
+    owner = got.decode(errors="replace") if isinstance(got, bytes) else str(got)
     if owner != me:
         raise ConfigError(
             f"two processes claim rank {rank}: {owner} and {me} (this one); every process of "
