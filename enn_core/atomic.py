@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from enn_core.errors import DataError
+from enn_core.errors import ConfigError, DataError
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -158,3 +158,15 @@ def fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def not_a_link(path: Path, fix: str) -> None:
+    """A folder of ours in a shared place (checkpoint.dir, predict.parts_dir): a link there is
+    one ConfigError (nothing is written or deleted through it); so is a file."""
+    if os.path.islink(path):
+        raise ConfigError(
+            f"{path} is a link (to {os.readlink(path)}); enn writes there only into a folder "
+            f"of its own and follows no link: {fix}"
+        )
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{path} is not a folder: {fix}")

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from enn_core.config import RunConfig
+from enn_core.config.urls import redact_url
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from flows.servers import free_port, local_server
@@ -98,6 +99,6 @@ def usage(ref: str, url: str, example: dict, tracking: str) -> list[str]:
         f"serving {ref} at {url}/invocations (Ctrl-C stops)",
         f"  JSON: {post} -H 'Content-Type: application/json' -d {shlex.quote(body)}",
         f"  CSV:  printf '{csv}' | {post} -H 'Content-Type: text/csv' --data-binary @-",
-        f"  the same without enn: MLFLOW_TRACKING_URI={tracking} mlflow models serve "
+        f"  the same without enn: MLFLOW_TRACKING_URI={redact_url(tracking)} mlflow models serve "
         f"-m {ref} --env-manager local -h 127.0.0.1 -p {url.rsplit(':', 1)[1]}",
     ]

@@ -249,6 +249,8 @@ def prefect_server(host: str, port: int, log: Path, scheduler_loop_s: float = 5.
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": str(scheduler_loop_s),
         "PREFECT_UI_ENABLED": "true",
         "PREFECT_UI_API_URL": f"http://{host}:{port}/api",
+        "PREFECT_CLI_PROMPT": "false",  # on a terminal it would ask to write a profile
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     }
     env.pop("PREFECT_API_URL", None)
     exe = Path(sys.executable).parent / "prefect"
@@ -289,7 +291,11 @@ def mlflow_server(
 ) -> Iterator[str]:
     """`mlflow server` over the project's store, job execution off (490 MB instead of 1.6 GB)."""
     port = port or free_port(host)
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {
+        **os.environ,
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }
     url = f"http://{host}:{port}"
     what = "the MLflow UI (deploy.mlflow_port, or enn ui --port)"
     warn_if_exposed(host, what)

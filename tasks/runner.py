@@ -25,7 +25,7 @@ import yaml
 
 from enn_core.atomic import atomic_file, write_json
 from enn_core.config import RunConfig, replace_key, sections_of, to_logged
-from enn_core.errors import StaleOutputError
+from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.model_code import check_dvc_deps
@@ -164,11 +164,14 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             write_diagnostics(run_dir, tracker, child_id, error)
         work_seconds = time.perf_counter() - w0
         out = spec.output_dir(layout)
-        if out.is_dir():
+        # a node without global rank 0 publishes nothing: not outputs/, not the tracker's
+        published = not summary.node_only
+        if published and out.is_dir():
             write_json(out / "params.json", params)  # the resolved params beside the outputs
-        publish_metrics(spec, layout)
+        if published:
+            publish_metrics(spec, layout)
         write_json(run_dir / "result.json", summary.as_dict())
-        if tracker:
+        if tracker and published:
             tracker.log_artifact(child_id, run_dir / "result.json")
             tracker.set_tags(child_id, {"enn.work_seconds": f"{work_seconds:.3f}"})
             lineage = {
@@ -196,6 +199,17 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         work_seconds,
         registry,
     )
+
+
+def refuse_other_rank(spec: StageSpec, rank: int) -> None:
+    """Under an external launcher, a process other than global rank 0 runs only the stages
+    whose work every rank shares (`spec.every_rank`); any other would write outputs/."""
+    if not spec.every_rank:
+        raise ConfigError(
+            f"{spec.name} runs on global rank 0 alone (it publishes outputs/), and this process "
+            f"is rank {rank} of an external launcher (runtime.launcher=external, RANK={rank}); "
+            "run it without the launcher, or only on rank 0"
+        )
 
 
 def write_diagnostics(

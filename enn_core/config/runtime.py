@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
+
+RDZV_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")  # as enn_core.paths.RUN_ID
 
 
 def check_rendezvous(nnodes: int, endpoint: str, rdzv_id: str, *, external: bool = False) -> None:
@@ -17,6 +20,11 @@ def check_rendezvous(nnodes: int, endpoint: str, rdzv_id: str, *, external: bool
         raise ConfigError(
             f"runtime.nnodes={nnodes} needs runtime.rdzv_endpoint (host:port of one node) "
             "and runtime.rdzv_id (a job id), the same on every node"
+        )
+    if rdzv_id and (not RDZV_ID.match(rdzv_id) or ".." in rdzv_id):
+        raise ConfigError(
+            f"runtime.rdzv_id={rdzv_id[:80]!r} is not a name (letters, digits, '_', '.', '-', "
+            "'@', '+'; no '..'; it names run folders): use e.g. job-2024-05-01"
         )
     host, _, port = endpoint.rpartition(":")
     if endpoint and (not host or not port.isdigit() or not 0 < int(port) < 65536):

@@ -50,6 +50,28 @@ def redact_override(text: str) -> str:
     return f"{key}{sep}{redact_url(value)}" if key.strip() in URL_KEYS else text
 
 
+TRACKING_FIX = (
+    "take it out of the URL: MLflow reads the user and password from the environment "
+    "(MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD) or ~/.mlflow/credentials (README, "
+    "Scale-out)"
+)
+
+
+def check_no_password(url: str, where: str, fix: str) -> None:
+    """ConfigError (never echoing it) when `url` holds a password, in its user info or query."""
+    if "://" not in url:
+        return
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        has_password = parts.password is not None
+    except ValueError as e:
+        raise ConfigError(f"{where}={shown!r} is not a URL ({e})") from e
+    if has_password or any(k.lower() in SECRET_QUERY for k, _ in query):
+        raise ConfigError(f"{where}={shown!r} holds a password: {fix}")
+
+
 def check_storage_url(url: str, where: str) -> None:
     """An SQLAlchemy URL Optuna can store a study in, without a password; else ConfigError."""
     shown = redact_url(url)

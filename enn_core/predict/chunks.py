@@ -12,21 +12,34 @@ computes it. Layout of a parts directory (under the work directory, not DVC-trac
     part-00003.rows.npy    the row ids (positions in the predicted row list) it holds
     part-00003.done        completion marker (JSON): range, checksums, fingerprints
 
+    .enn-parts             present when enn made the folder (so enn may remove it, empty)
+
 Resume rule: a part is reused when its marker exists, names the same fingerprints and row
-range, and the files' sha256 match the marker (so a part torn by a power loss is recomputed,
-which is why parts need no fsync). Parts made from another model or another input are
-*discarded with a clear message* when the run starts (`PartStore.prepare`): the directory is
-keyed by the output, not the model, so refusing them would leave the user to delete them by
-hand, and keeping them is never correct. The message names both fingerprints.
+range, the files' sha256 match the marker (so a part torn by a power loss is recomputed,
+which is why parts need no fsync), and, when the job has a secret (enn_core.runtime.secret),
+the marker's HMAC verifies: a part rewritten by someone without the secret (its marker's
+sha256 recomputed) is recomputed, and assembly refuses one that fails after it was checked.
+Parts made from another model or another input are *discarded with a clear message* when the
+run starts (`PartStore.prepare`): the directory is keyed by the output, not the model, so
+refusing them would leave the user to delete them by hand, and keeping them is never correct.
+
+The folder may be shared by several hosts (predict.parts_dir), so it chooses nothing: a link
+where the folder should be is one line (nothing written through it); only files enn writes
+(by name, and parts only with an authentic marker) are ever deleted, never by a manifest's
+say-so alone; anything else is left and named; the folder itself is removed only when enn
+made it and it is empty.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import logging
 import os
-import shutil
+import re
+import stat
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -35,13 +48,19 @@ from typing import Any
 
 import numpy as np
 
-from enn_core.atomic import write_json
+from enn_core.atomic import not_a_link, write_json
 from enn_core.data.hashing import sha256_file
-from enn_core.errors import StaleOutputError
+from enn_core.errors import ConfigError, StaleOutputError
+from enn_core.runtime import secret
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+OWNER = ".enn-parts"
 TMP_PREFIX = ".tmp-"
+PART = re.compile(r"part-(\d{5})\.(npy|rows\.npy|done)")
+# files enn writes in a parts folder, besides the parts (the local pool's status files)
+OURS = re.compile(r"manifest\.json|index\.npy|worker-\d+\.json|\.enn-parts|\.tmp-.+")
+_UNSET = object()
 
 log = logging.getLogger("enn.predict")
 
@@ -79,9 +98,11 @@ def parts_of_worker(n_parts: int, rank: int, world_size: int) -> range:
 class PartStore:
     """One parts directory under one plan. The parent calls `prepare`; workers write parts."""
 
-    def __init__(self, root: str | Path, plan: PartsPlan) -> None:
+    def __init__(self, root: str | Path, plan: PartsPlan, key: Any = _UNSET) -> None:
         self.root = Path(root)
         self.plan = plan
+        # the job secret keys the markers' MAC; None: no secret (one node, parts unsigned)
+        self.key: bytes | None = secret.load() if key is _UNSET else key
 
     def pred_path(self, k: int) -> Path:
         return self.root / f"part-{k:05d}.npy"
@@ -92,24 +113,89 @@ class PartStore:
     def marker_path(self, k: int) -> Path:
         return self.root / f"part-{k:05d}.done"
 
-    def prepare(self) -> str | None:
+    def prepare(self, job: str = "") -> str | None:
         """Make the directory ready for this plan; returns why earlier parts were discarded."""
+        own_folder(self.root)
+        if not self.root.exists():
+            self.root.mkdir(parents=True)
+            write_json(self.root / OWNER, {"made_by": "enn predict", "job": job})
         reason = None
         manifest = self.root / MANIFEST
-        if manifest.exists():
+        if os.path.lexists(manifest):
+            if not _regular(manifest):
+                raise ConfigError(
+                    f"{manifest} is not a regular file (a link?); enn wrote no such thing: "
+                    "remove it, or choose another predict.parts_dir"
+                )
             reason = self._mismatch(_read_json(manifest))
             if reason:
                 # the caller says it (once, on the console); the folder goes to the log file
-                logging.getLogger("enn_core.predict.chunks").info(
-                    "predict: discarding parts in %s: %s", self.root, reason
-                )
-                shutil.rmtree(self.root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        for p in self.root.glob(f"{TMP_PREFIX}*"):  # left by a killed worker
-            p.unlink(missing_ok=True)
+                log.info("predict: discarding parts in %s: %s", self.root, reason)
+                self._remove(self._authentic_parts() | {MANIFEST})
+        self._remove({p.name for p in self.root.glob(f"{TMP_PREFIX}*")})  # a killed worker's
         if not manifest.exists():
             write_json(manifest, self.plan.to_manifest())
         return reason
+
+    def clear(self) -> list[str]:
+        """After assembly: remove what enn wrote here (the folder too, when enn made it and
+        nothing else is left); returns the files left, which are named in the log."""
+        own_folder(self.root)
+        if not self.root.is_dir():
+            return []
+        ours = {p.name for p in self.root.iterdir() if OURS.fullmatch(p.name)}
+        ours |= {self.path(k, kind).name for k in range(self.plan.n_parts) for kind in PARTS}
+        made = (self.root / OWNER).is_file()
+        self._remove(ours - {OWNER})
+        left = sorted(p.name for p in self.root.iterdir() if p.name != OWNER)
+        if left:
+            log.warning(
+                "predict: %s holds files enn did not write, left as they are: %s",
+                self.root,
+                ", ".join(left[:5]) + (", ..." if len(left) > 5 else ""),
+            )
+        elif made:
+            self._remove({OWNER})
+            with contextlib.suppress(OSError):
+                self.root.rmdir()
+        return left
+
+    def path(self, k: int, kind: str) -> Path:
+        return {"pred": self.pred_path, "rows": self.rows_path, "done": self.marker_path}[kind](k)
+
+    def _authentic_parts(self) -> set[str]:
+        """Names of the part files whose marker this job's secret vouches for (any plan)."""
+        names: set[str] = set()
+        for marker in self.root.glob("part-*.done"):
+            m = PART.fullmatch(marker.name)
+            if m is None or not _regular(marker):
+                continue
+            with contextlib.suppress(StaleOutputError):
+                if self._authentic(_read_json(marker)):
+                    names |= {self.path(int(m.group(1)), kind).name for kind in PARTS}
+        return names
+
+    def _authentic(self, marker: Mapping[str, Any]) -> bool:
+        if self.key is None:
+            return True
+        tag = marker.get("mac")
+        body = {k: v for k, v in marker.items() if k != "mac"}
+        return isinstance(tag, str) and secret.valid(self.key, _unhex(tag), _canonical(body))
+
+    def _sign(self, marker: dict[str, Any]) -> dict[str, Any]:
+        if self.key is None:
+            return marker
+        return {**marker, "mac": secret.mac(self.key, _canonical(marker)).hex()}
+
+    def _remove(self, names: set[str]) -> None:
+        """Unlink these files of the folder: regular files and links (a link itself, never
+        its target); anything else (a folder) is left."""
+        for name in sorted(names):
+            p = self.root / name
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISDIR(os.lstat(p).st_mode):
+                    continue
+                p.unlink()
 
     def _mismatch(self, old: Mapping[str, Any]) -> str | None:
         new = self.plan.to_manifest()
@@ -130,7 +216,7 @@ class PartStore:
     def is_done(self, k: int, *, verify: bool = True) -> bool:
         """True when part `k` is complete under this plan (checksums verified unless told not)."""
         marker = self.marker_path(k)
-        if not marker.exists():
+        if not _regular(marker):
             return False
         try:
             m = _read_json(marker)
@@ -139,7 +225,15 @@ class PartStore:
         expect = dict(self._marker_key(k))
         if any(m.get(key) != value for key, value in expect.items()):
             return False
-        if not (self.pred_path(k).exists() and self.rows_path(k).exists()):
+        if not (_regular(self.pred_path(k)) and _regular(self.rows_path(k))):
+            return False
+        if not self._authentic(m):
+            log.warning(
+                "predict: part %d in %s: its marker fails its MAC (not written by a member of "
+                "this job, or with another job secret); recomputing it",
+                k,
+                self.root,
+            )
             return False
         if verify and (
             sha256_file(self.pred_path(k)) != m.get("sha256")
@@ -160,44 +254,91 @@ class PartStore:
 
     @contextlib.contextmanager
     def writing(self, k: int, *, rank: int = 0) -> Iterator[np.ndarray]:
-        """Yield a writable memmap for part `k`; on clean exit it is committed with its marker."""
+        """Yield a writable array for part `k`; on clean exit it is committed with its marker
+        (files created fresh, never through a link planted in the shared folder)."""
+        own_folder(self.root)
         start, stop = self.plan.part_range(k)
         self.marker_path(k).unlink(missing_ok=True)
-        tmp = self.root / f"{TMP_PREFIX}{self.pred_path(k).name}"
-        shape = (stop - start, *self.plan.out_shape)
-        buf = np.lib.format.open_memmap(
-            tmp, mode="w+", dtype=np.dtype(self.plan.dtype), shape=shape
-        )
+        buf = np.empty((stop - start, *self.plan.out_shape), dtype=np.dtype(self.plan.dtype))
         t0 = time.perf_counter()
-        try:
-            yield buf
-            buf.flush()
-        except BaseException:
-            del buf
-            tmp.unlink(missing_ok=True)
-            raise
-        del buf
-        os.replace(tmp, self.pred_path(k))
-        rows_tmp = self.root / f"{TMP_PREFIX}{self.rows_path(k).name}"
-        with open(rows_tmp, "wb") as f:
-            np.save(f, np.arange(start, stop, dtype=np.int64))
-        os.replace(rows_tmp, self.rows_path(k))
+        yield buf
+        sums = {}
+        for path, array in ((self.pred_path(k), buf), (self.rows_path(k), None)):
+            data = np.arange(start, stop, dtype=np.int64) if array is None else array
+            out = io.BytesIO()
+            np.save(out, data)
+            raw = out.getvalue()
+            tmp = self.root / f"{TMP_PREFIX}{path.name}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            os.replace(tmp, path)
+            sums[path] = hashlib.sha256(raw).hexdigest()
         marker = {
             **dict(self._marker_key(k)),
-            "sha256": sha256_file(self.pred_path(k)),
-            "rows_sha256": sha256_file(self.rows_path(k)),
+            "sha256": sums[self.pred_path(k)],
+            "rows_sha256": sums[self.rows_path(k)],
             "rank": rank,
             "seconds": round(time.perf_counter() - t0, 6),
         }
-        write_json(self.marker_path(k), marker)
+        write_json(self.marker_path(k), self._sign(marker))
 
     def read_part(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(row ids, predictions) of a completed part, memory-mapped read-only."""
+        """(row ids, predictions) of a completed part, read once and checked against its
+        marker (sha256 and, with a job secret, the marker's MAC) from the bytes read."""
         if not self.is_done(k, verify=False):
             raise StaleOutputError(
                 f"{self.marker_path(k)}: part {k} is not complete for this plan; re-run predict"
             )
-        return np.load(self.rows_path(k), mmap_mode="r"), np.load(self.pred_path(k), mmap_mode="r")
+        m = _read_json(self.marker_path(k))
+        raw = {kind: _read_own(self.path(k, kind)) for kind in ("pred", "rows")}
+        if not self._authentic(m) or (
+            hashlib.sha256(raw["pred"]).hexdigest(),
+            hashlib.sha256(raw["rows"]).hexdigest(),
+        ) != (m.get("sha256"), m.get("rows_sha256")):
+            raise StaleOutputError(
+                f"{self.pred_path(k)}: part {k} changed after it was written (its checksum or "
+                "MAC fails): it was not published; run predict again, which recomputes it"
+            )
+        return _npy(raw["rows"]), _npy(raw["pred"])
+
+
+PARTS = ("pred", "rows", "done")
+
+
+def own_folder(root: Path) -> None:
+    """A folder enn writes into: not a link (nothing is written or deleted through one)."""
+    not_a_link(root, "remove it or choose another predict.parts_dir")
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _read_own(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _npy(raw: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(raw), allow_pickle=False)
+
+
+def _canonical(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def _unhex(tag: str) -> bytes:
+    try:
+        return bytes.fromhex(tag)
+    except ValueError:
+        return b""
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -22,11 +22,12 @@ import os
 import re
 import traceback
 from pathlib import Path
+from typing import cast
 
 import torch.distributed as dist
 
 from enn_core.errors import ConfigError, WorkerError
-from enn_core.predict.chunks import PartsPlan
+from enn_core.predict.chunks import PartsPlan, PartStore
 from enn_core.predict.workers import WorkerJob, WorkerStats, predict_parts
 from enn_core.runtime.dist import (
     DistEnv,
@@ -52,6 +53,7 @@ class RankJob:
     interface: InterfaceChoice
     barrier_timeout_s: float
     device: str  # runtime.device
+    job_id: str = ""  # the run id, recorded in the parts folder enn makes
 
 
 def rank_main(spec: RankJob) -> WorkerStats:
@@ -71,7 +73,13 @@ def rank_main(spec: RankJob) -> WorkerStats:
         )
         job = dataclasses.replace(spec.job, rank=env.rank, world_size=env.world_size)
         check_same_plan(job.plan, env)
+        # global rank 0 alone prepares the shared folder, once every rank has the same plan
+        store = PartStore(job.parts_dir, job.plan)
+        discarded = store.prepare(spec.job_id) if env.rank == 0 else None
+        dist.barrier()
         stats = predict_parts(job, beat=beat)
+        if discarded:  # the stage on this node reports it
+            stats = cast(WorkerStats, {**stats, "discarded": discarded})
         beat.phase(BARRIER)
         tighten_timeout(spec.barrier_timeout_s)  # the others may still be predicting
         wait_for_the_others(job)
@@ -112,17 +120,13 @@ def wait_for_the_others(job: WorkerJob) -> None:
 def check_same_plan(plan: PartsPlan, env: DistEnv) -> None:
     """Every rank predicts with the same model, input and part size, or none starts."""
     host = os.uname().nodename
-    plans = gather_objects((host, plan), env)
-    mine = plans[0][1]
+    plans = gather_objects([host, plan.to_manifest()], env)
+    (first, mine) = plans[0]
     for r, (where, theirs) in enumerate(plans):
         if theirs != mine:
-            diff = [
-                f.name
-                for f in dataclasses.fields(PartsPlan)
-                if getattr(theirs, f.name) != getattr(mine, f.name)
-            ]
+            diff = [k for k in mine if theirs.get(k) != mine[k]]
             raise ConfigError(
-                f"rank {r} (on {where}) predicts another plan than rank 0 (on {plans[0][0]}): "
+                f"rank {r} (on {where}) predicts another plan than rank 0 (on {first}): "
                 f"{', '.join(diff)} differ; every node needs the same model, staged input and "
                 "predict settings (dvc pull the same commit)"
             )

@@ -27,11 +27,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +48,7 @@ from enn_core.model.enn import ENN
 from enn_core.model_code import ModelCode
 from enn_core.predict import model_io, outputs, ranks, schema, workers
 from enn_core.predict.assemble import assemble
-from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore
+from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore, own_folder
 from enn_core.predict.model_io import CalibrationChoice
 from enn_core.runtime.external import LauncherEnv
 from enn_core.runtime.launch import Rendezvous, launch
@@ -147,14 +146,14 @@ def run(
     )
     launched = ranked(cfg)
     store = PartStore(parts_root(cfg, ctx, launched) / ctx.output().name, plan)
-    discarded = store.prepare()
-    if discarded:
-        ctx.logger.warning("predict: discarded earlier parts: %s", discarded)
-        ctx.events.event("predict_parts_discarded", reason=discarded)
+    own_folder(store.root)  # a link there: one line on every node, before any rank starts
+    # launched: global rank 0 alone prepares the shared folder, after the ranks agreed on the
+    # plan (enn_core.predict.ranks); each node keeps its row index in its own run directory
+    discarded = None if launched else store.prepare(ctx.run_dir.parent.name)
     index_path = None
     if index is not None:
-        index_path = store.root / "index.npy"
-        with atomic_file(index_path, "wb") as f:  # every node writes the same bytes
+        index_path = (ctx.run_dir if launched else store.root) / "index.npy"
+        with atomic_file(index_path, "wb") as f:
             np.save(f, index)
 
     world = p.world_size
@@ -192,12 +191,16 @@ def run(
     if launched:
         by_rank = run_ranks(cfg, ctx, jobs[0], world)
         stats = list(by_rank.values())
+        discarded = next((d for s in stats if (d := cast(dict, s).get("discarded"))), None)
         if 0 not in by_rank:  # global rank 0's node assembles and publishes
             return _elsewhere(cfg, ctx, plan, by_rank, time.perf_counter() - t0)
     else:
         predictor = model_io.prediction_path(net, choice).to(device) if world == 1 else None
         stats = workers.run(jobs, predictor, cancel=ctx.cancel)
     seconds_predict = time.perf_counter() - t_pred
+    if discarded:
+        ctx.logger.warning("predict: discarded earlier parts: %s", discarded)
+        ctx.events.event("predict_parts_discarded", reason=discarded)
 
     beside = (
         _beside(cal_dirs, model_sha, net, choice, features, n_rows, device)
@@ -239,7 +242,7 @@ def run(
     )
     write_json(ctx.run_dir / "predict_summary.json", summary.as_dict())
     _record(ctx, summary)
-    shutil.rmtree(store.root, ignore_errors=True)
+    store.clear()  # what enn wrote there; a file of someone else's is left and named
     if remapped:
         features_file.unlink(missing_ok=True)
     return summary
@@ -274,6 +277,7 @@ def run_ranks(
         interface=choose_interface(rt.socket_ifname, rt.local_addr, rt.nnodes),
         barrier_timeout_s=rt.task_timeout_s,
         device=rt.device,
+        job_id=ctx.run_dir.parent.name,
     )
     if rt.launcher == "external":
         launched = LauncherEnv.required()

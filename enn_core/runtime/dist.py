@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import gc
+import json
 import os
 import random
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from torch import nn
 from enn_core.errors import ConfigError
 from enn_core.runtime.device import resolve_device
 from enn_core.runtime.network import InterfaceChoice
+from enn_core.runtime.sigterm import watch_sigterm
 from enn_core.runtime.stores import tcp_store
 
 if TYPE_CHECKING:
@@ -135,20 +138,44 @@ def _store(rank: int, restart: int) -> dist.Store:
     """The rendezvous store under a per-run, per-attempt prefix (the restart-race fix)."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    base = tcp_store(  # rank 0's server listens on MASTER_ADDR only, not every interface
-        host,
-        port,
-        is_master=(not agent_store and rank == 0),
-        wait_for_workers=False,
-        timeout=_dt.timedelta(seconds=120),
-    )
+    hosting = not agent_store and rank == 0
+    try:
+        base = tcp_store(  # rank 0's server listens on MASTER_ADDR only, not every interface
+            host,
+            port,
+            is_master=hosting,
+            wait_for_workers=False,
+            timeout=_dt.timedelta(seconds=120),
+        )
+    except OSError as e:  # the port is taken: another process hosts it (another rank 0?)
+        if not (hosting and e.errno == errno.EADDRINUSE):
+            raise
+        base = tcp_store(
+            host, port, is_master=False, wait_for_workers=False, timeout=_dt.timedelta(seconds=10)
+        )
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
     # The agent's shared store outlives attempts: key by restart count. Without it (the
     # multi-node launch), rank 0 hosts a fresh store per rendezvous round, and the restart
     # count is not a shared key there: agents that restart for a membership change do not
     # count it, so nodes may disagree on it.
     attempt = f"attempt{restart}" if agent_store else "round"
-    return dist.PrefixStore(f"enn/{run_id}/{attempt}", base)
+    store = dist.PrefixStore(f"enn/{run_id}/{attempt}", base)
+    claim_rank(store, rank)
+    return store
+
+
+def claim_rank(store: dist.Store, rank: int) -> None:
+    """The first process to claim `rank` in this attempt owns it; a second is one line naming
+    both (hand-set RANK variables, two launchers started with one id), before the group
+    forms and hangs."""
+    me = f"{os.uname().nodename} pid {os.getpid()}"
+    got = store.compare_set(f"rank-owner/{rank}", "", me)
+    owner = got.decode(errors="replace") if isinstance(got, bytes) else str(got)
+    if owner != me:
+        raise ConfigError(
+            f"two processes claim rank {rank}: {owner} and {me} (this one); every process of "
+            "the job needs its own RANK (torchrun assigns them: do not set RANK by hand)"
+        )
 
 
 def bootstrap(
@@ -171,6 +198,7 @@ def bootstrap(
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     set_threads(threads)
+    watch_sigterm(rank)  # a rank blocked in a C++ wait for a peer still stops on SIGTERM
     seed_everything(seed, rank)
     set_deterministic(deterministic, compile=compile)
     dev = worker_device(device, local_rank)
@@ -348,13 +376,39 @@ def agree_any(flag: bool, env: DistEnv) -> bool:
     return bool(t.item() > 0)
 
 
+def _json_tensor(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+
+
+def _json_of(buf: torch.Tensor, size: int) -> Any:
+    return json.loads(bytes(buf[:size].tolist()).decode())
+
+
 def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
-    """Every rank's `obj` (rare paths only: error reports)."""
+    """Every rank's `obj`, a JSON value (rare paths only: error reports, the plan check). JSON,
+    not torch's pickled object collectives: what a peer sends is data, never code."""
     if not env.distributed:
         return [obj]
-    out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, obj)
-    return out
+    data = _json_tensor(obj)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(env.world_size)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64))
+    top = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(top, dtype=torch.uint8)
+    padded[: data.numel()] = data
+    bufs = [torch.zeros(top, dtype=torch.uint8) for _ in range(env.world_size)]
+    dist.all_gather(bufs, padded)
+    return [_json_of(b, int(s.item())) for b, s in zip(bufs, sizes, strict=True)]
+
+
+def broadcast_json(value: Any, src: int = 0) -> Any:
+    """Rank `src`'s `value` (a JSON value) on every rank of the default group."""
+    rank = dist.get_rank()
+    data = _json_tensor(value) if rank == src else torch.zeros(0, dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    dist.broadcast(size, src=src)
+    buf = data if rank == src else torch.zeros(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(buf, src=src)
+    return _json_of(buf, int(size.item()))
 
 
 def ranks_not_sharing(directory: str | os.PathLike, env: DistEnv) -> list[int]:

@@ -11,20 +11,42 @@ one address (`master_listen_fd`) stays on it: 127.0.0.1 for a one-node job, the 
 
 torchrun finds the same backend by name (`torchrun --rdzv-backend enn-c10d ...`) through the
 entry point `torchrun.handlers` -> `torchrun_handler` (pyproject.toml).
+
+Authenticated (enn_core.runtime.store_auth): the rendezvous state is stored with an HMAC keyed
+by the job secret (enn_core.runtime.secret) and bound to the run id, checked before torch
+unpickles it; the store the handler gives the agent (the workers' MASTER_ADDR/MASTER_PORT, the
+rank assignment) seals and checks every value the same way. A job of several nodes needs a
+secret (one line without); a one-node job without one makes a fresh key in memory per launch
+(its only agent is the only reader), so a local user reaching the loopback port cannot forge
+either.
 """
 
 from __future__ import annotations
 
+import binascii
 import datetime as _dt
+import json
+import logging
 import os
+import secrets
 import socket
+import threading
 import time
+from base64 import b64decode, b64encode
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
+from enn_core.errors import ConfigError
+from enn_core.runtime import secret
+
+log = logging.getLogger("enn.launch")
 RENDEZVOUS_BACKEND = "enn-c10d"
+WAITING_EVERY_S = 30.0  # how often a node waiting in the rendezvous says whom it waits for
+# seconds without a peer node's liveness beat before it is named silent (runtime.hang_timeout_s:
+# the launcher passes it as the rendezvous config `liveness_timeout`; torchrun: --rdzv-conf)
+LIVENESS_TIMEOUT_S = 120
 LEAVE_WAIT_S = 10.0  # how long the store's host waits for the other nodes to close
 # torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
 NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -70,10 +92,14 @@ def tcp_store(
     )
 
 
-def _rendezvous_store(endpoint: str, read_timeout_s: int) -> tuple[dist.TCPStore, bool]:
+def _rendezvous_store(
+    endpoint: str, read_timeout_s: int, connect_timeout_s: int
+) -> tuple[dist.TCPStore, bool]:
     """The rendezvous store, hosted by this process when the endpoint names this machine
     and nobody hosts it yet (torch's c10d backend decides the same way), else a client;
-    and whether this process hosts it."""
+    and whether this process hosts it. An endpoint that does not answer within
+    `connect_timeout_s` (runtime.rdzv_timeout_s) is one line naming it."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
     from torch.distributed.elastic.rendezvous.utils import (
         _matches_machine_hostname,
@@ -87,7 +113,23 @@ def _rendezvous_store(endpoint: str, read_timeout_s: int) -> tuple[dist.TCPStore
             return tcp_store(host, port, is_master=True, timeout=timeout, multi_tenant=True), True
         except OSError:  # another agent on this machine hosts it: join as a client
             pass
-    return tcp_store(host, port, is_master=False, timeout=timeout, multi_tenant=True), False
+    try:
+        client = tcp_store(
+            host,
+            port,
+            is_master=False,
+            timeout=_dt.timedelta(seconds=connect_timeout_s),
+            multi_tenant=True,
+        )
+    except (RuntimeError, ValueError, TimeoutError, OSError) as e:
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise RendezvousConnectionError(
+            f"the rendezvous endpoint {endpoint} did not answer within {connect_timeout_s} s "
+            f"({first}); start the node it names first (it hosts the store), check that "
+            f"{host} resolves to it here and that port {port} is open between the nodes"
+        ) from None
+    client.set_timeout(timeout)
+    return client, False
 
 
 def _leave(store: dist.TCPStore, run_id: str, nodes: int, hosting: bool, wait_s: float) -> None:
@@ -105,21 +147,83 @@ def _leave(store: dist.TCPStore, run_id: str, nodes: int, hosting: bool, wait_s:
         pass
 
 
-def _create_handler(params: Any) -> Any:
-    """torch's c10d rendezvous handler, on a store bound to the endpoint's address, whose
-    workers' store (the agent shares it with its workers) is bound to the node's address."""
+def job_key(max_nodes: int) -> bytes:
+    """The rendezvous' MAC key: the job secret; on one node without one, a fresh key."""
+    key = secret.load()
+    if key is not None:
+        return key
+    if max_nodes > 1:
+        raise ConfigError(
+            f"a job of up to {max_nodes} nodes needs a job secret in {secret.ENV} (the "
+            f"rendezvous store authenticates every value with it); {secret.how_to_make()}"
+        )
+    return secrets.token_bytes(32)
+
+
+def _backend_class() -> type:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
     )
+
+    # imported here: store_auth imports torch's rendezvous package, whose registry imports
+    # this module (torchrun's entry point) while it loads
+    from enn_core.runtime.store_auth import seal, unseal
+
+    class Backend(C10dRendezvousBackend):
+        """torch's c10d backend whose state carries an HMAC bound to the run id, checked
+        before the state (a pickle) reaches torch's unpickling state holder."""
+
+        def __init__(self, store: Any, run_id: str, key: bytes, where: str) -> None:
+            self._mac_key, self._run_id, self._where = key, run_id, where
+            super().__init__(store, run_id)
+
+        @property
+        def name(self) -> str:
+            return RENDEZVOUS_BACKEND  # what the registry checks the handler against
+
+        def _open(self, stored: bytes) -> tuple[bytes, Any] | None:
+            if stored == self._NULL_SENTINEL.encode():
+                return None
+            try:
+                raw = b64decode(stored, validate=True)
+            except binascii.Error:
+                raw = b""  # not even base64: it fails its MAC below, as anything forged does
+            state = unseal(self._mac_key, "the rendezvous state", self._run_id, raw, self._where)
+            return state, stored
+
+        def get_state(self) -> tuple[bytes, Any] | None:
+            return self._open(self._call_store("get", self._key))
+
+        def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
+            if token and not isinstance(token, bytes):
+                current = self.get_state()
+                return (*current, False) if current is not None else None
+            sealed = seal(self._mac_key, "the rendezvous state", self._run_id, state)
+            expected = token.decode() if token else self._NULL_SENTINEL
+            stored = self._call_store(
+                "compare_set", self._key, expected, b64encode(sealed).decode()
+            )
+            current = self._open(stored)
+            if current is None:
+                return None
+            return current[0], current[1], current[0] == state
+
+    return Backend
+
+
+def _create_handler(params: Any) -> Any:
+    """torch's c10d rendezvous handler, on a store bound to the endpoint's address, whose
+    workers' store (the agent shares it with its workers) is bound to the node's address,
+    every value of which is authenticated with the job secret."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         create_handler,
     )
 
-    class Backend(C10dRendezvousBackend):
-        @property
-        def name(self) -> str:
-            return RENDEZVOUS_BACKEND  # what the registry checks the handler against
+    from enn_core.runtime.liveness import Liveness
+    from enn_core.runtime.store_auth import MacStore
+
+    key = job_key(params.max_nodes)
 
     class Handler(DynamicRendezvousHandler):
         def _create_tcp_store_server(self, master_addr: str, master_port: int) -> dist.TCPStore:
@@ -132,7 +236,45 @@ def _create_handler(params: Any) -> Any:
                 multi_tenant=True,
             )
 
+        def _get_store(self) -> Any:
+            # what the agent reads MASTER_ADDR/PORT, the rank assignment and its barrier from
+            round_ = self._state_holder.state.round
+            return MacStore(super()._get_store(), key, f"{params.run_id}/{round_}", params.endpoint)
+
+        def next_rendezvous(self) -> Any:
+            agree_on_nodes(store, key, params)
+            stop = threading.Event()
+            waiting = threading.Thread(
+                target=report_waiting,
+                args=(self, params, stop, WAITING_EVERY_S),
+                name="enn-rdzv-waiting",
+                daemon=True,
+            )
+            waiting.start()
+            beat = getattr(self, "_enn_liveness", None)
+            if beat is not None:  # a new round: this node leaves the last one on purpose
+                beat.stop()
+            try:
+                info = super().next_rendezvous()
+            finally:
+                stop.set()
+            if params.max_nodes > 1:
+                self._enn_liveness = Liveness(
+                    params.endpoint,
+                    key,
+                    params.run_id,
+                    self._state_holder.state.round,
+                    info.rank,
+                    info.world_size,
+                    assigned_ranks(self._get_store()),
+                    float(params.get_as_int("liveness_timeout", LIVENESS_TIMEOUT_S) or 1),
+                ).start()
+            return info
+
         def shutdown(self) -> bool:
+            beat = getattr(self, "_enn_liveness", None)
+            if beat is not None:  # the job ended here: the others must not call it silent
+                beat.stop()
             closed = super().shutdown()
             # the nodes of the last round (one that never met its peers waits for nobody)
             nodes = len(self._state_holder.state.participants) or 1
@@ -145,10 +287,67 @@ def _create_handler(params: Any) -> Any:
         # attempts by a restart count the nodes need not agree on. Our own launcher sets this
         # too (launch.clean_dist_env); under torchrun this handler runs in its agent.
         os.environ[NO_SHARED_STORE] = "1"
-    store, hosting = _rendezvous_store(params.endpoint, params.get_as_int("read_timeout", 60) or 60)
-    handler = create_handler(store, Backend(store, params.run_id), params)
+    store, hosting = _rendezvous_store(
+        params.endpoint,
+        params.get_as_int("read_timeout", 60) or 60,
+        params.get_as_int("join_timeout", 600) or 600,
+    )
+    backend = _backend_class()(store, params.run_id, key, params.endpoint)
+    handler = create_handler(store, backend, params)
     handler.__class__ = Handler  # the same handler, with the bound workers' store
     return handler
+
+
+def agree_on_nodes(store: Any, key: bytes, params: Any) -> None:
+    """The first node to arrive records its node count (min, max) in the store (sealed);
+    a node that counts otherwise is one line naming both (runtime.nnodes, torchrun's
+    --nnodes), instead of waiting for a job that can never form."""
+    from enn_core.runtime.store_auth import RendezvousNodesDiffer, seal, unseal
+
+    mine = {"min": params.min_nodes, "max": params.max_nodes, "host": socket.gethostname()}
+    sealed = seal(key, "the node count", params.run_id, json.dumps(mine).encode())
+    where = f"enn/{params.run_id}/nodes"
+    first = store.compare_set(where, "", sealed)
+    theirs = json.loads(unseal(key, "the node count", params.run_id, first, params.endpoint))
+    if (theirs["min"], theirs["max"]) != (mine["min"], mine["max"]):
+        raise RendezvousNodesDiffer(params.run_id, theirs, mine)
+
+
+def assigned_ranks(store: Any) -> Callable[[int], str]:
+    """A node's global ranks as the agents assigned them in this round (the sealed store's
+    torchelastic keys), for naming a silent node; "unknown" before they were assigned."""
+
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    def ranks_of(node: int) -> str:
+        keys = [f"torchelastic/assigned_ranks/{node}", f"torchelastic/role_info/{node}"]
+        try:
+            if not store.check(keys):
+                return "unknown"
+            base = int(json.loads(store.get(keys[0]))[0])
+            local = int(json.loads(store.get(keys[1]))["local_world_size"])
+        except (RuntimeError, ValueError, KeyError, IndexError, RendezvousError):
+            return "unknown"
+        return str(base) if local == 1 else f"{base}-{base + local - 1}"
+
+    return ranks_of
+
+
+def report_waiting(handler: Any, params: Any, stop: threading.Event, every_s: float) -> None:
+    """While this node waits in the rendezvous: every `every_s` seconds, one line saying whom
+    it waits for (the nodes seen, how many are missing, the endpoint)."""
+    while not stop.wait(every_s):
+        state = handler._state_holder.state  # a snapshot; the agent's thread replaces it
+        seen = sorted({n.addr for n in (*state.participants, *state.wait_list)})
+        missing = max(0, params.min_nodes - len(state.participants))
+        log.warning(
+            "rendezvous %s at %s: still waiting for %d more node(s) of %d; seen: %s",
+            params.run_id,
+            params.endpoint,
+            missing,
+            params.min_nodes,
+            ", ".join(seen) or "none yet",
+        )
 
 
 def torchrun_handler() -> Callable[[Any], Any]:

@@ -37,4 +37,5 @@ DISTRIBUTED_TRAIN = StageSpec(
     metrics=DVC_TRAIN,
     plots=("loss_curves",),
     bundle=("model.pt",),
+    every_rank=True,
 )

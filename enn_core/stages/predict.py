@@ -42,4 +42,5 @@ PREDICT = StageSpec(
     artifacts=("manifest.json",),
     plots=("predictions",),
     model_refs=("predict.model",),
+    every_rank=True,
 )

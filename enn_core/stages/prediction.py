@@ -74,6 +74,7 @@ PREDICT_NEW_DATA = StageSpec(
     outputs=PREDICT.outputs,
     artifacts=PREDICT.artifacts,
     model_refs=("predict.model",),
+    every_rank=True,
 )
 
 CHECK_NEW_PREDICTIONS = StageSpec(

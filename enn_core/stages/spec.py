@@ -86,6 +86,11 @@ class StageSpec:
     registers_model: bool = False
     """After it runs, the tracker logs and registers the exported model."""
 
+    every_rank: bool = False
+    """Its work runs on every rank of a launched job (torchrun, several nodes): a process other
+    than global rank 0 may run it (its share of the work, nothing published); any other stage
+    runs on global rank 0 alone."""
+
     @property
     def dvc_name(self) -> str:
         """The stage's key in `dvc.yaml` (YAML keys take `_` where the name has `-`)."""

@@ -61,10 +61,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from enn_core.atomic import fsync_dir, write_json
+from enn_core.atomic import fsync_dir, not_a_link, write_json
 from enn_core.config import CheckpointConfig
 from enn_core.data.hashing import hash_files
 from enn_core.errors import StaleOutputError
+from enn_core.runtime.dist import broadcast_json
 
 COMMITTED = "COMMITTED"
 COMPLETE = "COMPLETE"
@@ -81,7 +82,7 @@ def committed(root: Path) -> list[Path]:
     """Committed checkpoints under `root`, oldest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.glob("step-*") if (p / COMMITTED).is_file()]
+    found = [p for p in root.glob("step-*") if not p.is_symlink() and (p / COMMITTED).is_file()]
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
@@ -122,6 +123,21 @@ def quarantine(step: Path, bad: list[str]) -> Path:
         dest,
     )
     return dest
+
+
+LINK_FIX = "remove the link, or choose another checkpoint.dir"
+
+
+def remove(p: Path) -> None:
+    """Delete a checkpoint folder of ours; a link is removed as a link (never followed) and
+    named."""
+    if p.is_symlink():
+        log.warning(
+            "checkpoint folder %s is a link (to %s): removed the link only", p, os.readlink(p)
+        )
+        p.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def read_trainer(path: Path) -> dict[str, Any]:
@@ -174,10 +190,11 @@ class Checkpointer:
         unless `keep` (an explicit checkpoint.resume_from may point into it)."""
         choice = None
         if self.is_main:
+            not_a_link(self.root, LINK_FIX)
             self.root.mkdir(parents=True, exist_ok=True)
             for p in [*self.root.glob(".tmp-step-*"), *self.root.glob("step-*")]:
-                if not (p / COMMITTED).is_file():
-                    shutil.rmtree(p, ignore_errors=True)
+                if p.is_symlink() or not (p / COMMITTED).is_file():
+                    remove(p)
             if not keep and ((self.root / COMPLETE).exists() or not resume):
                 self.clear()
             (self.root / COMPLETE).unlink(missing_ok=True)
@@ -200,21 +217,22 @@ class Checkpointer:
 
     def clear(self) -> None:
         for p in self.root.glob("step-*"):
-            shutil.rmtree(p, ignore_errors=True)
+            remove(p)
         (self.root / COMPLETE).unlink(missing_ok=True)
 
     def _broadcast(self, value: Any) -> Any:
         if not (self.distributed and dist.is_initialized()):
             return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return broadcast_json(value, src=0)  # JSON, not a pickle from a peer
 
     # -- save ----------------------------------------------------------------------------
     def save(self, state: dict, trainer: dict, position: int) -> None:
         """Write a checkpoint at global position `position` (steps done); commit when written."""
         self.wait()
+        not_a_link(self.root, LINK_FIX)
         tmp = self.root / f".tmp-{step_name(position)}-a{self.attempt}"
+        if tmp.is_symlink():  # planted in the shared folder: DCP would write through it
+            remove(tmp)
         tmp.mkdir(parents=True, exist_ok=True)
         rng: dict[str, torch.Tensor | list[torch.Tensor]] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
@@ -260,8 +278,8 @@ class Checkpointer:
         if not self.is_main:
             return
         final = self.root / step_name(position)
-        if final.exists():  # only a checkpoint this run is superseding (same position)
-            shutil.rmtree(final)
+        if final.exists() or final.is_symlink():  # one this run supersedes (same position)
+            remove(final)
         os.rename(tmp, final)
         files = content_hashes(final)  # every rank's shards are there: the save returned
         with open(final / COMMITTED, "w") as f:
@@ -295,7 +313,7 @@ class Checkpointer:
             keep.add(self.best)
         for p in found:
             if p.name not in keep:
-                shutil.rmtree(p, ignore_errors=True)
+                remove(p)
 
     def complete(self) -> None:
         """The run finished: await the last save, then mark the directory COMPLETE."""

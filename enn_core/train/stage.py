@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from enn_core.atomic import atomic_dir, write_json
+from enn_core.atomic import atomic_dir, not_a_link, write_json
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import (
@@ -45,7 +45,14 @@ from enn_core.runtime.launch import Rendezvous, launch, read_errors
 from enn_core.stage import StageContext
 from enn_core.summaries import TrainSummary
 from enn_core.train import worker
-from enn_core.train.ckpt import COMMITTED, COMPLETE, committed, corrupt_files, step_name
+from enn_core.train.ckpt import (
+    COMMITTED,
+    COMPLETE,
+    LINK_FIX,
+    committed,
+    corrupt_files,
+    step_name,
+)
 from enn_core.train.fingerprint import Fingerprint, diff, fingerprint
 from enn_core.train.job import JOB_FILE, CheckpointPlan, WorkerJob
 
@@ -275,6 +282,7 @@ def checkpoint_spec(cfg: RunConfig, ctx: StageContext, fp: Fingerprint) -> Check
     named otherwise) unless `checkpoint.warm_start` asks for its weights only."""
     base = ctx.layout.resolve(cfg.checkpoint.dir) if cfg.checkpoint.dir else ctx.layout.checkpoints
     root = base / fp.digest
+    not_a_link(root, LINK_FIX)
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "fingerprint.json").exists():
         write_json(root / "fingerprint.json", {"digest": fp.digest, **fp.parts})

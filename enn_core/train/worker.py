@@ -49,7 +49,14 @@ from enn_core.runtime.batch_probe import (
     sample_from_staged,
 )
 from enn_core.runtime.comm_clock import CommClock, time_fsdp_collectives
-from enn_core.runtime.dist import DistEnv, apply_parallelism, bootstrap, ranks_not_sharing, shutdown
+from enn_core.runtime.dist import (
+    DistEnv,
+    apply_parallelism,
+    bootstrap,
+    gather_objects,
+    ranks_not_sharing,
+    shutdown,
+)
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
 from enn_core.runtime.launch import write_error
@@ -58,6 +65,22 @@ from enn_core.runtime.precision import PrecisionDecision, choose_precision
 from enn_core.train.ckpt import Checkpointer
 from enn_core.train.job import WorkerJob
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
+
+
+def same_fingerprint(digest: str, env: DistEnv) -> None:
+    """Every rank trains the same job (data, model/train config, torch version), or none
+    starts: nodes with different configs would otherwise look for each other's checkpoints
+    in different fingerprint folders (and be told their shared folder is node-local)."""
+    seen = gather_objects([os.uname().nodename, digest], env)
+    by_digest: dict[str, str] = {}
+    for host, d in seen:
+        by_digest.setdefault(d, host)
+    if len(by_digest) > 1:
+        named = ", ".join(f"{d[:12]} on {host}" for d, host in by_digest.items())
+        raise ConfigError(
+            f"the nodes' configs differ (fingerprint {named}): every node needs the same data, "
+            "model and train config and torch version (the same commit, dvc pull)"
+        )
 
 
 def _die_with_parent() -> None:
@@ -262,6 +285,8 @@ def _checkpointer(
     plan, cfg = job.checkpoint, job.config
     if plan is None:
         return None, None
+    if cfg.runtime.nnodes > 1:
+        same_fingerprint(plan.digest, env)
     if cfg.runtime.nnodes > 1 and (blind := ranks_not_sharing(plan.dir, env)):
         raise ConfigError(
             f"ranks {blind} do not see the checkpoint directory {plan.dir} that rank 0 writes "

@@ -13,6 +13,7 @@ import torch
 
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import TransientError
+from enn_core.runtime import secret
 from enn_core.runtime.launch import Rendezvous, free_port, launch
 from enn_core.stage import make_context
 from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA
@@ -81,7 +82,8 @@ def _never_runs() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_node_whose_peer_never_joins_gets_a_transient_rendezvous_error(tmp_path):
+def test_a_node_whose_peer_never_joins_gets_a_transient_rendezvous_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(secret.ENV, str(secret.make(tmp_path / "job-secret")))  # several nodes
     rdzv = Rendezvous(nnodes=2, endpoint=f"127.0.0.1:{free_port()}", run_id="lonely", timeout_s=3)
     with pytest.raises(TransientError, match="rendezvous lonely at 127.0.0.1:.*start all 2 nodes"):
         launch(_never_runs, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=10, rdzv=rdzv)

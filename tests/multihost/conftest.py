@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fixtures.hosts import TestBed, missing_capability
-from tests.fixtures.multihost import TEMPLATE, Cluster
+from tests.fixtures.multihost import TEMPLATE, Cluster, give_job_secret
 from tests.fixtures.postgres import Postgres
 from tests.fixtures.postgres import missing as postgres_missing
 from tests.fixtures.project import contained_env, make_project
@@ -69,6 +69,7 @@ def testbed(say) -> Iterator[Cluster]:
         project.run("enn", "run", "--set", "train.epochs=12")
         project.set_params(TEMPLATE)
         hosts = bed.start(NAMES, env=contained_env(bed.view))
+        give_job_secret(hosts)
         for h in hosts:
             say(f"host {h.name} at {h.addr} (namespace {h.netns}), checkout {h.view}")
         say(f"shared folder {bed.shared}")

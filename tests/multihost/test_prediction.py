@@ -5,6 +5,7 @@ host killed mid-prediction is resumed from the parts already written."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
@@ -77,6 +78,13 @@ def test_a_prediction_across_hosts_equals_one_hosts_and_resumes_after_a_host_die
     say(f"node1 after node2 died: {job.logs[0].read_text().strip().splitlines()[-1]}")
     done = sorted(int(p.name[5:10]) for p in parts.glob("part-*.done"))
     assert done == [0, 1, 2, 3, 4, 5, 6, 7], done  # node1's share and node2's first two
+    # someone without the job secret rewrites kept part 3 with other values and recomputes
+    # its marker's sha256 (issue 38.2); a user leaves a file of theirs in the shared folder
+    np.save(parts / "part-00003.npy", np.full_like(np.load(parts / "part-00003.npy"), 7.0))
+    marker = json.loads((parts / "part-00003.done").read_text())
+    marker["sha256"] = hashlib.sha256((parts / "part-00003.npy").read_bytes()).hexdigest()
+    (parts / "part-00003.done").write_text(json.dumps(marker))
+    (parts / "notes.txt").write_text("a user's file")
 
     again = ["enn", "predict", *_sets(*ALL_ROWS, *_multinode(testbed, "predict-2"))]
     job = Job.start([node1, node2], again, tmp_path, "predict-again")
@@ -84,14 +92,17 @@ def test_a_prediction_across_hosts_equals_one_hosts_and_resumes_after_a_host_die
     summary = _last_summary(node1)
     assert summary["nodes"] == 2 and summary["n_parts"] == 12
     node2_summary = _last_summary(node2)
-    assert sorted(summary["reused_parts"] + node2_summary["reused_parts"]) == done
-    assert sorted(summary["computed_parts"] + node2_summary["computed_parts"]) == [8, 9, 10, 11]
+    kept = [k for k in done if k != 3]
+    assert sorted(summary["reused_parts"] + node2_summary["reused_parts"]) == kept
+    assert sorted(summary["computed_parts"] + node2_summary["computed_parts"]) == [3, 8, 9, 10, 11]
     predictions, keys = _outputs(node1)
     assert np.array_equal(predictions, reference) and keys == ref_keys  # values and row order
     node2_out = node2.checkout / "outputs" / "predict" / "manifest.json"  # the template's
     assert node2_out.stat().st_mtime < job.started  # only global rank 0's node publishes
-    assert not parts.exists()  # assembled: the parts are removed
-    say(f"prediction across hosts: resumed {len(done)} parts, computed 4, output identical")
+    # assembled: the parts are removed, the user's file is left (and named)
+    assert sorted(p.name for p in parts.iterdir()) == [".enn-parts", "notes.txt"]  # enn's mark
+    assert "notes.txt" in job.logs[0].read_text()
+    say(f"prediction across hosts: resumed {len(kept)} parts, recomputed the forged one")
 
 
 def test_the_prediction_flow_and_torchrun_take_the_same_settings(testbed, tmp_path):

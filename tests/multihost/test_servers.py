@@ -4,13 +4,15 @@
 one on node2 (each in its own checkout at the same path), the training flow deployed to the
 pool and triggered twice at once: one run on each host, both logging to the same MLflow
 server, whose run list names the hosts. Every command is docs/scale-out.md's with the hosts'
-names filled in."""
+names filled in. Both servers authenticate: an anonymous request is refused, the project's
+clients log in with what their environment holds."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import secrets
 import signal
 import time
 
@@ -43,23 +45,37 @@ def test_two_hosts_run_pooled_flows_logging_to_servers_on_postgres(
     bed, pg, mlflow_url = testbed.bed, postgres, mlflow
     pg.create_database("prefect")
     api = f"http://{node3.name}:{bed.port(21)}/api"
+    auth = f"enn:{secrets.token_urlsafe(16)}"  # Prefect's server: one user, one password
     server_env = {
         **node3.env,
         **pg.env,
         "PREFECT_HOME": str(bed.view / "work" / "prefect-server"),
         "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "postgresql+asyncpg"),
         "PREFECT_UI_API_URL": api,
+        "PREFECT_SERVER_API_AUTH_STRING": auth,
+        "PREFECT_CLI_PROMPT": "false",  # no profile prompt on a terminal
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     }
     prefect_cmd = ["prefect", "server", "start", "--host", node3.addr, "--port", str(bed.port(21))]
     logs = tmp_path
     with serving(node3, logs / "prefect.log", server_env, *prefect_cmd) as prefect:
         wait_up(node1, f"{api}/health", prefect, logs / "prefect.log")
+        # an anonymous request is refused by both servers (issue 38.5)
+        anonymous = http(node1, f"{api}/flow_runs/filter", {}, anonymous=True)
+        assert anonymous.get("status") == 401, anonymous
+        anonymous = http(
+            node1, f"{mlflow_url}/api/2.0/mlflow/experiments/search", {}, anonymous=True
+        )
+        assert anonymous.get("status") == 401, anonymous
+        wrong = http(node1, f"{api}/flow_runs/filter", {}, auth="enn:not-the-password")
+        assert wrong.get("status") == 401, wrong
         for h in (node1, node2):  # params.yaml of each checkout: the shared tracking server
             request.addfinalizer(_restore(h.checkout / "params.yaml"))
             apply_overrides(h.checkout / "params.yaml", [f"tracking.uri={mlflow_url}"])
         client = {
             **node1.env,
             "PREFECT_API_URL": api,
+            "PREFECT_API_AUTH_STRING": auth,
             "PREFECT_HOME": str(bed.view / "work" / "prefect"),
         }
         node1.run("prefect", "work-pool", "create", "enn-pool", "--type", "process", env=client)
@@ -94,7 +110,7 @@ def test_two_hosts_run_pooled_flows_logging_to_servers_on_postgres(
                 ).group(1)
                 for _ in range(2)
             ]
-            states = _wait_flow_runs(node1, api, run_ids, logs)
+            states = _wait_flow_runs(node1, api, run_ids, logs, client)
         finally:
             for w in workers:
                 with contextlib.suppress(ProcessLookupError):
@@ -140,11 +156,13 @@ def test_two_hosts_run_pooled_flows_logging_to_servers_on_postgres(
     assert list((testbed.shared / "mlflow-artifacts").rglob("config.yaml"))
 
 
-def _wait_flow_runs(host: Host, api: str, run_ids: list[str], logs, timeout: float = 480):
+def _wait_flow_runs(
+    host: Host, api: str, run_ids: list[str], logs, env: dict[str, str], timeout: float = 480
+):
     end = time.time() + timeout
     states: dict[str, str] = {}
     while time.time() < end:
-        states = {r: http(host, f"{api}/flow_runs/{r}")["state"]["type"] for r in run_ids}
+        states = {r: http(host, f"{api}/flow_runs/{r}", env=env)["state"]["type"] for r in run_ids}
         if all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states.values()):
             return states
         time.sleep(3)

@@ -101,6 +101,13 @@ def test_two_hosts_train_like_one_host(testbed, reference, say, tmp_path):
     other = node2 if rank0 is node1 else node1
     other_log = job.logs[[node1, node2].index(other)].read_text()
     assert "this node ran ranks [1]; the node of global rank 0 publishes the outputs" in other_log
+    # rank 0 alone publishes: the other node wrote nothing under outputs/ (issue 38.3)
+    written = [
+        str(p.relative_to(other.checkout))
+        for p in (other.checkout / "outputs").rglob("*")
+        if p.is_file() and p.stat().st_mtime >= job.started - 1
+    ]
+    assert not written, f"{other.name} wrote {written}"
 
 
 @pytest.mark.parametrize("launcher", ["enn", "torchrun"])

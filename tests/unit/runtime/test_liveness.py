@@ -1,0 +1,63 @@
+"""Each node's liveness beat (issue 38.7): a node that goes silent is named by the others
+(host, node rank, global ranks, endpoint) within the timeout, whatever its workers do; a node
+that leaves on purpose (the job ended, a restart) is not."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+
+from enn_core.runtime.launch import free_port
+from enn_core.runtime.liveness import Liveness
+from enn_core.runtime.stores import tcp_store
+
+KEY = b"k" * 32
+
+
+@pytest.fixture
+def endpoint():
+    port = free_port()
+    store = tcp_store("127.0.0.1", port, is_master=True, timeout=dt.timedelta(seconds=5))
+    yield f"127.0.0.1:{port}"
+    del store
+
+
+def _node(endpoint: str, rank: int, said: list[str]) -> Liveness:
+    return Liveness(
+        endpoint,
+        KEY,
+        "job-live",
+        0,
+        rank,
+        2,
+        lambda node: f"{node * 2}-{node * 2 + 1}",
+        timeout_s=1.0,
+        every_s=0.1,
+        on_silent=said.append,
+    ).start()
+
+
+def test_a_silent_node_is_named_by_the_others(endpoint):
+    said: list[str] = []
+    first, second = _node(endpoint, 0, said), _node(endpoint, 1, said)
+    time.sleep(0.5)
+    second._stop.set()  # killed: no last beat
+    deadline = time.time() + 5
+    while not said and time.time() < deadline:
+        time.sleep(0.05)
+    first.stop()
+    assert len(said) == 1, said
+    assert "(node rank 1, global ranks 2-3) went silent: no liveness beat for" in said[0]
+    assert f"in the rendezvous store at {endpoint}" in said[0]
+
+
+def test_a_node_that_leaves_on_purpose_is_not_silent(endpoint):
+    said: list[str] = []
+    first, second = _node(endpoint, 0, said), _node(endpoint, 1, said)
+    time.sleep(0.5)
+    second.stop()  # the job ended on that node
+    time.sleep(2.0)
+    first.stop()
+    assert said == []
