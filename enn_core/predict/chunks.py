@@ -130,7 +130,9 @@ class PartStore:
             reason = self._mismatch(_read_json(manifest))
             if reason:
                 # the caller says it (once, on the console); the folder goes to the log file
-                log.info("predict: discarding parts in %s: %s", self.root, reason)
+                logging.getLogger("enn_core.predict.chunks").info(
+                    "predict: discarding parts in %s: %s", self.root, reason
+                )
                 self._remove(self._authentic_parts() | {MANIFEST})
         self._remove({p.name for p in self.root.glob(f"{TMP_PREFIX}*")})  # a killed worker's
         if not manifest.exists():
