@@ -1,30 +1,16 @@
-"""Which process a trial's record names, and whether the study may signal it.
+"""Which host and study process ran a trial: its record, read as data.
 
-A study database is data (README, "Security notes"): copied, restored from a backup or
-written by someone else, it must never choose what is killed. When the study starts a trial
-it records the trial process as `TrialOwner` (user attribute `enn.owner`, JSON): the host,
-the pid, the process's start time and its command line. A resumed study signals a trial
-process only when (`claim`)
-
-- the record was made on this host,
-- a process with that pid runs and started at the recorded time (pids are reused),
-- its command line is the recorded one, and that is this study's trial command for the
-  trial's own folder (`python -m tasks.tuning.trial work/tune/<study>/trial-<N>/trial.json`,
-  the folder computed by the study, not read from the record);
-
-anything else is left alone and named. The record also names the `enn tune` process that
-started the trial (`study_pid`, `study_started`). On a storage shared by several hosts
-(`tune.storage`), a starting study ends at once only the trials it finds `left_here`: made on
-this host, for this checkout's study folder, by a study process that is gone; every other
-running trial belongs to a live study somewhere, and Optuna's heartbeat decides when it is
-stale (tasks/tuning/shared.py). Another host's record is never signalled: each host kills only
-its own trials' processes, and only by `claim`.
+When a study starts a trial it records `TrialOwner` (user attribute `enn.owner`, JSON): the
+host, the trial process's pid, start time and command line, and the `enn tune` process that
+started it. Nothing is ever signalled from a record: a trial's process group dies with its
+study (tasks/tuning/trial.py), so a resumed study only marks failed the trials `left_here`
+(this host, this checkout's study folder, a study process that is gone). A RUNNING trial with
+no record was asked by a client that died before running it (tasks/tuning/shared.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from dataclasses import asdict, dataclass
@@ -33,29 +19,26 @@ from typing import Any
 
 import psutil
 
-OWNER_ATTR = "enn.owner"  # a trial's user attribute: TrialOwner as JSON
+OWNER_ATTR = "enn.owner"
 TRIAL_MODULE = "tasks.tuning.trial"
 START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
 
 
 @dataclass(frozen=True)
 class TrialOwner:
-    """The process a study started for a trial: where, which, since when, running what."""
-
     host: str
     pid: int
-    started: float  # the process's start time (psutil create_time, seconds since the epoch)
+    started: float  # the trial process's start time (seconds since the epoch)
     cmdline: tuple[str, ...]
-    study_pid: int = 0  # the `enn tune` process that started it (0: an older record)
+    study_pid: int = 0  # the `enn tune` process that started it
     study_started: float = 0.0
 
     @classmethod
     def of(cls, pid: int, command: list[str]) -> TrialOwner:
-        """The record of the process the study just started with `command`."""
         try:
             p = psutil.Process(pid)
             started, cmdline = p.create_time(), tuple(p.cmdline())
-        except psutil.NoSuchProcess:  # it exited already: a record no process will match
+        except psutil.NoSuchProcess:  # it exited already
             started, cmdline = 0.0, tuple(command)
         me = psutil.Process()
         return cls(socket.gethostname(), pid, started, cmdline, me.pid, me.create_time())
@@ -67,7 +50,7 @@ class TrialOwner:
     def parse(cls, raw: Any) -> TrialOwner | None:
         """The record as stored, or None when it is not one (missing, malformed, foreign)."""
         try:
-            d = json.loads(raw) if isinstance(raw, str) else None
+            d = json.loads(raw) if isinstance(raw, str) else {}
             owner = cls(
                 str(d["host"]),
                 int(d["pid"]),
@@ -78,9 +61,7 @@ class TrialOwner:
             )
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
             return None
-        if not all(isinstance(a, str) for a in owner.cmdline):
-            return None
-        return owner
+        return owner if all(isinstance(a, str) for a in owner.cmdline) else None
 
 
 def trial_command(job_file: Path) -> list[str]:
@@ -88,37 +69,9 @@ def trial_command(job_file: Path) -> list[str]:
     return [sys.executable, "-m", TRIAL_MODULE, str(job_file)]
 
 
-def claim(owner: TrialOwner | None, job_file: Path) -> tuple[psutil.Process | None, str]:
-    """The process `owner` names, when it is the trial this study started for `job_file` on
-    this host and still that process; else None. The second item says which (for the log)."""
-    if owner is None:
-        return None, "its record names no process this study started"
-    who = f"pid {owner.pid} on {owner.host}"
-    if owner.host != socket.gethostname():
-        return None, f"{who}: another host's process"
-    if owner.pid <= 1 or owner.pid == os.getpid():
-        return None, f"{who}: not a trial process"
-    if tuple(owner.cmdline[-3:]) != tuple(trial_command(job_file)[-3:]):
-        return None, f"{who}: its record names another command than this trial's"
-    try:
-        p = psutil.Process(owner.pid)
-        same = (
-            abs(p.create_time() - owner.started) <= START_TOLERANCE_S
-            and tuple(p.cmdline()) == owner.cmdline
-            and p.status() != psutil.STATUS_ZOMBIE
-        )
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None, f"{who}: gone"
-    if not same:
-        return None, f"{who}: now another process (pid reused)"
-    return p, f"{who}: still running"
-
-
 def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
-    """Whether `owner` is a trial this host started for this checkout's study (`job_file` is
-    the study's own job file for the trial's number) whose `enn tune` is gone: a trial a killed
-    study left here, which the next `enn tune` of this checkout ends without waiting for its
-    heartbeat to go stale."""
+    """Whether `owner` is a trial this host started for this checkout's study (`job_file`: the
+    study's own job file for its number) whose `enn tune` is gone."""
     if owner is None or owner.host != socket.gethostname():
         return False
     if tuple(owner.cmdline[-3:]) != tuple(trial_command(job_file)[-3:]):
