@@ -26,13 +26,13 @@ from optuna.study import MaxTrialsCallback, Study
 from optuna.trial import TrialState
 
 from enn_core.config import RunConfig
-from enn_core.config.tune import dimensions, points
+from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
 from tasks.tuning import store
 from tasks.tuning import study as st
-from tasks.tuning.objective import NotRun, Objective, Stopped, TrialFailed
+from tasks.tuning.objective import Ended, Objective
 from tasks.tuning.shared import StaleTrials
 from tasks.tuning.tracking import StudyTracker
 
@@ -134,7 +134,7 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
                 study.optimize(
                     objective,
                     n_jobs=plan.parallel,
-                    catch=(NotRun, Stopped, TrialFailed),
+                    catch=(Ended,),
                     callbacks=[done],
                 )
         except ValueError:
@@ -231,4 +231,4 @@ def best_values(
     values, objective, number = top
     where, then = f"{plan.shown}: best trial {number}", "--apply writes only those: nothing written"
     dims = dimensions(cfg.tune)
-    return points(store.space_values(values, dims, where, then), dims), objective, number
+    return points(space_values(values, dims, where, then), dims), objective, number

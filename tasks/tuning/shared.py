@@ -26,9 +26,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from enn_core.config.tune import Dimension
+from enn_core.config.tune import Dimension, space_values
 from enn_core.errors import DataError
-from tasks.tuning import store
 from tasks.tuning.owner import OWNER_ATTR, TrialOwner
 
 log = logging.getLogger("enn.tune")
@@ -50,9 +49,7 @@ def fail(study: Study, number: int) -> bool:
 def requeue(study: Study, trial: FrozenTrial, dims: Sequence[Dimension], where: str) -> None:
     """`trial`'s point queued again, when it is a point of the space."""
     try:
-        values = store.space_values(
-            trial.params, dims, f"{where}: trial {trial.number}", "not run again"
-        )
+        values = space_values(trial.params, dims, f"{where}: trial {trial.number}", "not run again")
     except DataError as e:
         log.warning("%s", e)
         return

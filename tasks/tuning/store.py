@@ -7,7 +7,7 @@ file unchecked. `check_storage`: Optuna's tables or none, else StoreError (exit 
 StoreError naming the storage (a server's URL without its user). `open_study`/`load_study`:
 `check_trials` (one minimized objective, numbered trials of searchable keys and plain values,
 else DataError, exit 3) and `check_data` (every host trains on the same data settings).
-`space_values`: keys of the config's own `tune.space` only, each a point of it. An SQLite
+(`enn_core.config.tune.space_values`: a record's values are points of `tune.space`.) An SQLite
 database is created 0600 and waits `SQLITE_BUSY_S` for a lock held by another writer.
 """
 
@@ -21,7 +21,7 @@ import math
 import random
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial
 
 from enn_core.atomic import private_file
 from enn_core.config import RunConfig, all_config_keys, redact_url, to_plain
-from enn_core.config.tune import SEARCHABLE, Dimension, TuneConfig
+from enn_core.config.tune import SEARCHABLE, TuneConfig
 from enn_core.errors import ConfigError, DataError, NoSpaceError, StoreError
 
 log = logging.getLogger("enn.tune")
@@ -290,21 +290,3 @@ def plain(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     return value is None or isinstance(value, (str, int, bool))
-
-
-def space_values(
-    values: Mapping[str, Any], dims: Sequence[Dimension], where: str, then: str
-) -> dict[str, Any]:
-    """`values` when every key is one of `dims` and every value a point of it; else DataError
-    (`where` names the record, `then` what was not done)."""
-    space = {d.key: d for d in dims}
-    extra = sorted(set(values) - set(space))
-    if extra:
-        raise DataError(
-            f"{where} holds {extra[0]}, which is not a key of tune.space ({', '.join(space)}); "
-            f"{then}"
-        )
-    for key, value in values.items():
-        if not space[key].holds(value):
-            raise DataError(f"{where} holds {key}={value!r}, outside tune.space.{key}; {then}")
-    return dict(values)

@@ -26,12 +26,7 @@ from typing import Any
 
 import psutil
 import yaml
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import BaseDistribution
 from optuna.study import Study
 from optuna.trial import TrialState
 
@@ -189,12 +184,7 @@ def shown(values: dict[str, Any]) -> str:
 
 
 def distribution(dim: Dimension) -> BaseDistribution:
-    if dim.kind == "choice":
-        return CategoricalDistribution(list(dim.choices))
-    if dim.kind == "int":
-        step = int(dim.step) if dim.step is not None else 1
-        return IntDistribution(int(dim.low), int(dim.high), log=dim.log, step=step)
-    return FloatDistribution(dim.low, dim.high, log=dim.log, step=dim.step)
+    return dim.distribution()
 
 
 def open_study(cfg: RunConfig, plan: StudyPlan, on_stale: store.StaleHook | None = None) -> Study:

@@ -32,13 +32,12 @@ from hypothesis import strategies as st
 
 from enn_core.config import load_config
 from enn_core.config.model import ModelConfig
-from enn_core.config.tune import dimensions
+from enn_core.config.tune import dimensions, space_values
 from enn_core.errors import ConfigError, DataError
 from enn_core.model import ModelCode, build_model
 from enn_core.paths import Layout
 from tasks import gc
 from tasks.tuning.owner import TrialOwner, left_here, trial_command
-from tasks.tuning.store import space_values
 from tests.fixtures.model import make_manifest
 
 SETTINGS = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])

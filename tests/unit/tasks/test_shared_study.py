@@ -235,7 +235,7 @@ def test_a_running_trial_with_no_heartbeat_and_no_owner_is_failed_within_the_sta
 
 
 def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_path):
-    from tasks.tuning.objective import NotRun
+    from tasks.tuning.objective import Ended
     from tests.fixtures.study import objective
 
     cfg = load_config(None, [LR, "tune.sampler=random"])
@@ -253,7 +253,7 @@ def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_
     study.enqueue_trial({"train.lr": 0.02})
     first = study.ask(space)  # one host runs the first...
     study.tell(first, 1.0)
-    study.optimize(objective(study, cfg, shared_plan(tmp_path)), n_trials=1, catch=(NotRun,))
+    study.optimize(objective(study, cfg, shared_plan(tmp_path)), n_trials=1, catch=(Ended,))
     twin = study.get_trials()[-1]  # ...the twin is not run
     assert twin.state.name == "FAIL" and twin.user_attrs[shared.DUPLICATE_ATTR] == first.number
     assert not list((tmp_path / "s").glob("trial-*"))

@@ -131,7 +131,7 @@ def test_a_waiting_trial_of_foreign_keys_runs_nothing_and_the_host_goes_on(tmp_p
     from optuna.distributions import CategoricalDistribution, FloatDistribution
     from optuna.trial import TrialState, create_trial
 
-    from tasks.tuning.objective import NotRun
+    from tasks.tuning.objective import Ended
     from tasks.tuning.shared import NOT_RUN_ATTR
     from tests.fixtures.study import objective
 
@@ -149,7 +149,7 @@ def test_a_waiting_trial_of_foreign_keys_runs_nothing_and_the_host_goes_on(tmp_p
         )
     )
     study.enqueue_trial({"train.lr": 5.0})  # outside the space (Optuna only warns)
-    study.optimize(objective(study, cfg, p), n_trials=2, catch=(NotRun,))
+    study.optimize(objective(study, cfg, p), n_trials=2, catch=(Ended,))
     trials = study.get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
     assert all(t.user_attrs[NOT_RUN_ATTR] for t in trials) and not st.table(study)
