@@ -13,6 +13,7 @@ trial within a second, its point queued again. A storage that does not answer is
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import os
@@ -129,6 +130,7 @@ class Objective:
         self.lost = False  # a trial of this host was failed elsewhere (its tell will fail)
         self.failed_in_a_row, self.last_sweep = 0, 0.0
         self.orphans = shared.Orphans(cfg.tune.stale_after_s, on_stale)
+        self.context = contextvars.copy_context()  # Prefect's flow run, for the trial threads
         self.slots: queue.SimpleQueue[int] = queue.SimpleQueue()
         for slot in range(plan.parallel):
             self.slots.put(slot)
@@ -174,6 +176,9 @@ class Objective:
         self.storage(lambda: self.orphans.fail(self.study, running))
 
     def __call__(self, trial: Trial) -> float:
+        return self.context.copy().run(self.objective, trial)
+
+    def objective(self, trial: Trial) -> float:
         if self.stopping():
             self.halt()
             raise Ended("the study stops")
