@@ -296,3 +296,29 @@ def test_a_relative_sqlite_storage_is_taken_from_the_project_root(tmp_path):
     got = st.storage_url("sqlite:///studies/s.db?timeout=30", tmp_path, default)
     assert got == f"sqlite:///{tmp_path / 'studies' / 's.db'}?timeout=30"
     assert st.storage_url(SERVER, tmp_path, default) == SERVER
+
+
+def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, caplog):
+    """The study's experiment deleted while trials run: one warning, then tracking is off
+    (each later call a no-op, none raises)."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tuning.objective import RunningTrial, TrialEnd
+    from tasks.tuning.tracking import StudyTracker
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config(None, [f"tracking.uri={uri}", "tracking.experiment=gone"])
+    tracker = StudyTracker(cfg, Layout.for_root(tmp_path), "s")
+    assert tracker.start({}) is not None
+    client = MlflowClient(uri)
+    client.delete_experiment(client.get_experiment_by_name("gone").experiment_id)
+    trial = RunningTrial(None, tmp_path, None, time.monotonic())
+    with caplog.at_level("WARNING", logger="enn.tune"):
+        tracker.started(trial)
+        tracker.reported(trial, 0, 0.5)
+        tracker.ended(trial, TrialEnd(-1, "complete", 0.5, {}, 1, 1.0))
+        tracker.stale(3)
+        tracker.finish(None, [], None)
+    said = [r.getMessage() for r in caplog.records if r.name == "enn.tune"]
+    assert len(said) == 1 and "the study goes on untracked" in said[0], said
