@@ -40,7 +40,6 @@ from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
 from tasks.tuning import shared, store
 from tasks.tuning import study as st
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner, trial_command
 from tasks.tuning.trial import TrialJob, events_file
 
 log = logging.getLogger("enn.tune")
@@ -183,8 +182,10 @@ class Objective:
             self.halt()
             raise Ended("the study stops")
         folder = st.trial_folder(self.plan, trial.number)
-        owner = TrialOwner.of(0, trial_command(folder / "trial.json"))  # no orphan, from now on
-        self.storage(lambda: trial.set_user_attr(OWNER_ATTR, owner.to_json()))
+        owner = shared.TrialOwner.of(
+            0, shared.trial_command(folder / "trial.json")
+        )  # no orphan, from now on
+        self.storage(lambda: trial.set_user_attr(shared.OWNER_ATTR, owner.to_json()))
         trials = self.trials()
         mine = next(t for t in trials if t.number == trial.number)
         self.check_point(trial, trials, mine)
@@ -260,7 +261,7 @@ class Objective:
         env = {**os.environ, "OMP_NUM_THREADS": plan.runtime[0].split("=")[1]}
         if plan.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
-        command = trial_command(job.write())
+        command = shared.trial_command(job.write())
         with open(folder / "trial.log", "wb") as out:  # its own group: pruning kills the group
             proc = subprocess.Popen(
                 command,
@@ -272,7 +273,9 @@ class Objective:
             )
         running = RunningTrial(trial, folder, proc, time.monotonic())
         try:
-            trial.set_user_attr(OWNER_ATTR, TrialOwner.of(proc.pid, command).to_json())
+            trial.set_user_attr(
+                shared.OWNER_ATTR, shared.TrialOwner.of(proc.pid, command).to_json()
+            )
             log.info("trial %d: %s", trial.number, st.shown(trial.params))
             self.hooks.started(running)
             return self.follow(running, proc)
@@ -367,7 +370,8 @@ class Objective:
         if state in ("complete", "pruned"):
             with self.lock:
                 self.failed_in_a_row = 0
-        log.info("trial %d: %s", end.number, str(end).replace("objective", self.tune.metric))
+        level = logging.DEBUG if state == "interrupted" else logging.INFO  # the stop says it
+        log.log(level, "trial %d: %s", end.number, str(end).replace("objective", self.tune.metric))
         self.quietly(lambda: self.hooks.ended(running, end))
 
     def quietly(self, call: Callable[[], object]) -> None:

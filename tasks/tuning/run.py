@@ -95,17 +95,17 @@ def tune(
         error: BaseException | None = None
         rows: list[dict[str, Any]] = []
         try:
-            with stop_on_signals(objective.stop):
-                optimize(study, objective, cfg.tune.n_trials, plan)
+            if done < cfg.tune.n_trials or plan.shared:  # a finished local study asks none
+                with stop_on_signals(objective.stop):
+                    optimize(study, objective, cfg.tune.n_trials, plan)
             with store.reading(plan.storage):
-                rows = st.table(study)
-                top = st.best(study)
+                rows, top = st.table(study), st.best(study)
         except BaseException as e:
-            error = e
+            error = objective.error or e
+            with contextlib.suppress(Exception):  # the storage may be what stopped the study
+                rows = st.table(study)
             if objective.error is None:
                 raise
-            with contextlib.suppress(Exception):
-                rows = st.table(study)
             raise objective.error from None
         finally:
             tracker.finish(study, rows, error)
@@ -137,14 +137,13 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
                     catch=(Ended,),
                     callbacks=[done],
                 )
-        except ValueError:
+        except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
             if not objective.lost or objective.stop.is_set():
                 raise
             continue
         if objective.error is not None:
             raise objective.error
-        if objective.stop.is_set() or objective.lost is False:
-            return
+        return
 
 
 @contextlib.contextmanager

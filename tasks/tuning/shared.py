@@ -1,40 +1,104 @@
 """What a study shared by several hosts needs on top of Optuna's storage.
 
-Optuna numbers trials, pops each queued one to one caller, beats for each running trial
-inside `study.optimize` (the storage's `heartbeat_interval`) and fails a trial silent for its
-`grace_period` (`fail_stale_trials`, the database's clock). On top of that:
-
-- `StaleTrials`, the `heartbeat_stale_trial_callback`: the failed trial's point queued again
-  once (only a point of `tune.space`: the storage is data), the tracker told;
-- `fail_orphans`: Optuna's sweep skips a RUNNING trial that never had a heartbeat (a client
-  asked for it and died): one with no owner record is failed once it is older than the stale
-  bound plus `CLOCK_SKEW_S` by its start time, or than the stale bound since this host first
-  saw it;
-- `duplicate_of`: of two queued trials of one point (two hosts enqueueing at once), only the
-  lower number runs;
-- `counts`: complete or pruned trials, and the running ones a trial counts before it runs.
+Optuna numbers trials, pops each queued one to one caller, beats for each running trial inside
+`study.optimize` and fails one silent for the storage's `grace_period` (the database's clock).
+On top: each trial's owner record (`TrialOwner`, user attribute `enn.owner`: host, pid, start
+time, command line, the `enn tune` that started it), read as data and never signalled;
+`StaleTrials` queues a failed trial's point again (only a point of `tune.space`); `Orphans`
+fails a RUNNING trial with no heartbeat and no owner, which Optuna's sweep skips;
+`duplicate_of` runs a point queued twice once; `counts` is what a trial counts before it runs.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import logging
+import socket
+import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
+import psutil
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from enn_core.config.tune import Dimension, space_values
 from enn_core.errors import DataError
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner
 
 log = logging.getLogger("enn.tune")
+OWNER_ATTR = "enn.owner"
 RETRY_ATTR = "enn.retry_of"  # a queued trial's user attribute: the trial it runs again
 DUPLICATE_ATTR = "enn.duplicate_of"
 NOT_RUN_ATTR = "enn.not_run"  # asked when the study was full: never ran, left out of tables
-CLOCK_SKEW_S = 60
+CLOCK_SKEW_S = 60  # between a trial's start (its client's clock) and this host's
+START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
+
+
+@dataclass(frozen=True)
+class TrialOwner:
+    host: str
+    pid: int
+    started: float  # the trial process's start time (seconds since the epoch)
+    cmdline: tuple[str, ...]
+    study_pid: int = 0  # the `enn tune` process that started it
+    study_started: float = 0.0
+
+    @classmethod
+    def of(cls, pid: int, command: list[str]) -> TrialOwner:
+        try:
+            p = psutil.Process(pid)
+            started, cmdline = p.create_time(), tuple(p.cmdline())
+        except psutil.NoSuchProcess:  # exited already, or none yet (pid 0)
+            started, cmdline = 0.0, tuple(command)
+        me = psutil.Process()
+        return cls(socket.gethostname(), pid, started, cmdline, me.pid, me.create_time())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: Any) -> TrialOwner | None:
+        """The record as stored, or None when it is not one (missing, malformed, foreign)."""
+        try:
+            d = json.loads(raw) if isinstance(raw, str) else {}
+            study = (int(d.get("study_pid", 0)), float(d.get("study_started", 0.0)))
+            owner = cls(
+                str(d["host"]),
+                int(d["pid"]),
+                float(d["started"]),
+                tuple(d["cmdline"]),
+                *study,
+            )
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+            return None
+        return owner if all(isinstance(a, str) for a in owner.cmdline) else None
+
+
+def trial_command(job_file: Path) -> list[str]:
+    """How the study starts the trial whose job file is `job_file`."""
+    return [sys.executable, "-m", "tasks.tuning.trial", str(job_file)]
+
+
+def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
+    """Whether `owner` is a trial of this host for this checkout's study (`job_file`: its job
+    file for the trial's number) whose `enn tune` is gone."""
+    if owner is None or owner.host != socket.gethostname():
+        return False
+    if tuple(owner.cmdline[-3:]) != tuple(trial_command(job_file)[-3:]):
+        return False
+    if owner.study_pid <= 0:
+        return True
+    try:
+        p = psutil.Process(owner.study_pid)
+        same = abs(p.create_time() - owner.study_started) <= START_TOLERANCE_S
+        return not (same and p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return True
 
 
 def fail(study: Study, number: int) -> bool:
@@ -77,15 +141,16 @@ class StaleTrials:
 
 
 class Orphans:
-    """RUNNING trials with no owner record, failed once older than the stale bound."""
+    """RUNNING trials with no owner (so no heartbeat: a client asked and died), failed once
+    older than the stale bound plus `CLOCK_SKEW_S` by their start, or than the stale bound
+    since this host first saw them."""
 
     def __init__(self, stale_after_s: float, on_stale: StaleTrials) -> None:
         self.stale_after_s, self.on_stale = stale_after_s, on_stale
         self.seen: dict[int, float] = {}  # number -> when this host first saw it
 
-    def fail(self, study: Study, running: Sequence[FrozenTrial]) -> list[int]:
-        now, failed = time.monotonic(), []
-        wall = datetime.datetime.now()
+    def fail(self, study: Study, running: Sequence[FrozenTrial]) -> None:
+        now, wall = time.monotonic(), datetime.datetime.now()
         for t in running:
             if OWNER_ATTR in t.user_attrs:
                 continue
@@ -95,30 +160,27 @@ class Orphans:
                 continue
             if fail(study, t.number):  # its point queued again, as a stale trial's
                 self.on_stale(study, t)
-                failed.append(t.number)
-        return failed
 
 
 def duplicate_of(trials: Sequence[FrozenTrial], number: int) -> int | None:
-    """The lower number of a queued trial of the same point as trial `number` (just popped)
-    that is not FAIL, else None. Only queued points compare (a sampler may repeat a point on
-    purpose), and a rerun of an interrupted trial is not a duplicate."""
+    """The lower number of a queued trial of the same point as trial `number` (just popped),
+    not FAIL, else None. Only queued points compare (a sampler may repeat one on purpose), and
+    a rerun of an interrupted trial is not a duplicate."""
     mine = next(t for t in trials if t.number == number)
     point = mine.system_attrs.get("fixed_params")
     if point is None or RETRY_ATTR in mine.user_attrs:
         return None
     for other in trials:
-        if other.number >= number or other.state == TrialState.FAIL:
-            continue
-        if other.system_attrs.get("fixed_params", other.params) == point:
-            return int(other.number)
+        if other.number < number and other.state != TrialState.FAIL:
+            if other.system_attrs.get("fixed_params", other.params) == point:
+                return int(other.number)
     return None
 
 
 def counts(trials: Sequence[FrozenTrial], below: int | None = None) -> tuple[int, set[int]]:
-    """Complete or pruned trials, and the numbers of the running ones that run (not those
-    asked while the study was full); with `below`, only running trials numbered below it (of
-    two trials asked at once, the lower runs first: the count never waits on itself)."""
+    """Complete or pruned trials, and the running ones that run (not those asked while the
+    study was full); with `below`, only those numbered below it (of two trials asked at once
+    the lower runs: a count never waits on itself)."""
     done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
     running = {
         t.number

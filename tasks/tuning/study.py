@@ -38,7 +38,6 @@ from enn_core.stages import STAGE_DATA
 from tasks.gc import size_of
 from tasks.runner import PipelineSession, execute_stage
 from tasks.tuning import shared, store
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner, left_here
 from tasks.tuning.trial import checkpoint_files
 
 log = logging.getLogger("enn.tune")
@@ -198,8 +197,8 @@ def end_stale_trials(study: Study, plan: StudyPlan, dims: tuple[Dimension, ...])
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         folder = trial_folder(plan, t.number)
-        owner = TrialOwner.parse(t.user_attrs.get(OWNER_ATTR))
-        if plan.shared and not left_here(owner, folder / "trial.json"):
+        owner = shared.TrialOwner.parse(t.user_attrs.get(shared.OWNER_ATTR))
+        if plan.shared and not shared.left_here(owner, folder / "trial.json"):
             continue
         if shared.fail(study, t.number) and shared.NOT_RUN_ATTR not in t.user_attrs:
             shared.requeue(study, t, dims, plan.shown)

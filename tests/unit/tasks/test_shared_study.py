@@ -31,7 +31,7 @@ from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.tuning import shared
 from tasks.tuning import study as st
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner, trial_command
+from tasks.tuning.shared import OWNER_ATTR, TrialOwner, trial_command
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 

@@ -29,7 +29,7 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from enn_core.errors import DataError, StoreError
 from tasks.tuning import study as st
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner
+from tasks.tuning.shared import OWNER_ATTR, TrialOwner
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 

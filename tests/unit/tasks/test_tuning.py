@@ -16,7 +16,7 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from tasks.tuning import study as st
 from tasks.tuning.objective import RunningTrial
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner
+from tasks.tuning.shared import OWNER_ATTR, TrialOwner
 from tasks.tuning.trial import events_file
 from tests.fixtures.study import study_plan
 
