@@ -182,9 +182,8 @@ class Objective:
             self.halt()
             raise Ended("the study stops")
         folder = st.trial_folder(self.plan, trial.number)
-        owner = shared.TrialOwner.of(
-            0, shared.trial_command(folder / "trial.json")
-        )  # no orphan, from now on
+        # an owner from its first moment: a RUNNING trial without one is an orphan
+        owner = shared.TrialOwner.of(0, shared.trial_command(folder / "trial.json"))
         self.storage(lambda: trial.set_user_attr(shared.OWNER_ATTR, owner.to_json()))
         trials = self.trials()
         mine = next(t for t in trials if t.number == trial.number)
@@ -192,7 +191,7 @@ class Objective:
         done, running = shared.counts(trials, below=trial.number)
         if done + len(running) >= self.tune.n_trials:
             self.storage(lambda: trial.set_user_attr(shared.NOT_RUN_ATTR, True))
-            self.wait_full(mine, done)
+            self.wait_full(mine, done, running)
         for dim in self.dims:
             dim.suggest(trial)
         slot = self.slots.get()
@@ -217,21 +216,17 @@ class Objective:
             log.warning("%s", e)
             raise Ended(str(e)) from e
 
-    def wait_full(self, mine: FrozenTrial, done: int) -> None:
-        """The study is full: done (stop), or wait until another trial ends; then not run (a
-        queued point it popped is queued again)."""
-        seen = None
+    def wait_full(self, mine: FrozenTrial, done: int, seen: set[int]) -> None:
+        """The study is full: done (stop), or wait until one of the running trials `seen`
+        ends; then not run (a queued point it popped is queued again)."""
+        if done < self.tune.n_trials:
+            log.info("study %s: full while trials %s run; waiting", self.plan.name, sorted(seen))
         while done < self.tune.n_trials and not self.stopping():
+            time.sleep(1.0)
             self.sweep()
             done, running = shared.counts(self.trials())
-            if seen is None:
-                seen = running
-                log.info(
-                    "study %s: waiting for other hosts' trials %s", self.plan.name, sorted(running)
-                )
-            elif running != seen:
+            if running != seen:
                 break
-            time.sleep(1.0)
         if done >= self.tune.n_trials or self.stop.is_set():
             self.halt()
         elif fixed := mine.system_attrs.get("fixed_params"):
