@@ -38,6 +38,12 @@ from enn_core.errors import ConfigError, DataError, NoSpaceError, StoreError
 log = logging.getLogger("enn.tune")
 SQLITE_HEADER = b"SQLite format 3\x00"
 OPTUNA_TABLES = frozenset({"studies", "trials", "trial_params", "alembic_version"})
+# every table of Optuna's schema: a database holding only some is one another host is creating
+OPTUNA_SCHEMA = OPTUNA_TABLES | {
+    *("study_directions", "study_system_attributes", "study_user_attributes", "version_info"),
+    *("trial_heartbeats", "trial_intermediate_values", "trial_system_attributes"),
+    *("trial_user_attributes", "trial_values"),
+}
 ANOTHER = "move it away, or name another study (--set tune.study=NAME)"
 DATA_ATTR = "enn.data"  # the study's user attribute: the data section its trials train on
 CONNECT_TIMEOUT_S = 10
@@ -83,7 +89,7 @@ def check_database(path: Path) -> None:
 
 
 def check_tables(tables: set[str], where: str) -> None:
-    if tables and not OPTUNA_TABLES <= tables:
+    if tables and not OPTUNA_TABLES <= tables and not tables <= OPTUNA_SCHEMA:
         raise StoreError(
             f"{where}: another program's database (tables {sorted(tables)[:4]}), not an Optuna "
             f"study; {ANOTHER}"
@@ -169,7 +175,7 @@ def rdb_storage(
     """The storage; with `tune`, Optuna's trial heartbeat every `tune.heartbeat_s`, a trial
     silent for `tune.stale_after_s` failed (`on_stale` called for it). Two hosts creating
     Optuna's tables at once may collide: retried."""
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     beat: dict[str, Any] = {}
     if tune is not None:
@@ -181,8 +187,8 @@ def rdb_storage(
     for attempt in range(TABLE_RACE_TRIES):
         try:
             return Storage(url, engine_kwargs=engine_options(url), **beat)
-        except (IntegrityError, ProgrammingError):
-            if attempt == TABLE_RACE_TRIES - 1 or sqlite_file(url) is not None:
+        except (IntegrityError, ProgrammingError, OperationalError, RuntimeError):  # mid-creation
+            if attempt == TABLE_RACE_TRIES - 1:
                 raise
             time.sleep(0.5 + random.random())
     raise AssertionError("unreachable")
