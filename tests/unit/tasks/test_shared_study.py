@@ -298,7 +298,7 @@ def test_a_relative_sqlite_storage_is_taken_from_the_project_root(tmp_path):
     assert st.storage_url(SERVER, tmp_path, default) == SERVER
 
 
-def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, caplog):
+def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, caplog, mlflow_uri):
     """The study's experiment deleted while trials run: one warning, then tracking is off
     (each later call a no-op, none raises)."""
     from mlflow.tracking import MlflowClient
@@ -307,7 +307,7 @@ def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, ca
     from tasks.tuning.tracking import StudyTracker
 
     (tmp_path / "params.yaml").write_text("{}\n")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     cfg = load_config(None, [f"tracking.uri={uri}", "tracking.experiment=gone"])
     tracker = StudyTracker(cfg, Layout.for_root(tmp_path), "s")
     assert tracker.start({}) is not None
