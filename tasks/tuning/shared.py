@@ -11,6 +11,7 @@ fails a RUNNING trial with no heartbeat and no owner, which Optuna's sweep skips
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import json
 import logging
@@ -126,8 +127,12 @@ class StaleTrials:
     def __init__(self, dims: Sequence[Dimension], where: str) -> None:
         self.dims, self.where = dims, where
         self.listeners: list[Callable[[int], None]] = []
+        self.context = contextvars.copy_context()  # the flow run's: Optuna's threads lack it
 
     def __call__(self, study: Study, trial: FrozenTrial) -> None:
+        self.context.copy().run(self.failed, study, trial)
+
+    def failed(self, study: Study, trial: FrozenTrial) -> None:
         owner = TrialOwner.parse(trial.user_attrs.get(OWNER_ATTR))
         host = owner.host if owner else "an unknown host"
         log.warning(
