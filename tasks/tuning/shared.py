@@ -11,6 +11,7 @@ fails a RUNNING trial with no heartbeat and no owner, which Optuna's sweep skips
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
 import json
@@ -51,13 +52,14 @@ class TrialOwner:
 
     @classmethod
     def of(cls, pid: int, command: list[str]) -> TrialOwner:
-        try:
-            p = psutil.Process(pid)
-            started, cmdline = p.create_time(), tuple(p.cmdline())
-        except psutil.NoSuchProcess:  # exited already, or none yet (pid 0)
-            started, cmdline = 0.0, tuple(command)
+        """The record of trial process `pid` (0: none yet) started with `command` (as the
+        study ran it: the process may not have exec'd yet)."""
+        started = 0.0
+        if pid > 0:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                started = psutil.Process(pid).create_time()
         me = psutil.Process()
-        return cls(socket.gethostname(), pid, started, cmdline, me.pid, me.create_time())
+        return cls(socket.gethostname(), pid, started, tuple(command), me.pid, me.create_time())
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
