@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from enn_core.config.fields import FrozenMap, frozen
 from enn_core.config.urls import check_storage_url
-from enn_core.errors import ConfigError
+from enn_core.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+    from optuna.trial import Trial
 
 # A trial re-runs prepare-checkpoint and distributed-train on the study's staged data, so
 # only what those read can vary between trials.
@@ -76,6 +80,47 @@ class Dimension(NamedTuple):
             digits = SIGNIFICANT + max(0, math.ceil(narrow))
             rounded = float(f"{value:.{digits}g}")
         return min(max(rounded, self.low), self.high)
+
+    def distribution(self) -> BaseDistribution:
+        """This dimension as Optuna's distribution."""
+        from optuna.distributions import CategoricalDistribution as Choice
+        from optuna.distributions import FloatDistribution, IntDistribution
+
+        if self.kind == "choice":
+            return Choice(list(self.choices))
+        if self.kind == "int":
+            step = int(self.step) if self.step is not None else 1
+            return IntDistribution(int(self.low), int(self.high), log=self.log, step=step)
+        return FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+    def suggest(self, trial: Trial) -> Any:
+        """The trial's value of this dimension (a queued point's own, else the sampler's)."""
+        if self.kind == "choice":
+            return trial.suggest_categorical(self.key, list(self.choices))
+        if self.kind == "int":
+            step = int(self.step) if self.step is not None else 1
+            return trial.suggest_int(
+                self.key, int(self.low), int(self.high), step=step, log=self.log
+            )
+        return trial.suggest_float(self.key, self.low, self.high, step=self.step, log=self.log)
+
+
+def space_values(
+    values: Mapping[str, Any], dims: Sequence[Dimension], where: str, then: str
+) -> dict[str, Any]:
+    """`values` when every key is one of `dims` and every value a point of it (a study record
+    is data); else DataError (`where` names the record, `then` what was not done)."""
+    space = {d.key: d for d in dims}
+    extra = sorted(set(values) - set(space))
+    if extra:
+        raise DataError(
+            f"{where} holds {extra[0]}, which is not a key of tune.space ({', '.join(space)}); "
+            f"{then}"
+        )
+    for key, value in values.items():
+        if not space[key].holds(value):
+            raise DataError(f"{where} holds {key}={value!r}, outside tune.space.{key}; {then}")
+    return dict(values)
 
 
 def _decimals(x: float) -> int:

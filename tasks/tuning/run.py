@@ -1,30 +1,38 @@
-"""Run a study end to end (what the tuning flow calls); read its best values.
-
-    tune(cfg, config, overrides, layout) -> StudyResult
-    best_values(cfg, config, overrides, layout) -> (values, objective, trial number)
+"""Run a study end to end (the tuning flow calls `tune`); read its best values (`--apply`).
 
 One `enn tune` per study and checkout at a time (a lock on `work/tune/<study>.lock`); on a
-shared storage (`tune.storage`), one per host joins the same study. Trials hold no lock and
-the pipeline's lock is not taken: a study writes only under `work/tune/`, its storage and
-MLflow.
+shared storage one per host joins. `study.optimize` runs `tune.parallel` trials side by side
+(`Objective`) until `tune.n_trials` are complete or pruned (`MaxTrialsCallback`, and the count
+at the top of each trial: at most n_trials + hosts - 1 when hosts start trials at once).
+Ctrl-C and SIGTERM set the objective's stop event before the caller's handler runs, so the
+running trials end in seconds; Optuna's log lines and warnings go to the log file only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import optuna
+from optuna.study import MaxTrialsCallback, Study
+from optuna.trial import TrialState
+
 from enn_core.config import RunConfig
-from enn_core.config.tune import dimensions, points
+from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
 from tasks.tuning import store
 from tasks.tuning import study as st
+from tasks.tuning.objective import Ended, Objective
 from tasks.tuning.shared import StaleTrials
 from tasks.tuning.tracking import StudyTracker
 
@@ -56,43 +64,56 @@ def tune(
 ) -> StudyResult:
     t0 = time.monotonic()
     plan = st.make_plan(cfg, config, overrides, layout)
-    with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
-        on_stale = StaleTrials(dimensions(cfg.tune), plan.shown)
+    dims = dimensions(cfg.tune)
+    with (
+        pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"),
+        optuna_to_log_file(),
+    ):
+        on_stale = StaleTrials(dims, plan.shown)
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
         st.stage_study_data(plan, cfg, study)
         with store.reading(plan.storage):
-            stale = st.end_stale_trials(study, plan, dimensions(cfg.tune))
+            stale = st.end_stale_trials(study, plan, dims)
+            done = len(
+                study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+            )
         if stale:
             log.info("study %s: trials %s were interrupted; ran again", plan.name, stale)
-        done = st.finished(study)
         log.info(
             "study %s: %d of %d trials done; %d side by side (%s); storage %s",
             plan.name,
             done,
             cfg.tune.n_trials,
             plan.parallel,
-            ", ".join(plan.runtime[:1]),
+            plan.runtime[0],
             plan.shown,
         )
         tracker = StudyTracker(cfg, layout, plan.name)
         parent = tracker.start({"enn.config": str(config)})
         on_stale.listeners.append(tracker.stale)
+        objective = Objective(study, cfg, plan, tracker, on_stale, should_stop)
         error: BaseException | None = None
+        rows: list[dict[str, Any]] = []
         try:
-            with store.reading(plan.storage, records=False):
-                st.run_study(study, cfg, plan, tracker, should_stop)
+            if done < cfg.tune.n_trials or plan.shared:  # a finished local study asks none
+                with stop_on_signals(objective.stop):
+                    optimize(study, objective, cfg.tune.n_trials, plan)
+            with store.reading(plan.storage):
+                rows, top = st.table(study), st.best(study)
         except BaseException as e:
-            error = e
-            raise
+            error = objective.error or e
+            with contextlib.suppress(Exception):  # the storage may be what stopped the study
+                rows = st.table(study)
+            if objective.error is None:
+                raise
+            raise objective.error from None
         finally:
-            rows = st.table(study)
             tracker.finish(study, rows, error)
-    top = st.best(study)
     return StudyResult(
         name=plan.name,
         storage=plan.shown,
         rows=rows,
-        best=points(top[0], dimensions(cfg.tune)) if top else None,  # as its trial ran them
+        best=points(top[0], dims) if top else None,  # as its trial ran them
         best_value=top[1] if top else None,
         best_trial=top[2] if top else None,
         ended_stale=tuple(stale),
@@ -102,10 +123,100 @@ def tune(
     )
 
 
+def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPlan) -> None:
+    """`study.optimize` until the study is done or stopped; again when a trial of this host
+    was failed elsewhere (Optuna's own tell of it then raises, after the others ended)."""
+    done = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    while True:
+        objective.lost = False
+        try:
+            with store.reading(plan.storage, records=False):
+                study.optimize(
+                    objective,
+                    n_jobs=plan.parallel,
+                    catch=(Ended,),
+                    callbacks=[done],
+                )
+        except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
+            if not objective.lost or objective.stop.is_set():
+                raise
+            continue
+        if objective.error is not None:
+            raise objective.error
+        return
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set `stop` (the running trials end), then do what they did."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {int(s): signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        previous = before[signum]
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    for s in before:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, previous in before.items():
+            signal.signal(s, previous)
+
+
+class _ToFiles(logging.Handler):
+    """A record handed to the root logger's log files only (not its console)."""
+
+    def __init__(self, files: list[logging.FileHandler]) -> None:
+        super().__init__()
+        self.files = files
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for h in self.files:
+            if record.levelno >= h.level:
+                h.handle(record)
+
+    def filter(self, record: logging.LogRecord) -> bool:  # on py.warnings: Optuna's to files
+        if record.name == "py.warnings" and "optuna" not in record.getMessage():
+            return True
+        self.emit(record)
+        return False
+
+
+@contextlib.contextmanager
+def optuna_to_log_file() -> Iterator[None]:
+    """Optuna's logger and its warnings (experimental arguments) to the log file, not the
+    console; left as they are where no log file is set up."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if not files:
+        yield
+        return
+    logger, warned = logging.getLogger("optuna"), logging.getLogger("py.warnings")
+    to_files = _ToFiles(files)
+    optuna.logging.disable_default_handler()
+    logger.propagate = False
+    logger.addHandler(to_files)
+    warned.addFilter(to_files)
+    try:
+        yield
+    finally:
+        logger.removeHandler(to_files)
+        warned.removeFilter(to_files)
+        logger.propagate = True
+        optuna.logging.enable_default_handler()
+
+
 def best_values(
     cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
 ) -> tuple[dict[str, Any], float, int]:
-    """The study's best complete trial: its values (only keys of the config's `tune.space`,
+    """The study's best complete trial: its values (keys of the config's `tune.space` only,
     each a point of it: the database is data), objective and number."""
     plan = st.make_plan(cfg, config, overrides, layout)
     study = store.load_study(plan.name, plan.storage)
@@ -117,7 +228,6 @@ def best_values(
             "finish one"
         )
     values, objective, number = top
-    where = f"{plan.shown}: best trial {number}"
-    then = "--apply writes only those: nothing written"
+    where, then = f"{plan.shown}: best trial {number}", "--apply writes only those: nothing written"
     dims = dimensions(cfg.tune)
-    return points(store.space_values(values, dims, where, then), dims), objective, number
+    return points(space_values(values, dims, where, then), dims), objective, number

@@ -1,55 +1,122 @@
 """What a study shared by several hosts needs on top of Optuna's storage.
 
-Optuna already numbers trials (one sequence per study in the storage), hands each waiting
-trial to one caller (`ask` pops it atomically), and fails trials whose heartbeat stopped
-(`optuna.storages.fail_stale_trials`, RDBStorage's heartbeat, the database's clock). Its
-heartbeat only drives itself inside `study.optimize`; under ask/tell the study loop does it:
-
-- `Heartbeat.tick` records a beat for each trial process this host runs and still sees
-  alive, then calls `fail_stale_trials`, every `tune.heartbeat_s`;
-- `StaleTrials` is the callback Optuna calls for a trial it failed as stale: its values
-  queued again (when they are points of the space: the storage is data) and the tracker told;
-- `fail` ends a trial as FAIL unless another host ended it first (then it does nothing);
-- `duplicate_of`: two hosts that start at once may both queue `tune.enqueue`'s points (Optuna's
-  `skip_if_exists` reads, then writes); of two queued trials of one point only the lower
-  number runs.
+Optuna numbers trials, pops each queued one to one caller, beats for each running trial inside
+`study.optimize` and fails one silent for the storage's `grace_period` (the database's clock).
+On top: each trial's owner record (`TrialOwner`, user attribute `enn.owner`: host, pid, start
+time, command line, the `enn tune` that started it), read as data and never signalled;
+`StaleTrials` queues a failed trial's point again (only a point of `tune.space`); `Orphans`
+fails a RUNNING trial with no heartbeat and no owner, which Optuna's sweep skips;
+`duplicate_of` runs a point queued twice once; `counts` is what a trial counts before it runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import datetime
+import json
 import logging
+import socket
+import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from enn_core.config.tune import Dimension
+import psutil
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from enn_core.config.tune import Dimension, space_values
 from enn_core.errors import DataError
-from tasks.tuning import store
 
 log = logging.getLogger("enn.tune")
-RETRY_ATTR = "enn.retry_of"  # a queued trial's user attribute: the interrupted trial it reruns
+OWNER_ATTR = "enn.owner"
+RETRY_ATTR = "enn.retry_of"  # a queued trial's user attribute: the trial it runs again
 DUPLICATE_ATTR = "enn.duplicate_of"
+NOT_RUN_ATTR = "enn.not_run"  # asked when the study was full: never ran, left out of tables
+CLOCK_SKEW_S = 60  # between a trial's start (its client's clock) and this host's
+START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
 
 
-def fail(study: Any, number: int) -> bool:
+@dataclass(frozen=True)
+class TrialOwner:
+    host: str
+    pid: int
+    started: float  # the trial process's start time (seconds since the epoch)
+    cmdline: tuple[str, ...]
+    study_pid: int = 0  # the `enn tune` process that started it
+    study_started: float = 0.0
+
+    @classmethod
+    def of(cls, pid: int, command: list[str]) -> TrialOwner:
+        """The record of trial process `pid` (0: none yet) started with `command` (as the
+        study ran it: the process may not have exec'd yet)."""
+        started = 0.0
+        if pid > 0:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                started = psutil.Process(pid).create_time()
+        me = psutil.Process()
+        return cls(socket.gethostname(), pid, started, tuple(command), me.pid, me.create_time())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: Any) -> TrialOwner | None:
+        """The record as stored, or None when it is not one (missing, malformed, foreign)."""
+        try:
+            d = json.loads(raw) if isinstance(raw, str) else {}
+            study = (int(d.get("study_pid", 0)), float(d.get("study_started", 0.0)))
+            owner = cls(
+                str(d["host"]),
+                int(d["pid"]),
+                float(d["started"]),
+                tuple(d["cmdline"]),
+                *study,
+            )
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+            return None
+        return owner if all(isinstance(a, str) for a in owner.cmdline) else None
+
+
+def trial_command(job_file: Path) -> list[str]:
+    """How the study starts the trial whose job file is `job_file`."""
+    return [sys.executable, "-m", "tasks.tuning.trial", str(job_file)]
+
+
+def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
+    """Whether `owner` is a trial of this host for this checkout's study (`job_file`: its job
+    file for the trial's number) whose `enn tune` is gone."""
+    if owner is None or owner.host != socket.gethostname():
+        return False
+    if tuple(owner.cmdline[-3:]) != tuple(trial_command(job_file)[-3:]):
+        return False
+    if owner.study_pid <= 0:
+        return True
+    try:
+        p = psutil.Process(owner.study_pid)
+        same = abs(p.create_time() - owner.study_started) <= START_TOLERANCE_S
+        return not (same and p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return True
+
+
+def fail(study: Study, number: int) -> bool:
     """Trial `number` told FAIL; False when it had ended already (another host did it)."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
     try:
         study.tell(number, state=TrialState.FAIL)
-    except (ValueError, UpdateFinishedTrialError):  # "Cannot tell a FAIL trial": ended already
+    except (ValueError, UpdateFinishedTrialError):  # "Cannot tell a FAIL trial"
         return False
     return True
 
 
-def requeue(study: Any, trial: Any, dims: Sequence[Dimension], where: str) -> None:
-    """Trial `trial`'s values queued again (the same point, as if never interrupted), when
-    they are points of the space."""
+def requeue(study: Study, trial: FrozenTrial, dims: Sequence[Dimension], where: str) -> None:
+    """`trial`'s point queued again, when it is a point of the space."""
     try:
-        where = f"{where}: trial {trial.number}"
-        values = store.space_values(trial.params, dims, where, "not run again")
+        values = space_values(trial.params, dims, f"{where}: trial {trial.number}", "not run again")
     except DataError as e:
         log.warning("%s", e)
         return
@@ -57,15 +124,19 @@ def requeue(study: Any, trial: Any, dims: Sequence[Dimension], where: str) -> No
 
 
 class StaleTrials:
-    """Optuna's `heartbeat_stale_trial_callback`: runs on the one host whose
-    `fail_stale_trials` failed the trial."""
+    """Optuna's `heartbeat_stale_trial_callback`: runs on the one host that failed the trial."""
 
     def __init__(self, dims: Sequence[Dimension], where: str) -> None:
         self.dims, self.where = dims, where
         self.listeners: list[Callable[[int], None]] = []
+        self.context = contextvars.copy_context()  # the flow run's: Optuna's threads lack it
 
-    def __call__(self, study: Any, trial: Any) -> None:
-        host = owner_host(trial)
+    def __call__(self, study: Study, trial: FrozenTrial) -> None:
+        self.context.copy().run(self.failed, study, trial)
+
+    def failed(self, study: Study, trial: FrozenTrial) -> None:
+        owner = TrialOwner.parse(trial.user_attrs.get(OWNER_ATTR))
+        host = owner.host if owner else "an unknown host"
         log.warning(
             "trial %d (on %s) missed its heartbeats: failed, its values queued again",
             trial.number,
@@ -76,74 +147,53 @@ class StaleTrials:
             listener(trial.number)
 
 
-def owner_host(trial: Any) -> str:
-    from tasks.tuning.owner import OWNER_ATTR, TrialOwner
+class Orphans:
+    """RUNNING trials with no owner (so no heartbeat: a client asked and died), failed once
+    older than the stale bound plus `CLOCK_SKEW_S` by their start, or than the stale bound
+    since this host first saw them."""
 
-    owner = TrialOwner.parse(trial.user_attrs.get(OWNER_ATTR))
-    return owner.host if owner else "an unknown host"
+    def __init__(self, stale_after_s: float, on_stale: StaleTrials) -> None:
+        self.stale_after_s, self.on_stale = stale_after_s, on_stale
+        self.seen: dict[int, float] = {}  # number -> when this host first saw it
 
-
-class Heartbeat:
-    """Beats for this host's running trials and the stale-trial sweep, every `interval_s`."""
-
-    def __init__(self, study: Any, interval_s: float) -> None:
-        self.study, self.interval_s = study, interval_s
-        self.last = 0.0
-
-    def beat(self, trial: Any) -> None:
-        """One beat for `trial` (an optuna.Trial this host runs). Optuna has no public call for
-        it under ask/tell: its storage's `record_heartbeat` takes the trial's id."""
-        self.study._storage.record_heartbeat(trial._trial_id)
-
-    def tick(self, alive: Sequence[Any], force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last < self.interval_s:
-            return
-        self.last = now
-        for trial in alive:
-            self.beat(trial)
-        from optuna.exceptions import ExperimentalWarning
-        from optuna.storages import fail_stale_trials
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)
-            fail_stale_trials(self.study)
+    def fail(self, study: Study, running: Sequence[FrozenTrial]) -> None:
+        now, wall = time.monotonic(), datetime.datetime.now()
+        for t in running:
+            if OWNER_ATTR in t.user_attrs:
+                continue
+            first = self.seen.setdefault(t.number, now)
+            age = (wall - t.datetime_start).total_seconds() if t.datetime_start else 0.0
+            if now - first < self.stale_after_s and age < self.stale_after_s + CLOCK_SKEW_S:
+                continue
+            if fail(study, t.number):  # its point queued again, as a stale trial's
+                self.on_stale(study, t)
 
 
-def duplicate_of(study: Any, trial: Any) -> int | None:
-    """The lower number of a queued trial of the same point as `trial` (just popped by `ask`)
-    that is not FAIL, else None. Only queued trials are compared (a sampler may repeat a point
-    of a small grid on purpose), and a rerun of an interrupted trial is not a duplicate."""
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    mine = next(t for t in trials if t.number == trial.number)
+def duplicate_of(trials: Sequence[FrozenTrial], number: int) -> int | None:
+    """The lower number of a queued trial of the same point as trial `number` (just popped),
+    not FAIL, else None. Only queued points compare (a sampler may repeat one on purpose), and
+    a rerun of an interrupted trial is not a duplicate."""
+    mine = next(t for t in trials if t.number == number)
     point = mine.system_attrs.get("fixed_params")
     if point is None or RETRY_ATTR in mine.user_attrs:
         return None
     for other in trials:
-        if other.number >= trial.number or other.state == TrialState.FAIL:
-            continue
-        if other.system_attrs.get("fixed_params", other.params) == point:
-            return int(other.number)
+        if other.number < number and other.state != TrialState.FAIL:
+            if other.system_attrs.get("fixed_params", other.params) == point:
+                return int(other.number)
     return None
 
 
-def ask(study: Any, space: dict[str, Any]) -> Any:
-    """`study.ask(space)`, without Optuna's warning that its heartbeat is meant for
-    `study.optimize` (`Heartbeat` drives it here)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-        return study.ask(space)
-
-
-def counts(study: Any) -> tuple[int, set[int]]:
-    """The study's complete or pruned trials (every host's), and the numbers of its running
-    ones."""
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(
-        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    )
-    running = {int(t.number) for t in trials if t.state == TrialState.RUNNING}
-    return len(trials) - len(running), running
+def counts(trials: Sequence[FrozenTrial], below: int | None = None) -> tuple[int, set[int]]:
+    """Complete or pruned trials, and the running ones that run (not those asked while the
+    study was full); with `below`, only those numbered below it (of two trials asked at once
+    the lower runs: a count never waits on itself)."""
+    done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    running = {
+        t.number
+        for t in trials
+        if t.state == TrialState.RUNNING
+        and NOT_RUN_ATTR not in t.user_attrs
+        and (below is None or t.number < below)
+    }
+    return done, running

@@ -1,25 +1,14 @@
 """A study's storage, read as data (README, "Security notes").
 
-The study lives in `work/tune/<study>.db` or in the database `tune.storage` names (an
-SQLAlchemy URL, shared by hosts). Either may be damaged, restored from elsewhere, another
-program's, or written by another host; what it holds never reaches a trial or the params file
-unchecked:
-
-- `check_storage`: an SQLite file with Optuna's tables (or empty), or a server database whose
-  tables are Optuna's (or none), else StoreError (exit 10): a damaged file or another
-  program's database (Optuna would add its tables to it);
-- `reading`: what SQLAlchemy or Optuna raise on a damaged record (JSON, an index out of range,
-  an unknown schema) is one StoreError naming the storage (a server's URL without its user);
-  a server that cannot be reached says so;
-- `open_study` / `load_study`: the study, checked by `check_trials`: one minimized objective,
-  trial numbers that are numbers (one names a folder), and every trial's values of keys a
-  study searches (`model.*`, `train.*`), plain values; else DataError (exit 3); and by
-  `check_data`: the data settings every host of the study trains on;
-- `space_values`: a trial's values as a trial or `--apply` gets them: keys of the config's own
-  `tune.space` only, each a point of it; else DataError, nothing run or written.
-
-An SQLite database is created 0600 (`enn_core.atomic.private_file`). Optuna's trial heartbeat
-is on (`rdb_storage`); the study loop drives it (tasks/tuning/shared.py).
+`work/tune/<study>.db` or the database `tune.storage` names (shared by hosts) may be damaged,
+another program's, or written by another host; nothing it holds reaches a trial or the params
+file unchecked. `check_storage`: Optuna's tables or none, else StoreError (exit 10).
+`reading`: what SQLAlchemy or Optuna raise on a damaged record or an unreachable server, one
+StoreError naming the storage (a server's URL without its user). `open_study`/`load_study`:
+`check_trials` (one minimized objective, numbered trials of searchable keys and plain values,
+else DataError, exit 3) and `check_data` (every host trains on the same data settings).
+(`enn_core.config.tune.space_values`: a record's values are points of `tune.space`.) An SQLite
+database is created 0600 and waits `SQLITE_BUSY_S` for a lock held by another writer.
 """
 
 from __future__ import annotations
@@ -27,27 +16,40 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import random
 import sqlite3
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna.storages import RDBStorage
+from optuna.study import Study, StudyDirection
+from optuna.trial import FrozenTrial
+
 from enn_core.atomic import private_file
 from enn_core.config import RunConfig, all_config_keys, redact_url, to_plain
-from enn_core.config.tune import SEARCHABLE, Dimension, TuneConfig
+from enn_core.config.tune import SEARCHABLE, TuneConfig
 from enn_core.errors import ConfigError, DataError, NoSpaceError, StoreError
 
+log = logging.getLogger("enn.tune")
 SQLITE_HEADER = b"SQLite format 3\x00"
 OPTUNA_TABLES = frozenset({"studies", "trials", "trial_params", "alembic_version"})
+# every table of Optuna's schema: a database holding only some is one another host is creating
+OPTUNA_SCHEMA = OPTUNA_TABLES | {
+    *("study_directions", "study_system_attributes", "study_user_attributes", "version_info"),
+    *("trial_heartbeats", "trial_intermediate_values", "trial_system_attributes"),
+    *("trial_user_attributes", "trial_values"),
+}
 ANOTHER = "move it away, or name another study (--set tune.study=NAME)"
 DATA_ATTR = "enn.data"  # the study's user attribute: the data section its trials train on
 CONNECT_TIMEOUT_S = 10
+SQLITE_BUSY_S = 30
 TABLE_RACE_TRIES = 3
-StaleHook = Callable[[Any, Any], None]  # (study, the FrozenTrial Optuna failed as stale)
+StaleHook = Callable[[Study, FrozenTrial], None]
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -87,7 +89,7 @@ def check_database(path: Path) -> None:
 
 
 def check_tables(tables: set[str], where: str) -> None:
-    if tables and not OPTUNA_TABLES <= tables:
+    if tables and not OPTUNA_TABLES <= tables and not tables <= OPTUNA_SCHEMA:
         raise StoreError(
             f"{where}: another program's database (tables {sorted(tables)[:4]}), not an Optuna "
             f"study; {ANOTHER}"
@@ -113,51 +115,69 @@ def check_storage(url: str) -> None:
 
 
 def engine_options(url: str) -> dict[str, Any]:
-    """A database server that does not answer fails in seconds (not at the OS's TCP timeout),
-    and a connection the server dropped between two heartbeats is replaced, not raised."""
+    """SQLite waits for another writer's lock; a server that does not answer fails in seconds,
+    and a connection it dropped between two calls is replaced, not raised."""
     if sqlite_file(url) is not None:
-        return {}
+        return {"connect_args": {"timeout": SQLITE_BUSY_S}}
     connect = {"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
     return {"pool_pre_ping": True, "connect_args": connect}
 
 
+def unreachable(url: str, e: BaseException) -> StoreError:
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    if sqlite_file(url) is not None:
+        return StoreError(f"{shown(url)}: the study database cannot be written ({first})")
+    return StoreError(
+        f"{shown(url)}: the study storage cannot be reached ({first}); check that the database "
+        "server runs and answers from this host, and the password in PGPASSWORD or ~/.pgpass"
+    )
+
+
 @contextlib.contextmanager
-def reading(url: str | Path, records: bool = True) -> Iterator[None]:
-    """What SQLAlchemy raises (and with `records`, what Optuna raises on a damaged record or a
-    schema it does not know) as one StoreError naming the storage; a database server that
-    cannot be reached says so; a full disk is NoSpaceError."""
+def reading(url: str, records: bool = True) -> Iterator[None]:
+    """What SQLAlchemy raises (and with `records`, what Optuna raises on a damaged record) as
+    one StoreError naming the storage; a full disk is NoSpaceError."""
     from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-    url = str(url) if not isinstance(url, Path) else f"sqlite:///{url}"
     damaged = (ValueError, KeyError, IndexError, TypeError, RuntimeError) if records else ()
     try:
         yield
     except (SQLAlchemyError, *damaged) as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
         file = sqlite_file(url)
         if "database or disk is full" in str(e):
             raise NoSpaceError.at(file or Path("."), "the study database") from e
         if file is None and isinstance(e, OperationalError):
-            raise StoreError(
-                f"{shown(url)}: the study storage cannot be reached ({first}); check that the "
-                "database server runs and answers from this host, and the password in "
-                "PGPASSWORD or ~/.pgpass"
-            ) from e
+            raise unreachable(url, e) from e
+        first = (str(e).strip().splitlines() or [""])[0][:200]
         raise StoreError(
             f"{shown(url)}: the study database cannot be read ({type(e).__name__}: {first}); "
             f"{ANOTHER}"
         ) from e
 
 
-def rdb_storage(url: str, tune: TuneConfig | None = None, on_stale: StaleHook | None = None) -> Any:
-    """Optuna's RDBStorage for `url`; with `tune`, its trial heartbeat on (`tune.heartbeat_s`,
-    failed after `tune.stale_after_s`; `on_stale` called for each trial failed so). Optuna
-    creates its tables on first use, and two hosts doing so at once can collide: retried."""
-    import optuna
-    from optuna.exceptions import ExperimentalWarning
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+class Storage(RDBStorage):
+    """Optuna's RDBStorage whose heartbeat thread outlives a storage that stops answering: a
+    beat that fails is tried again at the next interval, and the study decides when the
+    storage is gone (tasks/tuning/objective.py), not a traceback of Optuna's thread."""
 
-    beat = {}
+    def record_heartbeat(self, trial_id: int) -> None:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            super().record_heartbeat(trial_id)
+        except SQLAlchemyError as e:
+            log.debug("heartbeat of trial id %d not recorded: %s", trial_id, e)
+
+
+def rdb_storage(
+    url: str, tune: TuneConfig | None = None, on_stale: StaleHook | None = None
+) -> Storage:
+    """The storage; with `tune`, Optuna's trial heartbeat every `tune.heartbeat_s`, a trial
+    silent for `tune.stale_after_s` failed (`on_stale` called for it). Two hosts creating
+    Optuna's tables at once may collide: retried."""
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    beat: dict[str, Any] = {}
     if tune is not None:
         beat = {
             "heartbeat_interval": tune.heartbeat_s,
@@ -166,78 +186,58 @@ def rdb_storage(url: str, tune: TuneConfig | None = None, on_stale: StaleHook | 
         }
     for attempt in range(TABLE_RACE_TRIES):
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_options(url), **beat)
-        except (IntegrityError, ProgrammingError):
-            if attempt == TABLE_RACE_TRIES - 1 or sqlite_file(url) is not None:
+            return Storage(url, engine_kwargs=engine_options(url), **beat)
+        except (IntegrityError, ProgrammingError, OperationalError, RuntimeError):  # mid-creation
+            if attempt == TABLE_RACE_TRIES - 1:
                 raise
             time.sleep(0.5 + random.random())
     raise AssertionError("unreachable")
 
 
 def open_study(
-    cfg: RunConfig,
-    name: str,
-    url: str | Path,
-    identity: str = "",
-    on_stale: StaleHook | None = None,
-) -> Any:
-    """Study `name` in the storage at `url` (an SQLite file is created, 0600, when missing),
-    checked; Optuna's trial heartbeat on. Its sampler is seeded with `tune.seed` plus the
-    trials it already has (a resumed study draws new points, not its first run's again) and,
-    on a shared storage, this host's `identity` (two hosts draw different points);
-    `tune.enqueue`'s points queued once."""
-    import optuna
-
-    url = str(url) if not isinstance(url, Path) else f"sqlite:///{url}"
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    cfg: RunConfig, name: str, url: str, identity: str = "", on_stale: StaleHook | None = None
+) -> Study:
+    """Study `name` (an SQLite file created 0600), checked, heartbeat on; its sampler seeded
+    with `tune.seed`, the trials it has (a resumed study draws new points) and on a shared
+    storage this host's `identity` (hosts draw different points); `tune.enqueue` queued once."""
     check_storage(url)
     file = sqlite_file(url)
     if file is not None:
         private_file(file)
     t = cfg.tune
-    pruner = (
-        optuna.pruners.MedianPruner(
-            n_startup_trials=t.n_startup_trials, n_warmup_steps=t.n_warmup_steps
-        )
-        if t.pruner == "median"
-        else optuna.pruners.NopPruner()
-    )
+    pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
+    if t.pruner == "median":
+        pruner = optuna.pruners.MedianPruner(t.n_startup_trials, t.n_warmup_steps)
     with reading(url):
         study = optuna.create_study(
             study_name=name,
             storage=rdb_storage(url, t, on_stale),
-            sampler=optuna.samplers.RandomSampler(seed=t.seed),  # replaced below
             pruner=pruner,
             direction="minimize",
             load_if_exists=True,
         )
         check_trials(study, shown(url))
         check_data(study, cfg, shown(url))
-    seed = sampler_seed(t.seed, len(study.get_trials(deepcopy=False)), identity)
-    study.sampler = (
-        optuna.samplers.TPESampler(seed=seed)
-        if t.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed=seed)
-    )
-    for values in t.enqueue:
-        study.enqueue_trial(dict(values), skip_if_exists=True)
+        seed = sampler_seed(t.seed, len(study.get_trials(deepcopy=False)), identity)
+        study.sampler = (
+            optuna.samplers.TPESampler(seed=seed)
+            if t.sampler == "tpe"
+            else optuna.samplers.RandomSampler(seed=seed)
+        )
+        for values in t.enqueue:
+            study.enqueue_trial(dict(values), skip_if_exists=True)
     return study
 
 
 def sampler_seed(seed: int, trials: int, identity: str) -> int:
-    """`seed + trials` on one host; with a host's identity, a seed of all three (so each host
-    of a shared study draws its own points)."""
     if not identity:
         return seed + trials
     digest = hashlib.sha256(f"{seed}:{trials}:{identity}".encode()).digest()
     return int.from_bytes(digest[:4], "big")
 
 
-def check_data(study: Any, cfg: RunConfig, where: str) -> None:
-    """Every host of a study trains on the same data settings: the first records its `data`
-    section in the study, the others are compared with it (a record, never used as config)."""
+def check_data(study: Study, cfg: RunConfig, where: str) -> None:
+    """The first host records its `data` section in the study; the others must match it."""
     want = json.loads(json.dumps(to_plain(cfg.data)))
     had = study.user_attrs.get(DATA_ATTR)
     if had is None:
@@ -252,30 +252,23 @@ def check_data(study: Any, cfg: RunConfig, where: str) -> None:
         )
 
 
-def load_study(name: str, url: str | Path) -> Any:
+def load_study(name: str, url: str) -> Study:
     """Study `name` of an existing storage, checked (`enn tune --apply` reads it)."""
-    import optuna
-
-    url = str(url) if not isinstance(url, Path) else f"sqlite:///{url}"
     file = sqlite_file(url)
     if file is not None and not file.exists():
         raise ConfigError(f"{file}: no study {name!r} here; run `enn tune` first")
     check_storage(url)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     with reading(url):
         storage = rdb_storage(url)
-        names = optuna.get_all_study_names(storage)
-        if name not in names:
+        if name not in optuna.get_all_study_names(storage):
             raise ConfigError(f"{shown(url)}: no study {name!r} here; run `enn tune` first")
         study = optuna.load_study(study_name=name, storage=storage)
         check_trials(study, shown(url))
     return study
 
 
-def check_trials(study: Any, path: str) -> None:
+def check_trials(study: Study, path: str) -> None:
     """One minimized objective, and every trial's values of keys a study searches."""
-    from optuna.study import StudyDirection
-
     directions = list(study.directions)
     if directions != [StudyDirection.MINIMIZE]:
         what = "has several objectives" if len(directions) > 1 else "maximizes its objective"
@@ -303,21 +296,3 @@ def plain(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     return value is None or isinstance(value, (str, int, bool))
-
-
-def space_values(
-    values: Mapping[str, Any], dims: Sequence[Dimension], where: str, then: str
-) -> dict[str, Any]:
-    """`values` when every key is one of `dims` and every value a point of it; else a
-    DataError: `where` names the record, `then` what was not done."""
-    space = {d.key: d for d in dims}
-    extra = sorted(set(values) - set(space))
-    if extra:
-        raise DataError(
-            f"{where} holds {extra[0]}, which is not a key of tune.space ({', '.join(space)}); "
-            f"{then}"
-        )
-    for key, value in values.items():
-        if not space[key].holds(value):
-            raise DataError(f"{where} holds {key}={value!r}, outside tune.space.{key}; {then}")
-    return dict(values)

@@ -1,19 +1,15 @@
-"""One tuning trial, as its own process: prepare-checkpoint and distributed-train on the
-study's staged data, in the trial's own folder.
-
-    python -m tasks.tuning.trial work/tune/<study>/trial-<N>/trial.json
-
-The folder is the trial's layout: `outputs/` (stage-data linked to the study's staged data),
-`work/runs/trial/<stage>/` (run directories: the study follows distributed-train's
-`events.jsonl`) and `work/checkpoints/`. The trial takes no pipeline lock, writes neither
-params.yaml nor dvc.lock and logs nothing to MLflow (the study does, from the events).
-The study starts it in its own process group, which it kills to prune; a trial whose study
-died kills its own group (the parent watch below), so no orphaned worker trains on.
+"""One tuning trial, its own process group: prepare-checkpoint and distributed-train on the
+study's staged data, in its folder (`python -m tasks.tuning.trial work/tune/<study>/trial-<N>/
+trial.json`): `outputs/` (stage-data linked to the study's), `work/runs/trial/<stage>/` (the
+study follows distributed-train's `events.jsonl`), `work/checkpoints/`. No pipeline lock, no
+params.yaml, no dvc.lock, no MLflow (the study logs). A trial whose study died kills its own
+group (`watch_parent`): no orphaned worker trains on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -24,6 +20,7 @@ from pathlib import Path
 
 from enn_core.atomic import write_json
 from enn_core.config import load_config
+from enn_core.errors import EnnError
 from enn_core.paths import Layout
 from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT, STAGE_DATA
 from tasks.runner import PipelineSession, execute_stage
@@ -44,21 +41,8 @@ class TrialJob:
     folder: str
 
     def write(self) -> Path:
-        path = Path(self.folder) / TRIAL_FILE
-        write_json(path, asdict(self))
-        return path
-
-    @classmethod
-    def read(cls, path: Path) -> TrialJob:
-        raw = json.loads(path.read_text())
-        return cls(**{**raw, "overrides": tuple(raw["overrides"])})
-
-
-def trial_layout(job: TrialJob) -> Layout:
-    folder = Path(job.folder).resolve()
-    return Layout(
-        root=Path(job.root).resolve(), work=folder / "work", outputs_dir=folder / "outputs"
-    )
+        write_json(Path(self.folder) / TRIAL_FILE, asdict(self))
+        return Path(self.folder) / TRIAL_FILE
 
 
 def events_file(folder: Path) -> Path:
@@ -87,7 +71,8 @@ def watch_parent(poll_s: float = 0.5) -> None:
 
 
 def run(job: TrialJob) -> None:
-    layout = trial_layout(job)
+    folder = Path(job.folder).resolve()
+    layout = Layout(Path(job.root).resolve(), work=folder / "work", outputs_dir=folder / "outputs")
     cfg = load_config(job.config, list(job.overrides))
     staged = STAGE_DATA.output_dir(layout)
     staged.parent.mkdir(parents=True, exist_ok=True)
@@ -99,13 +84,10 @@ def run(job: TrialJob) -> None:
 
 
 def main(argv: list[str]) -> int:
-    import logging
-
-    from enn_core.errors import EnnError
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     watch_parent()
-    job = TrialJob.read(Path(argv[0]))
+    raw = json.loads(Path(argv[0]).read_text())
+    job = TrialJob(**{**raw, "overrides": tuple(raw["overrides"])})
     try:
         run(job)
     except EnnError as e:

@@ -31,7 +31,7 @@ from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.tuning import shared
 from tasks.tuning import study as st
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner, trial_command
+from tasks.tuning.shared import OWNER_ATTR, TrialOwner, trial_command
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 
@@ -149,38 +149,95 @@ def test_a_starting_study_leaves_other_hosts_trials_to_their_heartbeat(tmp_path)
     assert TrialOwner.parse(owners[3]).study_pid == 0  # an older record's form parses too
 
 
+# another host's `enn tune`: a trial under Optuna's optimize, beating, until it is SIGKILLed
+DYING = """
+import sys, time, optuna
+storage = optuna.storages.RDBStorage(sys.argv[1], heartbeat_interval=1, grace_period=2)
+study = optuna.load_study(study_name="s", storage=storage)
+def objective(trial):
+    trial.suggest_float("train.lr", 0.001, 0.1, log=True)
+    open(sys.argv[2], "w").close()
+    time.sleep(600)
+study.optimize(objective)
+"""
+
+
+def sweep_until(objective, study, number: int, timeout: float) -> float:
+    """`objective`'s sweep, as a trial of this host runs it, until trial `number` is not
+    RUNNING; the seconds it took."""
+    t0 = time.monotonic()
+    while study.get_trials()[number].state.name == "RUNNING":
+        assert time.monotonic() - t0 < timeout, f"trial {number} still RUNNING"
+        objective.last_sweep = 0.0  # each call sweeps (a trial's loop sweeps every heartbeat_s)
+        objective.sweep()
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
 @pytest.mark.timeout(60)
 def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.fixtures.study import objective
+
     cfg = load_config(None, [LR, "tune.heartbeat_s=1", "tune.stale_after_s=2"])
-    dims = dimensions(cfg.tune)
+    plan = shared_plan(tmp_path, identity="node1")
     heard: list[int] = []
-    hosts = []
-    for name in ("node1", "node2"):  # two hosts' studies on one storage
-        on_stale = shared.StaleTrials(dims, "shared.db")
-        on_stale.listeners.append(heard.append)
-        hosts.append(st.open_study(cfg, shared_plan(tmp_path, identity=name), on_stale))
-    space = {d.key: st.distribution(d) for d in dims}
-    dead = hosts[1].ask(space)  # node2 starts a trial, beats once, then dies
-    alive = hosts[0].ask(space)
-    beats = [shared.Heartbeat(h, cfg.tune.heartbeat_s) for h in hosts]
-    beats[1].beat(dead)
-    beats[0].beat(alive)
-    end = time.monotonic() + 20
-    while hosts[0].get_trials()[dead.number].state.name == "RUNNING" and time.monotonic() < end:
-        beats[0].tick([alive], force=True)  # node1 beats for its own and sweeps
-        time.sleep(0.5)
-    trials = hosts[0].get_trials()
+    on_stale = shared.StaleTrials(dimensions(cfg.tune), plan.shown)
+    on_stale.listeners.append(heard.append)
+    study = st.open_study(cfg, plan, on_stale)
+    marker = tmp_path / "running"
+    node2 = subprocess.Popen([sys.executable, "-c", DYING, plan.storage, str(marker)])
+    try:
+        while not marker.exists():
+            assert node2.poll() is None, "the other host's study exited"
+            time.sleep(0.1)
+    finally:
+        node2.kill()  # the host dies mid-trial
+        node2.wait()
+    dead = study.get_trials()[-1]
+    node1 = objective(study, cfg, plan)
+    node1.orphans = shared.Orphans(600, on_stale)  # only Optuna's own sweep here
+    sweep_until(node1, study, dead.number, 30)
+    trials = study.get_trials()
     assert trials[dead.number].state.name == "FAIL"
-    assert trials[alive.number].state.name == "RUNNING"  # it kept beating
     waiting = [t for t in trials if t.state.name == "WAITING"]
     assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == dead.params
     assert waiting[0].user_attrs[shared.RETRY_ATTR] == dead.number
     assert heard == [dead.number]
-    beats[1].tick([], force=True)  # the other host's sweep finds nothing left to fail
-    assert len([t for t in hosts[0].get_trials() if t.state.name == "WAITING"]) == 1
+    node1.last_sweep = 0.0
+    node1.sweep()  # a second sweep finds nothing left to fail
+    assert len([t for t in study.get_trials() if t.state.name == "WAITING"]) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_running_trial_with_no_heartbeat_and_no_owner_is_failed_within_the_stale_bound(
+    tmp_path,
+):
+    """Optuna's sweep skips a trial that never beat (a client asked for it and died before
+    running it): it blocked every host's count. The study's own sweep fails it, and queues its
+    point again (none here), once the stale bound passed since a host first saw it."""
+    from tests.fixtures.study import objective
+
+    cfg = load_config(None, [LR, "tune.heartbeat_s=1", "tune.stale_after_s=2"])
+    plan = shared_plan(tmp_path)
+    study = st.open_study(cfg, plan)
+    space = {d.key: st.distribution(d) for d in dimensions(cfg.tune)}
+    with pytest.warns(UserWarning, match="Heartbeat of storage is supposed to be used"):
+        orphan = study.ask(space)  # asked outside optimize: no heartbeat, no owner
+    mine = study.ask(space)
+    mine.set_user_attr(OWNER_ATTR, record("node2", plan.folder / "trial-1" / "trial.json", 0))
+    took = sweep_until(objective(study, cfg, plan), study, orphan.number, 30)
+    assert took <= cfg.tune.stale_after_s + 2 * cfg.tune.heartbeat_s
+    states = [t.state.name for t in study.get_trials()]
+    assert states[:2] == ["FAIL", "RUNNING"], states  # a trial with an owner: its heartbeat decides
 
 
 def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_path):
+    from tasks.tuning.objective import Ended
+    from tests.fixtures.study import objective
+
     cfg = load_config(None, [LR, "tune.sampler=random"])
     dims = dimensions(cfg.tune)
     space = {d.key: st.distribution(d) for d in dims}
@@ -191,20 +248,15 @@ def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_
         study.tell(trial, 1.0)
         draws.append(trial.params["train.lr"])
     assert draws[0] != draws[1]
-    (tmp_path / "params.yaml").write_text(f"tune:\n  space: {json.dumps(SPACE)}\n")
     # both hosts enqueued the same point at once (skip_if_exists read before either wrote)
     study.enqueue_trial({"train.lr": 0.02})
     study.enqueue_trial({"train.lr": 0.02})
-    plan = shared_plan(tmp_path)
-    first = st.start_trial(study, cfg, plan, 0)  # a trial process starts...
-    assert first is not None and first.trial.params == {"train.lr": 0.02}
-    try:
-        assert st.start_trial(study, cfg, plan, 0) is None  # ...the twin does not
-        twin = study.get_trials()[-1]
-        assert twin.state.name == "FAIL" and twin.user_attrs[shared.DUPLICATE_ATTR] == 2
-    finally:
-        st.kill_tree(psutil.Process(first.proc.pid))
-        first.proc.wait()
+    first = study.ask(space)  # one host runs the first...
+    study.tell(first, 1.0)
+    study.optimize(objective(study, cfg, shared_plan(tmp_path)), n_trials=1, catch=(Ended,))
+    twin = study.get_trials()[-1]  # ...the twin is not run
+    assert twin.state.name == "FAIL" and twin.user_attrs[shared.DUPLICATE_ATTR] == first.number
+    assert not list((tmp_path / "s").glob("trial-*"))
 
 
 def test_hosts_that_both_create_the_parent_run_keep_one(tmp_path, mlflow_uri):
@@ -244,3 +296,29 @@ def test_a_relative_sqlite_storage_is_taken_from_the_project_root(tmp_path):
     got = st.storage_url("sqlite:///studies/s.db?timeout=30", tmp_path, default)
     assert got == f"sqlite:///{tmp_path / 'studies' / 's.db'}?timeout=30"
     assert st.storage_url(SERVER, tmp_path, default) == SERVER
+
+
+def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, caplog, mlflow_uri):
+    """The study's experiment deleted while trials run: one warning, then tracking is off
+    (each later call a no-op, none raises)."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tuning.objective import RunningTrial, TrialEnd
+    from tasks.tuning.tracking import StudyTracker
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    uri = mlflow_uri
+    cfg = load_config(None, [f"tracking.uri={uri}", "tracking.experiment=gone"])
+    tracker = StudyTracker(cfg, Layout.for_root(tmp_path), "s")
+    assert tracker.start({}) is not None
+    client = MlflowClient(uri)
+    client.delete_experiment(client.get_experiment_by_name("gone").experiment_id)
+    trial = RunningTrial(None, tmp_path, None, time.monotonic())
+    with caplog.at_level("WARNING", logger="enn.tune"):
+        tracker.started(trial)
+        tracker.reported(trial, 0, 0.5)
+        tracker.ended(trial, TrialEnd(-1, "complete", 0.5, {}, 1, 1.0))
+        tracker.stale(3)
+        tracker.finish(None, [], None)
+    said = [r.getMessage() for r in caplog.records if r.name == "enn.tune"]
+    assert len(said) == 1 and "the study goes on untracked" in said[0], said

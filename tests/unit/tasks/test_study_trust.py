@@ -1,12 +1,11 @@
 """A study database is data: it never chooses what is killed, what a trial runs or what
 `--apply` writes.
 
-- a resumed study signals a trial process only when this study started it on this host and
-  it is still that process (start time, command line naming the trial's own folder); a record
-  naming any other process (the old `pid:start` record, another host, another study's trial,
-  a reused pid) leaves it alone;
+- a resumed study signals nothing: whatever process a record names (the old `pid:start`
+  record, another host, another study's trial, a reused pid, the trial it started itself:
+  that one kills its own group when its study dies) is left alone;
 - a trial runs only values of the config's own `tune.space` (a waiting trial in the database
-  holding `model.factory` runs nothing);
+  holding `model.factory` runs nothing; the host goes on with the next trial);
 - `--apply` writes only keys of `tune.space`, each a point of it and valid as `--set`; else one
   line and the params file as it was;
 - a damaged or foreign database is one line (exit 10 when it cannot be read as a study, 3
@@ -30,7 +29,7 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from enn_core.errors import DataError, StoreError
 from tasks.tuning import study as st
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner
+from tasks.tuning.shared import OWNER_ATTR, TrialOwner
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 
@@ -109,24 +108,32 @@ def test_a_record_naming_another_process_leaves_it_alone(tmp_path):
             proc.wait()
 
 
-def test_the_trial_this_study_started_is_killed(tmp_path):
+def test_the_trial_this_study_started_is_not_signalled_either(tmp_path):
+    """Its process group dies with its study (the trial's parent watch); a resumed study marks
+    it failed and queues its point again, and signals nothing."""
     cfg = load_config(None, [LR])
     p = study_plan(tmp_path)
     trial = spawn("-m", "tasks.tuning.trial", str(p.folder / "trial-0" / "trial.json"))
     try:
         study, _ = stale_trial(tmp_path, {OWNER_ATTR: record(trial)})
         assert st.end_stale_trials(study, p, dimensions(cfg.tune)) == [0]
-        assert not alive(trial)  # killed and reaped (kill_tree waits for it)
+        assert alive(trial)
+        assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
     finally:
         trial.kill()
         trial.wait()
 
 
-def test_a_waiting_trial_of_foreign_keys_runs_nothing(tmp_path):
+def test_a_waiting_trial_of_foreign_keys_runs_nothing_and_the_host_goes_on(tmp_path):
     """A point queued in the database is data: one holding model.factory (or a value outside
-    the space) is refused before any process starts or any folder is made."""
+    the space) is failed before any process starts or any folder is made, and the study's next
+    trial is asked."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution
     from optuna.trial import TrialState, create_trial
+
+    from tasks.tuning.objective import Ended
+    from tasks.tuning.shared import NOT_RUN_ATTR
+    from tests.fixtures.study import objective
 
     cfg = load_config(None, [LR])
     p = study_plan(tmp_path)
@@ -141,12 +148,11 @@ def test_a_waiting_trial_of_foreign_keys_runs_nothing(tmp_path):
             },
         )
     )
-    with pytest.raises(DataError, match=r"s.db: trial 0 holds model.factory, which is not a key"):
-        st.start_trial(study, cfg, p, 0)
     study.enqueue_trial({"train.lr": 5.0})  # outside the space (Optuna only warns)
-    with pytest.raises(DataError, match=r"trial 1 holds train.lr=5.0, outside tune.space"):
-        st.start_trial(study, cfg, p, 0)
-    assert [t.state.name for t in study.get_trials()] == ["FAIL", "FAIL"]
+    study.optimize(objective(study, cfg, p), n_trials=2, catch=(Ended,))
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert all(t.user_attrs[NOT_RUN_ATTR] for t in trials) and not st.table(study)
     assert not list(p.folder.glob("trial-*"))
 
 

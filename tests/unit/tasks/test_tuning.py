@@ -15,7 +15,8 @@ import pytest
 from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from tasks.tuning import study as st
-from tasks.tuning.owner import OWNER_ATTR, TrialOwner
+from tasks.tuning.objective import RunningTrial
+from tasks.tuning.shared import OWNER_ATTR, TrialOwner
 from tasks.tuning.trial import events_file
 from tests.fixtures.study import study_plan
 
@@ -43,7 +44,7 @@ def test_slots_one_trial_per_gpu():
 
 
 def _running(tmp_path, proc=None):
-    return st.RunningTrial(trial=None, folder=tmp_path, proc=proc, started=time.monotonic())
+    return RunningTrial(trial=None, folder=tmp_path, proc=proc, started=time.monotonic())
 
 
 def test_watcher_reads_epoch_values_as_appended(tmp_path):

@@ -1,0 +1,377 @@
+"""One trial as one launch: the objective `study.optimize` calls in each of its threads.
+
+It counts the study first (complete + pruned + running trials numbered below its own, every
+host's): when full, the trial asked ends as not run (`enn.not_run`, out of tables) once the
+study is done or another trial ended. A queued point outside `tune.space` or queued twice ends
+the same way; the host goes on. Else it starts `tasks.tuning.trial` as its own process group,
+follows its `epoch/<metric>` events, reports them and prunes (SIGKILL to the group, then
+`TrialPruned`), and sweeps stale trials and orphans every `tune.heartbeat_s` (Optuna's thread
+beats for the trial). `stop` (Ctrl-C, SIGTERM, a cancelled flow run, a fatal error) ends each
+trial within a second, its point queued again. A storage that does not answer is retried for
+`tune.stale_after_s` (other hosts fail the trial then anyway); then one StoreError.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+from optuna.exceptions import TrialPruned, UpdateFinishedTrialError
+from optuna.storages import fail_stale_trials
+from optuna.study import Study
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from enn_core.atomic import write_json
+from enn_core.config import RunConfig, load_config
+from enn_core.config.tune import dimensions, points, space_values
+from enn_core.errors import ConfigError, DataError, TrainingError
+from enn_core.events import EventTail
+from tasks.tuning import shared, store
+from tasks.tuning import study as st
+from tasks.tuning.trial import TrialJob, events_file
+
+log = logging.getLogger("enn.tune")
+MAX_FAILED_IN_A_ROW = 3
+POLL_S = 0.2
+T = TypeVar("T")
+
+
+class Ended(Exception):
+    """The trial ended without a value: not run, failed, or stopped (Optuna marks it FAIL)."""
+
+
+@dataclass
+class RunningTrial:
+    """A trial process the objective follows."""
+
+    trial: Trial | None
+    folder: Path
+    proc: subprocess.Popen[bytes] | None
+    started: float
+    values: list[tuple[int, float]] = field(default_factory=list)
+    events: EventTail = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.events = EventTail(events_file(self.folder))
+
+    @property
+    def number(self) -> int:
+        return self.trial.number if self.trial is not None else -1
+
+    def new_values(self, metric: str) -> list[tuple[int, float]]:
+        """The `epoch/<metric>` values appended to the trial's events since the last call."""
+        out = [
+            (int(rec["step"]), float(rec["value"]))
+            for rec in self.events.new()
+            if rec.get("type") == "metric" and rec.get("name") == f"epoch/{metric}"
+        ]
+        self.values += out
+        return out
+
+
+@dataclass(frozen=True)
+class TrialEnd:
+    """How a trial ended (its end.json)."""
+
+    number: int
+    state: str  # complete | pruned | failed | interrupted
+    value: float | None
+    params: dict[str, Any]
+    epochs: int
+    seconds: float
+    pids: tuple[int, ...] = ()
+    gone_s: float | None = None
+
+    def __str__(self) -> str:
+        value = f"objective {self.value:.4g}" if self.value is not None else "no value"
+        gone = f"; its {len(self.pids)} processes gone in {self.gone_s:.1f} s" if self.pids else ""
+        return f"{self.state} after {self.epochs} epoch(s), {value}, {self.seconds:.0f} s{gone}"
+
+
+class Hooks:
+    """What the study tells its tracker (MLflow) as trials start, report and end."""
+
+    def started(self, trial: RunningTrial) -> None: ...
+
+    def reported(self, trial: RunningTrial, epoch: int, value: float) -> None: ...
+
+    def ended(self, trial: RunningTrial, end: TrialEnd) -> None: ...
+
+
+class Objective:
+    """`study.optimize`'s objective for the plan's study."""
+
+    def __init__(
+        self,
+        study: Study,
+        cfg: RunConfig,
+        plan: st.StudyPlan,
+        hooks: Hooks,
+        on_stale: shared.StaleTrials,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.study, self.cfg, self.plan, self.hooks = study, cfg, plan, hooks
+        self.dims, self.tune, self.should_stop = dimensions(cfg.tune), cfg.tune, should_stop
+        self.stop, self.lock = threading.Event(), threading.Lock()
+        self.error: BaseException | None = None  # what stopped the study, raised after optimize
+        self.lost = False  # a trial of this host was failed elsewhere (its tell will fail)
+        self.failed_in_a_row, self.last_sweep = 0, 0.0
+        self.orphans = shared.Orphans(cfg.tune.stale_after_s, on_stale)
+        self.context = contextvars.copy_context()  # Prefect's flow run, for the trial threads
+        self.slots: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for slot in range(plan.parallel):
+            self.slots.put(slot)
+
+    def halt(self, error: BaseException | None = None) -> None:
+        """Stop the study (in an objective's thread: `study.stop` needs Optuna's loop)."""
+        with self.lock:
+            self.error = self.error or error
+        self.stop.set()
+        self.study.stop()
+
+    def stopping(self) -> bool:
+        if self.should_stop() and not self.stop.is_set():
+            log.warning("study %s stopped: its running trials are killed", self.plan.name)
+            self.stop.set()
+        return self.stop.is_set()
+
+    def storage(self, call: Callable[[], T]) -> T:
+        """`call`, retried while the storage does not answer, up to `tune.stale_after_s`."""
+        from sqlalchemy.exc import OperationalError
+
+        first = time.monotonic()
+        while True:
+            try:
+                return call()
+            except OperationalError as e:
+                if time.monotonic() - first > self.tune.stale_after_s or self.stop.is_set():
+                    self.halt(store.unreachable(self.plan.storage, e))
+                    raise Ended(str(e)) from e
+                time.sleep(1.0)
+
+    def trials(self) -> list[FrozenTrial]:
+        return self.storage(lambda: self.study.get_trials(deepcopy=False))
+
+    def sweep(self) -> None:
+        """Stale trials (Optuna's sweep) and orphans failed, once per `tune.heartbeat_s`."""
+        with self.lock:
+            if time.monotonic() - self.last_sweep < self.tune.heartbeat_s:
+                return
+            self.last_sweep = time.monotonic()
+        self.storage(lambda: fail_stale_trials(self.study))
+        running = [t for t in self.trials() if t.state == TrialState.RUNNING]
+        self.storage(lambda: self.orphans.fail(self.study, running))
+
+    def __call__(self, trial: Trial) -> float:
+        return self.context.copy().run(self.objective, trial)
+
+    def objective(self, trial: Trial) -> float:
+        if self.stopping():
+            self.halt()
+            raise Ended("the study stops")
+        folder = st.trial_folder(self.plan, trial.number)
+        # an owner from its first moment: a RUNNING trial without one is an orphan
+        owner = shared.TrialOwner.of(0, shared.trial_command(folder / "trial.json"))
+        self.storage(lambda: trial.set_user_attr(shared.OWNER_ATTR, owner.to_json()))
+        trials = self.trials()
+        mine = next(t for t in trials if t.number == trial.number)
+        self.check_point(trial, trials, mine)
+        done, running = shared.counts(trials, below=trial.number)
+        if done + len(running) >= self.tune.n_trials:
+            self.storage(lambda: trial.set_user_attr(shared.NOT_RUN_ATTR, True))
+            self.wait_full(mine, done, running)
+        for dim in self.dims:
+            dim.suggest(trial)
+        slot = self.slots.get()
+        try:
+            return self.run(trial, folder, slot)
+        finally:
+            self.slots.put(slot)
+
+    def check_point(self, trial: Trial, trials: list[FrozenTrial], mine: FrozenTrial) -> None:
+        """A queued point runs once, and only as a point of `tune.space`."""
+        twin = shared.duplicate_of(trials, trial.number)
+        if twin is not None:
+            trial.set_user_attr(shared.DUPLICATE_ATTR, twin)
+            log.info("trial %d: the point of trial %d (queued twice); not run", trial.number, twin)
+            raise Ended(f"the point of trial {twin}")
+        fixed = {**mine.params, **(mine.system_attrs.get("fixed_params") or {})}
+        try:
+            where = f"{self.plan.shown}: trial {trial.number}"
+            space_values(fixed, self.dims, where, "not run; the study goes on")
+        except DataError as e:
+            trial.set_user_attr(shared.NOT_RUN_ATTR, True)
+            log.warning("%s", e)
+            raise Ended(str(e)) from e
+
+    def wait_full(self, mine: FrozenTrial, done: int, seen: set[int]) -> None:
+        """The study is full: done (stop), or wait until one of the running trials `seen`
+        ends; then not run (a queued point it popped is queued again)."""
+        if done < self.tune.n_trials:
+            log.info("study %s: full while trials %s run; waiting", self.plan.name, sorted(seen))
+        while done < self.tune.n_trials and not self.stopping():
+            time.sleep(1.0)
+            self.sweep()
+            done, running = shared.counts(self.trials())
+            if running != seen:
+                break
+        if done >= self.tune.n_trials or self.stop.is_set():
+            self.halt()
+        elif fixed := mine.system_attrs.get("fixed_params"):
+            attrs = {k: v for k, v in mine.user_attrs.items() if k == shared.RETRY_ATTR}
+            self.storage(lambda: self.study.enqueue_trial(fixed, user_attrs=attrs or None))
+        raise Ended("the study was full")
+
+    def run(self, trial: Trial, folder: Path, slot: int) -> float:
+        """The trial as a process group, followed to its end."""
+        values = [st.override(k, v) for k, v in points(trial.params, self.dims).items()]
+        sets = [o for o in self.plan.overrides if not o.startswith("tune.storage=")]
+        overrides = (*sets, *values, *self.plan.runtime, "tracking.enabled=false")
+        try:  # a value the config refuses is the study's error (its space), not a trial's
+            load_config(self.plan.config, list(overrides))
+        except ConfigError as e:
+            self.halt(e)
+            raise
+        if folder.is_symlink() or folder.is_file():
+            folder.unlink()
+        elif folder.exists():  # a number is never reused in one study: another study's leftover
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        plan = self.plan
+        job = TrialJob(
+            trial.number, str(plan.config), overrides, str(plan.root), str(plan.staged), str(folder)
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": plan.runtime[0].split("=")[1]}
+        if plan.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
+        command = shared.trial_command(job.write())
+        with open(folder / "trial.log", "wb") as out:  # its own group: pruning kills the group
+            proc = subprocess.Popen(
+                command,
+                cwd=plan.root,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        running = RunningTrial(trial, folder, proc, time.monotonic())
+        try:
+            trial.set_user_attr(
+                shared.OWNER_ATTR, shared.TrialOwner.of(proc.pid, command).to_json()
+            )
+            log.info("trial %d: %s", trial.number, st.shown(trial.params))
+            self.hooks.started(running)
+            return self.follow(running, proc)
+        except BaseException:  # stopped: Ctrl-C in this thread, the stop event, the storage gone
+            if not (folder / "end.json").exists():
+                self.end(running, "interrupted", None, *self.kill(proc))
+                if not self.lost:
+                    again = {shared.RETRY_ATTR: trial.number}
+                    self.quietly(lambda: self.study.enqueue_trial(trial.params, user_attrs=again))
+            raise
+
+    def follow(self, running: RunningTrial, proc: subprocess.Popen[bytes]) -> float:
+        assert running.trial is not None
+        trial, metric = running.trial, self.tune.metric
+        while not self.stopping():
+            for epoch, value in running.new_values(metric):
+                try:
+                    self.storage(functools.partial(trial.report, value, epoch))
+                except UpdateFinishedTrialError as e:  # another host failed it as stale
+                    self.lost = True
+                    log.warning(
+                        "trial %d was failed as stale by another host: stopped here", trial.number
+                    )
+                    raise Ended(str(e)) from e
+                self.hooks.reported(running, epoch, value)
+                if self.storage(trial.should_prune):
+                    self.end(running, "pruned", value, *self.kill(proc))
+                    raise TrialPruned(f"epoch {epoch}: {metric} {value:.4g}")
+            rc = proc.poll()
+            if rc is not None:
+                running.new_values(metric)  # what it wrote before it exited
+                return self.ended(running, rc)
+            self.sweep()
+            time.sleep(POLL_S)
+        self.halt()
+        raise Ended("the study stops")
+
+    def ended(self, running: RunningTrial, rc: int) -> float:
+        best = min((v for _, v in running.values), default=None)
+        if rc == 0 and best is not None:
+            self.end(running, "complete", best)
+            return best
+        log_file = running.folder / "trial.log"
+        tail = log_file.read_text(errors="replace").strip().splitlines()[-1:]
+        log.warning("trial %d failed (exit %d): %s", running.number, rc, " ".join(tail))
+        self.end(running, "failed", best)
+        with self.lock:
+            self.failed_in_a_row += 1
+            many = self.failed_in_a_row >= MAX_FAILED_IN_A_ROW
+        if many:
+            self.halt(
+                TrainingError(
+                    f"{MAX_FAILED_IN_A_ROW} trials failed in a row; the last one's log: {log_file}"
+                )
+            )
+        raise Ended(f"exit {rc}")
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> tuple[list[int], float]:
+        """The trial's group killed (unless reaped already: its pid may be another's now)."""
+        pids: list[int] = []
+        gone = 0.0
+        if proc.poll() is None:
+            try:
+                pids, gone = st.kill_tree(psutil.Process(proc.pid))
+            except psutil.NoSuchProcess:
+                pass
+        proc.wait()
+        return pids, gone
+
+    def end(
+        self,
+        running: RunningTrial,
+        state: str,
+        value: float | None,
+        pids: list[int] | None = None,
+        gone: float | None = None,
+    ) -> None:
+        st.remove_checkpoints(running.folder)
+        params = running.trial.params if running.trial else {}
+        seconds = time.monotonic() - running.started
+        end = TrialEnd(
+            running.number,
+            state,
+            value,
+            params,
+            len(running.values),
+            seconds,
+            tuple(pids or ()),
+            gone,
+        )
+        write_json(running.folder / "end.json", end.__dict__)
+        if state in ("complete", "pruned"):
+            with self.lock:
+                self.failed_in_a_row = 0
+        level = logging.DEBUG if state == "interrupted" else logging.INFO  # the stop says it
+        log.log(level, "trial %d: %s", end.number, str(end).replace("objective", self.tune.metric))
+        self.quietly(lambda: self.hooks.ended(running, end))
+
+    def quietly(self, call: Callable[[], object]) -> None:
+        """`call` while the study stops: a storage that is gone was said once."""
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - the study's own error is what is reported
+            log.debug("while stopping: %s", e)
