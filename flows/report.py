@@ -9,7 +9,7 @@ import json
 
 from enn_core.metric_names import NAIVE, NAIVE_BEST
 from enn_core.paths import Layout
-from enn_core.stages import COLLAPSE_CHECK, StageSpec
+from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, StageSpec
 
 
 def reads_writes(spec: StageSpec, where: str = "") -> str:
@@ -118,7 +118,7 @@ def again(args: argparse.Namespace) -> str:
         "distributed-train continues from its last checkpoint if it was stopped mid-training "
         "with the same data, model and train settings, else trains from epoch 1"
     )
-    if args.command == "distributed-train":
+    if args.command == DISTRIBUTED_TRAIN.name:
         return (
             "; run the same command again to resume: it continues from its last checkpoint "
             "with the same data, model and train settings, else trains from epoch 1"
