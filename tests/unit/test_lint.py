@@ -48,10 +48,12 @@ def test_ruff_format_leaves_every_file_as_it_is():
     run_clean("ruff", "format", "--check", ".", timeout=55)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(330)
 def test_mypy_finds_no_error_in_the_configured_files():
-    # a clean clone's cold cache took 97 s on a loaded 2-core machine; a warm one, seconds
-    run_clean("mypy", timeout=230)
+    # A clean clone's cold cache: 82 s alone on a 2-core machine at load 10, 128 s at load 15,
+    # and past 230 s there beside the rest of the fast tier; a warm cache: 2 s. The deadline
+    # only proves it ends, within the tier's budget (scripts/test.sh).
+    run_clean("mypy", timeout=320)
 
 
 def test_mypy_checks_every_product_package_and_hides_no_error():
