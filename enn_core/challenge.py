@@ -88,7 +88,7 @@ def split_predictions(
     predictions there; the targets there) of the model in `folder`."""
     model = TableModel.load(folder)
     ds = StagedDataset(staged)
-    data = DataSpec.of(ds.manifest.model_data())
+    data = ds.manifest.data_spec()
     clash = schema_differences(data, model.checkpoint.data)
     if clash:
         raise SchemaClash(f"{Path(folder)} predicts another task: {'; '.join(clash)}")
