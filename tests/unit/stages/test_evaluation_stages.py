@@ -129,7 +129,7 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path, caplo
 
 
 @pytest.mark.slow
-def test_trained_model_passes_and_exports_in_real_units(tmp_path):
+def test_trained_model_passes_and_exports_in_real_units(tmp_path, caplog):
     cfg = _project(tmp_path, steps=150)
     VALIDATE.work(cfg, _ctx(cfg, tmp_path, VALIDATE))
     metrics = json.loads((tmp_path / "outputs/validate/metrics.json").read_text())
@@ -168,6 +168,20 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path):
     with torch.no_grad():
         got = torch.export.load(str(out / "model.pt2")).module()(torch.from_numpy(x)).numpy()
     assert abs(float(got.mean()) - float(np.asarray(ds.labels[ds.split("test")]).mean())) < 5.0
+
+    # the same checkpoint, calibration, data and settings again: what parity proved is copied
+    first = {f.name: f.read_bytes() for f in out.iterdir() if f.name != "sidecar.json"}
+    with caplog.at_level(logging.INFO, logger="enn"):
+        EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
+    assert "copied, not made again" in caplog.text
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.name != "sidecar.json"} == first
+    # a cached program whose bytes changed is not believed: exported and checked again
+    cached = next((tmp_path / "work" / "cache" / "export").glob("*/model.pt2"))
+    cached.write_bytes(b"not the program")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="enn"):
+        EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
+    assert "copied" not in caplog.text and (out / "model.pt2").read_bytes() == first["model.pt2"]
 
     # a calibration made for another model file is refused
     _project(tmp_path / "other", steps=1, seed=1)
