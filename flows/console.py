@@ -37,7 +37,7 @@ NOISE: tuple[tuple[str, str, str], ...] = (
         "Failed to register signal handlers since torchelastic is running on a child thread; "
         "each worker's exit with a traceback",
         "enn runs the elastic agent in a thread and handles SIGINT/SIGTERM itself "
-        "(flows/cli.py), stopping the workers' process group; a failure is reported with the "
+        "(flows/exits.py), stopping the workers' process group; a failure is reported with the "
         "rank and its last phase, and each rank's log is in the run directory",
     ),
     (

@@ -1,6 +1,6 @@
 """What `enn` says about a stage and a run, besides its log lines: a stage's `--help` (what it
 reads and writes, from its spec), the closing summary's results and predictions lines, and
-what running a stopped command again does. flows/cli.py prints them."""
+what running a stopped command again does. flows/summary.py and flows/cli.py print them."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ limit and job id the launcher decided added as overrides, so the run records the
 rank 0 runs `enn <stage>` as on one machine: the pipeline lock of its work directory, its
 MLflow run, the outputs published, `--set` values recorded in params.yaml (not a shared folder
 outside the checkout, flows/params_file.py: the run is then its own). Every other rank
-runs the stage's work only (flows.cli.worker_only): its logs and heartbeat in
+runs the stage's work only (flows.commands.worker_only): its logs and heartbeat in
 `work/runs/<job id>-rank<r>/` of its node; no lock, no MLflow run, nothing published. The
 launcher restarts the workers (`--max-restarts`): a restarted training resumes from the
 newest committed checkpoint in `checkpoint.dir`, a restarted prediction reuses the parts
@@ -28,7 +28,7 @@ import sys
 from enn_core.errors import EnnError
 from enn_core.runtime.external import LauncherEnv
 from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT
-from flows import cli
+from flows import cli, exits
 
 # the stages that run as ranks of a launched job
 STAGES = (DISTRIBUTED_TRAIN.name, PREDICT.name)
@@ -76,4 +76,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    cli.exit_with(main())  # a stopped worker ends as `enn` does
+    exits.exit_with(main())  # a stopped worker ends as `enn` does

@@ -77,7 +77,8 @@ class StageResult:
 @dataclass
 class FlowRecord:
     """What a flow run did so far, filled in as it goes (flows/training.py), for `enn run`'s
-    closing summary (flows/cli.py): also when the flow fails or is cancelled, returning nothing."""
+    closing summary (flows/summary.py): also when the flow fails or is cancelled, returning
+    nothing."""
 
     results: dict[str, StageResult] = field(default_factory=dict)
     running: str | None = None  # the stage under way (the one a failure or a cancel stopped)

@@ -1,6 +1,6 @@
 """Where this project's UIs answer, and a run's page in them.
 
-- `enn ui` (flows/cli.py) writes `work/ui.json` while it serves the MLflow and Prefect UIs
+- `enn ui` (flows/commands.py) writes `work/ui.json` while it serves the MLflow and Prefect UIs
   (`announce_ui`); `enn run` reports its flow run to that Prefect server (`running_ui`).
 - `mlflow_ui`: the MLflow UI that shows this project's runs: the tracking server (a
   `tracking.uri` over http serves the UI), else the one `enn ui` serves, else None.

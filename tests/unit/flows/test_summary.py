@@ -1,4 +1,4 @@
-"""`enn run`'s closing summary (flows/cli.py `Summary`): each stage's line, also when the flow
+"""`enn run`'s closing summary (flows/summary.py `Summary`): each stage's line, also when the flow
 failed or was stopped (the stage it stopped, the stages that did not run), the log file, and
 the run's own MLflow and Prefect pages when a UI serves them (else how to start one)."""
 
@@ -18,7 +18,7 @@ import pytest
 from enn_core.config import RunConfig
 from enn_core.paths import Layout
 from flows import console
-from flows.cli import Summary
+from flows.summary import Summary
 from tasks.runner import FlowRecord, StageResult
 
 

@@ -1,0 +1,217 @@
+"""The `enn` subcommands that are more than one call: a stage as `dvc repro` runs it, a whole
+flow, a study, the UIs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from enn_core.config import RunConfig, redact_override
+from enn_core.paths import Layout
+from enn_core.runtime.external import LauncherEnv
+from enn_core.stages import StageSpec
+from flows import console
+from flows.exits import ended_by
+from flows.prefect_api import prefect_api
+from flows.summary import Summary
+
+if TYPE_CHECKING:
+    from tasks.runner import StageResult
+
+
+def ui_command(cfg: RunConfig, layout: Layout, port: int | None) -> int:
+    """The MLflow UI and the Prefect UI over this project's stores, on loopback, until Ctrl-C;
+    `enn run` meanwhile reports its flow runs to this Prefect server (work/ui.json)."""
+    from flows.servers import mlflow_server, prefect_server
+    from tasks.ui import announce_ui
+
+    uri = cfg.tracking.uri or layout.mlflow_uri
+    logs = layout.work / "logs"
+    with (
+        mlflow_server(
+            uri,
+            layout.mlflow_artifacts,
+            cfg.deploy.host,
+            cfg.deploy.mlflow_port if port is None else port,
+            logs / "mlflow-server.log",
+        ) as url,
+        prefect_server(cfg.deploy.host, cfg.deploy.prefect_port, logs / "prefect-ui.log") as api,
+    ):
+        announce_ui(layout.work, api, url)
+        print(f"MLflow UI: {experiment_url(url, cfg.tracking.experiment)}", flush=True)
+        # the UI's own pages are client-side routes: its root is the address that loads
+        print(f"Prefect UI: {api.removesuffix('/api')} (Ctrl-C stops both)", flush=True)
+        import time
+
+        while True:
+            time.sleep(3600)
+
+
+def experiment_url(url: str, experiment: str) -> str:
+    """The experiment's run list in MLflow's model-training view (the UI otherwise opens in
+    its GenAI view, a per-browser setting); the server's root before the first run."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.urlencode({"experiment_name": experiment})
+    try:
+        with urllib.request.urlopen(
+            f"{url}/api/2.0/mlflow/experiments/get-by-name?{query}", timeout=10
+        ) as r:
+            exp_id = json.loads(r.read())["experiment"]["experiment_id"]
+    except (OSError, ValueError, KeyError):
+        return url
+    return f"{url}/#/experiments/{exp_id}?workflowType=machine_learning"
+
+
+def run_stage_command(
+    spec: StageSpec, cfg: RunConfig, config: Path, layout: Layout, overrides: list[str]
+) -> int:
+    """One stage, as `dvc repro` runs it; `--set` overrides go into the pipeline's params.yaml
+    once it succeeded (as `enn run --set` and `dvc exp run -S` do: the outputs and params.yaml
+    agree; a failed run leaves the file as it was), never into a --config file
+    (flows/params_file.py)."""
+    from flows.params_file import mlflow_tags, once_lines, plan, summary_line, write_overrides
+    from tasks.runner import execute_stage
+    from tasks.session import dvc_group, pipeline_session
+
+    launched = LauncherEnv.required() if cfg.runtime.launcher == "external" else None
+    if launched is not None and launched.rank != 0:
+        return worker_only(spec, cfg, layout, launched)
+    group = dvc_group()
+    name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
+    sets = plan(config, overrides)
+    tags = mlflow_tags(sets)
+    with pipeline_session(
+        cfg, config, layout, name, group=group, specs=(spec,), tags=tags
+    ) as session:
+        result = execute_stage(spec, session)
+        changes = write_overrides(config, sets.write)
+        for line in [f"{sets.name()}: {c}" for c in changes] + once_lines(sets):
+            logging.getLogger("enn").info("params: %s", line)
+    if result.summary is not None and result.summary.node_only:  # another node publishes
+        print(f"{spec.name}: done in {result.seconds:.1f} s; {published_elsewhere(result)}")
+    else:
+        print(f"{spec.name}: done in {result.seconds:.1f} s -> {spec.output_dir(layout)}")
+    said = summary_line(sets, changes)
+    if said:
+        print(said)
+    return 0
+
+
+def published_elsewhere(result: StageResult) -> str:
+    """A node that did not get global rank 0: what it ran (when its summary says), and who
+    publishes."""
+    record = getattr(result.summary, "record", None) or {}
+    ranks = record.get("node_ranks")
+    ran = f"this node ran ranks {ranks}; " if ranks else ""
+    return f"{ran}the node of global rank 0 publishes the outputs"
+
+
+def worker_only(spec: StageSpec, cfg: RunConfig, layout: Layout, launched: LauncherEnv) -> int:
+    """A worker other than global rank 0 under an external launcher (flows/worker.py): the
+    stage's work only; rank 0's process holds the lock, records the run and publishes."""
+    from enn_core.stage import make_context
+
+    t0 = time.monotonic()
+    ctx = make_context(cfg, layout, spec, f"{launched.run_id}-rank{launched.rank}")
+    spec.work(cfg, ctx)
+    print(
+        f"{spec.name}: rank {launched.rank} done in {time.monotonic() - t0:.1f} s "
+        f"(logs: {ctx.run_dir / 'logs'}); the process of global rank 0 publishes the outputs"
+    )
+    return 0
+
+
+def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
+    from tasks.lock import pipeline_lock
+
+    flow, overrides = args.flow, args.overrides
+    # the lock first: a second run fails fast, before Prefect starts
+    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"), prefect_api(layout) as api:
+        from prefect.exceptions import CancelledRun
+
+        from flows.training import preloaded, recorded_flow
+
+        summary = Summary(layout, cfg, flow, args.until, api)
+        with recorded_flow() as record:
+            try:
+                if flow == "prediction":
+                    from flows.prediction import prediction
+
+                    with preloaded(config, overrides, cfg):
+                        prediction(
+                            config=str(config),
+                            overrides=overrides,
+                            model=args.model,
+                            until=args.until,
+                        )
+                else:
+                    from flows.training import training
+
+                    with preloaded(config, overrides, cfg):
+                        training(config=str(config), overrides=overrides, until=args.until)
+            except CancelledRun as e:
+                summary.print(record, ended="cancelled")
+                why = str(e).splitlines()[0] if str(e) else "the flow run was cancelled"
+                print(f"cancelled: {why}", file=sys.stderr)
+                return 130
+            except BaseException as e:
+                # what ran, what stopped, where to look; the error's one line (printed by
+                # _main: `error: ...`, `interrupted`) stays the last line
+                summary.print(record, ended=ended_by(e))
+                raise
+    summary.print(record)
+    return 0
+
+
+def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
+    """`enn tune`: the tuning flow on the local Prefect API; `--apply`: the best values into
+    the config file."""
+    if args.apply:
+        from flows.tuning import apply_best
+
+        for line in apply_best(cfg, config, args.overrides, layout):
+            print(line, flush=True)
+        return 0
+    with prefect_api(layout):
+        from flows.training import preloaded
+        from flows.tuning import tuning
+
+        with preloaded(config, args.overrides, cfg):
+            out = tuning(config=str(config), overrides=args.overrides)
+    best = out.get("best")
+    if best is None:
+        print(f"study {out['study']}: {out['trials']} trial(s), none complete", flush=True)
+    else:
+        from tasks.tuning.study import shown
+
+        values = shown(best)
+        print(
+            f"study {out['study']}: best trial {out['best_trial']} "
+            f"({cfg.tune.metric} {out['best_value']:.4g}): {values}",
+            flush=True,
+        )
+        again = [f"--config {args.config}"] if args.config else []
+        again += [
+            f"--set {redact_override(o)}"
+            for o in args.overrides
+            if o.startswith(("tune.study=", "tune.storage="))
+        ]
+        print(" ".join(["apply: enn tune --apply", *again]), flush=True)
+    if args.overrides:  # as every --set: the config file keeps its values (--apply writes)
+        from flows.params_file import plan
+
+        sets = plan(config, args.overrides)
+        print(
+            f"params: {sets.name()} unchanged "
+            f"({' '.join(redact_override(o) for o in sets.run)} for this study's trials only)"
+        )
+    if console.LOG_FILE is not None:
+        print(f"log: {console.LOG_FILE}")
+    return 0
