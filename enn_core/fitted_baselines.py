@@ -357,7 +357,7 @@ def fitted_baselines(
     """Each baseline of `cfg.baselines`: its predictions on `splits`, each loss of
     `cfg.baseline_losses` from the cache or fitted (and cached) now, the better kept. `say`
     gets a line before each fit; `bar_enabled`: a bar on a terminal while it runs."""
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # no stubs
 
     from enn_core.progress import bar
 
