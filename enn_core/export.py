@@ -239,10 +239,16 @@ def _name_batch_axis(target: Path) -> None:
 
 
 def export_all(
-    path: PredictionPath, heldout: np.ndarray, out_dir: Path, cfg: ExportConfig, label_std: float
+    path: PredictionPath,
+    heldout: np.ndarray,
+    out_dir: Path,
+    cfg: ExportConfig,
+    label_std: float,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Export each configured format into `out_dir` and check its parity (`cfg`: export
-    section)."""
+    section); `say` gets a line as each part starts (each takes seconds)."""
+    say = say or (lambda line: None)
     if path.per_sample:
         refuse_batch_dependent(Calibration("per_sample"))
     path = path.eval()
@@ -272,12 +278,15 @@ def export_all(
             }
             continue
         if exported is None:  # every format starts from the same ExportedProgram
+            say("tracing the prediction path (torch.export, dynamic batch)")
             ep = export_torch(path, example)
             ref = reference(path, x, max(cfg.parity_batch_sizes))
             ref_max = float(np.max(np.abs(ref)))
             exported = (ep, ref, ref_max, cfg.parity_rel_tol * max(ref_max, label_std))
         ep, ref, ref_max, tol = exported
         target = out_dir / FILES[fmt]
+        sizes = ", ".join(str(b) for b in cfg.parity_batch_sizes)
+        say(f"{FILES[fmt]}: writing it, then parity on {len(x)} held-out rows at batch {sizes}")
         if fmt == "torch_export":
             torch.export.save(ep, str(target))
             run = _program_runner(target)
@@ -426,7 +435,14 @@ def run(
             )
         else:
             try:
-                results = export_all(path, heldout, tmp, cfg.export, label_std(ds))
+                results = export_all(
+                    path,
+                    heldout,
+                    tmp,
+                    cfg.export,
+                    label_std(ds),
+                    say=lambda line: ctx.logger.info("%s: %s", ctx.stage, line),
+                )
             except ExportError as e:
                 write_json(Path(ctx.run_dir) / "export-failure.json", {"error": str(e)})
                 ctx.events.event("export_failed", error=str(e))
