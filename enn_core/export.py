@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch.export import Dim, ExportedProgram
 
+from enn_core import export_cache
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.collapse.report import read_report
 from enn_core.config import ExportConfig, RunConfig
@@ -159,24 +160,36 @@ def _batches(rows: int, size: int) -> list[np.ndarray]:
     return [order[i * size : (i + 1) * size] for i in range(n_batches)]
 
 
+def reference(eager: torch.nn.Module, x: np.ndarray, batch: int = 64) -> np.ndarray:
+    """The eager path's outputs on every row of `x`, batch by batch (float32): computed once,
+    the reference of every format at every batch size (a row's output does not depend on its
+    batch: collapse-check refuses a batch-dependent model, and refuse_batch_dependent here)."""
+    out: list[np.ndarray] = []
+    with torch.inference_mode():
+        for i in range(0, len(x), batch):
+            xb = torch.from_numpy(np.ascontiguousarray(x[i : i + batch], dtype=np.float32))
+            out.append(eager(xb).float().numpy())
+    return np.concatenate(out)
+
+
 def check_parity(
-    run: Runner, eager: torch.nn.Module, x: np.ndarray, batch_sizes: Sequence[int], tol: float
+    run: Runner, ref: np.ndarray, x: np.ndarray, batch_sizes: Sequence[int], tol: float
 ) -> Parity:
-    """max |exported - eager| at each batch size over all rows of `x`."""
+    """max |exported - eager| at each batch size over all rows of `x` (`ref`: the eager
+    outputs of those rows, `reference`)."""
     per_size: dict[str, float] = {}
     for size in batch_sizes:
         worst = 0.0
         for idx in _batches(len(x), size):
             xb = np.ascontiguousarray(x[idx], dtype=np.float32)
-            with torch.inference_mode():
-                ref = eager(torch.from_numpy(xb)).numpy()
             got = np.asarray(run(xb))
-            if got.shape != ref.shape:
+            want = ref[idx]
+            if got.shape != want.shape:
                 raise ExportError(
                     f"parity: batch of {size} gave output shape {got.shape}, eager gives "
-                    f"{ref.shape}; the batch dimension is not dynamic"
+                    f"{want.shape}; the batch dimension is not dynamic"
                 )
-            worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - ref))))
+            worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - want))))
         per_size[str(size)] = worst
     worst = max(per_size.values())
     return {
@@ -226,10 +239,16 @@ def _name_batch_axis(target: Path) -> None:
 
 
 def export_all(
-    path: PredictionPath, heldout: np.ndarray, out_dir: Path, cfg: ExportConfig, label_std: float
+    path: PredictionPath,
+    heldout: np.ndarray,
+    out_dir: Path,
+    cfg: ExportConfig,
+    label_std: float,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Export each configured format into `out_dir` and check its parity (`cfg`: export
-    section)."""
+    section); `say` gets a line as each part starts (each takes seconds)."""
+    say = say or (lambda line: None)
     if path.per_sample:
         refuse_batch_dependent(Calibration("per_sample"))
     path = path.eval()
@@ -241,8 +260,9 @@ def export_all(
         )
     example = torch.from_numpy(x[np.arange(cfg.example_batch) % len(x)])
     results: dict[str, dict[str, Any]] = {}
-    # (program, max |reference|, tolerance): exported once, at the first format not skipped
-    exported: tuple[ExportedProgram, float, float] | None = None
+    # (program, eager outputs, max |reference|, tolerance): made once, at the first format
+    # not skipped
+    exported: tuple[ExportedProgram, np.ndarray, float, float] | None = None
     for fmt in cfg.formats:
         missing = missing_dependencies(fmt)
         if missing:
@@ -258,18 +278,22 @@ def export_all(
             }
             continue
         if exported is None:  # every format starts from the same ExportedProgram
+            say("tracing the prediction path (torch.export, dynamic batch)")
             ep = export_torch(path, example)
-            ref_max = _max_abs(path, x)
-            exported = (ep, ref_max, cfg.parity_rel_tol * max(ref_max, label_std))
-        ep, ref_max, tol = exported
+            ref = reference(path, x, max(cfg.parity_batch_sizes))
+            ref_max = float(np.max(np.abs(ref)))
+            exported = (ep, ref, ref_max, cfg.parity_rel_tol * max(ref_max, label_std))
+        ep, ref, ref_max, tol = exported
         target = out_dir / FILES[fmt]
+        sizes = ", ".join(str(b) for b in cfg.parity_batch_sizes)
+        say(f"{FILES[fmt]}: writing it, then parity on {len(x)} held-out rows at batch {sizes}")
         if fmt == "torch_export":
             torch.export.save(ep, str(target))
             run = _program_runner(target)
         else:
             export_onnx(ep, example, target, cfg.opset)
             run = ort_runner(target)
-        parity = check_parity(run, path, x, cfg.parity_batch_sizes, tol)
+        parity = check_parity(run, ref, x, cfg.parity_batch_sizes, tol)
         if not parity["ok"]:
             raise ExportError(
                 f"export {fmt}: parity failed: max |diff| {parity['worst']:.3g} > {tol:.3g} "
@@ -285,15 +309,6 @@ def export_all(
             "parity": parity,
         }
     return results
-
-
-def _max_abs(path: PredictionPath, x: np.ndarray, batch: int = 256) -> float:
-    """max |eager output| over all rows, batch by batch (memory stays bounded)."""
-    with torch.inference_mode():
-        return max(
-            float(path(torch.from_numpy(x[i : i + batch])).abs().max())
-            for i in range(0, len(x), batch)
-        )
 
 
 def _program_runner(target: Path) -> Runner:
@@ -405,13 +420,35 @@ def run(
         "model_sha256": sha256_file(model_path),
         "heldout_rows": int(len(heldout)),
     }
+    cache: Path | None = None
+    if cfg.model.preset != "custom":  # a custom model's code is not in the key
+        key = export_cache.key(cfg.export, ident, calibration / CALIBRATION_FILE, versions())
+        cache = ctx.layout.work / "cache" / ctx.stage / key
     with atomic_dir(ctx.output()) as tmp:
-        try:
-            results = export_all(path, heldout, tmp, cfg.export, label_std(ds))
-        except ExportError as e:
-            write_json(Path(ctx.run_dir) / "export-failure.json", {"error": str(e)})
-            ctx.events.event("export_failed", error=str(e))
-            raise
+        results = export_cache.load(cache, tmp) if cache is not None else None
+        if results is not None:
+            ctx.logger.info(
+                "%s: the programs and parity of this checkpoint, calibration, data and settings "
+                "are in %s: copied, not made again",
+                ctx.stage,
+                cache,
+            )
+        else:
+            try:
+                results = export_all(
+                    path,
+                    heldout,
+                    tmp,
+                    cfg.export,
+                    label_std(ds),
+                    say=lambda line: ctx.logger.info("%s: %s", ctx.stage, line),
+                )
+            except ExportError as e:
+                write_json(Path(ctx.run_dir) / "export-failure.json", {"error": str(e)})
+                ctx.events.event("export_failed", error=str(e))
+                raise
+            if cache is not None:
+                export_cache.store(cache, tmp, results)
         parity = {
             k: v.get("parity", {"status": v["status"], "reason": v.get("reason")})
             for k, v in results.items()

@@ -7,25 +7,35 @@
   output cell, the raw features plus the cell's position on each label axis, categorical
   columns as categories (early stopping on a held-out tenth of the samples).
 
-Both fit on the training split only, for the metric validate reports (MAE): each is fitted
-with the absolute-error loss (`ridge`: the same encoding and penalty, iteratively reweighted
-towards least absolute deviations; `gbt`: `loss="absolute_error"`) and with squared error, and
-the squared-error fit is kept only when its MAE on the validation rows is lower; `BaselineFit.loss`
-and the detail say which ran and both validation MAEs (chosen on the validation rows, so the
-test rows stay unseen). They must not slow every run: a fit is cached per data
-fingerprint (features, labels and splits), baseline and settings under
-`<work>/cache/baselines/`, and capped: more than `validate.baseline_max_rows` training samples
-are subsampled (seeded), and each of gbt's two fits stops adding trees at
-`validate.baseline_time_s`; each `BaselineFit` says what was used. The champion rule does not
-look at them (it keeps its naive-predictor gate); validate reports them.
+Both fit on the training split only, for the metric validate reports (MAE): with the
+absolute-error loss (`ridge`: the same encoding and penalty, iteratively reweighted towards
+least absolute deviations; `gbt`: `loss="absolute_error"`), once. `validate.baseline_losses`
+may add squared error: each loss is then fitted and the squared-error fit is kept only when
+its MAE on the validation rows is lower (chosen on the validation rows, so the test rows stay
+unseen); `BaselineFit.loss` and the detail say which ran and both validation MAEs.
+
+They must not slow every run: each loss's fit is cached per data fingerprint (features,
+labels and splits), baseline, loss and settings under `<work>/cache/baselines/` (asking for
+both losses reuses the absolute-error fit already there), and capped: more than
+`validate.baseline_max_rows` training samples are subsampled (seeded), and
+`validate.baseline_time_s` bounds a baseline's whole time (every loss's fit and its
+predictions): gbt adds trees in steps sized by the pace it measures, stopping when the next
+step and the predictions would pass the cap; ridge stops reweighting. When even the least a
+fit can do passes the cap by more than a tenth, the detail says so and why. The fits run on
+one thread: OpenMP's waiting threads made a 25-tree step 10-30x slower on a busy machine.
+While fitting, validate says which baseline it fits and a bar (on a terminal) counts the
+trees or reweighting steps. The champion rule does not look at them (it keeps its
+naive-predictor gate); validate reports them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,15 +47,23 @@ from enn_core.config.stages import ValidateConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.model.encoding import FeatureLayout, parse_feature_specs
 
-FORMAT = 2  # bump when a baseline's definition changes: the cache keys change with it
+FORMAT = 3  # bump when a baseline's definition changes: the cache keys change with it
 LOSSES = ("absolute_error", "squared_error")  # the metric's loss first: kept on a tie
 L1_ITERATIONS = 30  # ridge's reweighting steps towards least absolute deviations
 L1_CELLS = 50_000_000  # ridge's L1 variant: at most outputs x features^2 normal-equation numbers
 SEED = 0
-GBT_STEP = 25  # trees added between two looks at the clock
+GBT_FIRST = 5  # trees of the first step: it measures the pace
+GBT_STEP = 25  # near the cap, a step of fewer trees than twice this is the last
 GBT_MAX_ITER = 300
+PROBE_SAMPLES = 10_000  # samples predicted once to measure the prediction's pace
+SAFETY = 0.9  # share of the time left that gbt's trees are planned to fill
+OVER = 1.1  # a fit's whole time may pass the cap by this factor before the detail says why
 ENCODED_CELLS = 20_000_000  # ridge: at most this many encoded numbers in memory (float32)
 CATEGORY_LIMIT = 254  # HistGradientBoosting's categories must stay below max_bins (255)
+THREADS = 1  # see the module docstring
+
+# (done, total) of the fit in progress: the caller draws it (validate: a bar on a terminal)
+Tick = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -53,12 +71,13 @@ class BaselineFit:
     """How one baseline was fitted (the metrics files and the Prefect table show it)."""
 
     name: str
-    fit_s: float  # seconds of the fit that produced these predictions (cached or not)
+    fit_s: float  # seconds of its fits and predictions (as they were run, cached or not)
     samples: int  # training samples used (gbt: rows x output cells)
     available: int  # training samples there were
-    detail: str  # alpha (ridge); trees and why it stopped (gbt); the losses' validation MAEs
+    detail: str  # alpha (ridge); trees and why it stopped (gbt); the loss(es) and their MAEs
     cached: bool  # read from the cache in this run
     loss: str = ""  # the loss of the fit kept: absolute_error or squared_error
+    floor_s: float = 0.0  # the least this fit could take (why it passed the cap, if it did)
 
     @property
     def subsampled(self) -> bool:
@@ -91,11 +110,21 @@ def _sample(n: int, cap: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(n) if n <= cap else np.sort(rng.choice(n, cap, replace=False))
 
 
+def _words(loss: str) -> str:
+    return loss.replace("_", " ")
+
+
 def fit_ridge(
-    ds: StagedDataset, splits: Sequence[str], cfg: ValidateConfig
+    ds: StagedDataset,
+    splits: Sequence[str],
+    cfg: ValidateConfig,
+    loss: str,
+    deadline: float,
+    tick: Tick,
 ) -> tuple[dict[str, np.ndarray], BaselineFit]:
     from sklearn.linear_model import RidgeCV
 
+    t0 = time.perf_counter()
     layout = parse_feature_specs(ds.feature_specs)
     train = np.asarray(ds.split("train"))
     width = encode(ds.features[:1], layout).shape[1]
@@ -103,76 +132,75 @@ def fit_ridge(
     rows = train[_sample(len(train), cap, np.random.default_rng(SEED))]
     y = np.asarray(ds.targets[rows], dtype=np.float64)
     flat = y.reshape(len(y), -1)
-    t0 = time.perf_counter()
     x = encode(ds.features[rows], layout).astype(np.float64)
     model = RidgeCV(alphas=np.logspace(-3, 3, 13)).fit(x, flat)
     alpha = float(model.alpha_)
     # [1 + features, outputs]: the intercept row, then the weights (y is always 2-D here)
-    coef = {
-        "squared_error": np.vstack(
-            [np.atleast_1d(model.intercept_)[None], np.atleast_2d(model.coef_).T]
-        )
-    }
+    coef = np.vstack([np.atleast_1d(model.intercept_)[None], np.atleast_2d(model.coef_).T])
+    floor_s = 2 * (time.perf_counter() - t0)  # the least-squares fit, and predictions as long
     note = ""
-    if flat.shape[1] * (width + 1) ** 2 <= L1_CELLS:
-        coef["absolute_error"] = _l1_ridge(x, flat, alpha, coef["squared_error"])
-    else:
-        note = "; its least-absolute-deviation fit skipped (too many outputs x features)"
-    seconds = time.perf_counter() - t0
-
-    def predict(c: np.ndarray, split: str) -> np.ndarray:
+    if loss == "absolute_error":
+        if flat.shape[1] * (width + 1) ** 2 <= L1_CELLS:
+            coef, steps = _l1_ridge(x, flat, alpha, coef, deadline - floor_s / 2, tick)
+            if steps < L1_ITERATIONS:
+                note = (
+                    f", stopped after {steps} of {L1_ITERATIONS} reweighting steps by the time "
+                    f"cap (validate.baseline_time_s={cfg.baseline_time_s:g})"
+                )
+        else:
+            loss = "squared_error"
+            note = "; its least-absolute-deviation fit skipped (too many outputs x features)"
+    preds = {}
+    for split in splits:
         idx = np.asarray(ds.split(split))
         xs = encode(ds.features[idx], layout).astype(np.float64)
-        return (c[0] + xs @ c[1:]).reshape(len(idx), *y.shape[1:])
+        preds[split] = (coef[0] + xs @ coef[1:]).reshape(len(idx), *y.shape[1:]).astype(np.float32)
+    seconds = time.perf_counter() - t0
+    detail = f"alpha {alpha:.3g}, {width} encoded features, {_words(loss)} loss{note}"
+    fit = BaselineFit("ridge", seconds, len(rows), len(train), detail, False, loss, floor_s)
+    return preds, fit
 
-    loss, detail = _keep(ds, {k: predict(c, "val") for k, c in coef.items()})
-    preds = {split: predict(coef[loss], split).astype(np.float32) for split in splits}
-    detail = f"alpha {alpha:.3g}, {width} encoded features, {detail}{note}"
-    return preds, BaselineFit("ridge", seconds, len(rows), len(train), detail, False, loss)
 
-
-def _l1_ridge(x: np.ndarray, y: np.ndarray, alpha: float, start: np.ndarray) -> np.ndarray:
+def _l1_ridge(
+    x: np.ndarray, y: np.ndarray, alpha: float, start: np.ndarray, deadline: float, tick: Tick
+) -> tuple[np.ndarray, int]:
     """Ridge towards least absolute deviations, one per output column: iteratively reweighted
     least squares (weights 1 / |residual|, floored), the intercept unpenalized, the penalty
     rescaled from squared to absolute error by the least-squares fit's median |residual|.
-    Returns [1 + features, outputs] like `start` (the least-squares fit it starts from)."""
+    Returns ([1 + features, outputs] like `start`, the least-squares fit it starts from; the
+    reweighting steps run: fewer than L1_ITERATIONS when the next would pass `deadline`).
+
+    Each output's normal equations X' W_k X are one matrix product for all outputs: the
+    weights [n, outputs] times each row's outer product [n, d*d]."""
     xi = np.column_stack([np.ones(len(x)), x])
+    d = xi.shape[1]
+    outer = (xi[:, :, None] * xi[:, None, :]).reshape(len(xi), d * d)
     coef = start.copy()
     resid = np.abs(y - xi @ coef)
     scale = max(float(np.median(resid)), 1e-12)
-    penalty = np.eye(xi.shape[1]) * alpha / scale
+    penalty = np.eye(d) * alpha / scale
     penalty[0, 0] = 0.0
-    for _ in range(L1_ITERATIONS):
+    step_s = 0.0
+    for done in range(L1_ITERATIONS):
+        if time.perf_counter() + step_s > deadline:
+            return coef, done
+        s0 = time.perf_counter()
         w = 1.0 / np.maximum(resid, 1e-3 * scale)  # [n, outputs]
-        gram = np.einsum("ni,nk,nj->kij", xi, w, xi) + penalty  # [outputs, d, d]
-        rhs = np.einsum("ni,nk->ki", xi, w * y)  # [outputs, d]
+        gram = (w.T @ outer).reshape(-1, d, d) + penalty  # [outputs, d, d]
+        rhs = (w * y).T @ xi  # [outputs, d]
         coef = np.linalg.solve(gram, rhs[..., None])[..., 0].T
         resid = np.abs(y - xi @ coef)
-    return coef
-
-
-def _keep(ds: StagedDataset, val_preds: Mapping[str, np.ndarray]) -> tuple[str, str]:
-    """The loss whose fit has the lower MAE on the validation rows (the absolute error's on a
-    tie, or when there are no validation rows), and the detail naming both."""
-    rows = np.asarray(ds.split("val"))
-    if len(val_preds) == 1 or len(rows) == 0:
-        loss = next(iter(val_preds))
-        return loss, f"{loss.replace('_', ' ')} loss"
-    target = np.asarray(ds.targets[rows], dtype=np.float64)
-    mae = {k: float(np.mean(np.abs(p - target))) for k, p in val_preds.items()}
-    loss = min(LOSSES, key=lambda k: (mae[k], LOSSES.index(k)))
-    other = next(k for k in LOSSES if k != loss)
-    return loss, (
-        f"{loss.replace('_', ' ')} loss (validation MAE {mae[loss]:.4g}; "
-        f"{other.replace('_', ' ')} {mae[other]:.4g})"
-    )
+        step_s = time.perf_counter() - s0
+        tick(done + 1, L1_ITERATIONS)
+    return coef, L1_ITERATIONS
 
 
 def _long(ds: StagedDataset, rows: np.ndarray, cells: np.ndarray) -> np.ndarray:
     """Samples (row, output cell) -> raw features of the row + the cell's index on each axis."""
     shape = ds.label_shape or ()
     coords = np.unravel_index(cells, shape) if len(shape) > 1 else ()
-    feats = np.asarray(ds.features[rows], dtype=np.float64)
+    uniq, inverse = np.unique(rows, return_inverse=True)  # a row repeats once per cell
+    feats = np.asarray(ds.features[uniq], dtype=np.float64)[inverse]
     return np.column_stack([feats, *coords]) if coords else feats
 
 
@@ -186,8 +214,14 @@ def _categorical_mask(ds: StagedDataset, layout: FeatureLayout) -> np.ndarray:
 
 
 def fit_gbt(
-    ds: StagedDataset, splits: Sequence[str], cfg: ValidateConfig
+    ds: StagedDataset,
+    splits: Sequence[str],
+    cfg: ValidateConfig,
+    loss: str,
+    deadline: float,
+    tick: Tick,
 ) -> tuple[dict[str, np.ndarray], BaselineFit]:
+    t0 = time.perf_counter()
     layout = parse_feature_specs(ds.feature_specs)
     shape = ds.label_shape or ()
     n_cells = int(np.prod(shape)) if shape else 1
@@ -196,14 +230,17 @@ def fit_gbt(
     pick = _sample(available, cfg.baseline_max_rows, np.random.default_rng(SEED))
     rows, cells = train[pick // n_cells], pick % n_cells
     x = _long(ds, rows, cells)
-    y = np.asarray(ds.targets[rows], dtype=np.float64).reshape(len(rows), -1)[
-        np.arange(len(rows)), cells
-    ]
+    # each sample's own cell, read from the training rows once (a row per sample copied
+    # every cell: 200,000 x 936 numbers on a 39 x 24 grid)
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    y = np.asarray(ds.targets[uniq], dtype=np.float64).reshape(len(uniq), -1)[inverse, cells]
+    predicted = sum(len(ds.split(s)) for s in splits) * n_cells
     mask = _categorical_mask(ds, layout)
-    fits = {loss: _grow(x, y, mask, loss, cfg) for loss in LOSSES}
-    seconds = sum(f[1] for f in fits.values())
-
-    def predict(model: Any, split: str) -> np.ndarray:
+    model, why, first_s, grow_s = _grow(x, y, mask, loss, deadline, predicted, tick)
+    if why == "time":
+        why = f"the time cap (validate.baseline_time_s={cfg.baseline_time_s:g})"
+    preds = {}
+    for split in splits:
         idx = np.asarray(ds.split(split))
         out = np.empty((len(idx), n_cells), dtype=np.float32)
         chunk = max(1, 1_000_000 // n_cells)
@@ -212,25 +249,35 @@ def fit_gbt(
             r = np.repeat(part, n_cells)
             c = np.tile(np.arange(n_cells), len(part))
             out[a : a + len(part)] = model.predict(_long(ds, r, c)).reshape(len(part), n_cells)
-        return out.reshape(len(idx), *shape)
-
-    loss, detail = _keep(ds, {k: predict(f[0], "val") for k, f in fits.items()})
-    model, _, why = fits[loss]
-    preds = {split: predict(model, split) for split in splits}
-    detail = f"{model.n_iter_} trees, stopped by {why}; {detail}"
-    return preds, BaselineFit("gbt", seconds, len(rows), available, detail, False, loss)
+        preds[split] = out.reshape(len(idx), *shape)
+    end = time.perf_counter()
+    floor_s = (end - t0) - (grow_s - first_s)  # all but the steps after the first
+    detail = f"{model.n_iter_} trees, stopped by {why}; {_words(loss)} loss"
+    fit = BaselineFit("gbt", end - t0, len(rows), available, detail, False, loss, floor_s)
+    return preds, fit
 
 
 def _grow(
-    x: np.ndarray, y: np.ndarray, mask: np.ndarray, loss: str, cfg: ValidateConfig
-) -> tuple[Any, float, str]:
-    """HistGradientBoosting with `loss`, trees added GBT_STEP at a time until early stopping,
-    GBT_MAX_ITER trees or the time cap: (model, seconds, what stopped it)."""
+    x: np.ndarray,
+    y: np.ndarray,
+    mask: np.ndarray,
+    loss: str,
+    deadline: float,
+    predicted: int,
+    tick: Tick,
+) -> tuple[Any, str, float, float]:
+    """HistGradientBoosting with `loss`: GBT_FIRST trees, which measure the pace, then the
+    trees that fit before `deadline` (predicting `predicted` samples with every tree included)
+    in few warm-started steps (each step re-predicts the trees so far on the training
+    samples): all of them when the time left is twice what they need, else half of what fits,
+    measured again after, and the last step what fits then. Stops at early stopping,
+    GBT_MAX_ITER trees, or when not one more tree fits ("time").
+    Returns (model, what stopped it, the first step's seconds, all steps' seconds)."""
     from sklearn.ensemble import HistGradientBoostingRegressor
 
     model = HistGradientBoostingRegressor(
         loss=loss,
-        max_iter=GBT_STEP,
+        max_iter=GBT_FIRST,
         early_stopping=True,
         validation_fraction=0.1,
         n_iter_no_change=10,
@@ -238,33 +285,44 @@ def _grow(
         random_state=SEED,
         warm_start=True,
     )
-    t0 = time.perf_counter()
+    first_s, grow_s, trees, predict_per_tree = 0.0, 0.0, 0, 0.0
     while True:
+        s0 = time.perf_counter()
         model.fit(x, y)
-        seconds = time.perf_counter() - t0
+        took = time.perf_counter() - s0
+        grow_s += took
+        first_s = first_s or took
+        added, trees = model.n_iter_ - trees, model.n_iter_
+        tick(trees, GBT_MAX_ITER)
         if model.n_iter_ < model.max_iter:
-            return model, seconds, "early stopping"
+            return model, "early stopping", first_s, grow_s
         if model.max_iter >= GBT_MAX_ITER:
-            return model, seconds, f"the {GBT_MAX_ITER}-tree limit"
-        if seconds >= cfg.baseline_time_s:
-            return (
-                model,
-                seconds,
-                f"the time cap (validate.baseline_time_s={cfg.baseline_time_s:g})",
-            )
-        model.max_iter += GBT_STEP
+            return model, f"the {GBT_MAX_ITER}-tree limit", first_s, grow_s
+        if not predict_per_tree:  # the pace of predicting: a probe of the training samples
+            probe = x[: min(len(x), PROBE_SAMPLES)]
+            p0 = time.perf_counter()
+            model.predict(probe)
+            predict_per_tree = (time.perf_counter() - p0) / (trees * len(probe)) * predicted
+        per_tree = took / max(added, 1) + predict_per_tree
+        left = deadline - time.perf_counter() - predict_per_tree * trees
+        fits, wanted = int(SAFETY * left / per_tree), GBT_MAX_ITER - trees
+        if fits < 1:
+            return model, "time", first_s, grow_s
+        n = wanted if fits >= 2 * wanted else fits // 2 if fits >= 2 * GBT_STEP else fits
+        model.max_iter += n
 
 
 FITTERS = {"ridge": fit_ridge, "gbt": fit_gbt}
 
 
-def cache_key(ds: StagedDataset, name: str, cfg: ValidateConfig) -> str:
+def cache_key(ds: StagedDataset, name: str, loss: str, cfg: ValidateConfig) -> str:
     import sklearn
 
     what = {
         "format": FORMAT,
         "data": ds.fingerprint,
         "baseline": name,
+        "loss": loss,
         "max_rows": cfg.baseline_max_rows,
         "time_s": cfg.baseline_time_s,
         "sklearn": sklearn.__version__,
@@ -289,21 +347,126 @@ def _read_cache(folder: Path, ds: StagedDataset, splits: Sequence[str]) -> Basel
 
 
 def fitted_baselines(
-    ds: StagedDataset, cfg: ValidateConfig, splits: Sequence[str], cache: Path
+    ds: StagedDataset,
+    cfg: ValidateConfig,
+    splits: Sequence[str],
+    cache: Path,
+    say: Callable[[str], None] | None = None,
+    bar_enabled: bool = False,
 ) -> dict[str, BaselineResult]:
-    """Each baseline of `cfg.baselines`: its predictions on `splits`, from the cache or fitted
-    (and cached) now."""
+    """Each baseline of `cfg.baselines`: its predictions on `splits`, each loss of
+    `cfg.baseline_losses` from the cache or fitted (and cached) now, the better kept. `say`
+    gets a line before each fit; `bar_enabled`: a bar on a terminal while it runs."""
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # no stubs
+
+    from enn_core.progress import bar
+
+    if cfg.baselines:
+        import sklearn  # noqa: F401 - seconds on a cold start: before any baseline's clock
+
     out: dict[str, BaselineResult] = {}
     for name in cfg.baselines:
-        folder = cache / f"{name}-{cache_key(ds, name, cfg)}"
-        hit = _read_cache(folder, ds, splits) if folder.is_dir() else None
-        if hit is None:
-            preds, fit = FITTERS[name](ds, splits, cfg)
-            with atomic_dir(folder) as tmp:
-                for split, arr in preds.items():
-                    np.save(tmp / f"{split}.npy", arr)
-                record = {k: v for k, v in asdict(fit).items() if k != "cached"}
-                write_json(tmp / "fit.json", record)
-            hit = BaselineResult(fit, preds)
-        out[name] = hit
+        deadline = time.perf_counter() + cfg.baseline_time_s
+        per_loss: dict[str, BaselineResult] = {}
+        losses = list(cfg.baseline_losses)
+        for i, loss in enumerate(losses):
+            folder = cache / f"{name}-{loss}-{cache_key(ds, name, loss, cfg)}"
+            hit = _read_cache(folder, ds, splits) if folder.is_dir() else None
+            if hit is None:
+                share = (deadline - time.perf_counter()) / (len(losses) - i)
+                if say is not None:
+                    say(
+                        f"{name} baseline: fitting with the {_words(loss)} loss (at most "
+                        f"{max(share, 0):.0f} s: validate.baseline_time_s="
+                        f"{cfg.baseline_time_s:g})"
+                    )
+                unit = "tree" if name == "gbt" else "step"
+                with (
+                    bar(None, f"{name} baseline", bar_enabled, unit, delay=0.0) as pbar,
+                    _refreshing(pbar),
+                ):
+
+                    def tick(done: int, total: int, pbar: Any = pbar) -> None:
+                        pbar.total = total
+                        pbar.update(done - pbar.n)
+
+                    with threadpool_limits(THREADS):
+                        preds, fit = FITTERS[name](
+                            ds, splits, cfg, loss, time.perf_counter() + share, tick
+                        )
+                with atomic_dir(folder) as tmp:
+                    for split, arr in preds.items():
+                        np.save(tmp / f"{split}.npy", arr)
+                    record = {k: v for k, v in asdict(fit).items() if k != "cached"}
+                    write_json(tmp / "fit.json", record)
+                hit = BaselineResult(fit, preds)
+            per_loss[loss] = hit
+        out[name] = _choose(ds, per_loss, cfg)
     return out
+
+
+@contextlib.contextmanager
+def _refreshing(pbar: Any, interval: float = 1.0) -> Iterator[None]:
+    """Redraw `pbar` every `interval` seconds while the body runs: its clock moves during a
+    long step (scikit-learn's fit releases the GIL)."""
+    if pbar.disable:
+        yield
+        return
+    stop = threading.Event()
+
+    def redraw() -> None:
+        while not stop.wait(interval):
+            pbar.refresh()
+
+    t = threading.Thread(target=redraw, name="enn-baseline-bar", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(timeout=interval + 5)
+
+
+def _choose(
+    ds: StagedDataset, per_loss: Mapping[str, BaselineResult], cfg: ValidateConfig
+) -> BaselineResult:
+    """The loss whose fit has the lower MAE on the validation rows (the first of LOSSES on a
+    tie, or without validation predictions), its detail naming both MAEs; the time of all
+    fits, and why it passed the cap when it did."""
+    fits = [r.fit for r in per_loss.values()]
+    kept = next(iter(per_loss.values()))
+    detail = kept.fit.detail
+    if len(per_loss) > 1 and all("val" in r.predictions for r in per_loss.values()):
+        rows = np.asarray(ds.split("val"))
+        target = np.asarray(ds.targets[rows], dtype=np.float64)
+        mae = {
+            k: float(np.mean(np.abs(r.predictions["val"] - target))) if len(rows) else 0.0
+            for k, r in per_loss.items()
+        }
+        order = sorted(per_loss, key=lambda k: (mae[k], LOSSES.index(k)))
+        kept = per_loss[order[0]]
+        others = "; ".join(f"{_words(k)} {mae[k]:.4g}" for k in order[1:])
+        detail = f"{kept.fit.detail} (validation MAE {mae[order[0]]:.4g}; {others})"
+    seconds = sum(f.fit_s for f in fits)
+    floor_s = sum(f.floor_s for f in fits)
+    if seconds > OVER * cfg.baseline_time_s:
+        least = "s" if len(fits) > 1 else ""
+        why = (
+            f"the least its fit{least} could do (the first step and the predictions) took "
+            f"{floor_s:.1f} s"
+            if floor_s > cfg.baseline_time_s
+            else f"its steps ran slower than the pace measured at the first (the least its "
+            f"fit{least} could do: {floor_s:.1f} s; a busy machine?)"
+        )
+        detail += f"; {seconds:.1f} s, over validate.baseline_time_s={cfg.baseline_time_s:g}: {why}"
+    fit = BaselineFit(
+        kept.fit.name,
+        seconds,
+        kept.fit.samples,
+        kept.fit.available,
+        detail,
+        all(f.cached for f in fits),
+        kept.fit.loss,
+        floor_s,
+    )
+    return BaselineResult(fit, kept.predictions)

@@ -61,7 +61,14 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
     breakdown: dict[str, object] = {"label_axes": axes}
     per_split: dict[str, dict[str, AxisBreakdown]] = {}
     flags: list[str] = []
-    fitted = fitted_baselines(ds, cfg.validate, SPLITS, ctx.layout.work / "cache" / "baselines")
+    fitted = fitted_baselines(
+        ds,
+        cfg.validate,
+        SPLITS,
+        ctx.layout.work / "cache" / "baselines",
+        say=lambda line: ctx.logger.info("%s: %s", ctx.stage, line),
+        bar_enabled=cfg.runtime.progress,
+    )
     for name, res in fitted.items():
         ctx.events.param(f"validate.{name}", res.fit.detail)
         if not res.fit.cached:

@@ -135,7 +135,10 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
 
     flow, overrides = args.flow, args.overrides
     # the lock first: a second run fails fast, before Prefect starts
-    with pipeline_lock(layout.lock_file, f"enn run --flow {flow}"), prefect_api(layout) as api:
+    with (
+        pipeline_lock(layout.lock_file, f"enn run --flow {flow}"),
+        prefect_api(layout, while_starting=lambda: _import_flow(flow)) as api,
+    ):
         from prefect.exceptions import CancelledRun
 
         from flows.training import preloaded, recorded_flow
@@ -170,6 +173,14 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
                 raise
     summary.print(record)
     return 0
+
+
+def _import_flow(flow: str) -> None:
+    """The flow's modules (prefect, the tasks, the stages): seconds of imports, done while a
+    temporary Prefect API starts."""
+    import importlib
+
+    importlib.import_module("flows.prediction" if flow == "prediction" else "flows.training")
 
 
 def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:

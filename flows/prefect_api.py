@@ -5,16 +5,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from enn_core.paths import Layout
 
 
 @contextlib.contextmanager
-def prefect_api(layout: Layout) -> Iterator[str]:
+def prefect_api(
+    layout: Layout, while_starting: Callable[[], object] | None = None
+) -> Iterator[str]:
     """The Prefect API a flow run reports to: PREFECT_API_URL when set, else a temporary one
     that enn starts in its own session (a terminal's Ctrl-C must not kill it mid-run) and
-    stops when it exits. Set before prefect is imported, which reads it then."""
+    stops when it exits. Set before prefect is imported, which reads it then.
+    `while_starting` (the flow's imports) runs while a temporary API starts."""
+
+    def warm(api: str) -> None:
+        # the API's URL is known before it answers: prefect reads it at import
+        os.environ["PREFECT_API_URL"] = api
+        if while_starting is not None:
+            while_starting()
+
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
@@ -32,7 +42,7 @@ def prefect_api(layout: Layout) -> Iterator[str]:
         yield ui["prefect_api"]
         return
 
-    api = temporary_prefect_api(layout.work / "logs" / "prefect-api.log")
+    api = temporary_prefect_api(layout.work / "logs" / "prefect-api.log", while_starting=warm)
     logging.getLogger("enn").info("Prefect API: %s (temporary: it stops with this run)", api)
     os.environ["PREFECT_API_URL"] = api
     yield api

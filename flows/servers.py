@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -152,6 +152,16 @@ def start_server(
 ) -> subprocess.Popen:
     """Run `cmd` in its own process session and wait until `health_url` answers, from this
     server (`serves`): its port must be free first, and its own afterwards."""
+    proc = launch_server(cmd, env, health_url, log, what)
+    await_server(proc, health_url, log, timeout_s, what)
+    return proc
+
+
+def launch_server(
+    cmd: list[str], env: dict[str, str], health_url: str, log: Path, what: str = "server"
+) -> subprocess.Popen:
+    """`start_server`'s first half: the port checked free, `cmd` started in its own session;
+    it is not waited for (`await_server`)."""
     url = urlparse(health_url)
     try:
         host, port = url.hostname or "127.0.0.1", url.port or 80
@@ -160,7 +170,7 @@ def start_server(
     check_port_free(host, port, what)
     log.parent.mkdir(parents=True, exist_ok=True)
     with os.fdopen(open_own(log), "ab") as f:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             cmd,
             stdout=f,
             stderr=subprocess.STDOUT,
@@ -168,6 +178,14 @@ def start_server(
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, before exec
         )
+
+
+def await_server(
+    proc: subprocess.Popen, health_url: str, log: Path, timeout_s: float, what: str = "server"
+) -> None:
+    """`start_server`'s second half: until `health_url` answers from `proc` (its process group
+    is stopped when it does not)."""
+    port = urlparse(health_url).port or 80
     try:
         wait_http(health_url, timeout_s, proc, log)
         if not serves(proc, port):
@@ -178,7 +196,6 @@ def start_server(
     except BaseException:
         stop_group(proc)
         raise
-    return proc
 
 
 @contextlib.contextmanager
@@ -198,14 +215,18 @@ def local_server(
         stop_group(proc)
 
 
-def temporary_prefect_api(log: Path, timeout_s: float = 120.0) -> str:
+def temporary_prefect_api(
+    log: Path, timeout_s: float = 120.0, while_starting: Callable[[str], object] | None = None
+) -> str:
     """The API Prefect's own temporary mode serves (its app factory, UI off, ephemeral), on a
     free loopback port in its own session; returns its URL. Prefect would start the same
     server as a child in enn's process group, where a terminal's Ctrl-C kills it mid-run.
 
     It lives until this process exits: Prefect sends its last logs and events from its
     exit hooks (threading's, which run before atexit's), then the atexit hook registered
-    here stops the server; the kernel stops it if this process is killed."""
+    here stops the server; the kernel stops it if this process is killed. `while_starting(api)`
+    runs while the server starts (the caller's imports: the server's start-up, seconds of
+    imports and its database's migrations, overlaps them on another core)."""
     spec = importlib.util.find_spec("prefect")
     assert spec is not None and spec.origin is not None, "prefect is a dependency"
     port = free_port()
@@ -234,8 +255,16 @@ def temporary_prefect_api(log: Path, timeout_s: float = 120.0) -> str:
         "on",
     ]
     api = f"http://127.0.0.1:{port}/api"
-    proc = start_server(cmd, env, f"{api}/health", log, timeout_s, "Prefect's temporary API")
-    atexit.register(stop_group, proc)
+    what = "Prefect's temporary API"
+    proc = launch_server(cmd, env, f"{api}/health", log, what)
+    atexit.register(stop_group, proc)  # from its start: an interrupted start-up stops it too
+    try:
+        if while_starting is not None:
+            while_starting(api)
+    except BaseException:
+        stop_group(proc)
+        raise
+    await_server(proc, f"{api}/health", log, timeout_s, what)
     return api
 
 

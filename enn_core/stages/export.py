@@ -37,7 +37,12 @@ EXPORT = StageSpec(
     work=export,
     sections=("export",),
     inputs=(STAGE_DATA, DISTRIBUTED_TRAIN, COLLAPSE_CHECK),
-    code=("enn_core/export.py", "enn_core/inference.py", "enn_core/collapse"),
+    code=(
+        "enn_core/export.py",
+        "enn_core/export_cache.py",
+        "enn_core/inference.py",
+        "enn_core/collapse",
+    ),
     outputs=("sidecar.json", "parity.json", "metrics.json"),
     artifacts=("sidecar.json", "parity.json"),
     bundle=("sidecar.json", "parity.json", "model.pt2"),

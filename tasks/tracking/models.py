@@ -5,13 +5,15 @@
 - `champion_uri(cfg, root)`: `models:/<name>@champion`, what the prediction flow predicts
   with when no model is given;
 - `materialize(uri, dest)`: a registered version's `data/enn/` folder (checkpoint,
-  calibration, sidecar) copied to `dest`, which DVC can hash, so a new champion re-runs predict.
+  calibration, sidecar) as `dest`, which DVC can hash, so a new champion re-runs predict:
+  linked from the store where it lives on this machine, else downloaded.
 
 Registering, the champion rule and the pyfunc flavor: registry.py and pyfunc.py.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -48,15 +50,59 @@ def expand(ref: str, cfg: RunConfig, root: Path) -> str:
 
 
 def materialize(uri: str, dest: Path, tracking_uri: str | None = None) -> Path:
-    """Download `models:/name@alias` into `dest` (replaced atomically): a local folder that DVC
-    can hash, so a new champion re-runs predict. Returns `dest / "model.pt"`."""
+    """`models:/name@alias` as the folder `dest` (replaced atomically): a local folder that DVC
+    can hash, so a new champion re-runs predict. Returns `dest / "model.pt"`. A version whose
+    artifacts live on this machine (the local store) is linked from there, not copied; any
+    other is downloaded."""
     with tempfile.TemporaryDirectory() as tmp, atomic_dir(dest) as out:
-        local = resolve_model_uri(uri, Path(tmp), tracking_uri)
+        local = stored_model_dir(uri, tracking_uri) or resolve_model_uri(
+            uri, Path(tmp), tracking_uri
+        )
         for f in local.iterdir():
             if f.is_file():
-                shutil.copy2(f, out / f.name)
+                _link_or_copy(f, out / f.name)
         (out / "SOURCE").write_text(f"{uri}\n")
     return dest / "model.pt"
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link (no bytes copied; the store's files are never written again), else a copy
+    (another file system, a store that refuses links)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def stored_model_dir(uri: str, tracking_uri: str | None = None) -> Path | None:
+    """The `data/enn/` folder of `models:/name@alias` (or `models:/name/version`) where the
+    store keeps it, when that is a folder on this machine; None otherwise (a server's store, a
+    `runs:/` reference, no such version: the download then says what is wrong)."""
+    from urllib.parse import unquote, urlparse
+
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking.registry import enn_folder
+
+    if not uri.startswith("models:/"):
+        return None
+    ref = uri.removeprefix("models:/")
+    name, alias = ref.split("@", 1) if "@" in ref else (ref.rsplit("/", 1) + [""])[:2]
+    try:
+        client = MlflowClient(tracking_uri) if tracking_uri else MlflowClient()
+        if "@" in ref:
+            version = client.get_model_version_by_alias(name, alias)
+        else:
+            version = client.get_model_version(name, alias)
+        model_id = getattr(version, "model_id", None) or str(version.source).rsplit("/", 1)[-1]
+        location = client.get_logged_model(model_id).artifact_location
+        parsed = urlparse(location)
+        if parsed.scheme not in ("", "file") or parsed.netloc not in ("", "localhost"):
+            return None
+        return enn_folder(Path(unquote(parsed.path)))
+    except (MlflowException, OSError, ValueError):
+        return None
 
 
 def resolve_model_uri(uri: str, dest: Path, tracking_uri: str | None = None) -> Path:

@@ -147,6 +147,11 @@ def test_prediction_flow_uses_the_champion_and_any_client_calls_it(store, tmp_pa
     root = store.project.root
     store.project.run("enn", "run", "--flow", "prediction", timeout=600)
     assert (root / "prediction/model/SOURCE").read_text().strip() == f"models:/{NAME}@champion"
+    # the store is on this machine: the local copy is the store's file, linked, not copied
+    from tasks.tracking.models import stored_model_dir
+
+    stored = stored_model_dir(f"models:/{NAME}@champion", store.uri)
+    assert stored is not None and (root / "prediction/model/model.pt").samefile(stored / "model.pt")
     mlflow.set_tracking_uri(store.uri)
     model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
     # the signature's types: month, a category spelled "01", as the whole number it is

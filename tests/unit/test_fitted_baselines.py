@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from enn_core.baselines import regression_errors
-from enn_core.config import DataConfig, ValidateConfig
+from enn_core.config import DataConfig, ValidateConfig, load_config
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError
 from enn_core.fitted_baselines import encode, fitted_baselines
@@ -82,9 +83,11 @@ def test_large_data_is_subsampled_and_the_time_cap_stops_the_trees(ds, tmp_path)
     assert gbt.samples == 300 and gbt.available == n_train * 24 and gbt.subsampled
     assert ridge.samples == n_train and not ridge.subsampled  # fewer rows than the cap
     assert gbt.detail.startswith(
-        "25 trees, stopped by the time cap (validate.baseline_time_s=1e-06); "
+        "5 trees, stopped by the time cap (validate.baseline_time_s=1e-06); absolute error loss; "
     )
-    record = json.loads(next(tmp_path.glob("gbt-*/fit.json")).read_text())
+    # not even the first trees fit in a microsecond: the detail says so, and why
+    assert re.search(r"over validate.baseline_time_s=1e-06: the least its fit could do", gbt.detail)
+    record = json.loads(next(tmp_path.glob("gbt-absolute_error-*/fit.json")).read_text())
     assert record["samples"] == 300 and record["available"] == n_train * 24
 
 
@@ -111,7 +114,8 @@ def test_on_a_skewed_label_the_absolute_error_fits_are_kept_and_named(tmp_path):
     )
     _, staged = run_stage(tmp_path, **{k: getattr(data, k) for k in data.__dataclass_fields__})
     skewed = StagedDataset(staged)
-    out = fitted_baselines(skewed, ValidateConfig(), SPLITS, tmp_path / "cache")
+    both = ValidateConfig(baseline_losses=("absolute_error", "squared_error"))
+    out = fitted_baselines(skewed, both, SPLITS, tmp_path / "cache")
     rows = np.asarray(skewed.split("val"))
     target = np.asarray(skewed.targets[rows])
     for res in out.values():
@@ -124,8 +128,46 @@ def test_on_a_skewed_label_the_absolute_error_fits_are_kept_and_named(tmp_path):
         assert regression_errors(res.predictions["val"], target)["mae"] == pytest.approx(
             float(kept), rel=1e-3
         )
-    cached = fitted_baselines(skewed, ValidateConfig(), SPLITS, tmp_path / "cache")
+    cached = fitted_baselines(skewed, both, SPLITS, tmp_path / "cache")
     assert all(r.fit.cached and r.fit.loss == "absolute_error" for r in cached.values())
+    # the default fits the absolute error only: the fits cached for both are reused as they are
+    alone = fitted_baselines(skewed, ValidateConfig(), SPLITS, tmp_path / "cache")
+    for name, res in alone.items():
+        assert res.fit.cached and res.fit.detail.endswith("absolute error loss"), res.fit
+        assert np.array_equal(res.predictions["test"], out[name].predictions["test"])
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory) -> StagedDataset:
+    """936 output cells x ~480 training rows: gbt's 300 trees on 200,000 samples take longer
+    than the caps below on any machine."""
+    root = tmp_path_factory.mktemp("large")
+    sizes = ["data.synthetic.n_sections=39", "data.synthetic.n_replicates=4"]
+    return StagedDataset(staged_dir(root, load_config(None, sizes)))
+
+
+@pytest.mark.parametrize("losses", [("absolute_error",), ("absolute_error", "squared_error")])
+def test_the_time_cap_bounds_the_whole_baseline_and_it_says_what_it_fits(large, tmp_path, losses):
+    """validate.baseline_time_s bounds gbt's whole time (every loss's trees and the
+    predictions) within a tenth, or the detail says why not; a line before each fit says what
+    it fits (validate was silent for minutes, then reported 127.8 s under a 60 s cap)."""
+    cap = 3.0
+    cfg = ValidateConfig(baselines=("gbt",), baseline_time_s=cap, baseline_losses=losses)
+    lines: list[str] = []
+    import sklearn.ensemble  # noqa: F401 - its first import is not the fit's time
+
+    t0 = time.perf_counter()
+    fit = fitted_baselines(large, cfg, SPLITS, tmp_path, say=lines.append)["gbt"].fit
+    took = time.perf_counter() - t0
+    assert len(lines) == len(losses)
+    for line, loss in zip(lines, losses, strict=True):
+        words = loss.replace("_", " ")
+        said = rf"gbt baseline: fitting with the {words} loss \(at most \d+ s: "
+        assert re.fullmatch(said + r"validate.baseline_time_s=3\)", line), line
+    assert "stopped by the time cap (validate.baseline_time_s=3)" in fit.detail, fit.detail
+    assert fit.fit_s <= took
+    if "over validate.baseline_time_s=3" not in fit.detail:
+        assert took <= 1.1 * cap, (took, fit.detail)
 
 
 @pytest.mark.slow  # fits ridge and gbt
@@ -149,6 +191,8 @@ def test_a_damaged_cache_is_refitted_never_unpickled(ds, tmp_path):
         ({"baselines": ("ridge", "lasso")}, r"validate.baselines=\['ridge', 'lasso'\]"),
         ({"baselines": ("gbt", "gbt")}, "each once"),
         ({"baseline_max_rows": 10}, "baseline_max_rows must be >= 100"),
+        ({"baseline_losses": ("absolute_error", "huber")}, "use one or both of"),
+        ({"baseline_losses": ()}, r"validate.baseline_losses=\[\]"),
     ],
 )
 def test_bad_settings_are_one_line(fields, message):

@@ -167,3 +167,22 @@ def test_a_port_that_is_no_port_is_one_line(tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert out.returncode == 2 and len(errors) == 1 and "names no port (0-65535)" in errors[0]
     assert "Traceback" not in out.stderr
+
+
+def test_the_temporary_api_starts_beside_the_imports_and_a_ctrl_c_then_leaves_nothing(tmp_path):
+    """The temporary Prefect API starts while the flow's modules are imported (its start-up
+    overlaps them); a Ctrl-C in those imports stops it: no process left, its port free.
+    (That it answers afterwards: every flow run of the tiers.)"""
+    from flows.servers import temporary_prefect_api
+
+    seen: list[str] = []
+
+    def interrupted(api: str) -> None:
+        seen.append(api)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        temporary_prefect_api(tmp_path / "api.log", while_starting=interrupted)
+    port = int(seen[0].rsplit(":", 1)[1].split("/")[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free: nothing listens there any more

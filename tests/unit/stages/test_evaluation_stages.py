@@ -131,7 +131,7 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path, caplo
 
 
 @pytest.mark.slow
-def test_trained_model_passes_and_exports_in_real_units(tmp_path):
+def test_trained_model_passes_and_exports_in_real_units(tmp_path, caplog):
     cfg = _project(tmp_path, steps=150)
     VALIDATE.work(cfg, _ctx(cfg, tmp_path, VALIDATE))
     metrics = json.loads((tmp_path / "outputs/validate/metrics.json").read_text())
@@ -149,7 +149,12 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path):
     cfg = dataclasses.replace(
         cfg, export=ExportConfig(formats=("torch_export",), required=("torch_export",))
     )
-    EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
+    with caplog.at_level(logging.INFO, logger="enn"):
+        EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
+    # it says what it does as each part starts (issue 39: no stage silent for long)
+    assert "export: tracing the prediction path" in caplog.text
+    assert "export: model.pt2: writing it, then parity on 40 held-out rows" in caplog.text
+    caplog.clear()
     out = tmp_path / "outputs" / "export"
     side = json.loads((out / "sidecar.json").read_text())
     ds = StagedDataset(tmp_path / "outputs" / "stage-data")
@@ -170,6 +175,13 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path):
     with torch.no_grad():
         got = torch.export.load(str(out / "model.pt2")).module()(torch.from_numpy(x)).numpy()
     assert abs(float(got.mean()) - float(np.asarray(ds.labels[ds.split("test")]).mean())) < 5.0
+
+    # the same checkpoint, calibration, data and settings again: what parity proved is copied
+    first = {f.name: f.read_bytes() for f in out.iterdir() if f.name != "sidecar.json"}
+    with caplog.at_level(logging.INFO, logger="enn"):
+        EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
+    assert "copied, not made again" in caplog.text
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.name != "sidecar.json"} == first
 
     # a calibration made for another model file is refused
     _project(tmp_path / "other", steps=1, seed=1)
