@@ -48,7 +48,7 @@ def store(tmp_path_factory, trained_project) -> Store:
         (["train.lr=0.01", "train.epochs=4"], 6),  # collapse-check fails: CollapseError
         # refreshed data with enough validation rows for the champion rule (at least 30), a
         # model that wins: no fitted baselines configured, the naive predictors to beat
-        (["data.synthetic.n_replicates=16", "train.epochs=40", "validate.baselines=[]"], 0),
+        (["data.synthetic.n_replicates=16", "train.epochs=25", "validate.baselines=[]"], 0),
     ]
     outputs = [trained_project.stdout + trained_project.stderr]
     consoles = [(trained_project.stdout, trained_project.stderr)]
