@@ -26,7 +26,7 @@ import pytest
 
 from tests.fixtures.project import Project, copy_project
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1200)  # four trainings, one of 16 replicates (the champion rule)
 NAME = "enn-synthetic"  # the demo data's registered model (tracking.registered_model empty)
 
 
