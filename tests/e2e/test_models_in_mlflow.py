@@ -26,7 +26,7 @@ import pytest
 
 from tests.fixtures.project import Project, copy_project
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1200)  # four trainings, one of 16 replicates (the champion rule)
 NAME = "enn-synthetic"  # the demo data's registered model (tracking.registered_model empty)
 
 
@@ -48,7 +48,7 @@ def store(tmp_path_factory, trained_project) -> Store:
         (["train.lr=0.01", "train.epochs=4"], 6),  # collapse-check fails: CollapseError
         # refreshed data with enough validation rows for the champion rule (at least 30), a
         # model that wins: no fitted baselines configured, the naive predictors to beat
-        (["data.synthetic.n_replicates=16", "train.epochs=40", "validate.baselines=[]"], 0),
+        (["data.synthetic.n_replicates=16", "train.epochs=25", "validate.baselines=[]"], 0),
     ]
     outputs = [trained_project.stdout + trained_project.stderr]
     consoles = [(trained_project.stdout, trained_project.stderr)]
