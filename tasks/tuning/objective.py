@@ -149,13 +149,13 @@ class Objective:
 
     def storage(self, call: Callable[[], T]) -> T:
         """`call`, retried while the storage does not answer, up to `tune.stale_after_s`."""
-        from sqlalchemy.exc import OperationalError
-
         first = time.monotonic()
         while True:
             try:
                 return call()
-            except OperationalError as e:
+            except Exception as e:
+                if store.connection_lost(e) is None:
+                    raise
                 if time.monotonic() - first > self.tune.stale_after_s or self.stop.is_set():
                     self.halt(store.unreachable(self.plan.storage, e))
                     raise Ended(str(e)) from e

@@ -141,6 +141,12 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
             if not objective.lost or objective.stop.is_set():
                 raise
             continue
+        except Exception as e:  # Optuna's own call (ask, tell) when the storage went
+            if objective.error is not None:
+                raise objective.error from e
+            if store.connection_lost(e) is not None:
+                raise store.unreachable(plan.storage, e) from e
+            raise
         if objective.error is not None:
             raise objective.error
         return

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial
@@ -123,8 +124,22 @@ def engine_options(url: str) -> dict[str, Any]:
     return {"pool_pre_ping": True, "connect_args": connect}
 
 
+def connection_lost(e: BaseException) -> BaseException | None:
+    """The database connection's error behind `e` (SQLAlchemy's OperationalError, which
+    Optuna wraps as StorageInternalError on a commit, and its own tell may hide behind another
+    exception), else None."""
+    from sqlalchemy.exc import OperationalError
+
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OperationalError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def unreachable(url: str, e: BaseException) -> StoreError:
-    first = (str(e).strip().splitlines() or [""])[0][:200]
+    first = (str(connection_lost(e) or e).strip().splitlines() or [""])[0][:200]
     if sqlite_file(url) is not None:
         return StoreError(f"{shown(url)}: the study database cannot be written ({first})")
     return StoreError(
@@ -165,7 +180,7 @@ class Storage(RDBStorage):
 
         try:
             super().record_heartbeat(trial_id)
-        except SQLAlchemyError as e:
+        except (SQLAlchemyError, StorageInternalError) as e:
             log.debug("heartbeat of trial id %d not recorded: %s", trial_id, e)
 
 

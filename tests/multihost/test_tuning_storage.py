@@ -19,7 +19,7 @@ import pytest
 from flows.params_file import apply_overrides
 from tasks.tuning.study import override
 from tests.fixtures.postgres import USER, Postgres, bindir
-from tests.multihost.test_tuning import dump, sets, wait_for
+from tests.multihost.test_tuning import DUMP, sets, wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -30,6 +30,11 @@ import sys, optuna
 study = optuna.create_study(study_name=sys.argv[2], storage=sys.argv[1], load_if_exists=True)
 print(study.ask().number)  # RUNNING, then this client is gone: no heartbeat, no owner
 """
+
+
+def dump(host, storage: str, env: dict[str, str]) -> list[dict]:
+    """This study's trials as Optuna reads them from the storage, from inside `host`."""
+    return json.loads(host.run("python", "-c", DUMP, storage, STUDY, env=env).stdout)
 
 
 def pg_ctl(pg: Postgres, *args: str) -> None:
