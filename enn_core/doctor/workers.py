@@ -175,7 +175,7 @@ def worker(spec_path: str) -> ReduceResult:
     from enn_core.fault import FaultInjector
     from enn_core.runtime.dist import bootstrap, shutdown
     from enn_core.runtime.heartbeat import Heartbeat
-    from enn_core.runtime.launch import write_error
+    from enn_core.runtime.watchdog import write_error
 
     spec = json.loads(Path(spec_path).read_text())
     cfg: RunConfig = build(RunConfig, spec["config"], root=RunConfig, where=spec_path)
