@@ -222,6 +222,7 @@ class Job:
         self.stopped: str | None = None
         self.verdicts: list[Verdict] = []
         self.proc: subprocess.Popen[bytes] | None = None
+        self.own_group = False
 
     def start(self) -> None:
         for sub in (ERRORS, "logs", "heartbeats", "stacks", RESULTS, LAUNCH):
@@ -245,6 +246,7 @@ class Job:
                 "shutdown_timeout_s": SHUTDOWN_TIMEOUT_S,
             },
         )
+        self.own_group = in_terminal_foreground()
         with open(self.run_dir / "logs" / "torchrun.log", "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "enn_core.runtime.torchrun", str(job_path)],
@@ -252,7 +254,7 @@ class Job:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # a terminal's Ctrl-C reaches enn, which stops the job
+                start_new_session=self.own_group,
             )
         self.started = time.time()
 
@@ -284,7 +286,10 @@ class Job:
         self.kill_workers()
         assert self.proc is not None
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.kill()
+        if self.own_group:  # what else torchrun started in its group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
 
@@ -360,6 +365,19 @@ class Job:
                 "runtime.rdzv_id"
             )
         return None
+
+
+def in_terminal_foreground() -> bool:
+    """Whether this process's group is a terminal's foreground group: then torchrun gets a
+    session of its own, so that a Ctrl-C typed there reaches only enn (which stops the job at
+    once) and not torchrun (which would forward it and wait for the workers to leave).
+    Otherwise torchrun stays in this process's group: a tuning trial's, or a scheduler's,
+    where a signal to the group reaches it too. Either way it dies with this process."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return True
+    return False
 
 
 def child_env(nnodes: int) -> dict[str, str]:

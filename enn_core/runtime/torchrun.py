@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         elastic_launch(config, cmd)(*cmd_args)
     except ChildFailedError as e:
         exits = {str(rank): f.exitcode for rank, f in e.failures.items()}
-        write_json(out, {"state": "failed", "exits": exits, "message": _first(e)})
+        what = ", ".join(f"rank {r} exit {c}" for r, c in sorted(exits.items()))
+        write_json(out, {"state": "failed", "exits": exits, "message": what})
         return 1
     except RendezvousClosedError as e:
         write_json(out, {"state": "rendezvous_closed", "exits": {}, "message": _first(e)})

@@ -257,7 +257,8 @@ def exit_name(code: int) -> str:
 def _died_without_record(run_dir: Path, exits: dict[int, int], recorded: set[int]) -> str | None:
     """A rank that crashed below Python (segfault, abort, kill): name it, its exit and phase."""
     beats = read_heartbeats(run_dir)
-    for rank, code in sorted(exits.items()):
+    # torchrun ends the survivors of a failed rank with SIGTERM: they come last
+    for rank, code in sorted(exits.items(), key=lambda rc: (rc[1] == -signal.SIGTERM, rc[0])):
         if rank in recorded or rank not in beats:
             continue
         how = exit_name(code)
