@@ -5,8 +5,8 @@ steady-state throughput of 2 workers over 1.
 Each measurement is a fresh Python process (as `enn distributed-train` is) running the stage
 function of one source tree on the same staged data; the trees alternate (baseline, subject,
 subject, baseline, ...) for `--pairs` pairs per world size, and the medians and the median of
-the per-pair differences are printed. `--baseline REV` checks REV out into a temporary git
-worktree (e.g. the commit before the launch spine: today's in-thread elastic agent);
+the per-pair differences are printed. `--baseline REV` unpacks REV into a temporary
+copy (`git archive`; e.g. the commit before the launch spine: the in-thread elastic agent);
 without it only this checkout is measured. Steady state = samples/s of the epochs after the
 first (spawn, imports and warm-up excluded).
 
@@ -156,46 +156,23 @@ def main() -> None:
         root.mkdir()
         setup_project(root)
         trees = {"subject": ROOT}
-        if args.baseline:
+        if args.baseline:  # the revision's files (git archive: the repository is not changed)
             trees["baseline"] = Path(tmp) / "baseline"
-            subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(ROOT),
-                    "worktree",
-                    "add",
-                    "--detach",
-                    str(trees["baseline"]),
-                    args.baseline,
-                ],
+            trees["baseline"].mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", args.baseline],
                 check=True,
                 capture_output=True,
-            )
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(trees["baseline"])], input=archive, check=True)
         runs: dict[str, dict[int, list[dict]]] = {t: {w: [] for w in worlds} for t in trees}
-        try:
-            for i in range(args.pairs):
-                for world in worlds:
-                    order = list(trees) if i % 2 == 0 else list(reversed(trees))
-                    for name in order:
-                        r = one_run(trees[name], root, world, args.epochs)
-                        runs[name][world].append(r)
-                        print(f"pair {i} world {world} {name}: {r}", flush=True)
-        finally:
-            if args.baseline:
-                subprocess.run(
-                    [
-                        "git",
-                        "-C",
-                        str(ROOT),
-                        "worktree",
-                        "remove",
-                        "--force",
-                        str(trees["baseline"]),
-                    ],
-                    check=False,
-                    capture_output=True,
-                )
+        for i in range(args.pairs):
+            for world in worlds:
+                order = list(trees) if i % 2 == 0 else list(reversed(trees))
+                for name in order:
+                    r = one_run(trees[name], root, world, args.epochs)
+                    runs[name][world].append(r)
+                    print(f"pair {i} world {world} {name}: {r}", flush=True)
     result = summarize(runs, list(trees), worlds, args.pairs)
     for k, v in result.items():
         if k != "machine":

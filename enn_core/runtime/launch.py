@@ -250,7 +250,7 @@ class Job:
         with open(self.run_dir / "logs" / "torchrun.log", "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "enn_core.runtime.torchrun", str(job_path)],
-                env=child_env(self.rdzv.nnodes),
+                env=child_env(self.run_dir, self.rdzv.nnodes),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -328,7 +328,7 @@ class Job:
 
     def result(self) -> dict[int, Any]:
         ended = self.ended()
-        if ended["state"] == "succeeded" and self.stopped is None and not self.verdicts:
+        if ended["state"] == "succeeded" and self.stopped is None:  # a restart may have saved it
             return read_results(self.run_dir)
         if self.verdicts:
             attempts = "; ".join(
@@ -380,11 +380,13 @@ def in_terminal_foreground() -> bool:
     return False
 
 
-def child_env(nnodes: int) -> dict[str, str]:
+def child_env(run_dir: Path, nnodes: int) -> dict[str, str]:  # noqa: ARG001  see below
     """torchrun's environment: this one without a previous job's distributed variables, the
     caller's import path (tests' and benchmarks' modules), torch's C++ logs at ERROR; on
     several nodes rank 0 hosts a fresh workers' store each round. The job secret
-    (ENN_JOB_SECRET_FILE, enn_core/runtime/secret.py) passes through as it is."""
+    (ENN_JOB_SECRET_FILE, enn_core/runtime/secret.py) passes through as it is; the one place
+    a job's own variables are added is here (the trust issue's
+    `env.update(secret.launch_env(run_dir, nnodes))`)."""
     env = {k: v for k, v in os.environ.items() if k not in (*STALE_ENV, NO_SHARED_STORE)}
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     given = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

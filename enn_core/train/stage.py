@@ -180,7 +180,6 @@ def start_workers(cfg: RunConfig, ctx: StageContext, job_path: Path, world: int)
             "compile": cfg.runtime.compile_budget_s,
             "checkpoint": cfg.runtime.checkpoint_budget_s,
         },
-        start_method=cfg.runtime.start_method,
         timeout_s=cfg.runtime.task_timeout_s,
         cancel=ctx.cancel,
         rdzv=Rendezvous.of(cfg.runtime),
