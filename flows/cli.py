@@ -26,7 +26,7 @@ from enn_core.paths import ENV_WORK_DIR, Layout, pipeline_params, project_root
 from enn_core.stages import TRAINING, Flow, lookup
 from flows import console
 from flows.commands import run_flow_command, run_stage_command, tune_command, ui_command
-from flows.exits import Terminated, exit_with, sigterm_as_interrupt, wait_for_agents
+from flows.exits import Terminated, exit_with, sigterm_as_interrupt
 from flows.params_file import is_pipeline_params
 from flows.parser import build_parser
 from flows.report import again
@@ -84,10 +84,7 @@ def dispatch(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Lay
 
 def main(argv: list[str] | None = None) -> int:
     with sigterm_as_interrupt():
-        try:
-            return _main(argv)
-        finally:
-            wait_for_agents()
+        return _main(argv)
 
 
 def entry() -> None:

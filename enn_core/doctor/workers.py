@@ -1,5 +1,5 @@
-"""Doctor, workers layer: start real workers through the project's elastic launcher and
-all-reduce across them within a timeout.
+"""Doctor, workers layer: start real workers through the project's launcher (torchrun in a
+child process, enn_core.runtime.launch) and all-reduce across them within a timeout.
 
 As many workers as the device allows: one per GPU on CUDA, at least two on CPU (so a
 collective actually crosses processes). Each worker bootstraps like a training worker
@@ -77,7 +77,7 @@ def run(ctx: DoctorContext) -> list[Check]:
             rec.add(
                 "all-reduce",
                 "fail",
-                f"{n} workers ({ctx.cfg.runtime.start_method}), timeout {timeout:.0f} s: {msg}",
+                f"{n} workers, timeout {timeout:.0f} s: {msg}",
                 _fix(msg, run_dir),
                 t(),
                 run_dir=str(run_dir),
@@ -91,8 +91,7 @@ def run(ctx: DoctorContext) -> list[Check]:
     lanes = results[0]["lanes"]
     reduce_ms = max(v["reduce_s"] for v in results.values()) * 1e3
     detail = (
-        f"{n} workers ({why}; {ctx.cfg.runtime.start_method}) "
-        "started through the elastic launcher; "
+        f"{n} workers ({why}) started through torchrun; "
         f"all-reduce on {'+'.join(lanes)} in {reduce_ms:.0f} ms; "
         f"{secs:.1f} s in all (timeout {timeout:.0f} s)"
     )
@@ -161,7 +160,6 @@ def start_and_reduce(
         run_dir=run_dir,
         hang_timeout_s=timeout_s,
         budgets={"spawn": spawn, "bootstrap": spawn, "process_group": spawn},
-        start_method=cfg.runtime.start_method,
         timeout_s=2 * spawn + 3 * timeout_s,
     )
     if sorted(results) != list(range(n)):
@@ -175,7 +173,7 @@ def worker(spec_path: str) -> ReduceResult:
     from enn_core.fault import FaultInjector
     from enn_core.runtime.dist import bootstrap, shutdown
     from enn_core.runtime.heartbeat import Heartbeat
-    from enn_core.runtime.launch import write_error
+    from enn_core.runtime.watchdog import write_error
 
     spec = json.loads(Path(spec_path).read_text())
     cfg: RunConfig = build(RunConfig, spec["config"], root=RunConfig, where=spec_path)

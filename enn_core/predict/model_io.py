@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from enn_core.checkpoint import load_model
 from enn_core.errors import ConfigError, StaleOutputError
@@ -29,6 +30,7 @@ from enn_core.inference import (
 )
 from enn_core.model.enn import ENN
 from enn_core.model_code import BUILTIN, ModelCode
+from enn_core.predict.workers import Loader
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,23 @@ def load_predictor(
     """What each worker runs: the consolidated checkpoint, unsharded, on its device."""
     model, _ = load_model(model_path, code)
     return prediction_path(model, choice).to(device)
+
+
+def predictor_loader(
+    model_path: str, choice: CalibrationChoice, device: str = "cpu", code: ModelCode = BUILTIN
+) -> Loader:
+    """`load_predictor` as a record a launched worker runs (JSON arguments)."""
+    return Loader(
+        "enn_core.predict.model_io:load_recorded",
+        (model_path, asdict(choice), device, asdict(code)),
+    )
+
+
+def load_recorded(
+    model_path: str, choice: dict[str, Any], device: str, code: dict[str, Any]
+) -> PredictionPath:
+    """`load_predictor` from a `predictor_loader` record."""
+    return load_predictor(model_path, CalibrationChoice(**choice), device, ModelCode(**code))
 
 
 def model_fingerprint(model_sha: str, choice: CalibrationChoice) -> str:

@@ -1,7 +1,8 @@
-"""Prediction as the ranks of a launched job: several nodes (or torchrun) share one parts folder.
+"""Prediction as the ranks of a launched job: several workers, on one node or several (or under
+an external launcher), share one parts folder.
 
-    launch(rank_main, (job, run_dir), nprocs=..., rdzv=...)   # the stage, on every node
-    rank_main(job, run_dir)                                     # under torchrun: this process
+    launch_ranks(spec, nprocs, ...)   # the stage, on every node: the project's launcher
+    rank_main(spec_path)              # each rank; under an external launcher: this process
 
 Each rank learns its place from the launcher (RANK, WORLD_SIZE), computes its contiguous
 block of the plan's parts (enn_core.predict.chunks.parts_of_worker, the same parts whoever
@@ -18,14 +19,17 @@ model or other staged data would otherwise write parts the others then mix in.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import threading
 import traceback
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch.distributed as dist
 
+from enn_core.atomic import write_json
 from enn_core.errors import ConfigError, WorkerError
 from enn_core.predict.chunks import PartsPlan, PartStore
 from enn_core.predict.workers import WorkerJob, WorkerStats, predict_parts
@@ -37,8 +41,9 @@ from enn_core.runtime.dist import (
     tighten_timeout,
 )
 from enn_core.runtime.heartbeat import Heartbeat
-from enn_core.runtime.launch import write_error
+from enn_core.runtime.launch import Rendezvous, launch
 from enn_core.runtime.network import InterfaceChoice
+from enn_core.runtime.watchdog import write_error
 
 BARRIER = "barrier"  # the heartbeat phase of the final wait (the launcher gives it its own budget)
 
@@ -55,9 +60,70 @@ class RankJob:
     device: str  # runtime.device
     job_id: str = ""  # the run id, recorded in the parts folder enn makes
 
+    def write(self, path: Path) -> Path:
+        rec = {**dataclasses.asdict(self), "job": self.job.as_record()}
+        write_json(path, rec)
+        return path
 
-def rank_main(spec: RankJob) -> WorkerStats:
+    @classmethod
+    def read(cls, path: str | Path) -> RankJob:
+        rec: dict[str, Any] = json.loads(Path(path).read_text())
+        return cls(
+            **{
+                **rec,
+                "job": WorkerJob.from_record(rec["job"]),
+                "interface": InterfaceChoice(**rec["interface"]),
+            }
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """How the launcher watches the ranks (runtime.*): no progress for `hang_timeout_s` outside
+    the final barrier is a hang; `spawn_s` to the first heartbeat; `timeout_s` in all."""
+
+    hang_timeout_s: float
+    spawn_s: float
+    timeout_s: float
+    max_restarts: int = 0
+
+
+def launch_ranks(
+    spec: RankJob,
+    nprocs: int,
+    limits: Limits,
+    *,
+    cancel: threading.Event | None = None,
+    rdzv: Rendezvous | None = None,
+) -> dict[int, WorkerStats]:
+    """This node's `nprocs` ranks through the project's launcher; {global rank: stats}. A
+    failure, a hang or a cancel is one WorkerError that says the completed parts are kept."""
+    path = spec.write(Path(spec.run_dir) / "predict-job.json")
+    kept = f"completed parts in {spec.job.parts_dir} are kept: re-run predict to resume"
+    try:
+        return launch(
+            rank_main,
+            (str(path),),
+            nprocs=nprocs,
+            run_dir=spec.run_dir,
+            hang_timeout_s=limits.hang_timeout_s,
+            budgets={"spawn": limits.spawn_s, BARRIER: limits.timeout_s},
+            max_restarts=limits.max_restarts,
+            timeout_s=limits.timeout_s,
+            cancel=cancel,
+            rdzv=rdzv,
+        )
+    except WorkerError as e:
+        if cancel is not None and cancel.is_set():
+            raise WorkerError(
+                f"predict cancelled; its {nprocs} workers were killed, {kept}"
+            ) from None
+        raise type(e)(f"{e}; {kept}") from None
+
+
+def rank_main(spec_path: str) -> WorkerStats:
     """One rank: bootstrap, agree on the plan, predict this rank's parts, wait for all."""
+    spec = RankJob.read(spec_path)
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     beat = Heartbeat(spec.run_dir, rank, attempt=attempt).start()

@@ -9,7 +9,9 @@
    model.pt) through collapse-check's chosen prediction path when its calibration names this
    model, else raw (enn_core.predict.model_io); the choice and reason are recorded.
 3. Parts: `predict.chunk_rows` rows per part in `<work>/predict-parts/<output name>/`, computed
-   by `predict.world_size` workers (each its own contiguous block of parts, no collectives).
+   by `predict.world_size` workers (each its own contiguous block of parts): one in this
+   process, several as the ranks of a launched job (enn_core.predict.ranks), on one node or
+   several; their heartbeats, stacks and error records in the stage's run directory.
    A re-run after a crash reuses complete parts of the same model and input and discards
    others with a message (enn_core.predict.chunks).
 4. Outputs, replaced atomically as one directory (`outputs/predict/`): `predictions.npy`
@@ -24,7 +26,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import time
@@ -51,7 +52,7 @@ from enn_core.predict.assemble import assemble
 from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore, own_folder
 from enn_core.predict.model_io import CalibrationChoice
 from enn_core.runtime.external import LauncherEnv
-from enn_core.runtime.launch import Rendezvous, launch
+from enn_core.runtime.launch import Rendezvous
 from enn_core.runtime.network import choose_interface
 from enn_core.summaries import PredictSummary
 
@@ -166,14 +167,11 @@ def run(
             features_path=str(features_file),
             index_path=str(index_path) if index_path else None,
             batch_size=p.batch_size,
-            loader=functools.partial(
-                model_io.load_predictor, str(model_path), choice, str(device), code
-            ),
+            loader=model_io.predictor_loader(str(model_path), choice, str(device), code),
             device=_rank_device(device, r),
             threads=_threads(cfg, world),
             fault=cfg.fault,
             fault_marker_dir=str(ctx.faults.marker_dir or ctx.run_dir),
-            hang_timeout_s=cfg.runtime.hang_timeout_s,
         )
         for r in range(world)
     ]
@@ -188,15 +186,14 @@ def run(
         choice.reason,
     )
     t_pred = time.perf_counter()
-    if launched:
+    if launched or world > 1:  # the ranks of a launched job, whatever the node count
         by_rank = run_ranks(cfg, ctx, jobs[0], world)
         stats = list(by_rank.values())
         discarded = next((d for s in stats if (d := cast(dict, s).get("discarded"))), None)
         if 0 not in by_rank:  # global rank 0's node assembles and publishes
             return _elsewhere(cfg, ctx, plan, by_rank, time.perf_counter() - t0)
-    else:
-        predictor = model_io.prediction_path(net, choice).to(device) if world == 1 else None
-        stats = workers.run(jobs, predictor, cancel=ctx.cancel)
+    else:  # one worker: in this process, with the model already loaded
+        stats = workers.run(jobs, model_io.prediction_path(net, choice).to(device))
     seconds_predict = time.perf_counter() - t_pred
     if discarded:
         ctx.logger.warning("predict: discarded earlier parts: %s", discarded)
@@ -268,8 +265,9 @@ def parts_root(cfg: RunConfig, ctx: StageContext, launched: bool) -> Path:
 def run_ranks(
     cfg: RunConfig, ctx: StageContext, job: workers.WorkerJob, world: int
 ) -> dict[int, workers.WorkerStats]:
-    """This node's ranks of a multi-node prediction (enn_core.predict.ranks): `world` elastic
-    workers at the rendezvous, or this process under torchrun. {global rank: its stats}."""
+    """This node's ranks of a launched prediction (enn_core.predict.ranks): `world` workers
+    started by the project's launcher, or this process under an external launcher. {global
+    rank: its stats}."""
     rt = cfg.runtime
     spec = ranks.RankJob(
         job=job,
@@ -281,20 +279,10 @@ def run_ranks(
     )
     if rt.launcher == "external":
         launched = LauncherEnv.required()
-        return {launched.rank: ranks.rank_main(spec)}
-    return launch(
-        ranks.rank_main,
-        (spec,),
-        nprocs=world,
-        run_dir=ctx.run_dir,
-        hang_timeout_s=rt.hang_timeout_s,
-        budgets={"spawn": rt.spawn_budget_s, ranks.BARRIER: rt.task_timeout_s},
-        max_restarts=rt.max_restarts,
-        start_method=rt.start_method,
-        timeout_s=rt.task_timeout_s,
-        cancel=ctx.cancel,
-        rdzv=Rendezvous.of(rt),
-    )
+        path = spec.write(ctx.run_dir / "predict-job.json")
+        return {launched.rank: ranks.rank_main(str(path))}
+    limits = ranks.Limits(rt.hang_timeout_s, rt.spawn_budget_s, rt.task_timeout_s, rt.max_restarts)
+    return ranks.launch_ranks(spec, world, limits, cancel=ctx.cancel, rdzv=Rendezvous.of(rt))
 
 
 def _elsewhere(

@@ -4,7 +4,8 @@
 
 Reads the staged data (`outputs/stage-data/`) and the initial checkpoint
 (`outputs/prepare-checkpoint/init.pt`); launches `runtime.world_size` workers (0 = the number
-of GPUs, 1 on CPU) through elastic_launch, at world size 1 too, so there is one code path;
+of GPUs, 1 on CPU) through the project's launcher (torchrun in a child process group,
+enn_core.runtime.launch), at world size 1 too, so there is one code path;
 writes `outputs/distributed-train/{model.pt, record.json, metrics.json, history.json}` (the
 workers' record; its numbers under docs/metrics.md's names; the curves) in one atomic
 directory replace. Per-rank logs, heartbeats, stack dumps and error records stay in the run
@@ -186,7 +187,6 @@ def start_workers(cfg: RunConfig, ctx: StageContext, job_path: Path, world: int)
             "compile": cfg.runtime.compile_budget_s,
             "checkpoint": cfg.runtime.checkpoint_budget_s,
         },
-        start_method=cfg.runtime.start_method,
         timeout_s=cfg.runtime.task_timeout_s,
         cancel=ctx.cancel,
         rdzv=Rendezvous.of(cfg.runtime),

@@ -13,14 +13,11 @@ job's result dir.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import json
 import logging
 import os
-import signal
-import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,9 +56,10 @@ from enn_core.runtime.dist import (
 )
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
-from enn_core.runtime.launch import write_error
 from enn_core.runtime.network import choose_interface
+from enn_core.runtime.parent import die_with_parent
 from enn_core.runtime.precision import PrecisionDecision, choose_precision
+from enn_core.runtime.watchdog import write_error
 from enn_core.train.ckpt import Checkpointer
 from enn_core.train.job import WorkerJob
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
@@ -83,13 +81,6 @@ def same_fingerprint(digest: str, env: DistEnv) -> None:
         )
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this worker when the launcher process dies (no orphans)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _log_to_file(run_dir: Path, rank: int, level: str) -> logging.Logger:
     path = run_dir / "logs" / f"rank-{rank}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +97,7 @@ def _log_to_file(run_dir: Path, rank: int, level: str) -> logging.Logger:
 def main(job_path: str) -> dict[str, Any]:
     job = WorkerJob.read(job_path)
     rank = int(os.environ.get("RANK", "0"))
-    _die_with_parent()
+    die_with_parent()  # the launcher's process: torchrun, enn's or an external one
     hb = Heartbeat(
         job.run_dir, rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     ).start()

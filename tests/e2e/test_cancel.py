@@ -319,16 +319,17 @@ def test_sigterm_ends_every_worker_and_releases_the_lock(proj, command):
 
 
 def test_cancel_event_kills_prediction_workers(tmp_path):
-    """predict's workers honour the stage's `ctx.cancel` the way the training launcher does."""
+    """predict's launched ranks honour the stage's `ctx.cancel` the way training's do."""
     import threading
 
     import numpy as np
-    import torch
 
     from enn_core.config import FaultConfig
     from enn_core.errors import WorkerError
     from enn_core.predict.chunks import PartsPlan, PartStore
-    from enn_core.predict.workers import WorkerJob, run
+    from enn_core.predict.ranks import Limits, RankJob, launch_ranks
+    from enn_core.predict.workers import Loader, WorkerJob
+    from enn_core.runtime.network import InterfaceChoice
 
     np.save(tmp_path / "features.npy", np.zeros((40, 3), np.float32))
     plan = PartsPlan(40, 8, (3,), "float32", "m", "i")
@@ -336,21 +337,19 @@ def test_cancel_event_kills_prediction_workers(tmp_path):
     store.prepare()
     markers = tmp_path / "faults"
     hang = FaultConfig(kind="hang", phase="predict_chunk", times=2)  # both workers stall
-    jobs = [
-        WorkerJob(
-            r,
-            2,
-            str(store.root),
-            plan,
-            str(tmp_path / "features.npy"),
-            None,
-            4,
-            loader=torch.nn.Identity,
-            fault=hang,
-            fault_marker_dir=str(markers),
-        )
-        for r in range(2)
-    ]
+    job = WorkerJob(
+        0,
+        2,
+        str(store.root),
+        plan,
+        str(tmp_path / "features.npy"),
+        None,
+        4,
+        loader=Loader("torch.nn:Identity"),
+        fault=hang,
+        fault_marker_dir=str(markers),
+    )
+    spec = RankJob(job, str(tmp_path / "run"), InterfaceChoice("lo", "one node"), 600.0, "cpu")
     cancel = threading.Event()
 
     def cancel_once_both_hang() -> None:
@@ -361,7 +360,7 @@ def test_cancel_event_kills_prediction_workers(tmp_path):
 
     threading.Thread(target=cancel_once_both_hang, daemon=True).start()
     with pytest.raises(WorkerError, match="predict cancelled; its 2 workers were killed"):
-        run(jobs, cancel=cancel)
+        launch_ranks(spec, 2, Limits(600.0, 300.0, 600.0), cancel=cancel)
     assert len(list(markers.glob("fault-hang-*"))) == 2, "the workers never reached their chunk"
     pids = [int(m.read_text().split()[0]) for m in markers.glob("fault-hang-*")]  # "pid rank=r"
     assert survivors([psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]) == []

@@ -6,7 +6,7 @@ import pytest
 
 from enn_core.config import load_config
 from enn_core.errors import ConfigError
-from enn_core.runtime.launch import Rendezvous
+from enn_core.runtime.launch import Rendezvous, worker_error
 
 
 def test_multi_node_config_needs_endpoint_and_id():
@@ -27,7 +27,7 @@ def test_a_workers_refused_checkpoint_reaches_the_caller_as_itself(tmp_path):
     """A rank that refused a crafted checkpoint file: the launcher raises the same class (exit 4,
     the README's code for it), not a generic WorkerError (exit 9)."""
     from enn_core.errors import UntrustedCheckpointError
-    from enn_core.runtime.launch import worker_error, write_error
+    from enn_core.runtime.launch import write_error
 
     refused = UntrustedCheckpointError(f"{tmp_path}/step-3/.metadata: refers to posix.system")
     write_error(tmp_path, 0, refused, "resume", None, "Traceback ...")
@@ -35,3 +35,41 @@ def test_a_workers_refused_checkpoint_reaches_the_caller_as_itself(tmp_path):
     assert type(err) is UntrustedCheckpointError and err.exit_code == 4
     assert f"{tmp_path}/step-3/.metadata: refers to posix.system" in str(err)
     assert "\n" not in str(err)
+
+
+def test_the_torchrun_child_gets_a_clean_environment_and_forwards_the_schedulers_signals(
+    tmp_path, monkeypatch
+):
+    """What enn gives torchrun: no previous job's variables, torch's C++ logs at ERROR (the
+    c10d hostname lines), the job secret's variable passed through; torchrun forwards SIGTERM
+    and SIGUSR2 to the workers, never SIGUSR1 (the stack dump), and waits its shutdown time."""
+    from enn_core.runtime.launch import SHUTDOWN_TIMEOUT_S, child_env, entry_of
+    from enn_core.runtime.torchrun import argv_of
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "old-job")
+    monkeypatch.setenv("ENN_JOB_SECRET_FILE", str(tmp_path / "secret"))
+    env = child_env(tmp_path, 1)
+    assert "RANK" not in env and "TORCHELASTIC_RUN_ID" not in env
+    assert env["TORCH_CPP_LOG_LEVEL"] == "ERROR"
+    assert env["ENN_JOB_SECRET_FILE"] == str(tmp_path / "secret")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
+    assert child_env(tmp_path, 2)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+    job = {
+        "run_dir": str(tmp_path),
+        "nprocs": 2,
+        "max_restarts": 1,
+        "shutdown_timeout_s": SHUTDOWN_TIMEOUT_S,
+        "rendezvous": Rendezvous().resolved().__dict__,
+    }
+    argv = argv_of(job, tmp_path / "job.json")
+    signals = next(a for a in argv if a.startswith("--signals-to-handle=")).split("=")[1]
+    assert {"SIGTERM", "SIGUSR2"} <= set(signals.split(",")) and "SIGUSR1" not in signals
+    assert f"--shutdown-timeout={int(SHUTDOWN_TIMEOUT_S)}" in argv
+    assert argv[-3:] == ["--module", "enn_core.runtime.entry", str(tmp_path / "job.json")]
+    assert "--local-addr=127.0.0.1" in argv  # one node: the workers' store on loopback
+
+    assert entry_of(worker_error) == "enn_core.runtime.watchdog:worker_error"
+    with pytest.raises(TypeError, match="module-level function"):
+        entry_of(lambda: None)

@@ -1,0 +1,64 @@
+"""Process lifetimes of a job, without torch (the `enn` command imports this at start):
+
+    die_with_parent()          # first thing in every process a job starts
+    request_graceful_stop()    # the enn process got a scheduler's warning (SIGTERM)
+
+Dying with the parent: the one copy, used by every process a job starts (the torchrun child
+of enn, each worker it starts, a training worker under an external launcher).
+
+Linux asks the kernel for SIGKILL when the parent dies (`PR_SET_PDEATHSIG`); a thread also
+watches the parent's pid, for the case the kernel's signal does not cover (the parent thread
+that started this process ended while the parent lives on, another OS). A parent that died
+before the call ends this process at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1
+_watching: list[int] = []
+_graceful = threading.Event()
+
+
+def request_graceful_stop() -> None:
+    """A scheduler's warning reached this process (SIGTERM: flows/exits.py calls this before
+    raising): a launch it interrupts forwards the signal to its workers and gives them
+    torchrun's shutdown timeout to save at a step boundary and leave, instead of killing
+    them at once (Ctrl-C, a cancel)."""
+    _graceful.set()
+
+
+def graceful_stop_requested() -> bool:
+    return _graceful.is_set()
+
+
+def clear_graceful_stop() -> None:
+    _graceful.clear()
+
+
+def die_with_parent(poll_s: float = 0.5) -> None:
+    """SIGKILL this process when its parent dies; idempotent."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(1)
+    if _watching:
+        return
+    _watching.append(parent)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, name="enn-parent-watch", daemon=True).start()
