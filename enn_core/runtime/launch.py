@@ -55,6 +55,7 @@ from enn_core import errors
 from enn_core.atomic import write_json
 from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
+from enn_core.runtime import secret
 from enn_core.runtime.dist import STALE_ENV
 from enn_core.runtime.entry import RESULTS, read_results
 from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats
@@ -63,7 +64,6 @@ from enn_core.runtime.parent import (
     graceful_stop_requested,
     request_graceful_stop,
 )
-from enn_core.runtime import secret
 from enn_core.runtime.stores import NO_SHARED_STORE
 from enn_core.runtime.torchrun import EXITS
 from enn_core.runtime.watchdog import (
