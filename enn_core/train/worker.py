@@ -13,6 +13,7 @@ job's result dir.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -57,6 +58,7 @@ from enn_core.runtime.precision import PrecisionDecision, choose_precision
 from enn_core.train.ckpt import Checkpointer
 from enn_core.train.job import WorkerJob
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
+from enn_core.train.preempt import PreemptWatch
 
 
 def _die_with_parent() -> None:
@@ -170,6 +172,9 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
             v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str),
         )
     ckpt, resume_from = _checkpointer(job, env, events, faults)
+    # SIGTERM/SIGUSR2 during training: save at an agreed step and end (train/preempt.py);
+    # without checkpoints there is nothing to resume, and the signals keep their default
+    watch = PreemptWatch() if ckpt is not None else None
     rt = Runtime(
         env=env,
         model=wrapped,
@@ -186,18 +191,20 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         micro_batch=micro,
         checkpointer=ckpt,
         comm=comm,
+        preempt=watch,
     )
     train_data = TrainData(data.features, labels, data.split("train"), _val_rows(data))
     try:
-        result = train(
-            cfg.train,
-            train_data,
-            rt,
-            seed=cfg.runtime.seed,
-            log_every=cfg.train.log_every,
-            resume_from=resume_from,
-            weights_from=job.checkpoint.weights_path if job.checkpoint else None,
-        )
+        with watch or contextlib.nullcontext():
+            result = train(
+                cfg.train,
+                train_data,
+                rt,
+                seed=cfg.runtime.seed,
+                log_every=cfg.train.log_every,
+                resume_from=resume_from,
+                weights_from=job.checkpoint.weights_path if job.checkpoint else None,
+            )
         hb.phase("checkpoint")
         faults.at("checkpoint")
         state = full_state(wrapped, env)

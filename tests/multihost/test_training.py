@@ -26,24 +26,6 @@ from tests.fixtures.multihost import (
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def reference(testbed, say):
-    """The job on node1 alone with the same world size (two workers): its weights and time."""
-    node1 = testbed.hosts[0]
-    t0 = time.time()
-    node1.run(
-        "enn",
-        STAGE,
-        "--set",
-        "runtime.world_size=2",
-        "--set",
-        f"checkpoint.dir={testbed.shared / 'ckpt-one-host'}",
-    )
-    wall = time.time() - t0
-    say(f"one host ({node1.name}), world size 2: {wall:.1f} s")
-    return published_model(node1), wall
-
-
 def _newer_model(hosts, since: float):
     fresh = [h for h in hosts if (h.checkout / "outputs" / STAGE / "model.pt").exists()]
     return [
