@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import traceback
@@ -30,9 +31,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from enn_core.atomic import atomic_dir
 from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
@@ -212,6 +215,8 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
         if env.is_main:
             write_outputs(job, state, loss, data.manifest.model_data(), result, summary)
+        if ckpt is not None and cfg.runtime.nnodes > 1:
+            share_outputs(job, ckpt, env)
         if ckpt is not None:
             ckpt.complete()
     finally:
@@ -358,6 +363,22 @@ def _summary(result: TrainResult, env: DistEnv, choices: dict) -> dict[str, Any]
         "compile": choices.get("compile"),
         "wrap": choices.get("wrap"),
     }
+
+
+SHARED_OUTPUTS = "published"  # under the job's checkpoint folder, which every node shares
+
+
+def share_outputs(job: WorkerJob, ckpt: Checkpointer, env: DistEnv) -> None:
+    """A job across nodes: rank 0 also puts its outputs into the checkpoint folder every node
+    shares (`<checkpoint dir>/<digest>/published/`), and every rank waits until it has, so
+    each node's stage can publish the same model.pt in its own checkout (the later stages, and
+    a prediction across the nodes, find it there with no copying by hand)."""
+    if env.is_main:
+        with atomic_dir(ckpt.root / SHARED_OUTPUTS) as tmp:
+            for name in ("model.pt", "record.json", "history.json"):
+                shutil.copy2(job.result_dir / name, tmp / name)
+    if env.distributed:
+        torch.distributed.barrier()
 
 
 def write_outputs(
