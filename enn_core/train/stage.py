@@ -160,6 +160,9 @@ def publish_shared(ctx: StageContext, job: WorkerJob) -> None:
     """On a node without global rank 0: the outputs rank 0 put into the shared checkpoint
     folder (enn_core.train.worker.share_outputs), published in this checkout too, so this node
     holds the same model.pt as rank 0's (a prediction across the nodes needs it on each)."""
+    launched = LauncherEnv.from_env()  # under torchrun: one process per node publishes
+    if launched is not None and launched.local_rank != 0:
+        return
     shared = job.checkpoint.dir / worker.SHARED_OUTPUTS if job.checkpoint else None
     if shared is None or not all((shared / n).is_file() for n in WORKER_OUTPUTS):
         return
