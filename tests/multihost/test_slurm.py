@@ -78,6 +78,7 @@ def _log_of(host, job: str) -> str:
     return path.read_text(errors="replace") if path.exists() else "(no output file)"
 
 
+@pytest.mark.timeout(900)  # with the tier's reference run, when it runs first
 def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_identical(
     testbed, slurm, reference, say, request, monkeypatch
 ):
