@@ -191,12 +191,14 @@ def _fields(info: dict[str, str]) -> str:
 def test_the_prediction_job_takes_the_model_on_every_node_and_equals_one_host(
     testbed, slurm, say, request
 ):
-    """deploy/slurm/predict.sbatch right after the training job: each node predicts with its
-    own outputs/distributed-train/model.pt (node2's came from the shared folder, not copied by
+    """deploy/slurm/predict.sbatch right after the training job: every node loads the model the
+    training job published into the shared folder (with collapse-check's calibration beside
+    it; each node's own outputs/distributed-train/model.pt holds the same bytes, not copied by
     hand), stages the input itself, and node1 assembles the parts; the output equals node1's
     prediction alone, value for value and row for row."""
     node1, node2 = testbed.hosts[:2]
-    model = testbed.bed.view / "outputs" / "distributed-train" / "model.pt"
+    model = testbed.shared / "enn-model" / "model.pt"  # where the training job published it
+    assert (model.parent / "calibration.json").exists()
     mine = [(h.checkout / "outputs" / "distributed-train" / "model.pt") for h in (node1, node2)]
     assert all(p.exists() for p in mine), "run after the training job"
     assert mine[0].read_bytes() == mine[1].read_bytes()
