@@ -79,6 +79,12 @@ class LockError(EnnError):
     exit_code = 8
 
 
+class Preempted(EnnError):
+    """Preempted (SIGTERM or SIGUSR2): a committed checkpoint was saved; run it again to resume."""
+
+    exit_code = 12
+
+
 class StoreError(EnnError):
     """A state store (the MLflow database) cannot be read: names the file and the fix."""
 

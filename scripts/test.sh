@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every test tier that can run on CPU, each within its budget:
-#   fast (unit) <= 6 min, slow (unit tests that fit real models) <= 10 min, distributed (multi-process gloo) <= 25 min, multi-host (hosts in
-#   network namespaces, PostgreSQL-backed servers; needs root) <= 12 min, end-to-end <= 45 min.
+#   fast (unit) <= 6 min, slow (unit tests that fit real models) <= 10 min, distributed
+#   (multi-process gloo) <= 25 min, multi-host (hosts in network namespaces, PostgreSQL-backed
+#   servers, SLURM; needs root) <= 20 min, end-to-end <= 45 min.
 # GPU tests are collected in the fast tier and skip cleanly without CUDA.
 # Each test also has its own timeout (pytest-timeout), so nothing waits on a 30-minute default.
 # The fast and end-to-end tiers run on two pytest-xdist workers (an end-to-end test waits on
@@ -42,7 +43,7 @@ tier fast 360 120 "not slow and not distributed and not e2e and not multihost" -
 tier slow 600 300 "slow and not distributed and not e2e and not multihost" -n 2
 tier distributed 1500 300 "distributed"
 rm -f work/test-multihost.xml  # the skip check reads this run's report, never an older one
-tier multihost 720 600 "multihost" -rs --junitxml=work/test-multihost.xml
+tier multihost 1200 600 "multihost" -rs --junitxml=work/test-multihost.xml
 if [ "${CI:-}" = "true" ] && grep -q "<skipped" work/test-multihost.xml 2>/dev/null; then
   echo "tier multihost: tests were skipped; on CI every multi-host test must run" >&2
   status=1

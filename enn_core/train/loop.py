@@ -3,6 +3,10 @@
     setup -> restore -> for each epoch: train the epoch (named steps), validate, record,
           early stop?, save -> restore the best epoch's weights -> result
 
+Preemption (enn_core.train.preempt): once the ranks agree that one of them got SIGTERM or
+SIGUSR2, every rank saves at that step (or, after an epoch's last step, at the epoch's end)
+and the loop ends with `Preempted`; the same run resumes from that checkpoint.
+
 It runs identically in every worker (world size 1 included); everything rank-specific is in
 `Runtime` (enn_core.runtime.dist's DistEnv, the wrapped model) and every decision that must
 agree across ranks (skip, back off, clip, stop) is agreed by an all-reduce (train/step.py).
@@ -24,11 +28,13 @@ from pathlib import Path
 import torch
 
 from enn_core.config import TrainConfig
+from enn_core.errors import Preempted
 from enn_core.metric_names import telemetry
 from enn_core.runtime.dist import agree_any, tighten_timeout
 from enn_core.runtime.memory import MemoryGovernor
 from enn_core.runtime.sampler import GlobalBlockSampler, make_plan
 from enn_core.telemetry import GpuSampler, memory_snapshot, verdict_from_stats, write_epoch
+from enn_core.train.ckpt import step_name
 from enn_core.train.evaluate import validate
 from enn_core.train.guard import NonFiniteGuard
 from enn_core.train.resume import Position, load_weights, resume, save_checkpoint
@@ -77,11 +83,13 @@ def train(
     for epoch in range(start.epoch, cfg.epochs):
         if stopped:
             break
-        train_epoch(st, epoch, first_step=start.step if epoch == start.epoch else 0)
+        asked = train_epoch(st, epoch, first_step=start.step if epoch == start.epoch else 0)
         val = validate(st, epoch)
         record_epoch(st, epoch, val)
         stopped = early_stop(st, epoch, val)
         save_epoch_end(st, epoch, stopped)
+        if asked and not stopped and epoch + 1 < cfg.epochs and rt.checkpointer is not None:
+            raise preempted(st, (epoch + 1) * st.sampler.steps_per_epoch)
     restore_best(st)
     return result(st, stopped)
 
@@ -120,10 +128,11 @@ def setup(
     )
 
 
-def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> None:
+def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> bool:
     """The epoch's steps from `first_step` (> 0 after a mid-epoch resume, whose partial
     statistics the checkpoint restored); timings and losses land in the history via
-    record_epoch."""
+    record_epoch. Returns True when the ranks agreed to stop for preemption at its last step
+    (the epoch-end checkpoint is then the one); earlier, it saves and raises `Preempted`."""
     rt, spe, prog = st.rt, st.sampler.steps_per_epoch, st.progress
     if st.gpu is not None:
         st.gpu.start()
@@ -136,6 +145,7 @@ def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> None:
     every = rt.checkpointer.cfg.every_steps if rt.checkpointer is not None else 0
     st.model_train()
     t0 = time.perf_counter()
+    asked = False
     for step in range(first_step, spe):
         gstep = epoch * spe + step
         if rt.heartbeat is not None:
@@ -150,10 +160,15 @@ def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> None:
             c0 = time.perf_counter()
             rt.checkpointer.poll()  # an async save commits as soon as it is written
             es.ckpt_s += time.perf_counter() - c0
-        if every and (gstep + 1) % every == 0 and step + 1 < spe:  # the epoch end saves the last
-            es.wall_s = prior_s + time.perf_counter() - t0
+        asked = out.preempt
+        stop = asked and step + 1 < spe and rt.checkpointer is not None
+        if stop or (every and (gstep + 1) % every == 0 and step + 1 < spe):  # the epoch end saves
+            es.wall_s = prior_s + time.perf_counter() - t0  # the last step
             es.ckpt_s += timed_save(st, gstep + 1, epoch_end=False)
+        if stop:
+            raise preempted(st, gstep + 1)
     es.wall_s = prior_s + time.perf_counter() - t0
+    return asked
 
 
 def timed_save(st: TrainState, position: int, *, epoch_end: bool, stopped: bool = False) -> float:
@@ -161,6 +176,21 @@ def timed_save(st: TrainState, position: int, *, epoch_end: bool, stopped: bool 
     t0 = time.perf_counter()
     save_checkpoint(st, position, epoch_end=epoch_end, stopped=stopped)
     return time.perf_counter() - t0
+
+
+def preempted(st: TrainState, position: int) -> Preempted:
+    """After the agreed save: wait until it is committed, record why, and the error that ends
+    the worker (exit code 12: resume me)."""
+    ckpt, watch = st.rt.checkpointer, st.rt.preempt
+    assert ckpt is not None
+    ckpt.wait()  # an asynchronous save is committed before the worker ends
+    flush_telemetry(st)
+    why = watch.describe() if watch is not None else "a peer rank's"
+    st.rt.events.event("preempted", position=position, signal=why)
+    return Preempted(
+        f"stopped for preemption ({why} signal) at step {position}: checkpoint "
+        f"{ckpt.root / step_name(position)} is committed; run the same command again to resume"
+    )
 
 
 def save_epoch_end(st: TrainState, epoch: int, stopped: bool) -> None:

@@ -130,6 +130,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
             "distributed-train: this node ran ranks %s; model.pt is written on the node of rank 0",
             sorted(results),
         )
+        publish_shared(ctx, job)
         return TrainSummary(
             record={
                 "node_ranks": sorted(int(r) for r in results),
@@ -160,6 +161,26 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
         outputs=tuple(str(ctx.output() / n) for n in OUTPUTS),
         wall_s=metrics["train/wall_s"],
         logs=str(ctx.run_dir / "logs"),
+    )
+
+
+def publish_shared(ctx: StageContext, job: WorkerJob) -> None:
+    """On a node without global rank 0: the outputs rank 0 put into the shared checkpoint
+    folder (enn_core.train.worker.share_outputs), published in this checkout too, so this node
+    holds the same model.pt as rank 0's (a prediction across the nodes needs it on each)."""
+    launched = LauncherEnv.from_env()  # under torchrun: one process per node publishes
+    if launched is not None and launched.local_rank != 0:
+        return
+    shared = job.checkpoint.dir / worker.SHARED_OUTPUTS if job.checkpoint else None
+    if shared is None or not all((shared / n).is_file() for n in WORKER_OUTPUTS):
+        return
+    with atomic_dir(ctx.output()) as tmp:
+        for name in WORKER_OUTPUTS:
+            shutil.copy2(shared / name, tmp / name)
+        record = json.loads((tmp / "record.json").read_text())
+        write_json(tmp / "metrics.json", train_summary(record))
+    ctx.logger.info(
+        "distributed-train: published rank 0's model.pt from %s in %s", shared, ctx.output()
     )
 
 

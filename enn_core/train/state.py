@@ -41,6 +41,7 @@ from enn_core.runtime.sampler import GlobalBlockSampler
 from enn_core.telemetry import GpuSampler
 from enn_core.train.ckpt import Checkpointer
 from enn_core.train.guard import NonFiniteGuard
+from enn_core.train.preempt import PreemptWatch
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Runtime:
     steady_timeout_s: float | None = None
     micro_batch: int | None = None  # train.micro_batch=auto resolved by the worker's memory probe
     checkpointer: Checkpointer | None = None  # DCP saves every N steps and at epoch ends
+    preempt: PreemptWatch | None = None  # SIGTERM/SIGUSR2 seen: save and stop (train/preempt.py)
     # Time blocked in collectives: FSDP2's own (enn_core.runtime.comm_clock) and the loop's.
     comm: CommClock = field(default_factory=CommClock)
 

@@ -7,8 +7,9 @@ back-offs). Each rank scales its backward by `world_size / n_real` because FSDP2
 average gradients across ranks.
 
 Everything that must agree across ranks travels in one float64 all-reduce per step:
-[loss sum, weight sum, sharded grad sum of squares, non-finite flag]. The clip norm, the skip
-decision and the reported loss are therefore identical on every rank by construction.
+[loss sum, weight sum, sharded grad sum of squares, non-finite flag, preemption flag]. The clip
+norm, the skip decision, the reported loss and the decision to stop for preemption
+(enn_core.train.preempt) are therefore identical on every rank by construction.
 
 Timing: the step's phases (data, forward/backward, optimizer) are wall-clock intervals, and
 `rt.comm` counts the seconds spent inside collectives in each: FSDP2's all-gathers and
@@ -46,6 +47,7 @@ class StepOutcome:
     compute_s: float  # forward + backward, FSDP2's collectives in them excluded
     optim_s: float  # agreement, clipping, the optimizer step, its all-reduce excluded
     comm_s: float  # inside collectives during the step (the three phases' sum)
+    preempt: bool = False  # some rank was asked to stop (SIGTERM/SIGUSR2): all ranks agreed
 
 
 def run_step(st: TrainState, epoch: int, step: int, gstep: int) -> StepOutcome:
@@ -80,7 +82,7 @@ def run_step(st: TrainState, epoch: int, step: int, gstep: int) -> StepOutcome:
             st.back_off(epoch, gstep, str(e))
             continue
         t2, c2 = time.perf_counter(), comm.seconds
-        applied, loss, norm = finish_step(st, batches, loss_sum, weight_sum, epoch, gstep)
+        applied, loss, norm, preempt = finish_step(st, batches, loss_sum, weight_sum, epoch, gstep)
         t3, c3 = time.perf_counter(), comm.seconds
         return StepOutcome(
             applied,
@@ -91,6 +93,7 @@ def run_step(st: TrainState, epoch: int, step: int, gstep: int) -> StepOutcome:
             compute_s=(t2 - t1) - (c2 - c1),
             optim_s=(t3 - t2) - (c3 - c2),
             comm_s=c3 - c0,
+            preempt=preempt,
         )
 
 
@@ -161,20 +164,24 @@ def finish_step(
     weight_sum: float,
     epoch: int,
     gstep: int,
-) -> tuple[bool, float, float]:
-    """Agree, then skip a non-finite step or clip and apply. Returns (applied, loss, grad norm)."""
+) -> tuple[bool, float, float, bool]:
+    """Agree, then skip a non-finite step or clip and apply. Returns (applied, loss, grad norm,
+    whether any rank asked to stop for preemption)."""
     rt = st.rt
     if st.scaler is not None:
         st.scaler.unscale_(st.optimizer)
     sharded_sq, replicated_sq = grad_squares(st)
     local_bad = not math.isfinite(float(loss_sum)) or not math.isfinite(sharded_sq + replicated_sq)
+    asked = rt.preempt is not None and rt.preempt.requested
     stats = torch.tensor(
-        [float(loss_sum), weight_sum, sharded_sq, 1.0 if local_bad else 0.0], dtype=torch.float64
+        [float(loss_sum), weight_sum, sharded_sq, 1.0 if local_bad else 0.0, float(asked)],
+        dtype=torch.float64,
     )
     with collectives(st):
         all_reduce_sum(stats, rt.env)
         reduce_loss_grads(st)
     loss = float(stats[0] / max(stats[1].item(), 1.0))
+    preempt = stats[4].item() > 0
     # Under HSDP each shard lives on `replicas` ranks: the all-reduced sum counts it that often.
     sharded_total = stats[2].item() / rt.env.replicas
     norm = math.sqrt(sharded_total + replicated_sq) if math.isfinite(sharded_total) else math.inf
@@ -183,9 +190,9 @@ def finish_step(
             st.scaler.update(new_scale=st.scaler.get_scale() * st.scaler.get_backoff_factor())
             rt.events.event("fp16_overflow_skip", step=gstep, new_scale=st.scaler.get_scale())
             st.zero_grad()
-            return False, loss, norm
+            return False, loss, norm, preempt
         skip_nonfinite(st, batches, epoch, gstep, local_bad)
-        return False, loss, norm
+        return False, loss, norm, preempt
     clip = st.cfg.clip_norm
     if clip > 0 and norm > clip:  # exactly untouched when the threshold is not reached
         grads = [_local(p.grad) for p in st.params.all if p.grad is not None]
@@ -198,7 +205,7 @@ def finish_step(
     st.scheduler.step()
     st.zero_grad()
     st.guard.record_ok()
-    return True, loss, norm
+    return True, loss, norm, preempt
 
 
 def reduce_loss_grads(st: TrainState) -> None:

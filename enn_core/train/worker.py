@@ -13,11 +13,13 @@ job's result dir.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import os
+import shutil
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,9 +28,11 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from enn_core.atomic import atomic_dir
 from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
@@ -63,6 +67,7 @@ from enn_core.runtime.watchdog import write_error
 from enn_core.train.ckpt import Checkpointer
 from enn_core.train.job import WorkerJob
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
+from enn_core.train.preempt import PreemptWatch
 
 
 def same_fingerprint(digest: str, env: DistEnv) -> None:
@@ -185,6 +190,9 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
             v if isinstance(v, (str, int, float, bool)) else json.dumps(v, default=str),
         )
     ckpt, resume_from = _checkpointer(job, env, events, faults)
+    # SIGTERM/SIGUSR2 during training: save at an agreed step and end (train/preempt.py);
+    # without checkpoints there is nothing to resume, and the signals keep their default
+    watch = PreemptWatch() if ckpt is not None else None
     rt = Runtime(
         env=env,
         model=wrapped,
@@ -201,18 +209,20 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         micro_batch=micro,
         checkpointer=ckpt,
         comm=comm,
+        preempt=watch,
     )
     train_data = TrainData(data.features, labels, data.split("train"), _val_rows(data))
     try:
-        result = train(
-            cfg.train,
-            train_data,
-            rt,
-            seed=cfg.runtime.seed,
-            log_every=cfg.train.log_every,
-            resume_from=resume_from,
-            weights_from=job.checkpoint.weights_path if job.checkpoint else None,
-        )
+        with watch or contextlib.nullcontext():
+            result = train(
+                cfg.train,
+                train_data,
+                rt,
+                seed=cfg.runtime.seed,
+                log_every=cfg.train.log_every,
+                resume_from=resume_from,
+                weights_from=job.checkpoint.weights_path if job.checkpoint else None,
+            )
         hb.phase("checkpoint")
         faults.at("checkpoint")
         state = full_state(wrapped, env)
@@ -220,6 +230,8 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
         summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
         if env.is_main:
             write_outputs(job, state, loss, data.manifest, result, summary)
+        if ckpt is not None and cfg.runtime.nnodes > 1:
+            share_outputs(job, ckpt, env)
         if ckpt is not None:
             ckpt.complete()
     finally:
@@ -368,6 +380,22 @@ def _summary(result: TrainResult, env: DistEnv, choices: dict) -> dict[str, Any]
         "compile": choices.get("compile"),
         "wrap": choices.get("wrap"),
     }
+
+
+SHARED_OUTPUTS = "published"  # under the job's checkpoint folder, which every node shares
+
+
+def share_outputs(job: WorkerJob, ckpt: Checkpointer, env: DistEnv) -> None:
+    """A job across nodes: rank 0 also puts its outputs into the checkpoint folder every node
+    shares (`<checkpoint dir>/<digest>/published/`), and every rank waits until it has, so
+    each node's stage can publish the same model.pt in its own checkout (the later stages, and
+    a prediction across the nodes, find it there with no copying by hand)."""
+    if env.is_main:
+        with atomic_dir(ckpt.root / SHARED_OUTPUTS) as tmp:
+            for name in ("model.pt", "record.json", "history.json"):
+                shutil.copy2(job.result_dir / name, tmp / name)
+    if env.distributed:
+        torch.distributed.barrier()
 
 
 def write_outputs(

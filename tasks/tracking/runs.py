@@ -127,6 +127,7 @@ class Tracker:
             TAG_PID: str(p.pid),
             TAG_PID_CREATED: f"{p.create_time():.3f}",
             TAG_HOST: socket.gethostname(),
+            **scheduler_tags(),
         }
 
     def start_parent(
@@ -324,6 +325,20 @@ class Tracker:
             self.client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
         return killed
+
+
+# What a scheduler that started this process says about its job (launcher-set variables):
+# the runs of one SLURM job (and of its requeued restarts) are found by `enn.slurm.job_id`.
+SCHEDULER_VARS = {
+    "SLURM_JOB_ID": "enn.slurm.job_id",
+    "SLURM_ARRAY_JOB_ID": "enn.slurm.array_job_id",
+    "SLURM_ARRAY_TASK_ID": "enn.slurm.array_task_id",
+    "SLURM_RESTART_COUNT": "enn.slurm.restart_count",
+}
+
+
+def scheduler_tags() -> dict[str, str]:
+    return {tag: os.environ[var] for var, tag in SCHEDULER_VARS.items() if os.environ.get(var)}
 
 
 def source_tags(name: str, commit: str) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Distributed checkpoints: resume at the exact step, elastic restarts after a SIGKILL, a
-crash during a save, a hang, resume at another world size, async save, fingerprint refusal.
+crash during a save, a hang, resume at another world size, async save, fingerprint refusal,
+a SIGTERM mid-epoch (preemption: an agreed save, then a resume).
 
 The oracle is an uninterrupted run of the same config in the same project: deterministic
 settings make a resumed run's final weights bit-identical to it (same world size)."""
@@ -7,14 +8,21 @@ settings make a resumed run's final weights bit-identical to it (same world size
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import ConfigError, WorkerError
+from enn_core.errors import ConfigError, EnnError, WorkerError
 from enn_core.events import read_events
+from enn_core.runtime.heartbeat import read_heartbeats
+from enn_core.stage import make_context
 from enn_core.stages import DISTRIBUTED_TRAIN, STAGE_DATA
 from enn_core.train.ckpt import COMMITTED, COMPLETE, committed
 from enn_core.train.fingerprint import fingerprint
@@ -211,3 +219,44 @@ def test_a_full_disk_during_a_save_is_named_and_its_temp_files_swept(tmp_path, t
     # caught before their rename (.rank-<r>.json.<pid>.<tid>.tmp): none is left behind
     left = [p for p in work.rglob("*") if p.name.startswith(".tmp-") or p.name.endswith(".tmp")]
     assert not left, sorted(str(p) for p in left)
+
+
+def test_sigterm_mid_epoch_saves_an_agreed_checkpoint_and_the_rerun_resumes_bit_identical(
+    tiny_project, ref
+):
+    """A real SIGTERM to rank 1 alone (what SLURM's requeue, Kubernetes or a cancelled flow
+    send) while it pauses at step 7: both ranks save at step 8 (not a periodic position: every
+    3 steps), the checkpoint is committed, the workers end with Preempted, the run is not
+    COMPLETE; the same command again resumes from step 8 and ends as the uninterrupted run."""
+    cfg = cfg_of(*BASE, *fault("delay", "step", 7, rank=1, seconds=8))
+    ctx = make_context(cfg, tiny_project, DISTRIBUTED_TRAIN, uuid.uuid4().hex[:8])
+    signalled: list[int] = []
+
+    def signal_rank1() -> None:
+        end = time.time() + 120
+        while time.time() < end:
+            beat = read_heartbeats(ctx.run_dir).get(1) or {}
+            if (beat.get("phase"), beat.get("step")) == ("step", 7):
+                os.kill(int(beat["pid"]), signal.SIGTERM)
+                signalled.append(int(beat["pid"]))
+                return
+            time.sleep(0.1)
+
+    sender = threading.Thread(target=signal_rank1, daemon=True)
+    sender.start()
+    with pytest.raises(EnnError) as e:
+        DISTRIBUTED_TRAIN.work(cfg, ctx)
+    sender.join()
+    assert signalled, "rank 1 never reached step 7"
+    assert "preemption" in str(e.value), e.value
+    stopped = [x["fields"] for x in read_events(ctx.run_dir) if x.get("name") == "preempted"]
+    assert stopped == [{"position": 8, "signal": "a peer rank's"}], stopped  # rank 0's record
+    staged = StagedDataset(STAGE_DATA.output_dir(tiny_project)).fingerprint
+    root = tiny_project.checkpoints / fingerprint(cfg_of(*BASE), staged).digest
+    assert [p.name for p in committed(root)][-1] == "step-00000008"
+    assert not (root / COMPLETE).exists()
+    errors = [json.loads(p.read_text()) for p in (ctx.run_dir / "errors").glob("rank-*.json")]
+    assert sorted((r["rank"], r["type"]) for r in errors) == [(0, "Preempted"), (1, "Preempted")]
+    summary, _ = run_train(tiny_project, cfg_of(*BASE))
+    assert summary["checkpoint"]["resumed_from"].endswith("step-00000008")
+    assert_same(outputs(tiny_project)[1], ref)

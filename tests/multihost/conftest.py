@@ -7,7 +7,9 @@ PostgreSQL on the third (tests/fixtures/postgres.py), once per test session.
   (`TestBed.shared`);
 - `postgres`: PostgreSQL listening on node3's address only;
 - `mlflow`: MLflow's tracking server on node3, its runs in that PostgreSQL, artifacts in the
-  shared folder (its URL, as the hosts name it).
+  shared folder (its URL, as the hosts name it);
+- `reference`: the training job on node1 alone with two workers (its weights and seconds), which
+  every two-node job of the template must equal bit for bit (test_training, test_slurm).
 
 Where namespaces or PostgreSQL cannot be made (not root, binaries missing), the tests skip with
 one line saying why and how to run them; under CI=true they fail instead (scripts/test.sh's
@@ -19,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.fixtures.hosts import TestBed, missing_capability
-from tests.fixtures.multihost import TEMPLATE, Cluster, give_job_secret
+from tests.fixtures.multihost import STAGE, TEMPLATE, Cluster, give_job_secret, published_model
 from tests.fixtures.postgres import Postgres
 from tests.fixtures.postgres import missing as postgres_missing
 from tests.fixtures.project import contained_env, make_project
@@ -95,3 +98,21 @@ def mlflow(testbed: Cluster, postgres: Postgres, say, tmp_path_factory) -> Itera
     with mlflow_server(testbed, postgres, log) as url:
         say(f"MLflow's tracking server at {url}, on PostgreSQL")
         yield url
+
+
+@pytest.fixture(scope="session")
+def reference(testbed: Cluster, say):
+    """The job on node1 alone with the same world size (two workers): its weights and time."""
+    node1 = testbed.hosts[0]
+    t0 = time.time()
+    node1.run(
+        "enn",
+        STAGE,
+        "--set",
+        "runtime.world_size=2",
+        "--set",
+        f"checkpoint.dir={testbed.shared / 'ckpt-one-host'}",
+    )
+    wall = time.time() - t0
+    say(f"one host ({node1.name}), world size 2: {wall:.1f} s")
+    return published_model(node1), wall

@@ -26,24 +26,6 @@ from tests.fixtures.multihost import (
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def reference(testbed, say):
-    """The job on node1 alone with the same world size (two workers): its weights and time."""
-    node1 = testbed.hosts[0]
-    t0 = time.time()
-    node1.run(
-        "enn",
-        STAGE,
-        "--set",
-        "runtime.world_size=2",
-        "--set",
-        f"checkpoint.dir={testbed.shared / 'ckpt-one-host'}",
-    )
-    wall = time.time() - t0
-    say(f"one host ({node1.name}), world size 2: {wall:.1f} s")
-    return published_model(node1), wall
-
-
 def _newer_model(hosts, since: float):
     fresh = [h for h in hosts if (h.checkout / "outputs" / STAGE / "model.pt").exists()]
     return [
@@ -87,8 +69,13 @@ def test_two_hosts_train_like_one_host(testbed, reference, say, tmp_path):
     wall = time.time() - job.started
     assert codes == [0, 0], job.output()
     say(f"two hosts, world size 2: {wall:.1f} s (one host: {reference[1]:.1f} s)")
-    (rank0,) = _newer_model([node1, node2], job.started)  # global rank 0's node only
+    # global rank 0's node publishes; node2 publishes the same model.pt from the shared folder
+    assert _newer_model([node1, node2], job.started) == [node1, node2]
+    rank0 = node1
     assert not same_weights(published_model(rank0), reference[0])  # bit-identical
+    assert (node1.checkout / "outputs" / STAGE / "model.pt").read_bytes() == (
+        node2.checkout / "outputs" / STAGE / "model.pt"
+    ).read_bytes()
     assert all(names == {"__0_0.distcp", "__1_0.distcp"} for names in _ranks_sharded(ckpt))
     events = [
         json.loads(line)
@@ -150,8 +137,8 @@ def test_a_worker_killed_on_host2_restarts_the_job_from_its_last_checkpoint(
     beats = job.heartbeats()
     assert all(b["pid"] != first[r] for r, (_, b) in beats.items()), beats  # both restarted
     assert {r: h.name for r, (h, _) in beats.items()} == {0: node1.name, 1: node2.name}
-    (rank0,) = _newer_model([node1, node2], job.started)
-    assert rank0 is node1
+    assert _newer_model([node1, node2], job.started) == [node1, node2]
+    rank0 = node1
     result = stage_result(rank0, job.started)
     assert result["checkpoint"]["resumed_from"].endswith(newest), (newest, result)
     assert not same_weights(published_model(rank0), reference[0])  # as if never killed

@@ -1,0 +1,287 @@
+"""The pipeline on a real scheduler: SLURM's daemons in the test bed (tests/fixtures/slurm.py:
+slurmctld on node3, slurmd on node1 and node2, munged everywhere) and the batch scripts of
+deploy/slurm/ submitted with sbatch as written, from node1's checkout, with only their
+documented variables set.
+
+One training job serves the pipeline, a dead host and preemption: node2 killed mid-epoch (the
+job requeued after SlurmdTimeout, resumed once node2's slurmd is back), then the time-limit
+warning (`scancel --batch --signal=USR2`, what `--signal=B:USR2@<grace>` sends: the workers
+save a committed checkpoint at the step they agree on, the script requeues the job); the
+third run resumes from that save and ends with weights bit-identical to the uninterrupted job
+on one host (the tier's `reference`), then runs the later stages on node1."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from flows.params_file import apply_overrides
+from tasks.tuning.study import override
+from tests.fixtures.multihost import Job, published_model, same_weights
+from tests.fixtures.project import ROOT
+from tests.fixtures.slurm import FINAL, Slurm, missing, parse_show
+from tests.multihost.conftest import unavailable
+
+pytestmark = pytest.mark.timeout(600)
+
+TRAIN = "deploy/slurm/train.sbatch"
+PREDICT = "deploy/slurm/predict.sbatch"
+TUNE = "deploy/slurm/tune.sbatch"
+ARRAY_STUDY, ARRAY_TRIALS = "array", 2
+DUMP_TRIALS = """
+import json, sys, optuna
+study = optuna.load_study(study_name=sys.argv[2], storage=sys.argv[1])
+print(json.dumps([{"number": t.number, "state": t.state.name, "user_attrs": t.user_attrs}
+                  for t in study.get_trials()]))
+"""
+# rank 1 (node2) pauses at step 6 (epoch 1, step 1). The newest periodic checkpoint then is step
+# 6 (every 2 steps; epoch ends at 5, 10); the save the workers agree on after a warning is at
+# step 7, which no periodic save makes.
+PAUSE_STEP, SAVED_AT = 6, "step-00000007"
+# The template's 3 epochs (the reference's) make a model too young for collapse-check's bars;
+# the job's later stages are checked for running where they should, not for model quality.
+LENIENT = [
+    "collapse.median_ratio_min=0.0",
+    "collapse.p10_ratio_min=0.0",
+    "collapse.max_flat_fraction=1.0",
+    "collapse.max_broadcast_fraction=1.0",
+    "collapse.min_correlation=-1.0",
+]
+
+
+@pytest.fixture(scope="module")
+def slurm(testbed, say):
+    unavailable(missing())
+    for h in testbed.hosts:  # the checkouts as a cluster has them: with deploy/
+        shutil.copytree(ROOT / "deploy", h.checkout / "deploy", dirs_exist_ok=True)
+    started = Slurm.start(testbed, testbed.bed.base / "slurm")
+    say(f"SLURM: slurmctld on {started.ctld.name}, slurmd on {[h.name for h in started.computes]}")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def _restore(path):
+    before = path.read_bytes()
+    return lambda: path.write_bytes(before)
+
+
+def _log_of(host, job: str) -> str:
+    path = host.checkout / f"enn-train-{job}.out"
+    return path.read_text(errors="replace") if path.exists() else "(no output file)"
+
+
+@pytest.mark.timeout(900)  # with the tier's reference run, when it runs first
+def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_identical(
+    testbed, slurm, reference, say, request, monkeypatch
+):
+    """One training job, two interruptions: node2 dies mid-epoch (every process of its
+    namespace, slurmd included), SLURM notices after SlurmdTimeout and requeues the job, which
+    waits until node2's slurmd is back and resumes from the newest periodic checkpoint; then,
+    paused at the same step again, the time-limit warning: the workers save at the step they
+    agree on, the script requeues the job, the third run resumes from that save. The weights
+    equal the uninterrupted job's on one host, bit for bit."""
+    node1, node2 = testbed.hosts[:2]
+    shared = testbed.shared
+    pause = [  # rank 1 (node2) pauses twice at step 6: killed in the first, warned in the second
+        "fault.kind=delay",
+        "fault.phase=step",
+        f"fault.step={PAUSE_STEP}",
+        "fault.rank=1",
+        "fault.times=2",
+        "fault.seconds=15",
+        f"fault.marker_dir={shared / 'faults-slurm'}",
+        *LENIENT,
+    ]
+    monkeypatch.setenv("ENN_ALLOW_FAULTS", "1")  # the hosts' environment allows them too
+    for h in (node1, node2):  # the test's pause, in both checkouts' params.yaml
+        request.addfinalizer(_restore(h.checkout / "params.yaml"))
+        apply_overrides(h.checkout / "params.yaml", pause)
+    env = {
+        **node1.env,
+        "ENN_SHARED": str(shared),
+        "ENN_RDZV_PORT": str(testbed.bed.port(40)),
+        "ENN_IFNAME": "eth0",
+    }
+    started = time.time()
+    job = slurm.sbatch(node1, TRAIN, env=env)
+    watch = Job([node1, node2], [], [], started=started)
+    beats = _paused(watch)
+    assert beats[1][0] is node2, "the rendezvous orders the nodes by name: node2 holds rank 1"
+    say(f"SLURM job {job} running: {_fields(slurm.show(job))}")
+    for h in testbed.hosts:
+        say(f"during job {job}: {h.name} listens on {', '.join(map(str, h.listening()))}")
+    old = {r: (h, b["pid"]) for r, (h, b) in beats.items()}
+
+    node2.run("sh", "-c", "kill -9 -1")  # node2 dies: every process but its init
+    down = _wait_for(lambda: "DOWN" in slurm.node_state(node2), "node2 DOWN", slurm, job)
+    say(
+        f"node2 killed: {node2.name} {slurm.node_state(node2)} after {down:.0f} s; "
+        f"{_fields(slurm.show(job))}"
+    )
+    _wait_for(lambda: slurm.show(job).get("Restarts") == "1", "a requeue", slurm, job)
+    slurm.revive(node2)  # its slurmd back: the job starts again on both nodes
+    watch.started = time.time()
+    beats = _paused(watch)
+    for rank, (host, pid) in old.items():  # nothing of the first run is left to write
+        assert host.run("kill", "-0", str(pid), check=False).returncode != 0, (rank, pid)
+    say(f"after the requeue: {_fields(slurm.show(job))}")
+
+    node1.run("scancel", "--batch", "--signal=USR2", job)  # the time-limit warning
+    _wait_for(lambda: slurm.show(job).get("Restarts") == "2", "the script's requeue", slurm, job)
+    done = slurm.wait(job, timeout=420)
+    say(f"SLURM job {job} ended: {_fields(done)}")
+    out = _log_of(node1, job)
+    assert done["JobState"] == "COMPLETED", f"{done}\n{out}\n{slurm.logs()}"
+    assert done["Restarts"] == "2" and done["NodeList"] == "node[1-2]", done
+    assert "saved before the time limit; requeueing" in out, out
+    assert f"enn-train: job {job} done" in out, out
+    resumed = _resumed(node1, started)
+    assert resumed[-2:] == [f"step-{PAUSE_STEP:08d}", SAVED_AT], resumed
+    assert not same_weights(published_model(node1), reference[0])  # bit-identical
+    assert published_model(node2) is not None  # every node holds the model
+    for stage in ("validate", "predict", "collapse-check", "export"):
+        made = node1.checkout / "outputs" / stage
+        assert made.is_dir() and made.stat().st_mtime > started, stage
+    say(f"job {job}: resumed from {resumed}, bit-identical to one host")
+
+
+def _paused(watch: Job) -> dict:
+    """Until rank 1 pauses at PAUSE_STEP (a resumed run's first step is `first_forward`)."""
+    phases = ("step", "first_forward")
+    return watch.wait_for_beat(
+        lambda r, b: r == 0 or (b["phase"] in phases and b.get("step") == PAUSE_STEP), timeout=300
+    )
+
+
+def _wait_for(ok, what: str, slurm: Slurm, job: str, timeout: float = 180) -> float:
+    t0 = time.time()
+    while time.time() < t0 + timeout:
+        if ok():
+            return time.time() - t0
+        time.sleep(0.5)
+    raise AssertionError(f"job {job}: never {what}: {slurm.show(job)}\n{slurm.logs()}")
+
+
+def _resumed(host, since: float) -> list[str]:
+    """The checkpoints the job's runs resumed from (rank 0's records on `host`), in order."""
+    found = []
+    for p in (host.checkout / "work" / "runs").glob("*/distributed-train/events.jsonl"):
+        if p.stat().st_mtime < since:
+            continue
+        for line in p.read_text().splitlines():
+            e = json.loads(line)
+            if e.get("name") == "resumed":
+                found.append((e.get("time", 0), Path(e["fields"]["checkpoint"]).name))
+    return [name for _, name in sorted(found)]
+
+
+def _fields(info: dict[str, str]) -> str:
+    keys = ("JobId", "JobState", "Reason", "Restarts", "NodeList", "BatchHost", "ExitCode")
+    return " ".join(f"{k}={info.get(k)}" for k in keys)
+
+
+def test_the_prediction_job_takes_the_model_on_every_node_and_equals_one_host(
+    testbed, slurm, say, request
+):
+    """deploy/slurm/predict.sbatch right after the training job: every node loads the model the
+    training job published into the shared folder (with collapse-check's calibration beside
+    it; each node's own outputs/distributed-train/model.pt holds the same bytes, not copied by
+    hand), stages the input itself, and node1 assembles the parts; the output equals node1's
+    prediction alone, value for value and row for row."""
+    node1, node2 = testbed.hosts[:2]
+    model = testbed.shared / "enn-model" / "model.pt"  # where the training job published it
+    assert (model.parent / "calibration.json").exists()
+    mine = [(h.checkout / "outputs" / "distributed-train" / "model.pt") for h in (node1, node2)]
+    assert all(p.exists() for p in mine), "run after the training job"
+    assert mine[0].read_bytes() == mine[1].read_bytes()
+    for h in (node1, node2):  # the flow's collapse-check on the young model (LENIENT)
+        request.addfinalizer(_restore(h.checkout / "prediction" / "params.yaml"))
+        apply_overrides(h.checkout / "prediction" / "params.yaml", LENIENT)
+    env = {
+        **node1.env,
+        "ENN_SHARED": str(testbed.shared),
+        "ENN_RDZV_PORT": str(testbed.bed.port(41)),
+    }
+    job = slurm.sbatch(node1, PREDICT, env=env)
+    done = slurm.wait(job, timeout=400)
+    say(f"SLURM job {job} ended: {_fields(done)}")
+    log = node1.checkout / f"enn-predict-{job}.out"
+    out = log.read_text(errors="replace") if log.exists() else ""
+    assert done["JobState"] == "COMPLETED", f"{done}\n{out}\n{slurm.logs()}"
+    assert "predict: this node's share is done" in out, out  # node2's task
+    across = _predictions(node1)
+    assert not (node2.checkout / "prediction" / "outputs" / "predict").exists()
+    node1.run("enn", "predict", "--pipeline", "prediction", "--set", f"predict.model={model}")
+    alone = _predictions(node1)
+    assert np.array_equal(across[0], alone[0]) and across[1] == alone[1]
+    say(f"prediction job {job}: {len(alone[1])} rows on two nodes equal to node1's alone")
+
+
+def _predictions(host) -> tuple[np.ndarray, list]:
+    out = host.checkout / "prediction" / "outputs" / "predict"
+    keys = pq.read_table(out / "predictions.parquet").select(["month", "daytype", "direction"])
+    return np.load(out / "predictions.npy"), keys.to_pylist()
+
+
+def test_a_job_array_shares_one_study_on_postgres(testbed, slurm, postgres, mlflow, say, request):
+    """deploy/slurm/tune.sbatch as a job array of two tasks (`sbatch --array=0-1`), one per node
+    (--exclusive), both in one Optuna study on the tier's PostgreSQL: the documented bound
+    holds (n_trials to n_trials + tasks - 1 complete or pruned trials), trial numbers are
+    unique and both nodes ran trials."""
+    node1, node2 = testbed.hosts[:2]
+    postgres.create_database("optuna_array")
+    storage = postgres.url("optuna_array")
+    params = [
+        override("tune.study", ARRAY_STUDY),
+        override("tune.storage", storage),
+        override("tune.space", {"train.lr": {"low": 1e-4, "high": 0.03, "log": True}}),
+        override("tune.n_trials", ARRAY_TRIALS),
+        "tune.parallel=1",
+        "tune.n_startup_trials=1",
+        "tune.n_warmup_steps=1",
+        "checkpoint.every_steps=0",
+        f"tracking.uri={mlflow}",
+        "tracking.experiment=tuning-array",
+    ]
+    for h in (node1, node2):
+        request.addfinalizer(_restore(h.checkout / "params.yaml"))
+        apply_overrides(h.checkout / "params.yaml", params)
+    env = {**node1.env, **postgres.env}  # PGPASSWORD from the submitting environment
+    job = slurm.sbatch(node1, "--array=0-1", TUNE, env=env)
+    tasks = _wait_array(slurm, job)
+    say(f"tuning array {job}: " + "; ".join(_fields(t) for t in tasks))
+    logs = "\n".join(p.read_text() for p in node1.checkout.glob(f"enn-tune-{job}_*.out"))
+    assert [t["JobState"] for t in tasks] == ["COMPLETED", "COMPLETED"], f"{tasks}\n{logs}"
+    assert sorted(t["NodeList"] for t in tasks) == ["node1", "node2"], tasks
+    trials = json.loads(
+        node1.run("python", "-c", DUMP_TRIALS, storage, ARRAY_STUDY, env=env).stdout
+    )
+    ended = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED")]
+    assert ARRAY_TRIALS <= len(ended) <= ARRAY_TRIALS + 1, trials  # + tasks - 1
+    assert len({t["number"] for t in trials}) == len(trials)
+    hosts = {json.loads(t["user_attrs"]["enn.owner"])["host"] for t in ended}
+    assert hosts == {node1.name, node2.name}, hosts
+    say(f"tuning array {job}: {len(ended)} trials complete or pruned, on {sorted(hosts)}")
+
+
+def _wait_array(slurm: Slurm, job: str, timeout: float = 500) -> list[dict[str, str]]:
+    end = time.time() + timeout
+    tasks: list[dict[str, str]] = []
+    while time.time() < end:
+        out = slurm.scontrol(slurm.ctld, "show", "job", "-o", job)
+        tasks = sorted(
+            (parse_show(line) for line in out.splitlines() if line.strip()),
+            key=lambda t: t.get("ArrayTaskId", ""),
+        )
+        if len(tasks) == 2 and all(t.get("JobState") in FINAL for t in tasks):
+            return tasks
+        time.sleep(1)
+    raise AssertionError(f"array {job} did not end: {tasks}\n{slurm.logs()}")
