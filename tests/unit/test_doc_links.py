@@ -15,6 +15,7 @@ from tests.fixtures.project import ROOT
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*```")
+SHELL = re.compile(r"^\s*```\s*(bash|sh|shell|console)\s*$")
 
 
 def anchors(page: Path) -> set[str]:
@@ -69,14 +70,16 @@ def broken_links(page: Path) -> list[str]:
 
 
 def enn_lines(page: Path) -> list[str]:
-    """`enn ...` command lines inside code blocks, continuation lines joined, comments cut."""
-    out, in_code, pending = [], False, ""
+    """`enn ...` command lines inside shell code blocks (```bash, sh, shell, console: what a
+    reader pastes; a picture's block is not one), continuation lines joined, comments cut."""
+    out, in_code, in_shell, pending = [], False, False, ""
     for line in page.read_text().splitlines():
         if FENCE.match(line):
             in_code = not in_code
+            in_shell = in_code and bool(SHELL.match(line))
             pending = ""
             continue
-        if not in_code:
+        if not in_shell:
             continue
         text = pending + line.strip()
         if text.endswith("\\"):
@@ -126,6 +129,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         "# Getting started\n\n## Run `enn` twice\n\n[ok](#run-enn-twice) [gone](#nowhere) "
         "[file](missing.md) [web](https://example.org)\n\n```bash\nenn run --flow training\n"
         "enn run --flwo training\nenn validate \\\n  --set train.epochs=3\nenn nosuch\n```\n"
+        "\n```\nenn picture -> not a command\n```\n"
     )
     assert anchors(page) == {"getting-started", "run-enn-twice"}
     assert [b.split(": ", 1)[1] for b in broken_links(page)] == [

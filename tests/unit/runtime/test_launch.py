@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from enn_core.config import load_config
@@ -48,19 +50,36 @@ def test_the_torchrun_child_gets_a_clean_environment_and_forwards_the_schedulers
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "old-job")
-    monkeypatch.setenv("ENN_JOB_SECRET_FILE", str(tmp_path / "secret"))
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    secret.chmod(0o600)
+    monkeypatch.setenv("ENN_JOB_SECRET_FILE", str(secret))
     env = child_env(tmp_path, 1)
     assert "RANK" not in env and "TORCHELASTIC_RUN_ID" not in env
     assert env["TORCH_CPP_LOG_LEVEL"] == "ERROR"
-    assert env["ENN_JOB_SECRET_FILE"] == str(tmp_path / "secret")
+    assert env["ENN_JOB_SECRET_FILE"] == str(secret)
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
     assert child_env(tmp_path, 2)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+    # none configured: one node gets its work directory's own (0600), several are refused
+    monkeypatch.delenv("ENN_JOB_SECRET_FILE")
+    run_dir = tmp_path / "work" / "runs" / "job1" / "distributed-train"
+    made = Path(child_env(run_dir, 1)["ENN_JOB_SECRET_FILE"])
+    assert made == tmp_path / "work" / "job-secret" and made.stat().st_mode & 0o777 == 0o600
+    assert child_env(run_dir, 1)["ENN_JOB_SECRET_FILE"] == str(made)  # reused: parts stay valid
+    with pytest.raises(ConfigError, match="needs a job secret in ENN_JOB_SECRET_FILE"):
+        child_env(run_dir, 2)
+    secret.chmod(0o644)
+    monkeypatch.setenv("ENN_JOB_SECRET_FILE", str(secret))
+    with pytest.raises(ConfigError):  # readable by others: refused before anything starts
+        child_env(run_dir, 1)
 
     job = {
         "run_dir": str(tmp_path),
         "nprocs": 2,
         "max_restarts": 1,
         "shutdown_timeout_s": SHUTDOWN_TIMEOUT_S,
+        "liveness_timeout_s": 60.0,
         "rendezvous": Rendezvous().resolved().__dict__,
     }
     argv = argv_of(job, tmp_path / "job.json")
@@ -69,6 +88,9 @@ def test_the_torchrun_child_gets_a_clean_environment_and_forwards_the_schedulers
     assert f"--shutdown-timeout={int(SHUTDOWN_TIMEOUT_S)}" in argv
     assert argv[-3:] == ["--module", "enn_core.runtime.entry", str(tmp_path / "job.json")]
     assert "--local-addr=127.0.0.1" in argv  # one node: the workers' store on loopback
+    # a node silent past runtime.hang_timeout_s is named by the others (enn_core.runtime.stores)
+    conf = next(a for a in argv if a.startswith("--rdzv-conf=")).split("=", 1)[1]
+    assert "liveness_timeout=60" in conf.split(",")
 
     assert entry_of(worker_error) == "enn_core.runtime.watchdog:worker_error"
     with pytest.raises(TypeError, match="module-level function"):
