@@ -75,14 +75,16 @@ def test_two_workers_match_one_process_and_resume_after_a_killed_worker(tmp_path
     store, job = _setup(tmp_path, "two", 2, FaultConfig(kind="kill", phase="predict_chunk", step=5))
     t0 = time.monotonic()
     with pytest.raises(WorkerError, match=r"rank 1 died with signal SIGKILL.*are kept") as e:
-        launch_ranks(_spec(job, tmp_path / "run1"), 2, LIMITS)
+        launch_ranks(_spec(job, tmp_path / "work" / "runs" / "job1" / "predict"), 2, LIMITS)
     assert time.monotonic() - t0 < 240
     assert "\n" not in str(e.value)
     assert store.is_done(4) and store.is_done(5) and not store.is_done(8)
 
     store.prepare()
     job = dataclasses.replace(job, fault=FaultConfig())
-    stats = launch_ranks(_spec(job, tmp_path / "run2"), 2, LIMITS)
+    # the stage's run directories (work/runs/<id>/predict): both launches sign their parts with
+    # the work directory's own job secret, so the second one trusts the first one's parts
+    stats = launch_ranks(_spec(job, tmp_path / "work" / "runs" / "job2" / "predict"), 2, LIMITS)
     assert stats[1]["reused_parts"][:2] == [4, 5] and 4 not in stats[1]["computed_parts"]
     out = np.array(assemble(store, tmp_path / "two.npy"))
     assert out.tobytes() == ref.tobytes()
