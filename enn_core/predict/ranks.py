@@ -118,7 +118,8 @@ def launch_ranks(
             raise WorkerError(
                 f"predict cancelled; its {nprocs} workers were killed, {kept}"
             ) from None
-        raise type(e)(f"{e}; {kept}") from None
+        said = "are kept" in str(e)  # a rank's own error that already says so
+        raise type(e)(str(e) if said else f"{e}; {kept}") from None
 
 
 def rank_main(spec_path: str) -> WorkerStats:
