@@ -99,6 +99,7 @@ class Tracker:
         self.uri = uri
         layout.mlflow_dir.mkdir(parents=True, exist_ok=True)
         import mlflow
+        from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
         mlflow.set_tracking_uri(uri)
@@ -110,10 +111,17 @@ class Tracker:
             raise store_error(uri, e) from e
         if exp is None:
             loc = layout.mlflow_artifacts.as_uri() if uri.startswith("sqlite") else None
-            self.experiment_id = self.client.create_experiment(
-                cfg.tracking.experiment, artifact_location=loc, tags=EXPERIMENT_KIND
-            )
-        else:
+            try:
+                self.experiment_id = self.client.create_experiment(
+                    cfg.tracking.experiment, artifact_location=loc, tags=EXPERIMENT_KIND
+                )
+            except MlflowException as e:  # another host (a job array's task) made it first
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
+                if exp is None:
+                    raise
+        if exp is not None:
             self.experiment_id = exp.experiment_id
             for k, v in EXPERIMENT_KIND.items():
                 if exp.tags.get(k) != v:

@@ -46,3 +46,29 @@ def test_a_tracking_server_that_does_not_answer_is_one_line_at_once(tmp_path):
     assert time.monotonic() - t0 < 30
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{uri}: the MLflow tracking store did not answer")
+
+
+def test_an_experiment_another_host_made_first_is_joined(tmp_path, monkeypatch):
+    """Two tasks of a job array open one tracking store at once: both find no experiment, one
+    creates it, the other's create is refused as existing; that one joins it (CI run: a job
+    array's task failed with RESOURCE_ALREADY_EXISTS)."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tracking import Tracker
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    layout = Layout.for_root(tmp_path)
+    layout.mlflow_dir.mkdir(parents=True)
+    uri = f"sqlite:///{layout.mlflow_dir / 'mlflow.db'}"
+    cfg = load_config(None, [f"tracking.uri={uri}", "tracking.experiment=raced"])
+    first = Tracker(cfg, layout).experiment_id  # the other host, a moment earlier
+    real = MlflowClient.get_experiment_by_name
+    calls = []
+
+    def not_yet(self, name):  # this host looked just before the other created it
+        calls.append(name)
+        return None if len(calls) == 1 else real(self, name)
+
+    monkeypatch.setattr(MlflowClient, "get_experiment_by_name", not_yet)
+    assert Tracker(cfg, layout).experiment_id == first
+    assert calls == ["raced", "raced"]
