@@ -88,13 +88,21 @@ def test_two_hosts_train_like_one_host(testbed, reference, say, tmp_path):
     other = node2 if rank0 is node1 else node1
     other_log = job.logs[[node1, node2].index(other)].read_text()
     assert "this node ran ranks [1]; the node of global rank 0 publishes the outputs" in other_log
-    # rank 0 alone publishes: the other node wrote nothing under outputs/ (issue 38.3)
-    written = [
+    # rank 0 alone publishes (issue 38.3): the other node writes under outputs/ nothing of its
+    # own, only rank 0's published files, byte for byte (issue 40.4: the model reaches every
+    # node by itself); no params.json, metrics or plots of its own
+    written = {
         str(p.relative_to(other.checkout))
         for p in (other.checkout / "outputs").rglob("*")
         if p.is_file() and p.stat().st_mtime >= job.started - 1
-    ]
-    assert not written, f"{other.name} wrote {written}"
+    }
+    copies = {f"outputs/{STAGE}/{f}" for f in ("model.pt", "record.json", "history.json")}
+    for name in written & copies:
+        assert (other.checkout / name).read_bytes() == (rank0.checkout / name).read_bytes(), (
+            f"{other.name} wrote {name} of its own"
+        )
+    # metrics.json: derived from the copied record.json, nothing else
+    assert written <= copies | {f"outputs/{STAGE}/metrics.json"}, written
 
 
 @pytest.mark.parametrize("launcher", ["enn", "torchrun"])
