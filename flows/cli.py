@@ -26,7 +26,7 @@ from enn_core.paths import ENV_WORK_DIR, Layout, pipeline_params, project_root
 from enn_core.stages import TRAINING, Flow, lookup
 from flows import console
 from flows.commands import run_flow_command, run_stage_command, tune_command, ui_command
-from flows.exits import Terminated, exit_with, sigterm_as_interrupt
+from flows.exits import Terminated, exit_with, sigterm_as_interrupt, terminating
 from flows.params_file import is_pipeline_params
 from flows.parser import build_parser
 from flows.report import again
@@ -136,6 +136,12 @@ def _main(argv: list[str] | None) -> int:
         print(f"terminated (SIGTERM): workers stopped, lock released{again(args)}", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
+        if terminating():  # SIGTERM, re-raised as an interrupt by a library's loop (Optuna's)
+            print(
+                f"terminated (SIGTERM): workers stopped, lock released{again(args)}",
+                file=sys.stderr,
+            )
+            return 143
         print(f"interrupted{again(args)}", file=sys.stderr)
         return 130
 

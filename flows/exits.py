@@ -36,6 +36,11 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
+def terminating() -> bool:
+    """Whether this process got SIGTERM (its stop may reach the caller as a plain interrupt)."""
+    return _terminating.is_set()
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """While the block runs (main thread only), SIGTERM raises `Terminated` like Ctrl-C."""

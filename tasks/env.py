@@ -81,6 +81,10 @@ def prefect_env(layout: Layout) -> dict[str, str]:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PREFECT_UI_ENABLED": "false",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "enn",
+        # enn's logger sends to the API within flow runs only; a line logged before the flow
+        # starts (the temporary API's address, now said while the flow's modules import)
+        # stays on the console and in the log file, without Prefect's UserWarning about it
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         # Prefect's own console handler, which a flow run of `enn deploy` uses until the flow
         # sets up enn's console (flows/training.py: flow_console): its INFO lines ("Beginning
         # flow run ...") go to the Prefect UI's log, not the terminal

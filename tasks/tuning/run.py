@@ -138,7 +138,9 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
                     callbacks=[done],
                 )
         except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
-            if not objective.lost or objective.stop.is_set():
+            if objective.stop.is_set():  # Ctrl-C or SIGTERM came while Optuna told a trial
+                raise KeyboardInterrupt from None  # that ended with it: the stop stands
+            if not objective.lost:
                 raise
             continue
         except Exception as e:  # Optuna's own call (ask, tell) when the storage went

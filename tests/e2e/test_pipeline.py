@@ -425,7 +425,10 @@ def test_every_process_was_offline_and_watched(ran):
     assert any(
         "uvicorn" in c or "prefect" in c for c in cmds if not c.split(" ")[0].endswith("enn")
     ), "the Prefect server"
-    assert any("multiprocessing" in c or "spawn" in c for c in cmds), "worker processes"
+    # the one launcher's processes (torchrun's child, its workers' entry) or a one-worker
+    # training's child worker
+    workers = ("enn_core.runtime.torchrun", "enn_core.runtime.entry", "enn_core.train.worker")
+    assert any(w in c for c in cmds for w in workers), f"worker processes: {cmds}"
     assert any(c.split(" ")[0].endswith("dvc") for c in cmds), "dvc"
 
 
