@@ -9,7 +9,7 @@ run directories' config.yaml, MLflow params, the console and Prefect's run names
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from enn_core.errors import ConfigError
 
@@ -61,26 +61,30 @@ def check_no_password(url: str, where: str, fix: str) -> None:
     """ConfigError (never echoing it) when `url` holds a password, in its user info or query."""
     if "://" not in url:
         return
-    shown = redact_url(url)
+    parts = _split(url, where)
+    if _holds_password(parts):
+        raise ConfigError(f"{where}={redact_url(url)!r} holds a password: {fix}")
+
+
+def _split(url: str, where: str) -> SplitResult:
+    """`url`'s parts, its password read once (urlsplit is lazy); ConfigError when unparsable."""
     try:
         parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        has_password = parts.password is not None
+        _ = parts.password, parse_qsl(parts.query, keep_blank_values=True)
     except ValueError as e:
-        raise ConfigError(f"{where}={shown!r} is not a URL ({e})") from e
-    if has_password or any(k.lower() in SECRET_QUERY for k, _ in query):
-        raise ConfigError(f"{where}={shown!r} holds a password: {fix}")
+        raise ConfigError(f"{where}={redact_url(url)!r} is not a URL ({e})") from e
+    return parts
+
+
+def _holds_password(parts: SplitResult) -> bool:
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    return parts.password is not None or any(k.lower() in SECRET_QUERY for k, _ in query)
 
 
 def check_storage_url(url: str, where: str) -> None:
     """An SQLAlchemy URL Optuna can store a study in, without a password; else ConfigError."""
     shown = redact_url(url)
-    try:
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        has_password = parts.password is not None
-    except ValueError as e:
-        raise ConfigError(f"{where}={shown!r} is not a URL ({e})") from e
+    parts = _split(url, where)
     dialect = parts.scheme.split("+")[0]
     if "://" not in url or dialect not in DIALECTS:
         raise ConfigError(
@@ -88,7 +92,7 @@ def check_storage_url(url: str, where: str) -> None:
             "postgresql://optuna@node3:5432/studies (several hosts), or empty for "
             "work/tune/<study>.db"
         )
-    if has_password or any(k.lower() in SECRET_QUERY for k, _ in query):
+    if _holds_password(parts):
         raise ConfigError(f"{where}={shown!r} holds a password: {PASSWORD_FIX}")
     if dialect == "sqlite" and parts.path.strip("/") in ("", ":memory:"):
         raise ConfigError(
