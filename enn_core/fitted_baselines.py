@@ -353,10 +353,13 @@ def fitted_baselines(
     cache: Path,
     say: Callable[[str], None] | None = None,
     bar_enabled: bool = False,
+    say_after_s: float = 0.0,
 ) -> dict[str, BaselineResult]:
     """Each baseline of `cfg.baselines`: its predictions on `splits`, each loss of
     `cfg.baseline_losses` from the cache or fitted (and cached) now, the better kept. `say`
-    gets a line before each fit; `bar_enabled`: a bar on a terminal while it runs."""
+    gets a line for each fit still running `say_after_s` seconds after it began (0: before it
+    begins; a fit of a fraction of a second needs no line); `bar_enabled`: a bar on a terminal
+    while it runs."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # no stubs
 
     from enn_core.progress import bar
@@ -374,14 +377,13 @@ def fitted_baselines(
             hit = _read_cache(folder, ds, splits) if folder.is_dir() else None
             if hit is None:
                 share = (deadline - time.perf_counter()) / (len(losses) - i)
-                if say is not None:
-                    say(
-                        f"{name} baseline: fitting with the {_words(loss)} loss (at most "
-                        f"{max(share, 0):.0f} s: validate.baseline_time_s="
-                        f"{cfg.baseline_time_s:g})"
-                    )
+                line = (
+                    f"{name} baseline: fitting with the {_words(loss)} loss (at most "
+                    f"{max(share, 0):.0f} s: validate.baseline_time_s={cfg.baseline_time_s:g})"
+                )
                 unit = "tree" if name == "gbt" else "step"
                 with (
+                    _said(say, line, say_after_s),
                     bar(None, f"{name} baseline", bar_enabled, unit, delay=0.0) as pbar,
                     _refreshing(pbar),
                 ):
@@ -403,6 +405,25 @@ def fitted_baselines(
             per_loss[loss] = hit
         out[name] = _choose(ds, per_loss, cfg)
     return out
+
+
+@contextlib.contextmanager
+def _said(say: Callable[[str], None] | None, line: str, after_s: float) -> Iterator[None]:
+    """`say(line)` now (`after_s` 0), or once `after_s` seconds pass while the body runs."""
+    if say is None:
+        yield
+        return
+    if after_s <= 0:
+        say(line)
+        yield
+        return
+    timer = threading.Timer(after_s, say, (line,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 @contextlib.contextmanager

@@ -118,10 +118,22 @@ def evaluate_split(
             beaten_by.append(f"{name} {nm['mae']:.4g}")
     if beaten_by:  # one warning naming every predictor that beat the model
         flags.append(
-            f"{split}: the model's MAE {m['mae']:.4g} does not beat {', '.join(beaten_by)}; "
-            "the model adds nothing over them on this split"
+            f"{split}: the model's MAE {m['mae']:.4g} does not beat {', '.join(beaten_by)}"
+            f"{_NOTHING_ADDED} split"
         )
     return metrics, breakdown, flags
+
+
+_NOTHING_ADDED = "; the model adds nothing over them on this"
+
+
+def one_warning(flags: Sequence[str]) -> str:
+    """The flags of several splits as the one line a person reads: each split's comparison,
+    then what it means once."""
+    if len(flags) == 1:
+        return flags[0]
+    heads = [f.split(_NOTHING_ADDED)[0] for f in flags]
+    return "; ".join(heads) + "; the model adds nothing over them on these splits"
 
 
 def best_naive(metrics: Mapping[str, float], split: str = "val") -> str | None:

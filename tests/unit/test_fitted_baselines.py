@@ -171,6 +171,31 @@ def test_the_time_cap_bounds_the_whole_baseline_and_it_says_what_it_fits(large, 
 
 
 @pytest.mark.slow  # fits ridge and gbt
+def test_a_fit_that_ends_quickly_says_nothing_and_a_long_one_says_what_it_fits(ds, large, tmp_path):
+    """validate's "fitting" line comes once a fit has run `say_after_s`: the Quick start's
+    fits of a fraction of a second add no lines to the console, a fit that takes a while
+    still says what it fits while it runs."""
+    quick: list[str] = []
+    cfg = ValidateConfig(baselines=("ridge",))
+    fitted_baselines(ds, cfg, SPLITS, tmp_path / "quick", say=quick.append, say_after_s=30.0)
+    assert quick == []
+    slow: list[tuple[float, str]] = []
+    t0 = time.perf_counter()
+    cfg = ValidateConfig(baselines=("gbt",), baseline_time_s=3.0)
+    fitted_baselines(
+        large,
+        cfg,
+        SPLITS,
+        tmp_path / "slow",
+        say=lambda line: slow.append((time.perf_counter() - t0, line)),
+        say_after_s=0.5,
+    )
+    took = time.perf_counter() - t0
+    assert len(slow) == 1 and slow[0][1].startswith("gbt baseline: fitting with the"), slow
+    assert 0.5 <= slow[0][0] < took  # said while the fit ran, not before it, not after
+
+
+@pytest.mark.slow  # fits ridge and gbt
 def test_a_damaged_cache_is_refitted_never_unpickled(ds, tmp_path):
     cfg = ValidateConfig(baselines=("ridge",))
     good = fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"]

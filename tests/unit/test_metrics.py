@@ -12,6 +12,7 @@ from enn_core.metrics import (
     best_naive,
     evaluate_split,
     finite_or_none,
+    one_warning,
     regression_metrics,
     with_best_naive,
 )
@@ -59,6 +60,11 @@ def test_each_naive_predictor_is_flagged_when_not_beaten():
     # a tie is not a win
     _, _, tie_flags = evaluate_split("val", pred, target, {"naive_cell_mean": target - 3.0})
     assert len(tie_flags) == 1
+    # the person reads one line for both splits, each split's numbers in it, the meaning once
+    line = one_warning(tie_flags + flags)
+    assert line.startswith("val: the model's MAE 3 does not beat naive_cell_mean 3; test: ")
+    assert line.count("adds nothing") == 1 and "naive_conditional 1" in line
+    assert one_warning(flags) == flags[0]
 
 
 def test_the_best_naive_predictor_is_chosen_on_validation_rows_and_named():
