@@ -2,19 +2,16 @@
 study's staged data, in its folder (`python -m tasks.tuning.trial work/tune/<study>/trial-<N>/
 trial.json`): `outputs/` (stage-data linked to the study's), `work/runs/trial/<stage>/` (the
 study follows distributed-train's `events.jsonl`), `work/checkpoints/`. No pipeline lock, no
-params.yaml, no dvc.lock, no MLflow (the study logs). A trial whose study died kills its own
-group (`watch_parent`): no orphaned worker trains on.
+params.yaml, no dvc.lock, no MLflow (the study logs). A trial dies with its study, and its
+workers with it (`die_with_parent`, the one copy every process of a job uses): no orphaned
+worker trains on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import sys
-import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,6 +19,7 @@ from enn_core.atomic import write_json
 from enn_core.config import load_config
 from enn_core.errors import EnnError
 from enn_core.paths import Layout
+from enn_core.runtime.parent import die_with_parent
 from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT, STAGE_DATA
 from tasks.runner import PipelineSession, execute_stage
 
@@ -58,18 +56,6 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return [p for p in out if p.exists() and not p.is_symlink()]
 
 
-def watch_parent(poll_s: float = 0.5) -> None:
-    """Kill this trial's process group (itself and its workers) once its study is gone."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        os.killpg(os.getpgid(0), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="enn-trial-parent-watch", daemon=True).start()
-
-
 def run(job: TrialJob) -> None:
     folder = Path(job.folder).resolve()
     layout = Layout(Path(job.root).resolve(), work=folder / "work", outputs_dir=folder / "outputs")
@@ -85,7 +71,7 @@ def run(job: TrialJob) -> None:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    watch_parent()
+    die_with_parent()
     raw = json.loads(Path(argv[0]).read_text())
     job = TrialJob(**{**raw, "overrides": tuple(raw["overrides"])})
     try:
