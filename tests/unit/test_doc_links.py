@@ -251,3 +251,17 @@ def test_every_docs_page_the_product_code_names_exists():
     missing = sorted({f"{rel}: {m}" for rel, m in named if not (ROOT / m).is_file()})
     assert not missing, "pages named in the code that do not exist:\n" + "\n".join(missing)
     assert not stale, "sections named in the README, which moved to docs/:\n" + "\n".join(stale)
+
+
+def test_the_quick_start_is_what_ci_runs_and_the_tiers_page_matches_the_script():
+    """The README's Quick start is the two commands; its second is what .ci/run runs; each tier
+    docs/tests.md lists has scripts/test.sh's marker expression and budget."""
+    block = re.search(r"## Quick start\n\n```bash\n(.*?)```", README.read_text(), re.S)
+    assert block and block.group(1).splitlines() == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    ci = [x for x in (ROOT / ".ci" / "run").read_text().splitlines() if x and x[0] != "#"]
+    assert ci[-1] == "bash scripts/test.sh", ci
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    tiers = {e: int(s) for s, e in re.findall(r'^tier \S+ (\d+) \d+ "([^"]+)"', script, re.M)}
+    page = (ROOT / "docs" / "tests.md").read_text()
+    shown = re.findall(r'selects: `-m "?([^"`]+)"?`.*?\n  - budget: (\d+) min', page, re.S)
+    assert len(tiers) == 5 and {e: int(m) * 60 for e, m in shown} == tiers, (shown, tiers)
