@@ -44,8 +44,8 @@ def _rows(cls: type[DataclassInstance], prefix: str) -> list[str]:
         shown = json.dumps(
             list(default) if isinstance(default, tuple) else default, ensure_ascii=False
         )
-        help_ = field_help(cls).get(f.name, "").replace("|", "\\|")
-        rows.append(f"| `{key}` | `{_type_name(tp)}` | `{shown}` | {help_} |")
+        help_ = field_help(cls).get(f.name, "")
+        rows.append(f"- `{key}` (`{_type_name(tp)}`, default `{shown}`): {help_}")
     return rows
 
 
@@ -57,12 +57,26 @@ def render() -> str:
         "a test fails when this file is stale. "
         "Merge order: defaults -> `params.yaml` -> `--set key=value`.",
         "",
+        "For anyone changing a value: every key of `params.yaml` (and of a `--config` file), its",
+        "type, its default and what it means; how to set one is in docs/getting-started.md.",
+        "",
         "## Which sections each stage reads",
         "",
-        "| stage | sections |",
-        "| --- | --- |",
+        "| stage | params sections | enn_core code it runs |",
+        "| --- | --- | --- |",
     ]
-    out += [f"| `{s.name}` | {', '.join(f'`{x}`' for x in s.sections)} |" for s in TRAINING]
+    out += [
+        f"| `{s.name}` | {', '.join(f'`{x}`' for x in s.sections)} | "
+        f"{', '.join(f'`{c}`' for c in s.code)} |"
+        for s in TRAINING
+    ]
+    out += [
+        "",
+        "`runtime` (workers, devices, timeouts), `tracking` and `fault` are read by every stage's",
+        "runner but change no result, so no stage depends on them (changing the world size does",
+        "not re-train). `dvc.yaml` lists the same sections under each stage's `params:` (a test",
+        "keeps the two equal).",
+    ]
     hints = typing.get_type_hints(RunConfig)
     for f in dataclasses.fields(RunConfig):
         out += [
@@ -71,8 +85,6 @@ def render() -> str:
             "",
             field_help(RunConfig).get(f.name, ""),
             "",
-            "| key | type | default | meaning |",
-            "| --- | --- | --- | --- |",
         ]
         out += _rows(hints[f.name], f.name + ".")
     return "\n".join(out) + "\n"

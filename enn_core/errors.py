@@ -1,5 +1,5 @@
 """The project's domain exceptions, and every exit code `enn` returns (`EXIT_CODES`, the one
-list: `enn --help` prints it and the README's table is checked against it).
+list: `enn --help` prints it and docs/getting-started.md's list is checked against it).
 
 Every message names the file, field or row at fault and what to do about it, on one line.
 `TransientError` marks failures worth retrying (worker launch, I/O); the orchestration layer

@@ -26,7 +26,7 @@ from enn_core.errors import ConfigError
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,199}$")
 
-# The short list of environment variables the project reads (documented in the README).
+# The short list of environment variables the project reads (documented in docs/getting-started.md).
 ENV_WORK_DIR = "ENN_WORK_DIR"  # override the work directory (absolute path)
 
 

@@ -14,6 +14,34 @@ COMMON_EPILOG = (
     "Outputs: outputs/<stage>/; run directories, MLflow and Prefect state: work/."
 )
 
+# The page of docs/ that covers each command; its help ends with it (a test checks the files).
+# (A stage's page is its spec's `docs`.)
+PAGES = {
+    "enn": "docs/getting-started.md",
+    **{spec.name: spec.docs for spec in TRAINING},
+    "run": "docs/getting-started.md",
+    "tune": "docs/tuning.md",
+    "gc": "docs/tuning.md",
+    "deploy": "docs/getting-started.md",
+    "serve": "docs/serving.md",
+    "doctor": "docs/troubleshooting.md",
+    "ui": "docs/getting-started.md",
+}
+
+
+def epilog(command: str, text: str = COMMON_EPILOG) -> str:
+    """`text`, then the page that covers `command` (the last line of its help)."""
+    return f"{text}\n\nDocs: {PAGES[command]} (every page: README.md)."
+
+
+class _Paragraphs(argparse.HelpFormatter):
+    """Wraps each paragraph of a description or epilog on its own (a blank line between)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join(
+            super(_Paragraphs, self)._fill_text(t, width, indent) for t in text.split("\n\n")
+        )
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -26,7 +54,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="Override one config value, e.g. --set train.epochs=3 (repeatable); recorded in "
-        "the pipeline's params.yaml, never in a --config file (README, Running it).",
+        "the pipeline's params.yaml, never in a --config file (docs/getting-started.md).",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
 
@@ -36,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="enn",
         description="ENN training-and-prediction pipeline.",
-        epilog=f"{COMMON_EPILOG}\n\nexit codes:\n{codes}",
+        epilog=epilog("enn", f"{COMMON_EPILOG}\n\nexit codes:\n{codes}"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -46,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
             spec.name,
             help=spec.help,
             description=stage_description(spec, variants.get(spec.name)),
-            epilog=COMMON_EPILOG,
+            epilog=epilog(spec.name),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         _common(p)
@@ -65,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--set values of the pipeline's sections go into params.yaml first (only the keys that "
         "change), as `dvc exp run -S` does; a --config file is never written, and a path "
         "outside the project keeps the whole run out of the tracked file and of DVC.",
+        epilog=epilog("run"),
+        formatter_class=_Paragraphs,
     )
     _common(p)
     p.add_argument(
@@ -95,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
         "tune` share (docs/scale-out.md). --set overrides apply to every trial and are not "
         "written into the config file. --apply writes the best values into the config file "
         "instead.",
+        epilog=epilog("tune"),
+        formatter_class=_Paragraphs,
     )
     _common(p)
     p.add_argument(
@@ -108,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Remove old checkpoints, finished trials' folders and failed runs' artifacts "
         "(the gc: section), never what dvc.lock or a registered version points at.",
         description="Says what it removed and the bytes freed; --dry-run only lists.",
+        epilog=epilog("gc"),
+        formatter_class=_Paragraphs,
     )
     _common(p)
     p.add_argument("--dry-run", action="store_true", help="List what would go; remove nothing.")
@@ -116,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Serve the training flow on its cron schedule and the prediction flow on demand.",
         description="Starts `prefect server start` on 127.0.0.1 (a free port, unless "
         "PREFECT_API_URL is set) and serves both deployments until Ctrl-C.",
+        epilog=epilog("deploy"),
+        formatter_class=_Paragraphs,
     )
     _common(p)
     p = sub.add_parser(
@@ -125,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Runs `mlflow models serve --env-manager local` over the project's MLflow "
         "store and prints its URL and a JSON and a CSV request that work as printed. Ctrl-C "
         "stops it.",
+        epilog=epilog("serve"),
+        formatter_class=_Paragraphs,
     )
     _common(p)
     p.add_argument(
@@ -140,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         "workers, distributed, checkpoints, export): ok / warn / fail with the fix.",
         description="Each line: ok, warn or fail, the measured detail and the fix. "
         "Exit 1 on any fail.",
+        epilog=epilog("doctor"),
+        formatter_class=_Paragraphs,
     )
     _common(p)
     p.add_argument(
@@ -156,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics, registered models) and the Prefect UI (prefect server start over work/prefect: "
         "flow runs, task runs, their logs and artifacts), on deploy.host; prints both URLs. "
         "While it runs, `enn run` reports its flow runs to this Prefect server. Ctrl-C stops both.",
+        epilog=epilog("ui"),
+        formatter_class=_Paragraphs,
     )
     _common(p)
     p.add_argument(

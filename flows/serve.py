@@ -4,7 +4,7 @@ task's champion unless `--model` names another), on loopback, until Ctrl-C.
     enn serve                       # models:/<this task's model>@champion on 127.0.0.1:5001
     enn serve --model models:/enn-synthetic/3 --port 0     # a version; a free port
 
-It runs `mlflow models serve --env-manager local` as the README's raw line does, with what that
+It runs `mlflow models serve --env-manager local` as docs/serving.md's raw line does, with what that
 line needs from the project: the tracking URI of the project's store (run from the project
 root without it, MLflow opens a new `./mlflow.db` and finds no model) and the environment's
 `bin/` on PATH (MLflow starts `uvicorn` by name). It prints the URL and two requests that work

@@ -11,7 +11,7 @@ A server's link is printed only once it is known to be this server's: its port m
 before it starts, and after it answers, the port must be held by its own process tree (another
 server answering the same address, one that grabbed the port meanwhile, would otherwise get
 the runs and the clicks); else one line names the port and who holds it. A host other than
-loopback is warned about: neither server authenticates anyone (README, "Security notes")."""
+loopback is warned about: neither server authenticates anyone (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -93,13 +93,13 @@ def is_loopback(host: str) -> bool:
 
 
 def warn_if_exposed(host: str, what: str) -> None:
-    """The README's warning, when `host` is not loopback: nothing authenticates."""
+    """docs/security.md's warning, when `host` is not loopback: nothing authenticates."""
     if not is_loopback(host):
         logger.warning(
             "%s listens on %s, not loopback: anyone who reaches this machine can use it, with "
             "no authentication; put authentication in front (mlflow server --app-name "
-            "basic-auth, or a reverse proxy with TLS and auth) before exposing it (README, "
-            "Security notes), or set deploy.host=127.0.0.1",
+            "basic-auth, or a reverse proxy with TLS and auth) before exposing it "
+            "(docs/security.md), or set deploy.host=127.0.0.1",
             what,
             host,
         )

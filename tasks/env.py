@@ -7,7 +7,7 @@ loaded the config; a flow run that a Prefect worker started (prefect is imported
 calls it for the tool settings only (`groups=("tools",)`, before mlflow is imported); the
 worker's own Prefect settings are the worker's environment (docs/scale-out.md).
 
-What it sets (the README lists them):
+What it sets (docs/getting-started.md lists them):
 - telemetry off: DO_NOT_TRACK=true, PREFECT_SERVER_ANALYTICS_ENABLED=false,
   MLFLOW_DISABLE_TELEMETRY=true, DVC_NO_ANALYTICS=1, MLFLOW_SKIP_PIP_REQUIREMENTS_CHECK=true;
 - PREFECT_HOME, the Prefect local result storage and an absolute MLFLOW_TRACKING_URI (SQLite)

@@ -34,7 +34,7 @@ Preset = Literal["spatiotemporal", "tabular", "custom"]
 class ModelConfig:
     preset: Preset = "spatiotemporal"
     """Model preset: factorized section/hour attention over output-axis tokens, a residual MLP,
-    or your own nn.Module built by `model.factory` (README, "Your own model")."""
+    or your own nn.Module built by `model.factory` (docs/your-model.md)."""
 
     factory: str = ""
     """`package.module:function` that builds your model (preset custom), importable from the

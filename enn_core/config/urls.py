@@ -20,7 +20,7 @@ REDACTED = "***"
 URL_KEYS = ("tune.storage", "tracking.uri")  # config keys whose value may be a URL with a user
 PASSWORD_FIX = (
     "take it out of the URL and give it in the environment (PGPASSWORD) or in ~/.pgpass "
-    "(README, Scale-out)"
+    "(docs/scale-out.md)"
 )
 
 
@@ -52,8 +52,8 @@ def redact_override(text: str) -> str:
 
 TRACKING_FIX = (
     "take it out of the URL: MLflow reads the user and password from the environment "
-    "(MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD) or ~/.mlflow/credentials (README, "
-    "Scale-out)"
+    "(MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD) or ~/.mlflow/credentials "
+    "(docs/security.md)"
 )
 
 

@@ -1,6 +1,6 @@
 """A params file (params.yaml, a `--config` file) and a `--set` value read as bounded YAML.
 
-Params files are code-equivalent (README, "Security notes"), but a clumsy edit or a file from
+Params files are code-equivalent (docs/security.md), but a clumsy edit or a file from
 elsewhere must still end in one line, fast: before anything is built, the YAML's event stream
 (libyaml's, when PyYAML has it) is checked against
 

@@ -1,5 +1,5 @@
 """`enn doctor`: the execution path checked layer by layer, each line ok / warn / fail with the
-measured detail and the fix (the operational risk map as checks; docs in the README).
+measured detail and the fix (the operational risk map as checks; docs/troubleshooting.md).
 
     report = run_doctor(cfg, layout, quick=True, only=["data", "model"])
     report.exit_code                      # 1 when any check failed

@@ -1,6 +1,6 @@
 """Your own nn.Module through the pipeline: `model.preset: custom` and `model.factory`.
 
-The contract (README, "Your own model"):
+The contract (docs/your-model.md):
 
     def build(spec: ModelSpec, **options) -> nn.Module
 

@@ -25,6 +25,7 @@ COLLAPSE_CHECK = StageSpec(
     key="collapse-check",
     name="collapse-check",
     flow="training",
+    docs="docs/serving.md",
     help="Detect prediction collapse; compare raw, calibrated, fp32 and per-sample "
     "candidates; choose one.",
     work=collapse_check,

@@ -26,6 +26,7 @@ DISTRIBUTED_TRAIN = StageSpec(
     key="distributed-train",
     name="distributed-train",
     flow="training",
+    docs="docs/checkpoints.md",
     help="Train in elastic worker processes (FSDP2 when world size > 1); writes the "
     "consolidated checkpoint.",
     work=distributed_train,

@@ -32,6 +32,7 @@ EXPORT = StageSpec(
     key="export",
     name="export",
     flow="training",
+    docs="docs/serving.md",
     help="Export the chosen prediction path to torch.export and ONNX, with parity checks and a "
     "sidecar.",
     work=export,

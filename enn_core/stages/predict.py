@@ -32,6 +32,7 @@ PREDICT = StageSpec(
     key="predict",
     name="predict",
     flow="training",
+    docs="docs/serving.md",
     help="Chunked, resumable prediction in real units (predictions.npy, Parquet, workbook).",
     work=predict,
     sections=("data", "predict"),

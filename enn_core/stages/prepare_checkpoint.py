@@ -24,6 +24,7 @@ PREPARE_CHECKPOINT = StageSpec(
     key="prepare-checkpoint",
     name="prepare-checkpoint",
     flow="training",
+    docs="docs/checkpoints.md",
     help="Write the initial checkpoint: a seeded fresh start or a warm start.",
     work=prepare_checkpoint,
     sections=("model", "checkpoint"),

@@ -91,6 +91,10 @@ class StageSpec:
     than global rank 0 may run it (its share of the work, nothing published); any other stage
     runs on global rank 0 alone."""
 
+    docs: str = "docs/getting-started.md"
+    """The page of docs/ that covers it: `enn <name> --help` ends with it (a test checks the
+    file exists)."""
+
     @property
     def dvc_name(self) -> str:
         """The stage's key in `dvc.yaml` (YAML keys take `_` where the name has `-`)."""

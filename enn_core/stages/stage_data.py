@@ -22,6 +22,7 @@ STAGE_DATA = StageSpec(
     key="stage-data",
     name="stage-data",
     flow="training",
+    docs="docs/your-data.md",
     help="Stage the input (npy/npz, CSV, Parquet, workbook or synthetic) to versioned memmaps "
     "with a manifest.",
     work=stage_data,

@@ -26,6 +26,7 @@ VALIDATE = StageSpec(
     key="validate",
     name="validate",
     flow="training",
+    docs="docs/quality.md",
     help="Metrics on the validation and test splits in real units, against the baselines.",
     work=validate,
     sections=("validate",),

@@ -3,7 +3,7 @@ validation rows by more than chance?
 
     beats(model_errors, baseline_errors) -> Comparison
 
-The rule (README, "Models in MLflow"): on at least `MIN_ROWS` validation rows, the paired
+The rule (docs/serving.md): on at least `MIN_ROWS` validation rows, the paired
 bootstrap (`RESAMPLES` resamples of the rows, fixed seed) of the mean difference of per-row
 absolute errors (model minus predictor, each row's error the mean over its label cells) has
 its upper `LEVEL` bound below zero: the model is better on these rows with 95% confidence,

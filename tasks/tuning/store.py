@@ -1,4 +1,4 @@
-"""A study's storage, read as data (README, "Security notes").
+"""A study's storage, read as data (docs/security.md).
 
 `work/tune/<study>.db` or the database `tune.storage` names (shared by hosts) may be damaged,
 another program's, or written by another host; nothing it holds reaches a trial or the params

@@ -100,7 +100,7 @@ def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
     if not cfg.tune.space:
         raise ConfigError(
             f"{config}: tune.space is empty; declare what to search, e.g. "
-            "tune: {space: {train.lr: {low: 0.001, high: 0.1, log: true}}} (README, Tuning)"
+            "tune: {space: {train.lr: {low: 0.001, high: 0.1, log: true}}} (docs/tuning.md)"
         )
     name = cfg.tune.study or config.stem
     check_study_name(name, "tune.study" if cfg.tune.study else f"the study name ({config.name})")

@@ -245,10 +245,10 @@ def wait_up(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
 
 
 def test_enn_serve_answers_json_and_csv_as_it_prints_them(store, tmp_path):
-    """Issue 32: the README's `mlflow models serve` line, run from the project root, answered
-    "Registered Model ... not found" (no tracking URI) and a CSV body always failed (month was
-    typed Any). `enn serve` serves the champion over the project's store; the JSON and the CSV
-    requests it prints work as printed."""
+    """Issue 32: the `mlflow models serve` line (now docs/serving.md's), run from the project
+    root, answered "Registered Model ... not found" (no tracking URI) and a CSV body always
+    failed (month was typed Any). `enn serve` serves the champion over the project's store; the
+    JSON and the CSV requests it prints work as printed."""
     proc = subprocess.Popen(
         ["enn", "serve", "--port", "0"],
         cwd=store.project.root,

@@ -103,8 +103,9 @@ def test_experiments_temp_and_workspace_then_push_and_pull_a_local_remote(
     rows = _exp_rows(project)
     assert _lr(rows[ws_name]) == (0.02, 2)
     assert "train/epochs_run" in project.run("dvc", "exp", "show", "--no-pager", "--md").stdout
-    # issue 32: the README's `dvc exp show --only-changed` in a 120-column terminal shows the
-    # learning rate and the validation and test MAE of both rows (it showed two metrics, "…")
+    # issue 32: docs/getting-started.md's `dvc exp show --only-changed` in a 120-column terminal
+    # shows the learning rate and the validation and test MAE of both rows (it showed two
+    # metrics, "…")
     wide = Project(root, {**project.env, "COLUMNS": "120"})
     out = wide.run("dvc", "exp", "show", "--only-changed", "--no-pager").stdout
     widths = [len(line) for line in out.splitlines()]

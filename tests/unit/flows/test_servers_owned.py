@@ -2,7 +2,7 @@
 theirs: a port another process holds is one line naming the port and who holds it (it printed
 the MLflow link while someone else's server answered there), and a server whose address is
 answered by a process outside its own tree is stopped and named. A host other than loopback
-gets the README's warning about authentication."""
+gets docs/security.md's warning about authentication."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def test_multi_node_config_needs_endpoint_and_id():
 
 def test_a_workers_refused_checkpoint_reaches_the_caller_as_itself(tmp_path):
     """A rank that refused a crafted checkpoint file: the launcher raises the same class (exit 4,
-    the README's code for it), not a generic WorkerError (exit 9)."""
+    the documented code for it), not a generic WorkerError (exit 9)."""
     from enn_core.errors import UntrustedCheckpointError
     from enn_core.runtime.launch import write_error
 
