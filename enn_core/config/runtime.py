@@ -118,8 +118,8 @@ class RuntimeConfig:
     loopback is refused), unless the environment already sets GLOO_SOCKET_IFNAME."""
 
     launcher: Literal["enn", "external"] = "enn"
-    """Who starts the workers: `enn` (distributed-train launches runtime.world_size workers per node
-    through torch elastic) or `external` (torchrun, `srun torchrun` or a PyTorchJob started this
+    """Who starts the workers: `enn` (distributed-train runs torchrun for you: runtime.world_size
+    workers per node, in a child process group enn watches) or `external` (torchrun, `srun torchrun` or a PyTorchJob started this
     process as one worker: `python -m flows.worker` sets it; docs/scale-out.md)."""
 
     def __post_init__(self) -> None:
