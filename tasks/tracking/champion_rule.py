@@ -76,10 +76,9 @@ def judge(model: np.ndarray, others: Mapping[str, np.ndarray]) -> list[Compariso
 
 
 def rule_text() -> str:
-    return (
-        f"a paired bootstrap of per-row absolute errors on at least {MIN_ROWS} validation rows, "
-        f"its {LEVEL:.0%} upper bound below 0"
-    )
+    """The rule in a few words, for the one line a terminal shows (docs/serving.md, "Which
+    version is the champion", has it whole)."""
+    return f"paired bootstrap, {LEVEL:.0%} bound below 0: docs/serving.md"
 
 
 def verdict(comparisons: list[Comparison]) -> tuple[bool, str]:
