@@ -20,8 +20,9 @@ import logging
 import math
 import random
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import optuna
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.study import Study, StudyDirection
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from enn_core.atomic import private_file
 from enn_core.config import RunConfig, all_config_keys, redact_url, to_plain
@@ -173,7 +174,23 @@ def reading(url: str, records: bool = True) -> Iterator[None]:
 class Storage(RDBStorage):
     """Optuna's RDBStorage whose heartbeat thread outlives a storage that stops answering: a
     beat that fails is tried again at the next interval, and the study decides when the
-    storage is gone (tasks/tuning/objective.py), not a traceback of Optuna's thread."""
+    storage is gone (tasks/tuning/objective.py), not a traceback of Optuna's thread.
+
+    A queued trial is claimed by one thread of this process at a time: Optuna checks that a
+    WAITING trial is still waiting under a row lock (SELECT ... FOR UPDATE) that SQLite does
+    not have, so `tune.parallel` threads asking at once popped one queued point several times
+    (each ran it: one removed the trial folder under the other, or told a trial another had
+    already told). PostgreSQL's row lock covers other processes too."""
+
+    _claim = threading.Lock()
+
+    def set_trial_state_values(
+        self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
+    ) -> bool:
+        if state != TrialState.RUNNING:
+            return super().set_trial_state_values(trial_id, state, values)
+        with self._claim:
+            return super().set_trial_state_values(trial_id, state, values)
 
     def record_heartbeat(self, trial_id: int) -> None:
         from sqlalchemy.exc import SQLAlchemyError

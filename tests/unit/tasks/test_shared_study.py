@@ -322,3 +322,35 @@ def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, ca
         tracker.finish(None, [], None)
     said = [r.getMessage() for r in caplog.records if r.name == "enn.tune"]
     assert len(said) == 1 and "the study goes on untracked" in said[0], said
+
+
+def test_threads_asking_at_once_each_claim_a_different_queued_trial(tmp_path):
+    """`tune.parallel` threads of one `enn tune` ask for trials at the same moment: each queued
+    point is claimed once (on SQLite, Optuna's row lock is no lock: one queued trial went to
+    several threads, one removed the trial folder under the other, CI's SIGTERM round)."""
+    import collections
+    import threading
+
+    import optuna
+
+    from tasks.tuning.store import rdb_storage
+
+    claimed: list[int] = []
+    for rep in range(4):
+        study = optuna.create_study(storage=rdb_storage(f"sqlite:///{tmp_path}/s{rep}.db"))
+        for i in range(16):
+            study.enqueue_trial({"x": float(i)})
+        start = threading.Barrier(8)
+
+        def ask(study=study, start=start) -> None:
+            start.wait()
+            claimed.extend(study.ask().number for _ in range(2))
+
+        threads = [threading.Thread(target=ask) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        twice = {n: c for n, c in collections.Counter(claimed).items() if c > 1}
+        assert not twice, f"queued trials claimed by more than one thread: {twice}"
+        claimed.clear()
