@@ -43,6 +43,8 @@ from tasks.prefect_task import stage_task
 from tasks.runner import FlowRecord, PipelineSession, StageResult
 from tasks.session import pipeline_session
 
+console.quiet_prefect_console()  # a worker's flow-run process: Prefect's INFO lines to its UI
+
 
 class FlowRunCancelled(Exception):
     """The flow run was set to Cancelling through the Prefect API."""

@@ -30,6 +30,9 @@ from tests.fixtures.project import Project, make_project
 TRAIN = ("stage-data", "prepare-checkpoint", "distributed-train")
 # docs/scale-out.md's deployment command (`prefect deploy` of Prefect 3.8.8 creates the
 # deployment, then fails on its own worker query: the server rejects its null limit)
+# a line of Prefect's console handler about a flow or task run ("12:00:01.123 | INFO    | Flow
+# run 'x' - Beginning flow run ...")
+PREFECT_RUN_LINE = re.compile(r"\| INFO +\| (Flow run|Task run) '")
 DEPLOY_ON_POOL = (
     "from flows.training import training; "
     "training.from_source('$PWD', 'flows/training.py:training')"
@@ -176,6 +179,11 @@ def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
         assert (root / "params.yaml").read_bytes() == params  # no tracked file written
         assert not (root / "dvc.lock").exists()  # DVC neither skipped nor recorded the run
         assert "train.epochs=12 for this run only (a deployment's run never writes" in said, said
+        (tmp_path / "worker.out").write_text(said)  # what the worker's terminal showed
+        # issue 39: the flow run's process prints the project's lines, not Prefect's INFO
+        # lines about the flow and task runs ("Beginning flow run ...", "Finished in state ...")
+        prefects = [line for line in said.splitlines() if PREFECT_RUN_LINE.search(line)]
+        assert not prefects, "\n".join(prefects)
         assert http(f"{api}/deployments/{run['deployment_id']}")["work_pool_name"] == "enn-pool"
 
         # the server holds the flow run's MLflow runs (REST) and the registered champion

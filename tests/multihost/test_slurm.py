@@ -143,6 +143,11 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
     assert done["Restarts"] == "2" and done["NodeList"] == "node[1-2]", done
     assert "saved before the time limit; requeueing" in out, out
     assert f"enn-train: job {job} done" in out, out
+    # the job secret: delivered by sbcast to each node's own disk, never on the shared folder;
+    # a run that ended removed its copies (the run killed with node2 could not: at most one left)
+    assert not [p for p in shared.rglob("*") if "secret" in p.name]
+    tmp = Path(env.get("TMPDIR", "/tmp"))
+    assert len(list(tmp.glob(f"enn-job-{job}-*.secret"))) <= 1
     resumed = _resumed(node1, started)
     assert resumed[-2:] == [f"step-{PAUSE_STEP:08d}", SAVED_AT], resumed
     assert not same_weights(published_model(node1), reference[0])  # bit-identical
@@ -217,6 +222,8 @@ def test_the_prediction_job_takes_the_model_on_every_node_and_equals_one_host(
     out = log.read_text(errors="replace") if log.exists() else ""
     assert done["JobState"] == "COMPLETED", f"{done}\n{out}\n{slurm.logs()}"
     assert "predict: this node's share is done" in out, out  # node2's task
+    assert not [p for p in testbed.shared.rglob("*") if "secret" in p.name]  # sbcast, not here
+    assert not list(Path(env.get("TMPDIR", "/tmp")).glob(f"enn-job-{job}-*.secret"))  # removed
     across = _predictions(node1)
     assert not (node2.checkout / "prediction" / "outputs" / "predict").exists()
     node1.run("enn", "predict", "--pipeline", "prediction", "--set", f"predict.model={model}")
