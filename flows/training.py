@@ -45,6 +45,11 @@ from tasks.session import pipeline_session
 
 console.quiet_prefect_console()  # a worker's flow-run process: Prefect's INFO lines to its UI
 
+# The job variables of a deployment on a work pool (docs/scale-out.md): the flow-run process
+# starts with Prefect's console at WARNING, so the lines of its deployment steps, which run
+# before this module imports, go to the Prefect UI's log too, not the worker's terminal
+POOL_JOB_VARIABLES = {"env": {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING"}}
+
 
 class FlowRunCancelled(Exception):
     """The flow run was set to Cancelling through the Prefect API."""

@@ -34,9 +34,9 @@ TRAIN = ("stage-data", "prepare-checkpoint", "distributed-train")
 # run 'x' - Beginning flow run ...")
 PREFECT_RUN_LINE = re.compile(r"\| INFO +\| (Flow run|Task run) '")
 DEPLOY_ON_POOL = (
-    "from flows.training import training; "
+    "from flows.training import training, POOL_JOB_VARIABLES as jv; "
     "training.from_source('$PWD', 'flows/training.py:training')"
-    ".to_deployment('pooled', work_pool_name='enn-pool').apply()"
+    ".to_deployment('pooled', work_pool_name='enn-pool', job_variables=jv).apply()"
 )
 
 

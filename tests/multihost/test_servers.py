@@ -26,9 +26,9 @@ pytestmark = pytest.mark.timeout(600)
 
 # docs/scale-out.md's deployment (Python: `prefect deploy` of 3.8.8 fails its worker check)
 DEPLOY = (
-    "from flows.training import training; "
+    "from flows.training import training, POOL_JOB_VARIABLES as jv; "
     "training.from_source('{view}', 'flows/training.py:training')"
-    ".to_deployment('pooled', work_pool_name='enn-pool').apply()"
+    ".to_deployment('pooled', work_pool_name='enn-pool', job_variables=jv).apply()"
 )
 
 
