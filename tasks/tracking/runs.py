@@ -346,7 +346,12 @@ SCHEDULER_VARS = {
 
 
 def scheduler_tags() -> dict[str, str]:
-    return {tag: os.environ[var] for var, tag in SCHEDULER_VARS.items() if os.environ.get(var)}
+    """Tags of the job this process runs in; a value that is not a number is not SLURM's."""
+    return {
+        tag: os.environ[var]
+        for var, tag in SCHEDULER_VARS.items()
+        if os.environ.get(var, "").isdigit()
+    }
 
 
 def source_tags(name: str, commit: str) -> dict[str, str]:

@@ -36,3 +36,34 @@ def test_a_failed_run_is_not_logged_with_the_previous_runs_dataset(tmp_path):
     assert ok.info.status == "FINISHED" and failed.info.status == "FAILED"
     assert [d.dataset.name for d in ok.inputs.dataset_inputs] == ["synthetic"]
     assert failed.inputs.dataset_inputs == [], "the failed run shows the previous run's input"
+
+
+def test_every_run_of_a_slurm_job_carries_its_job_id(tmp_path, monkeypatch):
+    """Under SLURM the parent and each stage's run carry `enn.slurm.job_id` (and the array's ids):
+    MLflow's search for the tag lists one job's runs, every node's and attempt's, together;
+    a value that is not SLURM's (not a number) is left out."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.runner import execute_stage
+    from tasks.session import pipeline_session
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4240")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1; rm -rf /")
+    (tmp_path / "params.yaml").write_text("{}\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config(None, [*tiny_overrides(), f"tracking.uri={uri}"])
+    layout = Layout.for_root(tmp_path)
+    with pipeline_session(cfg, tmp_path / "params.yaml", layout, "training") as session:
+        execute_stage(STAGE_DATA, session)
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(session.parent_id)
+    found = client.search_runs([parent.info.experiment_id], "tags.`enn.slurm.job_id` = '4242'")
+    assert {r.info.run_id for r in found} == {
+        parent.info.run_id,
+        *(r.info.run_id for r in found if r.data.tags.get("mlflow.parentRunId")),
+    }
+    assert len(found) == 2, [r.data.tags.get("mlflow.runName") for r in found]  # parent, stage
+    for run in found:
+        assert run.data.tags["enn.slurm.array_job_id"] == "4240"
+        assert "enn.slurm.restart_count" not in run.data.tags
