@@ -16,21 +16,25 @@ from pathlib import Path
 
 
 class EnnError(Exception):
-    """Base class. `exit_code` is what the CLI returns for it."""
+    """Base class. `exit_code` is what the CLI returns for it; `docs`, the page its error line
+    names (a message that names a page of its own keeps that one)."""
 
     exit_code = 1
+    docs = "docs/troubleshooting.md"
 
 
 class ConfigError(EnnError):
     """A config value is missing, unknown or invalid. Never retried."""
 
     exit_code = 2
+    docs = "docs/config.md"
 
 
 class DataError(EnnError):
     """Input data is missing, malformed or inconsistent with its manifest. Never retried."""
 
     exit_code = 3
+    docs = "docs/your-data.md"
 
 
 class StaleOutputError(EnnError):
@@ -71,6 +75,7 @@ class ExportError(EnnError):
     """An export format failed: names the format, the operator or constraint, and the fix."""
 
     exit_code = 7
+    docs = "docs/serving.md"
 
 
 class LockError(EnnError):
@@ -83,6 +88,7 @@ class Preempted(EnnError):
     """Preempted (SIGTERM or SIGUSR2): a committed checkpoint was saved; run it again to resume."""
 
     exit_code = 12
+    docs = "docs/checkpoints.md"
 
 
 class StoreError(EnnError):

@@ -249,5 +249,8 @@ def quiet_prefect_console() -> None:
 
 
 def one_line(error: BaseException) -> str:
-    """`error: ...`: how `enn` reports an EnnError (one line, whatever a library put in it)."""
-    return f"error: {' '.join(str(error).split())}"
+    """`error: ... (docs/<page>.md)`: how `enn` reports an EnnError (one line, whatever a
+    library put in it), ending with the page that covers its kind unless it names one."""
+    text = " ".join(str(error).split())
+    page = getattr(error, "docs", "")
+    return f"error: {text} ({page})" if page and "docs/" not in text else f"error: {text}"

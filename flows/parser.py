@@ -4,6 +4,7 @@ tools (tune, gc, deploy, serve, doctor, ui)."""
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from enn_core.errors import exit_codes
 from enn_core.stages import FLOWS, PREDICTION, TRAINING
@@ -60,11 +61,15 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in exit_codes().items())
+    # the list keeps its columns (a raw epilog), each entry wrapped to fit 100 columns
+    codes = "\n".join(
+        textwrap.fill(f"{code:>3}  {meaning}", 100, initial_indent="  ", subsequent_indent=" " * 7)
+        for code, meaning in exit_codes().items()
+    )
     parser = argparse.ArgumentParser(
         prog="enn",
         description="ENN training-and-prediction pipeline.",
-        epilog=epilog("enn", f"{COMMON_EPILOG}\n\nexit codes:\n{codes}"),
+        epilog=epilog("enn", f"{textwrap.fill(COMMON_EPILOG, 100)}\n\nexit codes:\n{codes}"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

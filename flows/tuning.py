@@ -9,7 +9,6 @@ best values into the config file the study ran with (`apply_best`). Cancelling t
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 from prefect import flow
@@ -57,8 +56,6 @@ def tuning(config: str = "params.yaml", overrides: list[str] | None = None) -> d
         tracking_uri=cfg.tracking.uri,
     )
     run_id = str(flow_run.get_id() or "") or None
-    # the trials' --set values, for --apply to compare with the file (a stopped study ran too)
-    record_sets(layout, cfg.tune.study or path.stem, path, list(overrides or []))
     with watch_cancellation(run_id) as cancel:
         result = tune(cfg, path, list(overrides or []), layout, should_stop=cancel.is_set)
     publish(result)
@@ -75,7 +72,7 @@ def tuning(config: str = "params.yaml", overrides: list[str] | None = None) -> d
 def apply_best(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout) -> list[str]:
     """Write the study's best values into `config` (comments kept), so `dvc repro` trains the
     winner and DVC versions it. Returns 'key: old -> new' lines."""
-    values, objective, number = best_values(cfg, config, overrides, layout)
+    values, objective, number, ran_with = best_values(cfg, config, overrides, layout)
     sets = [override(k, v) for k, v in sorted(values.items())]
     try:  # validated as `--set` would be: the database is data
         lines = apply_overrides(config, sets)
@@ -85,39 +82,27 @@ def apply_best(cfg: RunConfig, config: Path, overrides: list[str], layout: Layou
             f"by the config ({e}); nothing written"
         ) from e
     head = f"trial {number} ({cfg.tune.metric} {objective:.4g})"
-    note = sets_note(config, read_sets(layout, cfg.tune.study or config.stem))
+    note = sets_note(config, pipeline_sets(ran_with))
     if not lines:
         return [f"{config.name} already holds {head}'s values", *note]
     return [f"{config.name}: {line} ({head})" for line in lines] + note
 
 
-def _sets_file(layout: Layout, study: str) -> Path:
-    return layout.work / "tune" / f"{study}.sets.json"
-
-
-def record_sets(layout: Layout, study: str, config: Path, overrides: list[str]) -> None:
-    """The study's own --set values of the pipeline's sections (the trials trained under them),
-    beside its database, for `--apply` to compare with the config file. The last run of a
-    study writes them (a resumed study runs under the values it is given again)."""
-    from enn_core.atomic import write_json
+def pipeline_sets(sets: list[str]) -> list[str]:
+    """Of the --set values a trial trained under (recorded in the study), those of the
+    pipeline's sections: the ones params.yaml holds and `dvc repro` trains with."""
     from enn_core.config.loader import parse_override
     from flows.params_file import tracked_sections
 
-    sets = [o for o in overrides if parse_override(o)[0].split(".")[0] in tracked_sections()]
-    if re.fullmatch(r"[A-Za-z0-9_.-]+", study):  # a name (check_study_name), never a path
-        _sets_file(layout, study).parent.mkdir(parents=True, exist_ok=True)
-        write_json(_sets_file(layout, study), {"config": str(config), "sets": sets})
-
-
-def read_sets(layout: Layout, study: str) -> list[str]:
-    """What `record_sets` recorded for `study` ([] when nothing, or not a list of strings)."""
-    import json
-
-    try:
-        sets = json.loads(_sets_file(layout, study).read_text()).get("sets")
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [s for s in sets if isinstance(s, str)] if isinstance(sets, list) else []
+    out = []
+    for text in sets:
+        try:
+            key = parse_override(text)[0]
+        except ConfigError:  # the database is data: a value that is no --set is not one
+            continue
+        if key.split(".")[0] in tracked_sections():
+            out.append(text)
+    return out
 
 
 def sets_note(config: Path, sets: list[str]) -> list[str]:

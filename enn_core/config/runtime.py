@@ -119,8 +119,9 @@ class RuntimeConfig:
 
     launcher: Literal["enn", "external"] = "enn"
     """Who starts the workers: `enn` (distributed-train runs torchrun for you: runtime.world_size
-    workers per node, in a child process group enn watches) or `external` (torchrun, `srun torchrun` or a PyTorchJob started this
-    process as one worker: `python -m flows.worker` sets it; docs/scale-out.md)."""
+    workers per node, in a child process group enn watches) or `external` (torchrun, `srun
+    torchrun` or a PyTorchJob started this process as one worker: `python -m flows.worker` sets
+    it; docs/scale-out.md)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 0:

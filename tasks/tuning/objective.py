@@ -256,6 +256,8 @@ class Objective:
         env = {**os.environ, "OMP_NUM_THREADS": plan.runtime[0].split("=")[1]}
         if plan.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
+        # what it trains under besides its point, in the study: `--apply` on any host reads it
+        self.storage(lambda: trial.set_user_attr(shared.SETS_ATTR, list(sets)))
         command = shared.trial_command(job.write())
         with open(folder / "trial.log", "wb") as out:  # its own group: pruning kills the group
             proc = subprocess.Popen(

@@ -223,13 +223,15 @@ def optuna_to_log_file() -> Iterator[None]:
 
 def best_values(
     cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
-) -> tuple[dict[str, Any], float, int]:
+) -> tuple[dict[str, Any], float, int, list[str]]:
     """The study's best complete trial: its values (keys of the config's `tune.space` only,
-    each a point of it: the database is data), objective and number."""
+    each a point of it: the database is data), objective, number and the --set values it
+    trained under (whichever host ran it)."""
     plan = st.make_plan(cfg, config, overrides, layout)
     study = store.load_study(plan.name, plan.storage)
     with store.reading(plan.storage):
         top = st.best(study)
+        sets = st.sets_of(study, top[2]) if top is not None else []
     if top is None:
         raise ConfigError(
             f"{plan.shown}: study {plan.name!r} has no complete trial yet; run `enn tune` to "
@@ -238,4 +240,4 @@ def best_values(
     values, objective, number = top
     where, then = f"{plan.shown}: best trial {number}", "--apply writes only those: nothing written"
     dims = dimensions(cfg.tune)
-    return points(space_values(values, dims, where, then), dims), objective, number
+    return points(space_values(values, dims, where, then), dims), objective, number, sets

@@ -36,6 +36,7 @@ log = logging.getLogger("enn.tune")
 OWNER_ATTR = "enn.owner"
 RETRY_ATTR = "enn.retry_of"  # a queued trial's user attribute: the trial it runs again
 DUPLICATE_ATTR = "enn.duplicate_of"
+SETS_ATTR = "enn.sets"  # a trial's user attribute: the --set values it trained under
 NOT_RUN_ATTR = "enn.not_run"  # asked when the study was full: never ran, left out of tables
 CLOCK_SKEW_S = 60  # between a trial's start (its client's clock) and this host's
 START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this

@@ -273,3 +273,13 @@ def best(study: Study) -> tuple[dict[str, Any], float, int] | None:
         return None
     t = study.best_trial
     return dict(t.params), float(t.value or 0.0), int(t.number)
+
+
+def sets_of(study: Study, number: int) -> list[str]:
+    """The --set values trial `number` trained under (`enn.sets`; the database is data: only a
+    list of strings counts, [] otherwise, as for a trial of an older study)."""
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    sets = found[0].user_attrs.get(shared.SETS_ATTR) if found else None
+    if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
+        return []
+    return list(sets)

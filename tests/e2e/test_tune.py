@@ -144,7 +144,10 @@ def test_tune_prunes_resumes_applies_and_repro(trained_project, tmp_path):
     assert yaml.safe_load(params.read_text())["train"] == doc["train"]  # nor params.yaml
 
     # 3. the best values into params.yaml, then dvc repro trains them
-    proj.run("enn", "tune", "--apply")
+    applied = proj.run("enn", "tune", "--apply")
+    said = applied.stdout + applied.stderr
+    # the trials trained 6 epochs, params.yaml says otherwise: read from the study itself
+    assert "note: the study ran with --set train.epochs=6" in said, said
     from enn_core.config import load_config
     from enn_core.config.tune import dimensions, points
 

@@ -44,7 +44,7 @@ def test_console_script_reports_config_errors(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert lines == [
         f"error: {tmp_path / 'params.yaml'}: unknown config key 'train.epoch'; "
-        "did you mean 'train.epochs'?"
+        "did you mean 'train.epochs'? (docs/config.md)"
     ]
 
 
