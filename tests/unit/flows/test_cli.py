@@ -57,8 +57,8 @@ def test_exit_codes_are_listed_once_and_the_docs_show_them():
     page = (ROOT / "docs" / "getting-started.md").read_text()
     for code, meaning in codes.items():
         assert f"\n- `{code}`: {meaning}\n" in page, code
-    epilog = build_parser().epilog or ""
-    assert all(f"{code:>3}  {meaning}" in epilog for code, meaning in codes.items())
+    epilog = " ".join((build_parser().epilog or "").split())  # entries wrap at 100 columns
+    assert all(f"{code} {' '.join(meaning.split())}" in epilog for code, meaning in codes.items())
 
 
 def test_ui_help_names_both_uis(capsys):
