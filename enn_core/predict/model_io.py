@@ -106,9 +106,7 @@ def choose_calibration(
     # collapse-check, so a fresh model never has a calibration yet; say that, not the hashes
     short = f"{collapse_dir.name}/{CALIBRATION_FILE}"
     if not cal_file.is_file():
-        return CalibrationChoice(
-            False, "raw", f"collapse-check has not judged this model yet (no {short})"
-        )
+        return CalibrationChoice(False, "raw", "collapse-check has not judged this model yet")
     cal = read_calibration_meta(collapse_dir)
     named = cal.get(MODEL_KEY)
     if named != model_sha:
