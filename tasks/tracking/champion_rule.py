@@ -78,7 +78,7 @@ def judge(model: np.ndarray, others: Mapping[str, np.ndarray]) -> list[Compariso
 def rule_text() -> str:
     """The rule in a few words, for the one line a terminal shows (docs/serving.md, "Which
     version is the champion", has it whole)."""
-    return f"paired bootstrap, {LEVEL:.0%} bound below 0: docs/serving.md"
+    return "the champion rule, a paired bootstrap: docs/serving.md"
 
 
 def verdict(comparisons: list[Comparison]) -> tuple[bool, str]:
@@ -101,10 +101,10 @@ def verdict(comparisons: list[Comparison]) -> tuple[bool, str]:
         names = ", ".join(f"{c.name} {c.mae:.4g} (bound {c.upper:+.3g})" for c in unsure)
         return False, (
             f"val/mae {model:.4g} is not clearly below {names} on {rows} validation rows "
-            f"(the rule: {rule_text()})"
+            f"({rule_text()})"
         )
     best = min(comparisons, key=lambda c: c.mae)
     return True, (
         f"val/mae {model:.4g} beats every baseline (the best: {best.name} {best.mae:.4g}) on "
-        f"{rows} validation rows by the rule ({rule_text()})"
+        f"{rows} validation rows ({rule_text()})"
     )
