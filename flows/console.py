@@ -233,21 +233,6 @@ def for_flow_run(log_dir: Path, name: str) -> bool:
     return True
 
 
-def quiet_prefect_console() -> None:
-    """In a flow-run process a Prefect worker or runner started (it sets PREFECT__FLOW_RUN_ID),
-    Prefect's console handler at WARNING from the moment the flow's module imports, before the
-    flow function sets up enn's console: Prefect's INFO lines about the run ("Beginning flow
-    run ...", "Executing flow ...") then reach the run's log in the Prefect UI, not the worker's
-    terminal. `enn` itself sets the same level through PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL."""
-    if not os.environ.get("PREFECT__FLOW_RUN_ID"):
-        return
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler) and handler.level < logging.WARNING:
-            handler.setLevel(logging.WARNING)
-
-
 def one_line(error: BaseException) -> str:
     """`error: ... (docs/<page>.md)`: how `enn` reports an EnnError (one line, whatever a
     library put in it), ending with the page that covers its kind unless it names one."""

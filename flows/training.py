@@ -38,17 +38,16 @@ from enn_core.stages import StageSpec, up_to
 from flows import console
 from flows.params_file import Recorded, mlflow_tags, recorded_overrides, run_overrides
 from tasks import dvc_state
-from tasks.env import TOOLS, contain, project_layout
+from tasks.env import PREFECT_CONSOLE_QUIET, TOOLS, contain, project_layout
 from tasks.prefect_task import stage_task
 from tasks.runner import FlowRecord, PipelineSession, StageResult
 from tasks.session import pipeline_session
 
-console.quiet_prefect_console()  # a worker's flow-run process: Prefect's INFO lines to its UI
-
 # The job variables of a deployment on a work pool (docs/scale-out.md): the flow-run process
-# starts with Prefect's console at WARNING, so the lines of its deployment steps, which run
-# before this module imports, go to the Prefect UI's log too, not the worker's terminal
-POOL_JOB_VARIABLES = {"env": {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING"}}
+# starts with Prefect's console at WARNING, as `enn`'s own flow runs do, so Prefect's INFO lines
+# (its deployment steps, "Beginning flow run") go to the Prefect UI's log, not the worker's
+# terminal
+POOL_JOB_VARIABLES = {"env": dict(PREFECT_CONSOLE_QUIET)}
 
 
 class FlowRunCancelled(Exception):

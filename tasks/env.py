@@ -70,6 +70,13 @@ def contained_env(layout: Layout, groups: tuple[str, ...] = (PREFECT, TOOLS)) ->
     return out
 
 
+# Prefect's own console handler, which a flow-run process (of `enn deploy`, of a work pool's
+# worker: flows.training.POOL_JOB_VARIABLES) uses until the flow sets up enn's console
+# (flows/training.py: flow_console): its INFO lines ("Beginning flow run ...", a deployment's
+# pull steps) go to the Prefect UI's log, not the terminal
+PREFECT_CONSOLE_QUIET = {"PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING"}
+
+
 def prefect_env(layout: Layout) -> dict[str, str]:
     prefect = layout.prefect_home
     return {
@@ -85,10 +92,7 @@ def prefect_env(layout: Layout) -> dict[str, str]:
         # starts (the temporary API's address, now said while the flow's modules import)
         # stays on the console and in the log file, without Prefect's UserWarning about it
         "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
-        # Prefect's own console handler, which a flow run of `enn deploy` uses until the flow
-        # sets up enn's console (flows/training.py: flow_console): its INFO lines ("Beginning
-        # flow run ...") go to the Prefect UI's log, not the terminal
-        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
+        **PREFECT_CONSOLE_QUIET,
     }
 
 
