@@ -88,19 +88,28 @@ def apply_best(cfg: RunConfig, config: Path, overrides: list[str], layout: Layou
     return [f"{config.name}: {line} ({head})" for line in lines] + note
 
 
+# at most this many of a trial's recorded --set values are read (the database is data)
+MAX_SETS = 64
+
+
 def pipeline_sets(sets: list[str]) -> list[str]:
     """Of the --set values a trial trained under (recorded in the study), those of the
-    pipeline's sections: the ones params.yaml holds and `dvc repro` trains with."""
+    pipeline's sections: the ones params.yaml holds and `dvc repro` trains with. The study is
+    data another host may have written: only a printable `key=value` of a real config key
+    counts (no terminal control sequence reaches the console), and at most MAX_SETS of them."""
+    from enn_core.config import all_config_keys
     from enn_core.config.loader import parse_override
     from flows.params_file import tracked_sections
 
-    out = []
-    for text in sets:
+    keys, out = all_config_keys(), []
+    for text in sets[:MAX_SETS]:
+        if len(text) > 1000 or not text.isprintable():
+            continue
         try:
             key = parse_override(text)[0]
-        except ConfigError:  # the database is data: a value that is no --set is not one
+        except ConfigError:  # a value that is no --set is not one
             continue
-        if key.split(".")[0] in tracked_sections():
+        if key in keys and key.split(".")[0] in tracked_sections():
             out.append(text)
     return out
 

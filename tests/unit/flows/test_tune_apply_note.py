@@ -19,6 +19,10 @@ def test_apply_says_which_set_values_the_study_ran_with(tmp_path: Path):
     assert line.startswith("note: the study ran with --set train.epochs=2; params.yaml has ")
     assert "train.epochs 3" in line and "lr" not in line, line
     assert sets_note(params, ["train.epochs=3"]) == []  # the file holds what the study used
+    # the study is another host's data: no terminal escape, no key the config lacks, bounded
+    hostile = ["train.epochs=2\x1b]0;owned\x07", "train.nonsense=1", "train.lr=" + "9" * 5000]
+    assert pipeline_sets(hostile) == []
+    assert pipeline_sets(["train.epochs=2"] * 10_000) == ["train.epochs=2"] * 64
 
 
 def test_the_best_trials_set_values_come_from_the_study_and_are_data(tmp_path: Path):
