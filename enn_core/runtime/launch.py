@@ -63,6 +63,7 @@ from enn_core.runtime.parent import (
     clear_graceful_stop,
     graceful_stop_requested,
     request_graceful_stop,
+    spawned_env,
 )
 from enn_core.runtime.stores import NO_SHARED_STORE
 from enn_core.runtime.torchrun import EXITS
@@ -416,7 +417,7 @@ def child_env(run_dir: Path, nnodes: int) -> dict[str, str]:
     env.update(secret.launch_env(secret_home(run_dir), nnodes, env))
     if nnodes > 1:
         env[NO_SHARED_STORE] = "1"
-    return env
+    return spawned_env(env)
 
 
 def _tail(path: Path, lines: int = 3) -> str:

@@ -8,8 +8,16 @@ of enn, each worker it starts, a training worker under an external launcher).
 
 Linux asks the kernel for SIGKILL when the parent dies (`PR_SET_PDEATHSIG`); a thread also
 watches the parent's pid, for the case the kernel's signal does not cover (the parent thread
-that started this process ended while the parent lives on, another OS). A parent that died
-before the call ends this process at once.
+that started this process ended while the parent lives on, another OS).
+
+A parent that died before the call (Python's start and imports take seconds, and a study or
+an `enn` killed in that window is the common case, not a corner) ends this process at once.
+The process cannot learn who its parent was once it has been handed to init, so the parent
+says it: `spawned_env(env)` puts its pid in ENN_PARENT_PID for the child it starts, and the
+child's `die_with_parent()` takes it out again (a one-hop message, never inherited by a
+grandchild). Without it (a worker under an external torchrun), the parent is whoever it is
+at the call. An environment variable, not a setting: it is how a process speaks to its
+child across exec, set and read only here.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import threading
 import time
 
 _PR_SET_PDEATHSIG = 1
+PARENT_ENV = "ENN_PARENT_PID"
 _watching: list[int] = []
 _graceful = threading.Event()
 
@@ -43,9 +52,19 @@ def clear_graceful_stop() -> None:
     _graceful.clear()
 
 
+def spawned_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a child this process starts whose first act is `die_with_parent()`."""
+    return {**env, PARENT_ENV: str(os.getpid())}
+
+
+def _named_parent() -> int | None:
+    said = os.environ.pop(PARENT_ENV, "")
+    return int(said) if said.isdigit() and int(said) > 1 else None
+
+
 def die_with_parent(poll_s: float = 0.5) -> None:
     """SIGKILL this process when its parent dies; idempotent."""
-    parent = os.getppid()
+    parent = _named_parent() or os.getppid()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

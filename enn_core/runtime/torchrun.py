@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from enn_core.atomic import write_json
-from enn_core.runtime.parent import die_with_parent
+from enn_core.runtime.parent import die_with_parent, spawned_env
 from enn_core.runtime.stores import register_rendezvous
 
 EXITS = "exits.json"
@@ -63,6 +64,7 @@ def argv_of(job: dict[str, Any], job_path: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
+    os.environ.update(spawned_env({}))  # the workers' parent: torch's agent copies os.environ
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())

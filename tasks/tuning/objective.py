@@ -38,6 +38,7 @@ from enn_core.config import RunConfig, load_config
 from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
+from enn_core.runtime.parent import spawned_env
 from tasks.tuning import shared, store
 from tasks.tuning import study as st
 from tasks.tuning.trial import TrialJob, events_file
@@ -253,7 +254,7 @@ class Objective:
         job = TrialJob(
             trial.number, str(plan.config), overrides, str(plan.root), str(plan.staged), str(folder)
         )
-        env = {**os.environ, "OMP_NUM_THREADS": plan.runtime[0].split("=")[1]}
+        env = spawned_env({**os.environ, "OMP_NUM_THREADS": plan.runtime[0].split("=")[1]})
         if plan.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
         # what it trains under besides its point, in the study: `--apply` on any host reads it
