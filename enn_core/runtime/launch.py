@@ -363,7 +363,8 @@ class Job:
         raise err
 
     def rendezvous_error(self, ended: dict[str, Any]) -> errors.EnnError | None:
-        """The nodes did not meet: a peer never came (transient), or the id was used up."""
+        """The nodes did not meet: a peer never came (transient), or the id was used up; or
+        this node was cut off from the store mid-job (transient)."""
         if ended["state"] == "rendezvous_closed":
             return errors.ConfigError(
                 f"runtime.rdzv_id={self.run_id} belongs to a job that already ended at "
@@ -372,6 +373,12 @@ class Job:
         if ended["state"] == "rendezvous_error" and ended["message"].startswith(NOT_RETRIED):
             # a forged value in the store, or nodes counting differently: no retry mends it
             return errors.ConfigError(f"rendezvous {self.run_id}: {ended['message']}")
+        if ended["state"] == "cut_off":
+            return errors.TransientError(
+                f"rendezvous {self.run_id}: {ended['message']}; check this node's network to "
+                f"{self.rdzv.endpoint}, then run the same command on every node again (it "
+                "resumes from the last committed checkpoint)"
+            )
         if ended["state"] == "rendezvous_error":
             return errors.TransientError(
                 f"rendezvous {self.run_id} at {self.rdzv.endpoint}: {ended['message']}; "

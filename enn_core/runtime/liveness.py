@@ -9,7 +9,11 @@ others' beats. A node whose beat has not advanced for `timeout_s` (runtime.hang_
 or a store this node cannot reach for as long, is one line naming the silent node, its
 global ranks and the endpoint; then this node's workers are stopped, so the agent ends the
 attempt (and restarts it when restarts are left) instead of waiting for the collective's
-timeout.
+timeout. A node cut off from the store itself ends its agent's process when the store stays
+silent a while longer: torch's agent, blocked in a store call, would never end.
+
+Every store call runs in a thread of its own: on a partitioned link a TCPStore call blocks far
+beyond the client's timeout, and this thread must keep its own clock.
 
     beat = Liveness(endpoint, key, run_id, round_, node_rank, nnodes, ranks_of, timeout_s)
     beat.start(); ...; beat.stop()   # posts a last beat saying this node left on purpose
@@ -22,6 +26,7 @@ import datetime as _dt
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -33,6 +38,14 @@ import psutil
 
 log = logging.getLogger("enn.launch")
 EVERY_S = 2.0
+CUT_OFF_GRACE_S = 30.0  # after naming an unreachable store: then the agent's process ends
+_when_cut_off: list[Callable[[str], None]] = []
+
+
+def when_cut_off(hook: Callable[[str], None]) -> None:
+    """`hook(line)` runs just before a node cut off from its store ends its agent's process
+    (enn_core.runtime.torchrun records how the job ended)."""
+    _when_cut_off.append(hook)
 
 
 class Liveness:
@@ -59,6 +72,8 @@ class Liveness:
         self._store: Any = None
         self._seq = 0
         self._thread = threading.Thread(target=self._run, name="enn-liveness", daemon=True)
+        self._answers: queue.Queue[tuple[float, Any]] = queue.Queue()
+        self._asking = False  # an exchange in flight
 
     def _key(self, node: int) -> str:
         return f"enn/{self.run_id}/round{self.round}/alive/{node}"
@@ -69,10 +84,13 @@ class Liveness:
 
     def stop(self) -> None:
         """This node leaves the round on purpose (the job ended, or a restart): a last beat
-        says so, and the others do not take its silence for a failure."""
+        says so, and the others do not take its silence for a failure. A store that does not
+        answer holds this call at most a few beats' time, never the agent's exit."""
         self._stop.set()
         self._thread.join(timeout=self.every_s * 3)
-        self._post(done=True)
+        last = threading.Thread(target=self._post, kwargs={"done": True}, daemon=True)
+        last.start()
+        last.join(timeout=max(2.0, self.every_s * 2))
 
     def _post(self, *, done: bool = False) -> None:
         from enn_core.runtime.store_auth import seal
@@ -93,44 +111,77 @@ class Liveness:
             self._store.set(self._key(self.node_rank), value)
             self._seq += 1
 
+    def _exchange(self) -> dict[int, dict[str, Any]]:
+        """Post this node's beat and read the others' ({node: beat}); raises when the store
+        does not answer. A store op on a partitioned link can block far beyond the store's
+        timeout (measured: over 80 s on a 4 s client), so `_run` calls this in a thread."""
+        from enn_core.runtime.store_auth import unseal
+
+        self._post()
+        if self._store is None:
+            raise OSError("no store")
+        beats: dict[int, dict[str, Any]] = {}
+        for node in range(self.nnodes):
+            key = self._key(node)
+            if node == self.node_rank or not self._store.check([key]):
+                continue
+            raw = self._store.get(key)
+            beats[node] = json.loads(unseal(self.key, "a beat", self.run_id, raw, self.endpoint))
+        return beats
+
+    def _ask(self) -> None:
+        """One exchange in a thread of its own, unless one is still in flight (a hung one is
+        not piled on); its answer (when it came, the beats or the exception) is queued."""
+        if self._asking:
+            return
+        self._asking = True
+
+        def exchange() -> None:
+            try:
+                self._answers.put((time.monotonic(), self._exchange()))
+            except Exception as e:  # noqa: BLE001  the loops below decide what each means
+                self._answers.put((time.monotonic(), e))
+
+        threading.Thread(target=exchange, name="enn-beat", daemon=True).start()
+
+    def _answered(self) -> list[tuple[float, Any]]:
+        out = []
+        while not self._answers.empty():
+            out.append(self._answers.get_nowait())
+            self._asking = False
+        return out
+
     def _run(self) -> None:
-        from enn_core.runtime.store_auth import UnauthenticatedWrite, unseal
+        from enn_core.runtime.store_auth import UnauthenticatedWrite
 
         seen: dict[int, tuple[int, float, str]] = {}  # node -> (seq, when it advanced, host)
         left: set[int] = set()  # nodes that said they left on purpose
         last_ok = time.monotonic()
         while not self._stop.wait(self.every_s):
-            now = time.monotonic()
-            try:
-                self._post()
-                if self._store is None:
-                    raise OSError("no store")
-                for node in range(self.nnodes):
-                    key = self._key(node)
-                    if node == self.node_rank or not self._store.check([key]):
-                        continue
-                    got = json.loads(
-                        unseal(self.key, "a beat", self.run_id, self._store.get(key), self.endpoint)
-                    )
-                    if got.get("done"):
-                        left.add(node)
-                    if node not in seen or got["seq"] > seen[node][0]:
-                        seen[node] = (int(got["seq"]), now, str(got["host"]))
-                last_ok = now
-            except UnauthenticatedWrite as e:
-                self._silent(str(e))
-                return
-            except (RuntimeError, OSError, ValueError, KeyError):  # the store did not answer
-                self._store = None
-                if now - last_ok > self.timeout_s:
-                    self._silent(
-                        f"the rendezvous store at {self.endpoint} did not answer this node "
-                        f"({socket.gethostname()}) for {now - last_ok:.0f} s "
-                        f"(runtime.hang_timeout_s={self.timeout_s:.0f}): a network partition or "
-                        "the store's node died; stopping this node's workers"
-                    )
+            for at, got in self._answered():
+                if isinstance(got, UnauthenticatedWrite):
+                    self._silent(str(got))
                     return
-                continue
+                if isinstance(got, Exception):  # the store did not answer: a new client
+                    self._store = None
+                    continue
+                last_ok = at
+                for node, beat in got.items():
+                    if beat.get("done"):
+                        left.add(node)
+                    if node not in seen or beat["seq"] > seen[node][0]:
+                        seen[node] = (int(beat["seq"]), at, str(beat["host"]))
+            self._ask()
+            now = time.monotonic()
+            if now - last_ok > self.timeout_s:
+                self._silent(
+                    f"the rendezvous store at {self.endpoint} did not answer this node "
+                    f"({socket.gethostname()}) for {now - last_ok:.0f} s "
+                    f"(runtime.hang_timeout_s={self.timeout_s:.0f}): a network partition or "
+                    "the store's node died; stopping this node's workers"
+                )
+                self._end_if_still_cut_off()
+                return
             for node, (_, when, name) in sorted(seen.items()):
                 if node not in left and now - when > self.timeout_s:
                     self._silent(
@@ -140,6 +191,32 @@ class Liveness:
                         f"at {self.endpoint}; stopping this node's workers"
                     )
                     return
+
+    def _end_if_still_cut_off(self) -> None:
+        """The store stays silent after this node's workers were stopped: torch's agent is
+        then stuck in a store call that does not return (measured on a partitioned link: over
+        3 minutes, its 60 s timeout notwithstanding), so the node would never end. After
+        `CUT_OFF_GRACE_S` more without an answer, this ends the agent's process (exit 1),
+        after `when_cut_off` hooks (the enn launcher's exit record). An answer, or the agent
+        ending on its own (`stop()`), first: nothing is done."""
+        if self.on_silent is not stop_workers:  # not an agent's process (a test's node)
+            return
+        deadline = time.monotonic() + max(self.timeout_s, CUT_OFF_GRACE_S)
+        while not self._stop.wait(self.every_s):
+            if any(not isinstance(got, Exception) for _, got in self._answered()):
+                return  # the store answers again: torch's agent takes it from here
+            self._ask()
+            if time.monotonic() > deadline:
+                line = (
+                    f"the rendezvous store at {self.endpoint} is still unreachable and torch's "
+                    "agent cannot end on its own; ending this node's agent (exit 1)"
+                )
+                log.error("%s", line)
+                for hook in _when_cut_off:
+                    with contextlib.suppress(Exception):
+                        hook(line)
+                logging.shutdown()
+                os._exit(1)
 
     def _silent(self, line: str) -> None:
         log.error("%s", line)

@@ -12,7 +12,9 @@ with the enn-c10d rendezvous backend) plus what enn needs around it:
   seconds to save at a step boundary and leave before torchrun kills them;
 - `<run_dir>/launch/exits.json` records how the job ended: `succeeded`, `failed` with each
   failed rank's exit code (negative: the signal), `rendezvous_closed` (a used-up rendezvous
-  id), `rendezvous_error` (the nodes did not meet) or `error`, with one line.
+  id), `rendezvous_error` (the nodes did not meet), `cut_off` (this node lost the rendezvous
+  store mid-job: enn_core.runtime.liveness ends the agent, which torch cannot) or `error`,
+  with one line.
 
 torchrun's own lines and torch's C++ logs go to `<run_dir>/logs/torchrun.log` (the launcher
 redirects this process's output; TORCH_CPP_LOG_LEVEL=ERROR), never the console.
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.atomic import write_json
+from enn_core.runtime.liveness import when_cut_off
 from enn_core.runtime.parent import die_with_parent, spawned_env
 from enn_core.runtime.stores import register_rendezvous
 
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(job_path.read_text())
     out = job_path.parent / EXITS
     out.unlink(missing_ok=True)
+    when_cut_off(lambda line: write_json(out, {"state": "cut_off", "exits": {}, "message": line}))
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError

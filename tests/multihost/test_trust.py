@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from enn_core.config import load_config
@@ -117,7 +118,10 @@ def test_a_partitioned_node_is_named_by_the_other_within_the_liveness_timeout(te
     """node2's network is cut mid-training (no connection is reset: a partition); node1 names
     node2 and its rank from the liveness beats within the timeout (torchrun's
     `--rdzv-conf liveness_timeout=`, what the launcher sets from runtime.hang_timeout_s),
-    instead of each node naming its own rank as hung minutes later."""
+    instead of each node naming its own rank as hung minutes later. Both nodes then end: node1
+    at once; node2, cut off from the store, names it, and ends its agent a grace later (torch's
+    agent stays blocked in a store call for minutes otherwise: seen, over 200 s). No worker of
+    the job is left on either node."""
     node1, node2 = testbed.hosts[:2]
     endpoint = f"{node1.name}:{testbed.bed.port(52)}"
     cmd = torchrun_multinode(
@@ -143,8 +147,25 @@ def test_a_partitioned_node_is_named_by_the_other_within_the_liveness_timeout(te
         named_after = time.time() - cut
         assert line in job.logs[0].read_text(), job.output()
         assert named_after < 45, named_after  # the 15 s timeout and a few beats
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.procs[0].wait(timeout=30)
+        assert job.procs[0].returncode not in (None, 0), job.output()
+        # node2, still cut off: it names the store, then ends its agent (15 s + the 30 s grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.procs[1].wait(timeout=max(1.0, cut + 120 - time.time()))
+        took = time.time() - cut
+        own = job.logs[1].read_text()
+        assert "the rendezvous store at" in own and "did not answer this node (node2)" in own, own
+        assert "ending this node's agent (exit 1)" in own, own
+        assert job.procs[1].returncode not in (None, 0), (took, job.output())
+        left = [p.pid for p in psutil.process_iter(["cmdline"]) if _of_job(p, "ckpt-partition")]
+        assert not left, f"workers of the cut job still run: {left}"
     finally:
         node2.run("ip", "link", "set", "eth0", "up")
-        # what still runs is killed (seen: node1's torchrun not ended 90 s after the line)
         with contextlib.suppress(subprocess.TimeoutExpired):
             job.wait(timeout=30)
+
+
+def _of_job(proc: psutil.Process, name: str) -> bool:
+    cmd = proc.info["cmdline"] or []
+    return proc.info["cmdline"] is not None and any(name in c for c in cmd) and "-m" in cmd

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from enn_core.config import load_config
 from enn_core.errors import ConfigError
 from enn_core.runtime.launch import Rendezvous, worker_error
+from enn_core.runtime.parent import PARENT_ENV
 
 
 def test_multi_node_config_needs_endpoint_and_id():
@@ -59,6 +61,7 @@ def test_the_torchrun_child_gets_a_clean_environment_and_forwards_the_schedulers
     assert env["TORCH_CPP_LOG_LEVEL"] == "ERROR"
     assert env["ENN_JOB_SECRET_FILE"] == str(secret)
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env
+    assert env[PARENT_ENV] == str(os.getpid())  # torchrun's die_with_parent knows its parent
     assert child_env(tmp_path, 2)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
     # none configured: one node gets its work directory's own (0600), several are refused
@@ -95,3 +98,22 @@ def test_the_torchrun_child_gets_a_clean_environment_and_forwards_the_schedulers
     assert entry_of(worker_error) == "enn_core.runtime.watchdog:worker_error"
     with pytest.raises(TypeError, match="module-level function"):
         entry_of(lambda: None)
+
+
+def test_a_node_cut_off_from_its_store_is_told_what_to_do(tmp_path):
+    """torchrun's record `cut_off` (enn_core.runtime.liveness ended the agent of a node that
+    lost the rendezvous store mid-job) reaches the user as a transient error naming the line,
+    the endpoint and the way back; the other records keep their own words."""
+    from enn_core.errors import TransientError
+    from enn_core.runtime.launch import Job
+
+    rdzv = Rendezvous(nnodes=2, endpoint="node1:29400", run_id="job-7")
+    job = Job("enn_core.runtime.watchdog:worker_error", [], 1, tmp_path, 0, rdzv)
+    line = "the rendezvous store at node1:29400 is still unreachable and torch's agent ..."
+    err = job.rendezvous_error({"state": "cut_off", "exits": {}, "message": line})
+    assert isinstance(err, TransientError)
+    assert line in str(err) and "network to node1:29400" in str(err)
+    assert "run the same command on every node again" in str(err)
+    missed = job.rendezvous_error({"state": "rendezvous_error", "exits": {}, "message": "x"})
+    assert "start all 2 nodes within runtime.rdzv_timeout_s" in str(missed)
+    assert job.rendezvous_error({"state": "failed", "exits": {"0": 1}, "message": ""}) is None

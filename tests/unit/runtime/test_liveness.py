@@ -5,6 +5,10 @@ that leaves on purpose (the job ended, a restart) is not."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -61,3 +65,43 @@ def test_a_node_that_leaves_on_purpose_is_not_silent(endpoint):
     time.sleep(2.0)
     first.stop()
     assert said == []
+
+
+def test_a_store_that_stops_answering_is_named_and_never_holds_the_node(tmp_path):
+    """A partition (here: the store's process stopped, so the kernel still accepts bytes and
+    nothing answers): a store op then blocks far beyond the client's timeout. This node must
+    still name the store within the timeout, and its last beat must not hold it."""
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import datetime as dt, time\n"
+            "from enn_core.runtime.stores import tcp_store\n"
+            f"s = tcp_store('127.0.0.1', {port}, is_master=True, "
+            "timeout=dt.timedelta(seconds=60), multi_tenant=True, wait_for_workers=False)\n"
+            "print('up', flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        said: list[str] = []
+        node = _node(f"127.0.0.1:{port}", 0, said)
+        time.sleep(0.5)
+        assert said == []
+        os.kill(server.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        while not said and time.monotonic() - stopped < 10:
+            time.sleep(0.05)
+        assert len(said) == 1, said
+        assert f"the rendezvous store at 127.0.0.1:{port} did not answer this node" in said[0]
+        assert time.monotonic() - stopped < 5
+        t0 = time.monotonic()
+        node.stop()
+        assert time.monotonic() - t0 < 5, "the last beat held the node"
+    finally:
+        server.kill()
+        server.wait(10)
