@@ -119,21 +119,36 @@ def evaluate_split(
     if beaten_by:  # one warning naming every predictor that beat the model
         flags.append(
             f"{split}: the model's MAE {m['mae']:.4g} does not beat {', '.join(beaten_by)}"
-            f"{_NOTHING_ADDED} split"
+            "; the model adds nothing over them on this split"
         )
     return metrics, breakdown, flags
 
 
-_NOTHING_ADDED = "; the model adds nothing over them on this"
+def one_warning(metrics: Mapping[str, float], splits: Sequence[str]) -> str | None:
+    """The one console line for every split where a naive predictor or fitted baseline beat
+    the model: who, on which split; the numbers are on the MAE lines beside it, and each
+    split's full flag is an event and in breakdown.json. None when the model beat them all."""
+    beaten: dict[str, list[str]] = {}
+    for split in splits:
+        head = f"{split}/worse_than_"
+        names = [
+            k.removeprefix(head)
+            for k, v in metrics.items()
+            if k.startswith(head) and k != f"{head}{NAIVE_BEST}" and v == 1.0
+        ]
+        if names:
+            beaten[split] = sorted(names)
+    if not beaten:
+        return None
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for split, names in beaten.items():
+        groups.setdefault(tuple(names), []).append(split)
+    said = "; ".join(f"{_and(list(names))} on {_and(sp)}" for names, sp in groups.items())
+    return f"the model's MAE is no better than {said}"
 
 
-def one_warning(flags: Sequence[str]) -> str:
-    """The flags of several splits as the one line a person reads: each split's comparison,
-    then what it means once."""
-    if len(flags) == 1:
-        return flags[0]
-    heads = [f.split(_NOTHING_ADDED)[0] for f in flags]
-    return "; ".join(heads) + "; the model adds nothing over them on these splits"
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def best_naive(metrics: Mapping[str, float], split: str = "val") -> str | None:

@@ -111,8 +111,9 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         write_json(tmp / "breakdown.json", breakdown)
     for flag in flags:
         ctx.events.event("naive_not_beaten", message=flag)
-    if flags:  # one warning for every split (each split's own flag is an event)
-        ctx.logger.warning(one_warning(flags))
+    warning = one_warning(metrics, SPLITS)  # for every split (each split's flag is an event)
+    if warning is not None:
+        ctx.logger.warning(warning)
     ctx.events.metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
     table = comparison(metrics, fitted)
     ctx.events.table("baselines", table)

@@ -60,11 +60,22 @@ def test_each_naive_predictor_is_flagged_when_not_beaten():
     # a tie is not a win
     _, _, tie_flags = evaluate_split("val", pred, target, {"naive_cell_mean": target - 3.0})
     assert len(tie_flags) == 1
-    # the person reads one line for both splits, each split's numbers in it, the meaning once
-    line = one_warning(tie_flags + flags)
-    assert line.startswith("val: the model's MAE 3 does not beat naive_cell_mean 3; test: ")
-    assert line.count("adds nothing") == 1 and "naive_conditional 1" in line
-    assert one_warning(flags) == flags[0]
+    # the person reads one line for both splits: who beat the model, where (the numbers are
+    # on the MAE lines beside it); one split's flag stays whole in the events
+    val, _, _ = evaluate_split("val", pred, target, {"naive_cell_mean": target - 3.0})
+    both = {**val, **metrics}
+    line = one_warning(both, ("val", "test"))
+    assert line == (
+        "the model's MAE is no better than naive_cell_mean on val; naive_conditional on test"
+    )
+    same = {**both, "val/worse_than_naive_conditional": 1.0, "test/worse_than_naive_cell_mean": 1.0}
+    assert one_warning(same, ("val", "test")) == (
+        "the model's MAE is no better than naive_cell_mean and naive_conditional on val and test"
+    )
+    # naive_best is one of the others again: never named twice; nothing beaten, no line
+    assert "naive_best" not in one_warning({**both, "val/worse_than_naive_best": 1.0}, ("val",))
+    beat_all = {k: 0.0 if "worse_than" in k else v for k, v in both.items()}
+    assert one_warning(beat_all, ("val", "test")) is None
 
 
 def test_the_best_naive_predictor_is_chosen_on_validation_rows_and_named():
