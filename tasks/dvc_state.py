@@ -49,11 +49,17 @@ def _target(root: Path, spec: StageSpec) -> tuple[Path, str]:
 def _repo_class() -> type:
     """DVC's Repo, with DVC's loggers handing their records to this process's handlers
     (`import dvc` gives them console handlers of their own, which print "Updating lock file"
-    on stdout once per stage, twice with ours): its INFO lines go to the log file only."""
+    on stdout once per stage, twice with ours): its INFO lines go to the log file only.
+
+    DVC's progress bars are off: in a terminal, every time it takes its repository lock it
+    draws "Waiting to acquire lock. If DVC froze, see `hardlink_lock` ..." for a moment, even
+    when nobody else holds it (a newcomer read it as a hang, once per stage). Its bars are
+    disabled when the `dvc.progress` logger is above ERROR; nothing else logs there."""
     from dvc.repo import Repo
 
     for name in ("dvc", "dvc_objects", "dvc_data"):
         logging.getLogger(name).handlers.clear()
+    logging.getLogger("dvc.progress").setLevel(logging.CRITICAL)
     return Repo
 
 
