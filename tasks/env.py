@@ -30,6 +30,7 @@ from pathlib import Path
 
 from enn_core.atomic import private_file, umask
 from enn_core.paths import ENV_WORK_DIR, Layout
+from tasks.prefect_seed import seed
 
 PREFECT = "prefect"  # settings Prefect reads when it is imported
 TOOLS = "tools"  # MLflow, DVC, git and telemetry: read when those are imported or run
@@ -164,6 +165,7 @@ def private_stores(layout: Layout, local_tracking: bool = True) -> None:
         private_file(layout.mlflow_dir / "mlflow.db")
     own_prefect = os.environ.get("PREFECT_HOME") == str(layout.prefect_home)
     if own_prefect and not os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):
+        seed(layout.prefect_home / "prefect.db")  # a new one starts migrated (tasks.prefect_seed)
         private_file(layout.prefect_home / "prefect.db")
     mode = 0o777 & ~umask()
     for folder in (layout.dvc_site_cache, layout.dvc_site_cache / "repo"):
