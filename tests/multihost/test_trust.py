@@ -49,6 +49,9 @@ def test_a_third_host_writing_the_rendezvous_state_runs_nothing(testbed, say, tm
     endpoint, job_id = f"{node1.name}:{port}", f"job-inject-{launcher}"
     ckpt = testbed.shared / f"ckpt-inject-{launcher}"
     pause = ["fault.kind=delay", "fault.phase=step", "fault.step=2", "fault.seconds=40"]
+    # its own count of fired faults: the checkout's work/faults holds earlier tests' (a delay at
+    # a step fires once there), and without the pause the job could end before the attack
+    pause.append(f"fault.marker_dir={testbed.shared / f'faults-inject-{launcher}'}")
     if launcher == "enn":
         cmd = enn_multinode(endpoint, job_id, ckpt, *pause)
     else:
@@ -133,6 +136,7 @@ def test_a_partitioned_node_is_named_by_the_other_within_the_liveness_timeout(te
         "fault.phase=step",
         "fault.step=2",
         "fault.seconds=20",
+        f"fault.marker_dir={testbed.shared / 'faults-partition'}",  # its own count (see above)
     )
     at = cmd.index("--max-restarts=1")
     cmd[at : at + 1] = ["--max-restarts=0", "--rdzv-conf=liveness_timeout=15"]
