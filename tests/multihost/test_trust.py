@@ -48,7 +48,7 @@ def test_a_third_host_writing_the_rendezvous_state_runs_nothing(testbed, say, tm
     port = testbed.bed.port(40 + len(launcher))
     endpoint, job_id = f"{node1.name}:{port}", f"job-inject-{launcher}"
     ckpt = testbed.shared / f"ckpt-inject-{launcher}"
-    pause = ["fault.kind=delay", "fault.phase=step", "fault.step=2", "fault.seconds=40"]
+    pause = ["fault.kind=delay", "fault.phase=step", "fault.step=2", "fault.seconds=20"]
     # its own count of fired faults: the checkout's work/faults holds earlier tests' (a delay at
     # a step fires once there), and without the pause the job could end before the attack
     pause.append(f"fault.marker_dir={testbed.shared / f'faults-inject-{launcher}'}")
