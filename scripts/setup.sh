@@ -27,11 +27,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 # A migrated, empty Prefect database for new work directories (tasks/prefect_seed.py): the
 # first `enn run` then does not wait for Prefect's migrations. Once per Prefect version.
-if ! .venv/bin/python -c 'from tasks.prefect_seed import seed_path; assert seed_path().is_file()' 2>/dev/null; then
-  echo "setup: preparing an empty Prefect database for new work directories (once)"
-  .venv/bin/python -m tasks.prefect_seed ||
-    echo "setup: warning: no Prefect seed database; the first enn run migrates its own (slower)" >&2
-fi
+.venv/bin/python -m tasks.prefect_seed ||
+  echo "setup: warning: no Prefect seed database; the first enn run migrates its own (slower)" >&2
 # DVC's site cache inside work/, as an absolute path (a relative one would follow the current
 # directory, e.g. prediction/), for the training project and the prediction pipeline's own
 # DVC project (prediction/.dvc); .dvc/config.local is not committed.

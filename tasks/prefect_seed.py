@@ -3,7 +3,7 @@ directory's Prefect home: the first `enn run` of a fresh clone otherwise waits f
 migrations while its temporary API starts (8 s to a healthy API on a fresh file, 3 s on a
 migrated one; the migrations alone take 5 to 7 s on two cores).
 
-    python -m tasks.prefect_seed   # scripts/setup.sh, once per installed Prefect version
+    python -m tasks.prefect_seed   # scripts/setup.sh: makes it once per Prefect version
     seed(db)                       # tasks.env: a missing prefect.db starts as a copy, 0600
 
 The seed lives in the environment (`<sys.prefix>/share/enn/prefect-<version>.db`), named by
@@ -35,6 +35,7 @@ def make(prefix: str | Path = sys.prefix) -> Path | None:
     target = seed_path(prefix)
     if target.is_file():
         return target
+    print("setup: preparing an empty Prefect database for new work directories (once)")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         db = Path(tmp) / "prefect.db"
@@ -65,8 +66,10 @@ def make(prefix: str | Path = sys.prefix) -> Path | None:
 def seed(db: Path, prefix: str | Path = sys.prefix) -> bool:
     """Start a missing `db` as a copy of the environment's seed (0600); whether it did. An
     existing file, or a link in its place, is never touched."""
+    if os.path.lexists(db):  # every `enn` start but the first: no lookup of Prefect's version
+        return False
     source = seed_path(prefix)
-    if os.path.lexists(db) or not source.is_file():
+    if not source.is_file():
         return False
     db.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=db.parent, prefix=".seed-", suffix=".db")

@@ -68,6 +68,7 @@ class Liveness:
         self.node_rank, self.nnodes, self.ranks_of = node_rank, nnodes, ranks_of
         self.timeout_s, self.every_s = timeout_s, every_s
         self.on_silent = on_silent or stop_workers
+        self.in_agent = on_silent is None  # the agent's own beat: it may end the agent's process
         self._stop = threading.Event()
         self._store: Any = None
         self._seq = 0
@@ -199,7 +200,7 @@ class Liveness:
         `CUT_OFF_GRACE_S` more without an answer, this ends the agent's process (exit 1),
         after `when_cut_off` hooks (the enn launcher's exit record). An answer, or the agent
         ending on its own (`stop()`), first: nothing is done."""
-        if self.on_silent is not stop_workers:  # not an agent's process (a test's node)
+        if not self.in_agent:
             return
         deadline = time.monotonic() + max(self.timeout_s, CUT_OFF_GRACE_S)
         while not self._stop.wait(self.every_s):
