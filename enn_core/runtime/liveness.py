@@ -112,22 +112,24 @@ class Liveness:
             self._store.set(self._key(self.node_rank), value)
             self._seq += 1
 
-    def _exchange(self) -> dict[int, dict[str, Any]]:
-        """Post this node's beat and read the others' ({node: beat}); raises when the store
-        does not answer. A store op on a partitioned link can block far beyond the store's
-        timeout (measured: over 80 s on a 4 s client), so `_run` calls this in a thread."""
+    def _exchange(self) -> dict[int, tuple[int, str, bool]]:
+        """Post this node's beat and read the others' ({node: (seq, host, done)}); raises when
+        the store does not answer or a beat is not one (sealed, yet malformed). A store op on
+        a partitioned link can block far beyond the store's timeout (measured: over 80 s on a
+        4 s client), so `_run` calls this in a thread."""
         from enn_core.runtime.store_auth import unseal
 
         self._post()
         if self._store is None:
             raise OSError("no store")
-        beats: dict[int, dict[str, Any]] = {}
+        beats: dict[int, tuple[int, str, bool]] = {}
         for node in range(self.nnodes):
             key = self._key(node)
             if node == self.node_rank or not self._store.check([key]):
                 continue
             raw = self._store.get(key)
-            beats[node] = json.loads(unseal(self.key, "a beat", self.run_id, raw, self.endpoint))
+            got = json.loads(unseal(self.key, "a beat", self.run_id, raw, self.endpoint))
+            beats[node] = (int(got["seq"]), str(got["host"])[:100], bool(got.get("done")))
         return beats
 
     def _ask(self) -> None:
@@ -167,11 +169,11 @@ class Liveness:
                     self._store = None
                     continue
                 last_ok = at
-                for node, beat in got.items():
-                    if beat.get("done"):
+                for node, (seq, host, done) in got.items():
+                    if done:
                         left.add(node)
-                    if node not in seen or beat["seq"] > seen[node][0]:
-                        seen[node] = (int(beat["seq"]), at, str(beat["host"]))
+                    if node not in seen or seq > seen[node][0]:
+                        seen[node] = (seq, at, host)
             self._ask()
             now = time.monotonic()
             if now - last_ok > self.timeout_s:
