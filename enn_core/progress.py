@@ -115,8 +115,8 @@ class TrainingFollower:
             )
         elif name == "early_stop":
             self.log.info(
-                "%s: early stop after epoch %d: no better validation loss for train.patience "
-                "epochs (best: epoch %d, %.4g); keeping the best epoch's weights",
+                "%s: early stop after epoch %d (train.patience): keeping epoch %d's weights, "
+                "val loss %.4g",
                 self.desc,
                 int(f.get("epoch", 0)) + 1,
                 int(f.get("best_epoch", 0)) + 1,

@@ -142,14 +142,14 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
 
 
 def skill_line(metrics: dict[str, float], best: str) -> str:
-    """`skill against naive_conditional_median, the best naive predictor on the validation
-    rows: val 0.12, test 0.081` (what each naive predictor is: docs/metrics.md)."""
+    """`skill against naive_conditional_median (the best naive on val rows): val 0.12, test
+    0.081`, within 120 columns with its time and stage (each predictor: docs/metrics.md)."""
     skills = ", ".join(
         f"{split} {metrics[f'{split}/skill_vs_{NAIVE_BEST}']:.3g}"
         for split in SPLITS
         if f"{split}/skill_vs_{NAIVE_BEST}" in metrics
     )
-    return f"skill against {best}, the best naive predictor on the validation rows: {skills}"
+    return f"skill against {best} (the best naive on val rows): {skills}"
 
 
 def fit_record(res: BaselineResult) -> dict[str, object]:
@@ -198,13 +198,8 @@ def comparison(
 
 def _how(res: BaselineResult) -> str:
     fit = res.fit
-    used = (
-        f"{fit.samples} of {fit.available} samples (subsampled)"
-        if fit.subsampled
-        else f"{fit.samples} samples"
-    )
-    source = "cached fit" if fit.cached else "fitted now"
-    return f"{fit.detail}; {used}; {fit.fit_s:.1f} s ({source})"
+    used = f"{fit.samples}/{fit.available} samples" if fit.subsampled else f"{fit.samples} samples"
+    return f"{fit.detail}; {used}; {fit.fit_s:.1f} s" + (" (cached)" if fit.cached else "")
 
 
 def _finite(v: float) -> float | None:

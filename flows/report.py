@@ -37,15 +37,15 @@ def stage_description(spec: StageSpec, variant: StageSpec | None) -> str:
     return text
 
 
-RESULTS_WIDTH = 160
+RESULTS_WIDTH = 120  # a 120-column terminal: the summary's lines never wrap there
 
 
 def results_line(m: dict[str, object]) -> str | None:
     """`results: val MAE ...; test MAE ...` in at most RESULTS_WIDTH characters: when every
-    predictor is named it would be longer, the test split keeps its MAE and how many beat the
-    model, then validation the first three that beat it (MLflow and `dvc metrics show` hold
-    every figure)."""
-    for most in (None, 3, 1):
+    predictor is named it would be longer, the fitted baselines that did not beat the model
+    go first, then the first three that beat it are named and how many more (MLflow and `dvc
+    metrics show` hold every figure)."""
+    for most in (None, 0, 3, 1):
         parts = [results_part(m, "val", most), results_part(m, "test", most)]
         line = "results: " + "; ".join(p for p in parts if p)
         if len(line) <= RESULTS_WIDTH:
@@ -77,7 +77,9 @@ def results_part(m: dict[str, object], split: str, most: int | None = None) -> s
     beat = sorted((n for n in found if found[n] <= model), key=lambda n: found[n])
     rest = [n for n in shown if n not in beat]
     head = f"{split} MAE {model:.4g}"
-    if most is not None:  # shortened: the first `most` that beat the model, then how many more
+    if most == 0:  # shortened: every one that beat the model, of the rest the best naive only
+        rest = [n for n in rest if n == best]
+    elif most is not None:  # shortened: the first `most` that beat the model, then how many more
         more = f" (+{len(beat) - most})" if len(beat) > most else ""
         named = ", ".join(f"{n} {found[n]:.4g}" for n in beat[:most])
         return head + (f", beaten by {named}{more}" if beat else "")

@@ -4,6 +4,7 @@ version, and where to look."""
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,7 @@ from enn_core.errors import EnnError
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, VALIDATE, Flow, up_to
 from flows import console
-from flows.report import predictions_lines, results_line
+from flows.report import RESULTS_WIDTH, predictions_lines, results_line
 
 if TYPE_CHECKING:
     from tasks.runner import FlowRecord
@@ -86,7 +87,15 @@ class Summary:
             m = json.loads(metrics.read_text())
             line = results_line(m)
             out += [line] if line else []
-        out += [f"model: {r.registry.line()}" for r in record.results.values() if r.registry]
+        for r in record.results.values():
+            if r.registry:  # the reason can be 150 characters: wrapped at the terminal's 120
+                out += textwrap.wrap(
+                    f"model: {r.registry.line()}",
+                    width=RESULTS_WIDTH,
+                    subsequent_indent="  ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
         if self.flow == "prediction":
             out += predictions_lines(self.layout)
         return out

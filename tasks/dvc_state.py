@@ -46,6 +46,10 @@ def _target(root: Path, spec: StageSpec) -> tuple[Path, str]:
     return repo, f"{(root / 'dvc.yaml').resolve()}:{spec.dvc_name}"
 
 
+# The loggers whose level turns DVC's and dvc-data's progress bars off (their Tqdm classes).
+PROGRESS_LOGGERS = ("dvc.progress", "dvc_data.callbacks")
+
+
 def _repo_class() -> type:
     """DVC's Repo, with DVC's loggers handing their records to this process's handlers
     (`import dvc` gives them console handlers of their own, which print "Updating lock file"
@@ -53,13 +57,16 @@ def _repo_class() -> type:
 
     DVC's progress bars are off: in a terminal, every time it takes its repository lock it
     draws "Waiting to acquire lock. If DVC froze, see `hardlink_lock` ..." for a moment, even
-    when nobody else holds it (a newcomer read it as a hang, once per stage). Its bars are
-    disabled when the `dvc.progress` logger is above ERROR; nothing else logs there."""
+    when nobody else holds it (a newcomer read it as a hang, once per stage), and committing a
+    stage drew dvc-data's "Checking cache in '.dvc/cache/files/md5'" bar. Each library's bars
+    are off when its progress logger is above ERROR (`dvc.progress`, `dvc_data.callbacks`);
+    nothing else logs there."""
     from dvc.repo import Repo
 
     for name in ("dvc", "dvc_objects", "dvc_data"):
         logging.getLogger(name).handlers.clear()
-    logging.getLogger("dvc.progress").setLevel(logging.CRITICAL)
+    for bars in PROGRESS_LOGGERS:
+        logging.getLogger(bars).setLevel(logging.CRITICAL)
     return Repo
 
 

@@ -183,9 +183,10 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             registry = tracker.after_stage(spec, child_id, layout, cfg, lineage, run_dir)
             if registry is not None:
                 session.registration = registry
-                # a first version made champion without passing the rule is a warning
+                # a first version made champion without passing the rule is a warning; why
+                # is on the summary's `model:` line and the version's tags
                 (log.warning if registry.warning else log.info)(
-                    "%s: %s", spec.name, registry.line()
+                    "%s: %s", spec.name, registry.headline()
                 )
     session.done.append(spec.name)
     return StageResult(

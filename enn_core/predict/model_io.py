@@ -43,6 +43,12 @@ class CalibrationChoice:
     directory: str | None = None  # collapse-check output holding calibration.json
     fingerprint: str = "raw"  # hash of the calibration content (part of the parts' model key)
 
+    @property
+    def headline(self) -> str:
+        """The reason without its parenthesised detail (which file, which model hashes): what
+        predict's console line says; predict's summary keeps `reason` whole."""
+        return self.reason.split(" (", 1)[0]
+
 
 def resolve_model_path(model: str, default: Path | None, root: Path) -> Path:
     """`predict.model` (or the pipeline's model `default`) as an existing local file."""
@@ -100,7 +106,9 @@ def choose_calibration(
         return CalibrationChoice(False, "raw", "predict.calibration=raw")
     if (collapse_dir / FAILED_MARKER).exists():
         return CalibrationChoice(
-            False, "raw", f"{collapse_dir} holds a FAILED marker (every candidate collapsed)"
+            False,
+            "raw",
+            f"collapse-check found every candidate collapsed ({collapse_dir / FAILED_MARKER})",
         )
     # what a person reads on predict's line: in the training flow predict runs before
     # collapse-check, so a fresh model never has a calibration yet; say that, not the hashes
@@ -125,7 +133,7 @@ def choose_calibration(
     return CalibrationChoice(
         True,
         str(cal.get("candidate", "raw")),
-        f"{cal_file} matches the model",
+        f"collapse-check's calibration matches the model ({cal_file})",
         str(collapse_dir),
         h.hexdigest(),
     )

@@ -183,7 +183,7 @@ def run(
         world,
         device,
         choice.candidate if choice.applied else "raw",
-        choice.reason,
+        choice.headline,
     )
     t_pred = time.perf_counter()
     if launched or world > 1:  # the ranks of a launched job, whatever the node count

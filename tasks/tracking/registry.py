@@ -85,12 +85,17 @@ class Registration:
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
-    def line(self) -> str:
-        """One line for the terminal."""
+    def headline(self) -> str:
+        """`enn-synthetic version 3: candidate (champion unchanged)`: export's log line (the
+        reason can be 150 characters; the closing summary's `model:` line wraps it)."""
         if not self.registered:
-            return f"{self.model}: not registered: {self.reason}"
+            return f"{self.model}: not registered"
         role = "champion" if self.champion else "candidate (champion unchanged)"
-        return f"{self.model} version {self.version}: {role}: {self.reason}"
+        return f"{self.model} version {self.version}: {role}"
+
+    def line(self) -> str:
+        """The headline and why, for the closing summary (and `enn` commands that print it)."""
+        return f"{self.headline()}: {self.reason}"
 
     def as_tags(self) -> dict[str, Any]:
         return {k: v for k, v in self.as_dict().items() if v != ""}

@@ -380,8 +380,8 @@ OWN = re.compile(
 )
 SUMMARY = re.compile(
     r"^((stage-data|prepare-checkpoint|distributed-train|validate|predict|collapse-check|"
-    r"export) +(ran|skipped) |results: |model: |outputs: |log: |look: |params: )"
-)
+    r"export) +(ran|skipped) |results: |model: |outputs: |log: |look: |params: |  \S)"
+)  # "  ...": the `model:` line's reason, wrapped at 120 columns
 
 
 def test_the_console_holds_only_the_projects_lines(store):

@@ -65,8 +65,8 @@ def test_resume_backoff_restart_and_early_stop_lines(tmp_path, said):
     events.event("early_stop", epoch=3, best_epoch=1, best_val_loss=0.125)
     follower.poll()
     assert said() == [
-        "INFO distributed-train: early stop after epoch 4: no better validation loss for "
-        "train.patience epochs (best: epoch 2, 0.125); keeping the best epoch's weights"
+        "INFO distributed-train: early stop after epoch 4 (train.patience): keeping epoch 2's "
+        "weights, val loss 0.125"
     ]
     follower.close()
 
@@ -81,7 +81,7 @@ def test_a_line_caught_half_written_is_read_once_complete(tmp_path, said):
     with open(tmp_path / "events.jsonl", "a") as f:
         f.write('"best_val_loss": 0.5}}\n')
     follower.poll()
-    assert [s.split(":")[1] for s in said()] == [" early stop after epoch 3"]
+    assert [s.split(":")[1] for s in said()] == [" early stop after epoch 3 (train.patience)"]
 
 
 def _terminal(monkeypatch) -> tuple[int, object]:

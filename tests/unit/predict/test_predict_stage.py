@@ -20,6 +20,7 @@ from enn_core.errors import DataError
 from enn_core.fault import InjectedFault
 from enn_core.inference import Calibration, write_calibration
 from enn_core.paths import Layout
+from enn_core.predict import model_io
 from enn_core.stage import make_context
 from enn_core.stages import PREDICT, PREPARE_CHECKPOINT
 from tests.fixtures.predict import (
@@ -128,6 +129,9 @@ def test_calibration_applies_only_to_its_model(project):
         == "collapse-check has not judged this model yet (collapse-check/calibration.json is "
         f"an earlier model's, 000000000000; this one is {sha256_file(model_path)[:12]})"
     )
+    # predict's console line keeps the reason's head; the summary above keeps the hashes
+    choice = model_io.choose_calibration(cal_dir, sha256_file(model_path))
+    assert choice.headline == "collapse-check has not judged this model yet", choice
     np.testing.assert_allclose(
         np.load(project / "outputs/predict/predictions.npy"), raw, rtol=1e-5, atol=1e-4
     )

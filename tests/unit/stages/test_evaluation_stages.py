@@ -110,7 +110,8 @@ def test_untrained_model_fails_collapse_check_and_export_refuses(tmp_path, caplo
     assert logged["val/skill_vs_naive_best"] == metrics["val/skill_vs_naive_best"]
     assert breakdown["naive_best"] == best
     line = next(r.getMessage() for r in caplog.records if "skill against" in r.getMessage())
-    assert f"skill against {best}, the best naive predictor on the validation rows" in line, line
+    assert f"skill against {best} (the best naive on val rows): val " in line, line
+    assert len(f"01:13:00 validate: {line}") <= 120, line
     assert f"test {metrics['test/skill_vs_naive_best']:.3g}" in line, line
 
     ctx = _ctx(cfg, tmp_path, COLLAPSE_CHECK)
