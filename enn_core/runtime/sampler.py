@@ -4,7 +4,9 @@ One seeded global shuffle per epoch (of contiguous blocks of `shuffle_block` row
 staged files are read in runs), cut into global batches; each global batch is split into
 contiguous per-rank slices and each slice into micro-batches. Every training row is used
 exactly once per epoch; every rank runs the same number of steps and micro-batches (FSDP
-needs every rank in every collective); the last global batch is padded with weight-0 rows.
+needs every rank in every collective); the last global batch is padded with weight-0 rows
+only up to a multiple of the world size (one rank: none), so no step computes rows that count
+for nothing (padded to the full batch, 485 rows in batches of 32 computed 512, 5.6% more).
 
 The state is a global position (epoch, step), independent of the world size, so a run can
 resume at another world size and read the same global batches.
@@ -129,16 +131,19 @@ class GlobalBlockSampler:
     def step_rows(
         self, epoch: int, step: int, rank: int, world_size: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, weights) of one rank's slice of global batch `step`; padding weighs zero."""
+        """(rows, weights) of one rank's slice of global batch `step`; padding weighs zero.
+        Every rank's slice has the same length: the full batch's share, and in a shorter last
+        batch its real rows' share rounded up."""
         order = self.epoch_order(epoch)
         lo = step * self.global_batch
         rows = order[lo : lo + self.global_batch]
-        weights = np.ones(self.global_batch, dtype=np.float32)
-        if len(rows) < self.global_batch:  # last batch: pad with a real row at weight 0
-            pad = self.global_batch - len(rows)
+        size = -(-len(rows) // world_size) * world_size  # the last batch: a multiple of ranks
+        weights = np.ones(size, dtype=np.float32)
+        if len(rows) < size:  # pad with a real row at weight 0
+            pad = size - len(rows)
             weights[len(rows) :] = 0.0
             rows = np.concatenate([rows, np.full(pad, order[0], dtype=np.int64)])
-        per_rank = self.global_batch // world_size
+        per_rank = size // world_size
         sl = slice(rank * per_rank, (rank + 1) * per_rank)
         return rows[sl], weights[sl]
 

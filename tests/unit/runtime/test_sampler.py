@@ -10,6 +10,8 @@ from enn_core.runtime.sampler import GlobalBlockSampler, eval_slices, make_plan,
 
 
 def test_every_row_once_per_epoch_equal_steps_padding_weighs_zero():
+    """The last batch (5 of 8 rows) is padded only to a multiple of the world size: one rank
+    computes 5 rows, not 8; two ranks 3 each; four ranks 2 each (the same on every rank)."""
     rows = np.arange(100, 137)  # 37 training rows (staged indices)
     s = GlobalBlockSampler(rows, 8, seed=3)
     assert s.steps_per_epoch == 5
@@ -18,12 +20,14 @@ def test_every_row_once_per_epoch_equal_steps_padding_weighs_zero():
         for step in range(s.steps_per_epoch):
             for rank in range(world):
                 r, w = s.step_rows(0, step, rank, world)
-                assert len(r) == 8 // world  # same shape on every rank, every step
+                last = -(-5 // world) if step == 4 else 8 // world
+                assert len(r) == len(w) == last  # same shape on every rank
                 seen.append(r[w > 0])
                 weights.append(w)
         got = np.concatenate(seen)
         assert sorted(got.tolist()) == rows.tolist()  # each real row exactly once
         assert np.concatenate(weights).sum() == 37 and s.real_rows(0, 4) == 5
+        assert len(np.concatenate(weights)) == 32 + -(-5 // world) * world
 
 
 def test_global_batches_do_not_depend_on_world_size_and_epochs_reshuffle():
