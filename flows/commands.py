@@ -78,13 +78,13 @@ def run_stage_command(
     (flows/params_file.py)."""
     from flows.params_file import mlflow_tags, once_lines, plan, summary_line, write_overrides
     from tasks.runner import execute_stage
-    from tasks.session import dvc_group, pipeline_session
+    from tasks.session import job_group, pipeline_session
 
     launched = LauncherEnv.required() if cfg.runtime.launcher == "external" else None
     if launched is not None and launched.rank != 0:
         return worker_only(spec, cfg, layout, launched)
-    group = dvc_group()
-    name = f"dvc repro ({spec.name})" if group else f"enn {spec.name}"
+    group = job_group()
+    name = f"dvc repro ({spec.name})" if group and group.run_dirs else f"enn {spec.name}"
     sets = plan(config, overrides)
     tags = mlflow_tags(sets)
     with pipeline_session(

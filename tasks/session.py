@@ -1,7 +1,8 @@
 """Open and close one pipeline run: layout, work-dir lock, run id, MLflow parent run, lineage.
 
 Used by the Prefect flows and by `enn <stage>`. Under `dvc repro`, the stages of one `dvc`
-process share a parent run (found by the group key of that process).
+process share a parent run (found by the group key of that process); in a SLURM job, every
+`enn` command of the job (each node's, each step's, each requeued run's) shares one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -27,7 +29,43 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def dvc_group() -> str | None:
+# How long a SLURM task that does not make the job's parent run waits for the task that does.
+JOIN_WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class ParentGroup:
+    """The MLflow parent run that several processes' stages share, found by its key (tag
+    `enn.group`)."""
+
+    key: str
+    makes: bool = True  # this process makes the run when none exists; else waits for it
+    run_dirs: bool = False  # the key is also the pipeline run's id (its folders in work/runs)
+
+    @property
+    def wait_s(self) -> float:
+        return 0.0 if self.makes else JOIN_WAIT_S
+
+
+def job_group() -> ParentGroup | None:
+    """The parent run this process's pipeline joins: `dvc repro`'s, else its SLURM job's, else
+    none (a parent of its own)."""
+    return dvc_group() or slurm_group()
+
+
+def slurm_group() -> ParentGroup | None:
+    """Every `enn` command of one SLURM job (and of its requeued runs: the same job id) under
+    one parent run. Its first task (SLURM_PROCID 0, or the batch script itself) makes it, so
+    two nodes starting at once never make two; the others wait for it. SLURM sets these
+    variables; a value that is not a number is not SLURM's."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        return None
+    task = os.environ.get("SLURM_PROCID", "0")
+    return ParentGroup(f"slurm-{job}", makes=not task.isdigit() or int(task) == 0)
+
+
+def dvc_group() -> ParentGroup | None:
     """The key of the `dvc` process running this stage command (None outside `dvc repro`)."""
     if "DVC_STAGE" not in os.environ:
         return None
@@ -40,7 +78,7 @@ def dvc_group() -> str | None:
         # `dvc ...` (console script) or `python -m dvc ...`
         names = [Path(a).name for a in argv[:3]]
         if "dvc" in names:
-            return f"dvc-{proc.pid}-{proc.create_time():.0f}"
+            return ParentGroup(f"dvc-{proc.pid}-{proc.create_time():.0f}", run_dirs=True)
         proc = proc.parent()
     return None
 
@@ -54,7 +92,7 @@ def pipeline_session(
     *,
     run_id: str | None = None,
     tags: dict[str, str] | None = None,
-    group: str | None = None,
+    group: ParentGroup | None = None,
     specs: tuple[StageSpec, ...] = (),
 ) -> Iterator[PipelineSession]:
     """Lock the work directory, open the MLflow parent run (with the run's parameters), and
@@ -70,9 +108,16 @@ def pipeline_session(
             tracker = Tracker(cfg, layout)
             lineage = {"enn.git_commit": git_commit(root), "enn.pipeline": name}
             tags = {**lineage, **(tags or {})}
-        run_id = run_id or (group or new_run_id())
+        run_id = run_id or (group.key if group and group.run_dirs else new_run_id())
         parent = (
-            tracker.start_parent(name, tags or {}, group=group, cfg=cfg, data=data_name(cfg))
+            tracker.start_parent(
+                name,
+                tags or {},
+                group=group.key if group else None,
+                cfg=cfg,
+                data=data_name(cfg),
+                wait_s=group.wait_s if group else 0.0,
+            )
             if tracker
             else None
         )

@@ -145,18 +145,20 @@ class Tracker:
         group: str | None = None,
         cfg: RunConfig | None = None,
         data: str = "",
+        wait_s: float = 0.0,
     ) -> str | None:
         """The pipeline's parent run, holding the resolved parameters (`params.yaml`'s keys,
-        dotted) so Compare lines them up with the results `summarize` adds at the end."""
+        dotted) so Compare lines them up with the results `summarize` adds at the end. With a
+        `group`, the run of that group when there is one (waiting up to `wait_s` for the
+        process that makes it), now held by this process."""
         if not self.enabled:
             return None
         if group:
-            found = self.client.search_runs(
-                [self.experiment_id], f"tags.`{TAG_GROUP}` = '{group}'", max_results=1
-            )
-            if found:
-                run_id = found[0].info.run_id
+            run_id = self._group_run(group, wait_s)
+            if run_id is not None:
                 self.client.update_run(run_id, status="RUNNING")
+                for k, v in self._own_tags().items():  # who holds it now (sweep_killed)
+                    self.client.set_tag(run_id, k, v)
                 self._monitor(run_id, resumed=True)
                 return run_id
         params = _flatten(to_logged(cfg)) if cfg is not None else {}
@@ -174,6 +176,25 @@ class Tracker:
         self.log_params(run.info.run_id, params)
         self._monitor(run.info.run_id)
         return run.info.run_id
+
+    def _group_run(self, group: str, wait_s: float) -> str | None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            found = self.client.search_runs(
+                [self.experiment_id], f"tags.`{TAG_GROUP}` = '{group}'", max_results=1
+            )
+            if found:
+                return str(found[0].info.run_id)
+            if time.monotonic() >= deadline:
+                if wait_s:
+                    logging.getLogger("enn").warning(
+                        "MLflow: no parent run of %s after %.0f s (its first task makes it): "
+                        "this process records under a parent run of its own",
+                        group,
+                        wait_s,
+                    )
+                return None
+            time.sleep(1.0)
 
     def _monitor(self, run_id: str, resumed: bool = False) -> None:
         """`tracking.log_system_metrics`: MLflow's system metrics (`system/cpu_...`, memory, disk,

@@ -8,7 +8,10 @@ job requeued after SlurmdTimeout, resumed once node2's slurmd is back), then the
 warning (`scancel --batch --signal=USR2`, what `--signal=B:USR2@<grace>` sends: the workers
 save a committed checkpoint at the step they agree on, the script requeues the job); the
 third run resumes from that save and ends with weights bit-identical to the uninterrupted job
-on one host (the tier's `reference`), then runs the later stages on node1."""
+on one host (the tier's `reference`), then runs the later stages on node1. Every `enn` of the
+job records under one MLflow parent run on the tier's tracking server (PostgreSQL-backed,
+basic authentication), where export registers the model; the prediction job then takes it
+from the registry (`champion`) on every node."""
 
 from __future__ import annotations
 
@@ -34,6 +37,26 @@ TRAIN = "deploy/slurm/train.sbatch"
 PREDICT = "deploy/slurm/predict.sbatch"
 TUNE = "deploy/slurm/tune.sbatch"
 ARRAY_STUDY, ARRAY_TRIALS = "array", 2
+TRAIN_EXPERIMENT = "slurm-train"
+DUMP_JOB = """
+import json, sys
+from mlflow.tracking import MlflowClient
+c = MlflowClient(tracking_uri=sys.argv[1])
+exp = c.get_experiment_by_name(sys.argv[2])
+runs = c.search_runs([exp.experiment_id], f"tags.`enn.slurm.job_id` = '{sys.argv[3]}'",
+                     max_results=500)
+models = []
+for m in c.search_registered_models():
+    champion = m.aliases.get("champion")
+    run = c.get_model_version(m.name, champion).run_id if champion else None
+    models.append({"name": m.name, "champion": champion, "run": run})
+print(json.dumps({
+    "runs": [{"id": r.info.run_id, "status": r.info.status, "kind": r.data.tags.get("enn.kind"),
+              "stage": r.data.tags.get("enn.stage"), "host": r.data.tags.get("enn.host"),
+              "parent": r.data.tags.get("mlflow.parentRunId")} for r in runs],
+    "models": models,
+}))
+"""
 DUMP_TRIALS = """
 import json, sys, optuna
 study = optuna.load_study(study_name=sys.argv[2], storage=sys.argv[1])
@@ -80,14 +103,16 @@ def _log_of(host, job: str) -> str:
 
 @pytest.mark.timeout(900)  # with the tier's reference run, when it runs first
 def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_identical(
-    testbed, slurm, reference, say, request, monkeypatch
+    testbed, slurm, reference, mlflow, say, request, monkeypatch
 ):
     """One training job, two interruptions: node2 dies mid-epoch (every process of its
     namespace, slurmd included), SLURM notices after SlurmdTimeout and requeues the job, which
     waits until node2's slurmd is back and resumes from the newest periodic checkpoint; then,
     paused at the same step again, the time-limit warning: the workers save at the step they
     agree on, the script requeues the job, the third run resumes from that save. The weights
-    equal the uninterrupted job's on one host, bit for bit."""
+    equal the uninterrupted job's on one host, bit for bit. On the tracking server: one parent
+    run for the job (every node's, step's and run's `enn` under it), the model registered and
+    champion."""
     node1, node2 = testbed.hosts[:2]
     shared = testbed.shared
     pause = [  # rank 1 (node2) pauses twice at step 6: killed in the first, warned in the second
@@ -99,6 +124,8 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
         "fault.seconds=15",
         f"fault.marker_dir={shared / 'faults-slurm'}",
         *LENIENT,
+        f"tracking.uri={mlflow}",
+        f"tracking.experiment={TRAIN_EXPERIMENT}",
     ]
     monkeypatch.setenv("ENN_ALLOW_FAULTS", "1")  # the hosts' environment allows them too
     for h in (node1, node2):  # the test's pause, in both checkouts' params.yaml
@@ -156,6 +183,32 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
         made = node1.checkout / "outputs" / stage
         assert made.is_dir() and made.stat().st_mtime > started, stage
     say(f"job {job}: resumed from {resumed}, bit-identical to one host")
+    _one_parent_and_a_champion(node1, mlflow, job, say)
+
+
+def _one_parent_and_a_champion(node1, mlflow: str, job: str, say) -> None:
+    """The job's runs on the tracking server, read from node1 (the root namespace has no route
+    to it): one parent, the seven stages under it (stage-data from both nodes), the model
+    registered by this job's export and champion (the first version of the tier's model)."""
+    found = json.loads(node1.run("python", "-c", DUMP_JOB, mlflow, TRAIN_EXPERIMENT, job).stdout)
+    runs = found["runs"]
+    parents = [r for r in runs if r["kind"] == "pipeline"]
+    assert len(parents) == 1, runs
+    parent = parents[0]
+    children = [r for r in runs if r["parent"] == parent["id"]]
+    assert len(children) == len(runs) - 1, runs  # every run of the job is under it
+    stages = {r["stage"] for r in children}
+    assert stages >= {"stage-data", "prepare-checkpoint", "distributed-train", "validate"}, runs
+    assert stages >= {"predict", "collapse-check", "export"}, runs
+    assert {r["host"] for r in children if r["stage"] == "stage-data"} == {"node1", "node2"}
+    assert parent["status"] == "FINISHED", parent
+    export = next(r for r in children if r["stage"] == "export" and r["status"] == "FINISHED")
+    champions = [m for m in found["models"] if m["champion"]]
+    assert any(m["run"] in {export["id"], parent["id"]} for m in champions), found["models"]
+    say(
+        f"job {job} on MLflow: parent {parent['id']}, {len(children)} runs under it "
+        f"({sorted(stages)}); champion: {[(m['name'], m['champion']) for m in champions]}"
+    )
 
 
 def _paused(watch: Job) -> dict:
@@ -194,27 +247,31 @@ def _fields(info: dict[str, str]) -> str:
 
 
 def test_the_prediction_job_takes_the_model_on_every_node_and_equals_one_host(
-    testbed, slurm, say, request
+    testbed, slurm, mlflow, say, request
 ):
-    """deploy/slurm/predict.sbatch right after the training job: every node loads the model the
-    training job published into the shared folder (with collapse-check's calibration beside
-    it; each node's own outputs/distributed-train/model.pt holds the same bytes, not copied by
-    hand), stages the input itself, and node1 assembles the parts; the output equals node1's
-    prediction alone, value for value and row for row."""
+    """deploy/slurm/predict.sbatch right after the training job, with `ENN_MODEL=champion`:
+    every node takes the model the training job registered from the tracking server's registry
+    by itself (each node's own outputs/distributed-train/model.pt holds the same bytes, not
+    copied by hand), stages the input itself, and node1 assembles the parts; the output equals
+    node1's prediction alone from the file the training job published to the shared folder
+    (with collapse-check's calibration beside it), value for value and row for row."""
     node1, node2 = testbed.hosts[:2]
     model = testbed.shared / "enn-model" / "model.pt"  # where the training job published it
     assert (model.parent / "calibration.json").exists()
     mine = [(h.checkout / "outputs" / "distributed-train" / "model.pt") for h in (node1, node2)]
     assert all(p.exists() for p in mine), "run after the training job"
     assert mine[0].read_bytes() == mine[1].read_bytes()
+    server = [f"tracking.uri={mlflow}", f"tracking.experiment={TRAIN_EXPERIMENT}"]
     for h in (node1, node2):  # the flow's collapse-check on the young model (LENIENT)
         request.addfinalizer(_restore(h.checkout / "prediction" / "params.yaml"))
-        apply_overrides(h.checkout / "prediction" / "params.yaml", LENIENT)
+        apply_overrides(h.checkout / "prediction" / "params.yaml", [*LENIENT, *server])
     env = {
         **node1.env,
         "ENN_SHARED": str(testbed.shared),
         "ENN_RDZV_PORT": str(testbed.bed.port(41)),
+        "ENN_MODEL": "champion",  # models:/<the tier's model>@champion, from the registry
     }
+    started = time.time()
     job = slurm.sbatch(node1, PREDICT, env=env)
     done = slurm.wait(job, timeout=400)
     say(f"SLURM job {job} ended: {_fields(done)}")
@@ -222,6 +279,13 @@ def test_the_prediction_job_takes_the_model_on_every_node_and_equals_one_host(
     out = log.read_text(errors="replace") if log.exists() else ""
     assert done["JobState"] == "COMPLETED", f"{done}\n{out}\n{slurm.logs()}"
     assert "predict: this node's share is done" in out, out  # node2's task
+    for h in (node1, node2):  # each node fetched the registry's champion itself
+        fetched = [
+            p.read_text().strip()
+            for p in (h.checkout / "prediction").rglob("SOURCE")
+            if p.stat().st_mtime > started
+        ]
+        assert fetched and all(s.endswith("@champion") for s in fetched), (h.name, fetched)
     assert not [p for p in testbed.shared.rglob("*") if "secret" in p.name]  # sbcast, not here
     assert not list(Path(env.get("TMPDIR", "/tmp")).glob(f"enn-job-{job}-*.secret"))  # removed
     across = _predictions(node1)
