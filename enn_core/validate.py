@@ -37,6 +37,7 @@ from enn_core.metrics import (
     AxisBreakdown,
     evaluate_split,
     finite_or_none,
+    four,
     naive_predictions,
     one_warning,
     with_best_naive,
@@ -113,7 +114,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         ctx.events.event("naive_not_beaten", message=flag)
     warning = one_warning(metrics, SPLITS)  # for every split (each split's flag is an event)
     if warning is not None:
-        ctx.logger.warning(warning)
+        ctx.logger.warning("%s: %s", ctx.stage, warning)
     ctx.events.metrics({k: v for k, v in metrics.items() if math.isfinite(v)})
     table = comparison(metrics, fitted)
     ctx.events.table("baselines", table)
@@ -121,7 +122,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
     # naive predictor's MAE is in metrics.json, MLflow and the baselines table)
     shown = [row for row in table if row["predictor"] not in NAIVE or row["predictor"] == best]
     for split in SPLITS:
-        maes = ", ".join(f"{row['predictor']} {row[f'{split}_mae']:.4g}" for row in shown)
+        maes = ", ".join(f"{row['predictor']} {four(row[f'{split}_mae'])}" for row in shown)
         ctx.logger.info("%s: %s MAE: %s", ctx.stage, split, maes)
     if best is not None:
         ctx.events.param(f"validate.{NAIVE_BEST}", best)

@@ -8,6 +8,7 @@ import argparse
 import json
 
 from enn_core.metric_names import NAIVE, NAIVE_BEST
+from enn_core.metrics import four
 from enn_core.paths import Layout
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, StageSpec
 
@@ -42,11 +43,11 @@ RESULTS_WIDTH = 120  # a 120-column terminal: the summary's lines never wrap the
 
 def results_line(m: dict[str, object]) -> str | None:
     """`results: val MAE ...; test MAE ...` in at most RESULTS_WIDTH characters: when every
-    predictor is named it would be longer, the fitted baselines that did not beat the model
-    go first, then the first three that beat it are named and how many more (MLflow and `dvc
+    predictor is named it would be longer, the test split names only those that beat the model,
+    then validation too, then the first three that beat it and how many more (MLflow and `dvc
     metrics show` hold every figure)."""
-    for most in (None, 0, 3, 1):
-        parts = [results_part(m, "val", most), results_part(m, "test", most)]
+    for val, test in ((None, None), (None, 0), (0, 0), (3, 3), (1, 1)):
+        parts = [results_part(m, "val", val), results_part(m, "test", test)]
         line = "results: " + "; ".join(p for p in parts if p)
         if len(line) <= RESULTS_WIDTH:
             return line if any(parts) else None
@@ -76,16 +77,15 @@ def results_part(m: dict[str, object], split: str, most: int | None = None) -> s
     shown += sorted(n for n in found if n not in NAIVE)  # the fitted baselines: gbt, ridge
     beat = sorted((n for n in found if found[n] <= model), key=lambda n: found[n])
     rest = [n for n in shown if n not in beat]
-    head = f"{split} MAE {model:.4g}"
-    if most == 0:  # shortened: every one that beat the model, of the rest the best naive only
-        rest = [n for n in rest if n == best]
-    elif most is not None:  # shortened: the first `most` that beat the model, then how many more
+    head = f"{split} MAE {four(model)}"
+    if most is not None:  # shortened: the first `most` (0: all) that beat it, how many more
+        most = most or len(beat)
         more = f" (+{len(beat) - most})" if len(beat) > most else ""
-        named = ", ".join(f"{n} {found[n]:.4g}" for n in beat[:most])
+        named = ", ".join(f"{n} {four(found[n])}" for n in beat[:most])
         return head + (f", beaten by {named}{more}" if beat else "")
     if beat:
-        head += f", beaten by {', '.join(f'{n} {found[n]:.4g}' for n in beat)}"
-    return head + (f" ({', '.join(f'{n} {found[n]:.4g}' for n in rest)})" if rest else "")
+        head += f", beaten by {', '.join(f'{n} {four(found[n])}' for n in beat)}"
+    return head + (f" ({', '.join(f'{n} {four(found[n])}' for n in rest)})" if rest else "")
 
 
 def predictions_lines(layout: Layout) -> list[str]:

@@ -175,13 +175,17 @@ def run(
         )
         for r in range(world)
     ]
+    # two lines, each within 120 columns with the time: what runs, then which path and why
     ctx.logger.info(
-        "predict: %d rows (%s) in %d parts, %d worker(s) on %s; calibration: %s (%s)",
+        "predict: %d rows (%s) in %d part(s), %d worker(s) on %s",
         n_rows,
         selection,
         plan.n_parts,
         world,
         device,
+    )
+    ctx.logger.info(
+        "predict: calibration %s: %s",
         choice.candidate if choice.applied else "raw",
         choice.headline,
     )

@@ -150,9 +150,9 @@ def test_the_results_line_says_when_a_baseline_beat_the_model(layout):
     record.results["validate"] = _result("validate")
     lines = Summary(layout, RunConfig(), "training", None, "http://127.0.0.1:9/api").lines(record)
     assert (
-        "results: val MAE 3.334, beaten by gbt 3.286 (naive_conditional 3.5); "
-        "test MAE 3.1 (naive_conditional 3.6)"
-    ) in lines
+        "results: val MAE 3.334, beaten by gbt 3.286 (naive_conditional 3.500, ridge 3.400); "
+        "test MAE 3.100"
+    ) in lines  # every predictor named would be 141 columns: the test split's others go
 
 
 def test_the_results_line_fits_120_columns_and_names_each_predictor_once():
@@ -173,24 +173,24 @@ def test_the_results_line_fits_120_columns_and_names_each_predictor_once():
         ):
             m[f"{split}/{name}_mae"] = v
     line = results_line(m)
-    # every predictor named would be 133 characters: the fitted baselines that did not beat
-    # the model go (MLflow and dvc metrics show hold them)
+    # every predictor named would be 136 characters: on the test split only those that beat
+    # the model (MLflow and dvc metrics show hold every figure)
     assert line == (
-        "results: val MAE 2.041 (naive_conditional 5.25); test MAE 1.916 (naive_conditional 5.25)"
+        "results: val MAE 2.041 (naive_conditional 5.250, gbt 2.204, ridge 2.093); test MAE 1.916"
     ), line
-    line = results_line({**m, "val/mae": 2.1})  # ridge beat it on val: still named
+    line = results_line({**m, "test/mae": 2.1})  # ridge beat it on test: named
     assert line == (
-        "results: val MAE 2.1, beaten by ridge 2.093 (naive_conditional 5.25); "
-        "test MAE 1.916 (naive_conditional 5.25)"
+        "results: val MAE 2.041 (naive_conditional 5.250, gbt 2.204, ridge 2.093); "
+        "test MAE 2.100, beaten by ridge 2.093"
     ), line
-    one = {k: v for k, v in m.items() if not k.startswith("test/")}  # short enough: all named
+    one = {k: v for k, v in m.items() if not k.startswith("test/")}
     assert results_line(one) == (
-        "results: val MAE 2.041 (naive_conditional 5.25, gbt 2.204, ridge 2.093)"
+        "results: val MAE 2.041 (naive_conditional 5.250, gbt 2.204, ridge 2.093)"
     ), results_line(one)
     worst = {k: (9.99999 if k.endswith("/mae") else v) for k, v in m.items()}  # every one beat it
     line = results_line(worst)
     assert line is not None and len(line) <= 120, (len(line or ""), line)
-    assert "val MAE 10, beaten by ridge 2.093" in line and "(+" in line, line
+    assert "val MAE 10.00, beaten by ridge 2.093" in line and "(+" in line, line
     assert "naive_best" not in line and "conditional naive" not in line
 
 
