@@ -122,7 +122,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
     # naive predictor's MAE is in metrics.json, MLflow and the baselines table)
     shown = [row for row in table if row["predictor"] not in NAIVE or row["predictor"] == best]
     for split in SPLITS:
-        maes = ", ".join(f"{row['predictor']} {four(row[f'{split}_mae'])}" for row in shown)
+        maes = ", ".join(f"{row['predictor']} {four(_mae(row, split))}" for row in shown)
         ctx.logger.info("%s: %s MAE: %s", ctx.stage, split, maes)
     if best is not None:
         ctx.events.param(f"validate.{NAIVE_BEST}", best)
@@ -163,6 +163,11 @@ def fit_record(res: BaselineResult) -> dict[str, object]:
         "detail": fit.detail,
         "cached": fit.cached,
     }
+
+
+def _mae(row: dict[str, object], split: str) -> float:
+    value = row[f"{split}_mae"]
+    return float(value) if isinstance(value, (int, float)) else math.nan
 
 
 def comparison(

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from enn_core.metrics import four
+
 MIN_ROWS = 30
 RESAMPLES = 2000
 LEVEL = 0.95  # one-sided: the upper bound of the mean difference
@@ -89,22 +91,22 @@ def verdict(comparisons: list[Comparison]) -> tuple[bool, str]:
     model = comparisons[0].model_mae
     beat = [c for c in comparisons if c.beats_model]
     if beat:
-        names = ", ".join(f"{c.name} {c.mae:.4g}" for c in beat)
-        return False, f"val/mae {model:.4g} is beaten by {names} on {rows} validation rows"
+        names = ", ".join(f"{c.name} {four(c.mae)}" for c in beat)
+        return False, f"val/mae {four(model)} is beaten by {names} on {rows} validation rows"
     if rows < MIN_ROWS:
         return False, (
-            f"val/mae {model:.4g} beats every baseline but on {rows} validation rows, fewer "
+            f"val/mae {four(model)} beats every baseline but on {rows} validation rows, fewer "
             f"than the {MIN_ROWS} the rule needs"
         )
     unsure = [c for c in comparisons if not c.beaten]
     if unsure:
-        names = ", ".join(f"{c.name} {c.mae:.4g} (bound {c.upper:+.3g})" for c in unsure)
+        names = ", ".join(f"{c.name} {four(c.mae)} (bound {c.upper:+.3g})" for c in unsure)
         return False, (
-            f"val/mae {model:.4g} is not clearly below {names} on {rows} validation rows "
+            f"val/mae {four(model)} is not clearly below {names} on {rows} validation rows "
             f"({rule_text()})"
         )
     best = min(comparisons, key=lambda c: c.mae)
     return True, (
-        f"val/mae {model:.4g} beats every baseline (the best: {best.name} {best.mae:.4g}) on "
+        f"val/mae {four(model)} beats every baseline (the best: {best.name} {four(best.mae)}) on "
         f"{rows} validation rows ({rule_text()})"
     )

@@ -43,7 +43,7 @@ from enn_core.metric_names import (
     PROMOTION_BASELINE,
     PROMOTION_METRIC,
 )
-from enn_core.metrics import NAIVE_HOW, best_naive
+from enn_core.metrics import NAIVE_HOW, best_naive, four
 from enn_core.paths import Layout
 from enn_core.serving import TableModel
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING
@@ -297,10 +297,10 @@ def decide(
     if against:
         passed, rule = rule_verdict(against)
     elif naive is not None and not own.mae < naive:
-        passed, rule = False, f"{metric} {own.mae:.4g} does not beat {which}'s {naive:.4g}"
+        passed, rule = False, f"{metric} {four(own.mae)} does not beat {which}'s {four(naive)}"
     else:
-        below = "" if naive is None else f" against {which}'s {naive:.4g}"
-        passed, rule = True, f"{metric} {own.mae:.4g}{below} on {own.rows} validation rows"
+        below = "" if naive is None else f" against {which}'s {four(naive)}"
+        passed, rule = True, f"{metric} {four(own.mae)}{below} on {own.rows} validation rows"
     if champion is None:
         if passed:
             return True, f"the first: {rule}"
@@ -312,12 +312,12 @@ def decide(
         rows += f" ({champion.skipped} with categories the champion never saw left out)"
     if own.mae < champion.mae:
         return True, (
-            f"{metric} {own.mae:.4g} beats the champion's (version {champion_version}) "
-            f"{champion.mae:.4g} {rows}"
+            f"{metric} {four(own.mae)} beats the champion's (version {champion_version}) "
+            f"{four(champion.mae)} {rows}"
         )
     return False, (
-        f"{metric} {own.mae:.4g} does not beat the champion's (version {champion_version}) "
-        f"{champion.mae:.4g} {rows}"
+        f"{metric} {four(own.mae)} does not beat the champion's (version {champion_version}) "
+        f"{four(champion.mae)} {rows}"
     )
 
 
