@@ -113,3 +113,9 @@ def train_summary(record: Mapping[str, object]) -> dict[str, float]:
         if isinstance(value, (int, float)):
             out[name] = float(value)
     return out
+
+
+def four(x: float) -> str:
+    """A metric in 4 significant digits, trailing zeros kept (`2.000`, not `2`, which reads as
+    an integer beside 2.111), a bare trailing point dropped (`1235`)."""
+    return f"{x:#.4g}".removesuffix(".")

@@ -124,12 +124,6 @@ def evaluate_split(
     return metrics, breakdown, flags
 
 
-def four(x: float) -> str:
-    """A metric in 4 significant digits, trailing zeros kept (`2.000`, not `2`, which reads as
-    an integer beside 2.111), a bare trailing point dropped (`1235`)."""
-    return f"{x:#.4g}".removesuffix(".")
-
-
 def one_warning(metrics: Mapping[str, float], splits: Sequence[str]) -> str | None:
     """The one console line for every split where a naive predictor or fitted baseline beat
     the model: who, on which split; the numbers are on the MAE lines beside it, and each

@@ -31,13 +31,12 @@ from enn_core.config import RunConfig
 from enn_core.errors import DataError
 from enn_core.fitted_baselines import BaselineResult, fitted_baselines
 from enn_core.inference import load_trained, predict_rows, resolve_device
-from enn_core.metric_names import NAIVE, NAIVE_BEST
+from enn_core.metric_names import NAIVE, NAIVE_BEST, four
 from enn_core.metrics import (
     NAIVE_HOW,
     AxisBreakdown,
     evaluate_split,
     finite_or_none,
-    four,
     naive_predictions,
     one_warning,
     with_best_naive,

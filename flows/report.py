@@ -7,8 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from enn_core.metric_names import NAIVE, NAIVE_BEST
-from enn_core.metrics import four
+from enn_core.metric_names import NAIVE, NAIVE_BEST, four
 from enn_core.paths import Layout
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, StageSpec
 

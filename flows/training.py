@@ -41,7 +41,7 @@ from tasks import dvc_state
 from tasks.env import PREFECT_CONSOLE_QUIET, TOOLS, contain, project_layout
 from tasks.prefect_task import stage_task
 from tasks.runner import FlowRecord, PipelineSession, StageResult
-from tasks.session import pipeline_session, slurm_group
+from tasks.session import batch_group, pipeline_session
 
 # The job variables of a deployment on a work pool (docs/scale-out.md): the flow-run process
 # starts with Prefect's console at WARNING, as `enn`'s own flow runs do, so Prefect's INFO lines
@@ -232,7 +232,7 @@ def _run_recorded(
                 name,
                 run_id=run_id,
                 tags=tags,
-                group=slurm_group(),  # every `enn` of a SLURM job under one parent run
+                group=batch_group(),  # every `enn` of a batch job under one parent run
                 specs=stages,
             ) as session,
             watch_cancellation(run_id) as cancel,

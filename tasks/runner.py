@@ -183,11 +183,12 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             registry = tracker.after_stage(spec, child_id, layout, cfg, lineage, run_dir)
             if registry is not None:
                 session.registration = registry
-                # a first version made champion without passing the rule is a warning; why
-                # is on the summary's `model:` line and the version's tags
-                (log.warning if registry.warning else log.info)(
-                    "%s: %s", spec.name, registry.headline()
-                )
+                # the reason is on the summary's `model:` line and the version's tags; a first
+                # version made champion without passing the rule is a warning that says why
+                # (`enn export` and `dvc repro` print no summary)
+                log.info("%s: %s", spec.name, registry.headline())
+                if registry.warning:
+                    log.warning("%s: %s", spec.name, registry.warning)
     session.done.append(spec.name)
     return StageResult(
         spec.name,

@@ -1,14 +1,16 @@
 """Open and close one pipeline run: layout, work-dir lock, run id, MLflow parent run, lineage.
 
 Used by the Prefect flows and by `enn <stage>`. Under `dvc repro`, the stages of one `dvc`
-process share a parent run (found by the group key of that process); in a SLURM job, every
-`enn` command of the job (each node's, each step's, each requeued run's) shares one.
+process share a parent run (found by the group key of that process); in a batch job whose
+script names its group (`ENN_RUN_GROUP`, deploy/slurm/), every `enn` command of the job (each
+node's, each step's, each requeued run's) shares one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from enn_core.config import RunConfig
+from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from enn_core.stages import StageSpec
 from tasks.lock import pipeline_lock
@@ -29,8 +32,12 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-# How long a SLURM task that does not make the job's parent run waits for the task that does.
+# How long a task that does not make its job's parent run waits for the one that does.
 JOIN_WAIT_S = 120.0
+# A batch job's run group, named by its script (deploy/slurm/*.sbatch: slurm-$SLURM_JOB_ID):
+# the launcher-set variable of the job, never set by hand for an interactive allocation.
+GROUP_ENV = "ENN_RUN_GROUP"
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -48,21 +55,29 @@ class ParentGroup:
 
 
 def job_group() -> ParentGroup | None:
-    """The parent run this process's pipeline joins: `dvc repro`'s, else its SLURM job's, else
+    """The parent run this process's pipeline joins: `dvc repro`'s, else its batch job's, else
     none (a parent of its own)."""
-    return dvc_group() or slurm_group()
+    return dvc_group() or batch_group()
 
 
-def slurm_group() -> ParentGroup | None:
-    """Every `enn` command of one SLURM job (and of its requeued runs: the same job id) under
-    one parent run. Its first task (SLURM_PROCID 0, or the batch script itself) makes it, so
-    two nodes starting at once never make two; the others wait for it. SLURM sets these
-    variables; a value that is not a number is not SLURM's."""
-    job = os.environ.get("SLURM_JOB_ID", "")
-    if not job.isdigit():
+def batch_group() -> ParentGroup | None:
+    """Every `enn` command of one batch job (and of its requeued runs) under one parent run,
+    when the job's script names the group (`ENN_RUN_GROUP=slurm-$SLURM_JOB_ID`: an `salloc`
+    shell that runs several pipelines does not merge them). The job's first task makes it, so
+    two nodes starting at once never make two: a worker started by torchrun (`RANK`: only
+    global rank 0 records), else SLURM's task 0 or the batch script itself; the others wait
+    for it (Tracker.start_parent: on a shared tracking store only)."""
+    key = os.environ.get(GROUP_ENV, "")
+    if not key:
         return None
+    if not GROUP_NAME.fullmatch(key):
+        raise ConfigError(
+            f"{GROUP_ENV}={key[:40]!r} is not a run group name (letters, digits, '.', '_', "
+            "'-'; at most 100): fix the batch script that sets it"
+        )
     task = os.environ.get("SLURM_PROCID", "0")
-    return ParentGroup(f"slurm-{job}", makes=not task.isdigit() or int(task) == 0)
+    first = "RANK" in os.environ or not re.fullmatch(r"[0-9]+", task) or int(task) == 0
+    return ParentGroup(key, makes=first)
 
 
 def dvc_group() -> ParentGroup | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from enn_core.metrics import four
+from enn_core.metric_names import four
 
 MIN_ROWS = 30
 RESAMPLES = 2000

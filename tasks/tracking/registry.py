@@ -42,8 +42,9 @@ from enn_core.metric_names import (
     LEGACY_PROMOTION_BASELINE,
     PROMOTION_BASELINE,
     PROMOTION_METRIC,
+    four,
 )
-from enn_core.metrics import NAIVE_HOW, best_naive, four
+from enn_core.metrics import NAIVE_HOW, best_naive
 from enn_core.paths import Layout
 from enn_core.serving import TableModel
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING

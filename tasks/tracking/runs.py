@@ -50,6 +50,8 @@ TAG_KIND = "enn.kind"
 TAG_FLOW = "enn.flow"
 TAG_CHANGES = "enn.changes"  # JSON: what differs from the params file (flows/params_file.py)
 MAX_PARAM_LEN = 500
+# Tracking URIs of a store on this machine (a run group's other nodes record elsewhere)
+LOCAL_STORES: tuple[str, ...] = ("sqlite:", "file:", "/")
 # MLflow 3 opens an experiment in the view its kind names; without it, the GenAI view.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
@@ -154,13 +156,20 @@ class Tracker:
         if not self.enabled:
             return None
         if group:
-            run_id = self._group_run(group, wait_s)
-            if run_id is not None:
+            # a local store is this machine's alone: the other nodes' parents are elsewhere
+            shared = not self.uri.startswith(LOCAL_STORES)
+            found = self._group_run(group, wait_s if shared else 0.0)
+            if found is not None:
+                run_id = found.info.run_id
                 self.client.update_run(run_id, status="RUNNING")
                 for k, v in self._own_tags().items():  # who holds it now (sweep_killed)
                     self.client.set_tag(run_id, k, v)
+                if "enn.error" in found.data.tags:  # an earlier holder's, killed or failed
+                    self.client.delete_tag(run_id, "enn.error")
                 self._monitor(run_id, resumed=True)
-                return run_id
+                return str(run_id)
+            if wait_s and shared:  # waited in vain: a parent of its own, out of the group
+                group = None
         params = _flatten(to_logged(cfg)) if cfg is not None else {}
         all_tags = {
             **self._own_tags(),
@@ -177,14 +186,18 @@ class Tracker:
         self._monitor(run.info.run_id)
         return run.info.run_id
 
-    def _group_run(self, group: str, wait_s: float) -> str | None:
+    def _group_run(self, group: str, wait_s: float) -> Any:
+        """The group's parent run (the oldest, should two exist), waiting up to `wait_s`."""
         deadline = time.monotonic() + wait_s
         while True:
             found = self.client.search_runs(
-                [self.experiment_id], f"tags.`{TAG_GROUP}` = '{group}'", max_results=1
+                [self.experiment_id],
+                f"tags.`{TAG_GROUP}` = '{group}'",
+                max_results=1,
+                order_by=["attributes.start_time ASC"],
             )
             if found:
-                return str(found[0].info.run_id)
+                return found[0]
             if time.monotonic() >= deadline:
                 if wait_s:
                     logging.getLogger("enn").warning(

@@ -24,7 +24,7 @@ from enn_core.config import DataConfig, RunConfig, load_config
 from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
-from enn_core.metric_names import NAIVE
+from enn_core.metric_names import NAIVE, four
 from enn_core.model import build_model
 from enn_core.paths import Layout
 from enn_core.predict.schema import remap_codes
@@ -98,13 +98,13 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     assert worse.val_mae > worse.champion_val_mae  # scored on the same rows
     better = reg(trained(tmp_path / "c", steps=60))
     assert better.champion and better.version == 3, better
-    assert f"beats the champion's (version 1) {first.val_mae:.4g}" in better.reason
+    assert f"beats the champion's (version 1) {four(first.val_mae)}" in better.reason
     champion = client.get_model_version_by_alias("enn-synthetic", "champion")
     candidate = client.get_model_version_by_alias("enn-synthetic", "candidate")
     assert str(champion.version) == str(candidate.version) == "3"
     # the tags say why, with the numbers
     tags = client.get_model_version("enn-synthetic", "2").tags
-    assert tags["enn.champion_decision"].startswith(f"val/mae {worse.val_mae:.4g} does not beat")
+    assert tags["enn.champion_decision"].startswith(f"val/mae {four(worse.val_mae)} does not beat")
     assert float(tags["enn.val_mae"]) == pytest.approx(worse.val_mae, rel=1e-5)
     assert float(tags["enn.champion_val_mae_on_these_rows"]) == pytest.approx(first.val_mae, 1e-5)
     assert float(tags["enn.naive_val_mae"]) > worse.val_mae
@@ -143,8 +143,8 @@ def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(t
     tags = client.get_model_version("enn-sales", "1").tags
     why = tags["enn.champion_decision"]
     assert why.startswith(
-        f"the first version, champion until one passes the rule: val/mae {weak.val_mae:.4g} is "
-        f"beaten by {name} {naive:.4g}"
+        f"the first version, champion until one passes the rule: val/mae {four(weak.val_mae)} is "
+        f"beaten by {name} {four(naive)}"
     ), why
     beaten = [n for n in NAIVE if chosen[f"val/{n}_mae"] <= mae]
     assert all(n in why for n in beaten), (beaten, why)
@@ -238,7 +238,7 @@ def test_a_retrain_on_appended_rows_of_the_same_csv_promotes_a_better_model(tmp_
     assert theirs.rows == rows and retrain.champion_val_mae == pytest.approx(theirs.mae)
     assert retrain.champion_val_mae != pytest.approx(first.val_mae)
     assert retrain.reason == (
-        f"val/mae {retrain.val_mae:.4g} beats the champion's (version 1) {theirs.mae:.4g} "
+        f"val/mae {four(retrain.val_mae)} beats the champion's (version 1) {four(theirs.mae)} "
         f"on this version's {rows} validation rows"
     )
     tags = client.get_model_version("enn-sales", "2").tags

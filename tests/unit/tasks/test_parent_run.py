@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from enn_core.config import load_config
-from enn_core.errors import DataError
+from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA
 from tests.fixtures.project import tiny_overrides
@@ -69,10 +69,12 @@ def test_every_run_of_a_slurm_job_carries_its_job_id(tmp_path, monkeypatch):
         assert "enn.slurm.restart_count" not in run.data.tags
 
 
-def test_the_commands_of_one_slurm_job_share_one_parent_run(tmp_path, monkeypatch):
-    """Every `enn` of a SLURM job (each node's task, each later step, a requeued run) records
-    under one parent run: the job's first task makes it, a later task waits for it rather than
-    making a second when both start at once, and another job gets its own."""
+def test_the_commands_of_one_batch_job_share_one_parent_run(tmp_path, monkeypatch):
+    """Every `enn` of a batch job whose script names its group (`ENN_RUN_GROUP`, as
+    deploy/slurm/ does: each node's task, each later step, a requeued run) records under one
+    parent run: the job's first task makes it; on a shared store a later task waits for it
+    rather than making a second when both start at once; another job gets its own; and
+    without the variable (an `salloc` shell running several pipelines) nothing is merged."""
     import threading
     import time
 
@@ -80,21 +82,30 @@ def test_the_commands_of_one_slurm_job_share_one_parent_run(tmp_path, monkeypatc
 
     from tasks import session as sessions
     from tasks.runner import execute_stage
-    from tasks.session import job_group, pipeline_session, slurm_group
+    from tasks.session import batch_group, job_group, pipeline_session
+    from tasks.tracking import runs
 
     (tmp_path / "params.yaml").write_text("{}\n")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = load_config(None, [*tiny_overrides(), f"tracking.uri={uri}"])
     layout = Layout.for_root(tmp_path)
     config = tmp_path / "params.yaml"
-    monkeypatch.delenv("DVC_STAGE", raising=False)
+    for name in ("DVC_STAGE", "RANK", sessions.GROUP_ENV):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert job_group() is None  # SLURM alone merges nothing
+    monkeypatch.setenv(sessions.GROUP_ENV, "slurm-77")
     monkeypatch.setenv("SLURM_PROCID", "1")  # node2's task: waits for task 0's parent
-    second = slurm_group()
+    second = batch_group()
     assert second is not None and not second.makes and second.key == "slurm-77"
+    monkeypatch.setenv("RANK", "0")  # a torchrun worker: only global rank 0 records
+    assert batch_group() == sessions.ParentGroup("slurm-77", makes=True)
+    monkeypatch.delenv("RANK")
     monkeypatch.setenv("SLURM_PROCID", "0")
     first = job_group()
     assert first is not None and first.makes and not first.run_dirs
+    # the test's SQLite store stands for a shared server (where a later task must wait)
+    monkeypatch.setattr(runs, "LOCAL_STORES", ())
     made: list[str | None] = []
 
     def task(group):
@@ -118,11 +129,23 @@ def test_the_commands_of_one_slurm_job_share_one_parent_run(tmp_path, monkeypatc
     assert [p.info.run_id for p in parents] == made[:1]
     assert parents[0].data.tags["enn.slurm.job_id"] == "77"
     assert parents[0].info.status == "FINISHED"
-    # another job: a parent of its own; a task whose first task never made one goes on alone
+    # a task whose first task never made one waits, then goes on under a parent of its own,
+    # outside the group (a later step of the job still finds the job's one)
     monkeypatch.setattr(sessions, "JOIN_WAIT_S", 1.0)
-    monkeypatch.setenv("SLURM_JOB_ID", "78")
+    monkeypatch.setenv(sessions.GROUP_ENV, "slurm-78")
     monkeypatch.setenv("SLURM_PROCID", "1")
-    with pipeline_session(cfg, config, layout, "training", group=slurm_group()) as alone:
+    with pipeline_session(cfg, config, layout, "training", group=batch_group()) as alone:
         assert alone.parent_id not in made
-    monkeypatch.setenv("SLURM_JOB_ID", "not-slurm")
-    assert slurm_group() is None
+    assert "enn.group" not in client.get_run(str(alone.parent_id)).data.tags
+    # a local store is this machine's alone: no wait there, its own parent at once
+    monkeypatch.setattr(runs, "LOCAL_STORES", ("sqlite:",))
+    monkeypatch.setattr(sessions, "JOIN_WAIT_S", 60.0)
+    monkeypatch.setenv(sessions.GROUP_ENV, "slurm-79")
+    t0 = time.monotonic()
+    with pipeline_session(cfg, config, layout, "training", group=batch_group()) as local:
+        assert local.parent_id not in made
+    assert time.monotonic() - t0 < 30
+    assert client.get_run(str(local.parent_id)).data.tags["enn.group"] == "slurm-79"
+    monkeypatch.setenv(sessions.GROUP_ENV, "slurm-1' or '1'='1")
+    with pytest.raises(ConfigError, match="ENN_RUN_GROUP"):
+        batch_group()
