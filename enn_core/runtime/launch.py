@@ -285,17 +285,19 @@ class Job:
             return {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
         return set()
 
-    def kill_workers(self) -> None:
-        for pid in self.pids():
+    def kill_workers(self) -> set[int]:
+        pids = self.pids()
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        return pids
 
     def stop(self, reason: str) -> None:
         """Stop now: every worker and torchrun killed; restarted workers exit at once."""
         if self.stopped is None:
             self.stopped = reason
             (self.run_dir / CANCEL_FILE).touch()
-        self.kill_workers()
+        killed = self.kill_workers()
         assert self.proc is not None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             self.proc.kill()
@@ -304,6 +306,7 @@ class Job:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+        until_ended(killed)
 
     def leave_gracefully(self) -> None:
         """SIGTERM to torchrun, which forwards it to the workers and kills them after the
@@ -433,3 +436,21 @@ def _tail(path: Path, lines: int = 3) -> str:
     except OSError:
         return "no torchrun log"
     return " | ".join(line.strip() for line in text[-lines:]) or "no output"
+
+
+def until_ended(pids: set[int], timeout_s: float = 5.0) -> None:
+    """Until every process of `pids` has ended (gone, or a zombie its reaper has not collected):
+    SIGKILL is delivered at once, but a worker with a large address space takes a moment to
+    end, and the stage's error must not come while one still runs (CI saw one, once)."""
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if _running(pid)}
+        if pids:
+            time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
