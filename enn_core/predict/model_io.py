@@ -35,19 +35,20 @@ from enn_core.predict.workers import Loader
 
 @dataclass(frozen=True)
 class CalibrationChoice:
-    """The prediction path predict runs: `applied` or raw, and why."""
+    """The prediction path predict runs: `applied` or raw, and why: `headline` in a few words
+    (predict's console line), `detail` which file or which model hashes."""
 
     applied: bool
     candidate: str
-    reason: str
+    headline: str
     directory: str | None = None  # collapse-check output holding calibration.json
     fingerprint: str = "raw"  # hash of the calibration content (part of the parts' model key)
+    detail: str = ""
 
     @property
-    def headline(self) -> str:
-        """The reason without its parenthesised detail (which file, which model hashes): what
-        predict's console line says; predict's summary keeps `reason` whole."""
-        return self.reason.split(" (", 1)[0]
+    def reason(self) -> str:
+        """Why, whole (predict's summary)."""
+        return f"{self.headline} ({self.detail})" if self.detail else self.headline
 
 
 def resolve_model_path(model: str, default: Path | None, root: Path) -> Path:
@@ -108,7 +109,8 @@ def choose_calibration(
         return CalibrationChoice(
             False,
             "raw",
-            f"collapse-check found every candidate collapsed ({collapse_dir / FAILED_MARKER})",
+            "collapse-check found every candidate collapsed",
+            detail=str(collapse_dir / FAILED_MARKER),
         )
     # what a person reads on predict's line: in the training flow predict runs before
     # collapse-check, so a fresh model never has a calibration yet; say that, not the hashes
@@ -124,7 +126,7 @@ def choose_calibration(
             else f"{short} is an earlier model's, {str(named)[:12]}; this one is {model_sha[:12]}"
         )
         return CalibrationChoice(
-            False, "raw", f"collapse-check has not judged this model yet ({why})"
+            False, "raw", "collapse-check has not judged this model yet", detail=why
         )
     h = hashlib.sha256(json.dumps(cal, sort_keys=True).encode())
     for name in ("slope.npy", "intercept.npy"):
@@ -133,9 +135,10 @@ def choose_calibration(
     return CalibrationChoice(
         True,
         str(cal.get("candidate", "raw")),
-        f"collapse-check's calibration matches the model ({cal_file})",
+        "collapse-check's calibration matches the model",
         str(collapse_dir),
         h.hexdigest(),
+        detail=str(cal_file),
     )
 
 

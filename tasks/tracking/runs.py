@@ -46,6 +46,7 @@ TAG_PID = "enn.pid"
 TAG_PID_CREATED = "enn.pid_created"
 TAG_HOST = "enn.host"
 TAG_GROUP = "enn.group"
+TAG_ERROR = "enn.error"  # why a run failed or was killed
 TAG_KIND = "enn.kind"
 TAG_FLOW = "enn.flow"
 TAG_CHANGES = "enn.changes"  # JSON: what differs from the params file (flows/params_file.py)
@@ -161,11 +162,13 @@ class Tracker:
             found = self._group_run(group, wait_s if shared else 0.0)
             if found is not None:
                 run_id = found.info.run_id
+                from mlflow.entities import RunTag
+
                 self.client.update_run(run_id, status="RUNNING")
-                for k, v in self._own_tags().items():  # who holds it now (sweep_killed)
-                    self.client.set_tag(run_id, k, v)
-                if "enn.error" in found.data.tags:  # an earlier holder's, killed or failed
-                    self.client.delete_tag(run_id, "enn.error")
+                held = [RunTag(k, v) for k, v in self._own_tags().items()]
+                self.client.log_batch(run_id, tags=held)  # who holds it now (sweep_killed)
+                if TAG_ERROR in found.data.tags:  # an earlier holder's, killed or failed
+                    self.client.delete_tag(run_id, TAG_ERROR)
                 self._monitor(run_id, resumed=True)
                 return str(run_id)
             if wait_s and shared:  # waited in vain: a parent of its own, out of the group
@@ -256,7 +259,7 @@ class Tracker:
         if monitor := self._monitors.pop(run_id, None):
             monitor.finish()  # its last samples are flushed while the run still runs
         if error:
-            self.client.set_tag(run_id, "enn.error", error[:5000])
+            self.client.set_tag(run_id, TAG_ERROR, error[:5000])
         self.client.set_terminated(run_id, status=status)
         if self.uri.startswith(("http://", "https://")):  # the log file's copy of MLflow's lines
             url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
@@ -362,7 +365,7 @@ class Tracker:
             if _process_alive(int(tags[TAG_PID]), tags.get(TAG_PID_CREATED)):
                 continue
             self.client.set_tag(
-                run.info.run_id, "enn.error", "process ended without closing the run (killed)"
+                run.info.run_id, TAG_ERROR, "process ended without closing the run (killed)"
             )
             self.client.set_terminated(run.info.run_id, status="KILLED")
             killed.append(run.info.run_id)
