@@ -29,7 +29,9 @@ from flows.commands import run_flow_command, run_stage_command, tune_command, ui
 from flows.exits import Terminated, exit_with, sigterm_as_interrupt, terminating
 from flows.params_file import is_pipeline_params
 from flows.parser import build_parser
-from flows.report import again
+from flows.report import stopped
+
+TERMINATED = "terminated (SIGTERM): workers stopped, lock released"
 
 
 def _config_path(args: argparse.Namespace) -> Path:
@@ -133,16 +135,13 @@ def _main(argv: list[str] | None) -> int:
         print(console.one_line(full), file=sys.stderr)
         return full.exit_code
     except Terminated:
-        print(f"terminated (SIGTERM): workers stopped, lock released{again(args)}", file=sys.stderr)
+        print(stopped(TERMINATED, args), file=sys.stderr)
         return 143
     except KeyboardInterrupt:
         if terminating():  # SIGTERM, re-raised as an interrupt by a library's loop (Optuna's)
-            print(
-                f"terminated (SIGTERM): workers stopped, lock released{again(args)}",
-                file=sys.stderr,
-            )
+            print(stopped(TERMINATED, args), file=sys.stderr)
             return 143
-        print(f"interrupted{again(args)}", file=sys.stderr)
+        print(stopped("interrupted", args), file=sys.stderr)
         return 130
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 
 from enn_core.metric_names import NAIVE, NAIVE_BEST, four
 from enn_core.paths import Layout
@@ -104,6 +105,18 @@ def predictions_lines(layout: Layout) -> list[str]:
     also = f"; {', '.join(files[1:])} beside it" if files[1:] else ""
     n = meta.get("n_rows", "?")
     return [f"predictions: {out / files[0]} ({n} row{'' if n == 1 else 's'}{also})"]
+
+
+def stopped(head: str, args: argparse.Namespace) -> str:
+    """`interrupted; run the same command again ...`: what ended the command and what running
+    it again does, wrapped at words within RESULTS_WIDTH (later lines indented)."""
+    return textwrap.fill(
+        head + again(args),
+        width=RESULTS_WIDTH,
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def again(args: argparse.Namespace) -> str:

@@ -135,7 +135,7 @@ def choose_calibration(
     return CalibrationChoice(
         True,
         str(cal.get("candidate", "raw")),
-        "collapse-check's calibration matches the model",
+        "collapse-check's choice for this model",
         str(collapse_dir),
         h.hexdigest(),
         detail=str(cal_file),

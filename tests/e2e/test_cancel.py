@@ -216,7 +216,10 @@ def test_ctrl_c_in_a_terminal_exits_130_within_10_s_and_records_the_run(proj):
     assert took < 10, f"{took:.1f} s from Ctrl-C to exit:\n{text[-3000:]}"
     assert "Traceback" not in text and "ConnectError" not in text, text[-3000:]
     # the terminal itself may echo "^C" just before enn's line (ECHOCTL); that is not enn's text
-    last = text.rstrip().splitlines()[-1].strip()
+    # enn wraps it at 120 columns, later lines indented: the logical line, rejoined
+    lines = text.rstrip().splitlines()
+    first = max(i for i, line in enumerate(lines) if not line.startswith("  "))
+    last = " ".join(line.strip() for line in lines[first:])
     assert last.removeprefix("^C") == (
         "interrupted; run the same command again to resume: DVC skips the stages that "
         "finished; distributed-train continues from its last checkpoint if it was stopped "
