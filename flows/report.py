@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import textwrap
 
 from enn_core.metric_names import NAIVE, NAIVE_BEST, four
@@ -38,6 +39,7 @@ def stage_description(spec: StageSpec, variant: StageSpec | None) -> str:
     return text
 
 
+METRIC_NAME = re.compile(r"[a-z][a-z0-9_]{0,40}")
 RESULTS_WIDTH = 120  # a 120-column terminal: the summary's lines never wrap there
 
 
@@ -66,7 +68,8 @@ def results_part(m: dict[str, object], split: str, most: int | None = None) -> s
     prefix, found = f"{split}/", {}
     for key, value in m.items():
         name = key.removeprefix(prefix).removesuffix("_mae")
-        if key.startswith(prefix) and key.endswith("_mae") and name and "/" not in name:
+        # a metric's name, as validate writes them (metrics.json is a file: nothing else prints)
+        if key.startswith(prefix) and key.endswith("_mae") and METRIC_NAME.fullmatch(name):
             if isinstance(value, (int, float)) and name != NAIVE_BEST:
                 found[name] = float(value)
     best = m.get(NAIVE_BEST)

@@ -120,10 +120,11 @@ def choose_calibration(
     cal = read_calibration_meta(collapse_dir)
     named = cal.get(MODEL_KEY)
     if named != model_sha:
+        earlier = _shown(named)[:12]
         why = (
             f"{short} names no model"
             if named is None
-            else f"{short} is an earlier model's, {str(named)[:12]}; this one is {model_sha[:12]}"
+            else f"{short} is an earlier model's, {earlier}; this one is {model_sha[:12]}"
         )
         return CalibrationChoice(
             False, "raw", "collapse-check has not judged this model yet", detail=why
@@ -134,12 +135,18 @@ def choose_calibration(
             h.update(sha256_file(collapse_dir / name).encode())
     return CalibrationChoice(
         True,
-        str(cal.get("candidate", "raw")),
+        _shown(cal.get("candidate", "raw"))[:40],  # checked when loaded; printed before
         "collapse-check's choice for this model",
         str(collapse_dir),
         h.hexdigest(),
         detail=str(cal_file),
     )
+
+
+def _shown(value: object) -> str:
+    """A value of calibration.json (a file: it may lie) as printable ASCII, so that a terminal
+    escape sequence in it is shown, never run by the terminal."""
+    return ascii(str(value))[1:-1]
 
 
 def prediction_path(model: ENN, choice: CalibrationChoice) -> PredictionPath:

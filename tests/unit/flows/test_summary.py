@@ -230,3 +230,12 @@ def test_the_model_line_wraps_within_120_columns(layout):
     assert model[0].startswith("model: enn-synthetic version 3: candidate (champion unchanged): ")
     assert " ".join(line.strip() for line in model) == f"model: {reg.line()}"
     assert reg.headline() == "enn-synthetic version 3: candidate (champion unchanged)"
+
+
+def test_the_results_line_prints_only_metric_names_from_metrics_json():
+    """metrics.json is a file: a key that is not a metric's name (a terminal escape sequence,
+    a path) is not printed."""
+    from flows.report import results_line
+
+    line = results_line({"val/mae": 2.0, "val/gbt_mae": 2.5, "val/\x1b[2Jx_mae": 1.0})
+    assert line == "results: val MAE 2.000 (gbt 2.500)", line

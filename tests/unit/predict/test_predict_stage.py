@@ -158,3 +158,21 @@ def test_features_only_input_and_schema_refusal(project):
     assert (
         sha256_file(project / "outputs/predict/predictions.npy") == before
     )  # earlier output untouched
+
+
+def test_a_lying_calibration_file_is_shown_never_run_by_the_terminal(tmp_path):
+    """calibration.json is a file: a terminal escape sequence in its candidate or model field
+    reaches predict's console line and summary as printable text."""
+    from enn_core.inference import CALIBRATION_FILE
+
+    sha = "a" * 64
+    (tmp_path / CALIBRATION_FILE).write_text(
+        json.dumps({"model_sha256": "\x1b]0;owned\x07" + "b" * 60, "candidate": "raw"})
+    )
+    other = model_io.choose_calibration(tmp_path, sha)
+    assert not other.applied and "\x1b" not in other.reason and "\\x1b" in other.reason
+    (tmp_path / CALIBRATION_FILE).write_text(
+        json.dumps({"model_sha256": sha, "candidate": "\x1b[2Jcalibrated"})
+    )
+    mine = model_io.choose_calibration(tmp_path, sha)
+    assert "\x1b" not in mine.candidate and mine.candidate.startswith("\\x1b"), mine
