@@ -129,6 +129,13 @@ def assert_all_gone(procs: list[psutil.Process], enn: subprocess.Popen, log: Pat
     assert len(procs) >= 2, f"expected the workers among enn's children, saw {procs}"
 
 
+def last_message(text: str) -> str:
+    """enn's closing line, which it wraps at 120 columns with later lines indented: rejoined."""
+    lines = text.rstrip().splitlines()
+    first = max(i for i, line in enumerate(lines) if not line.startswith("  "))
+    return " ".join(line.strip() for line in lines[first:])
+
+
 def start_in_terminal(p: Project, *args: str) -> tuple[subprocess.Popen, int, list[bytes]]:
     """`enn` as a terminal runs it: a session of its own whose controlling terminal is a
     pseudo-terminal, its process group in the foreground. Returns the process, the terminal's
@@ -216,11 +223,7 @@ def test_ctrl_c_in_a_terminal_exits_130_within_10_s_and_records_the_run(proj):
     assert took < 10, f"{took:.1f} s from Ctrl-C to exit:\n{text[-3000:]}"
     assert "Traceback" not in text and "ConnectError" not in text, text[-3000:]
     # the terminal itself may echo "^C" just before enn's line (ECHOCTL); that is not enn's text
-    # enn wraps it at 120 columns, later lines indented: the logical line, rejoined
-    lines = text.rstrip().splitlines()
-    first = max(i for i, line in enumerate(lines) if not line.startswith("  "))
-    last = " ".join(line.strip() for line in lines[first:])
-    assert last.removeprefix("^C") == (
+    assert last_message(text).removeprefix("^C") == (
         "interrupted; run the same command again to resume: DVC skips the stages that "
         "finished; distributed-train continues from its last checkpoint if it was stopped "
         "mid-training with the same data, model and train settings, else trains from epoch 1"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cancel import start_in_terminal
+from tests.e2e.test_cancel import last_message, start_in_terminal
 from tests.fixtures.project import Project, make_project
 
 pytestmark = pytest.mark.timeout(600)
@@ -126,7 +126,7 @@ def test_a_stopped_config_run_says_what_the_same_command_runs_again_and_it_does(
     proc.wait(120)
     said = log.read_text()
     assert proc.returncode == 143, said[-3000:]
-    last = said.strip().splitlines()[-1]
+    last = last_message(said)
     assert "the same command runs every stage again" in last, last
     assert "continues from its last checkpoint if it was stopped mid-training" in last, last
     again = proj.run(*argv, timeout=600)
