@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-from enn_core.runtime.parent import request_graceful_stop
+from enn_core.runtime.parent import exit_process, request_graceful_stop
 
 
 class Terminated(KeyboardInterrupt):
@@ -66,8 +66,5 @@ def ended_by(e: BaseException) -> str:
 
 def exit_with(code: int) -> None:
     """End this process with `code` (the entry point's: in-process callers of `main` keep
-    theirs), with the streams flushed."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    sys.exit(code)
+    theirs): `exit_process`, streams flushed, no long finalization."""
+    exit_process(code)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.atomic import write_json
-from enn_core.runtime.parent import die_with_parent
+from enn_core.runtime.parent import die_with_parent, exit_process
 from enn_core.runtime.watchdog import ERRORS, write_error
 
 RESULTS = "results"
@@ -70,4 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -31,7 +31,7 @@ from typing import Any
 
 from enn_core.atomic import write_json
 from enn_core.runtime.liveness import when_cut_off
-from enn_core.runtime.parent import die_with_parent, spawned_env
+from enn_core.runtime.parent import die_with_parent, exit_process, spawned_env
 from enn_core.runtime.stores import register_rendezvous
 
 EXITS = "exits.json"
@@ -110,4 +110,4 @@ def _first(e: BaseException) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -19,7 +19,7 @@ from enn_core.atomic import write_json
 from enn_core.config import load_config
 from enn_core.errors import EnnError
 from enn_core.paths import Layout
-from enn_core.runtime.parent import die_with_parent
+from enn_core.runtime.parent import die_with_parent, exit_process
 from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT, STAGE_DATA
 from tasks.runner import PipelineSession, execute_stage
 
@@ -83,4 +83,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_process(main(sys.argv[1:]))
