@@ -137,7 +137,7 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
     # the lock first: a second run fails fast, before Prefect starts
     with (
         pipeline_lock(layout.lock_file, f"enn run --flow {flow}"),
-        prefect_api(layout, while_starting=lambda: _import_flow(flow)) as api,
+        prefect_api(layout, while_starting=lambda: _import_flow(flow, cfg)) as api,
     ):
         from prefect.exceptions import CancelledRun
 
@@ -175,12 +175,30 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
     return 0
 
 
-def _import_flow(flow: str) -> None:
-    """The flow's modules (prefect, the tasks, the stages): seconds of imports, done while a
-    temporary Prefect API starts."""
+# What a flow run imports after its API answers, in the order it does: the stage modules (torch
+# among them) and MLflow with its store. Imported while a temporary Prefect API starts, they
+# take the other core: 2.8 s to an answering API with the flow's own modules (0.8 s of it),
+# 3.5 s with these too, which cost 2.6 s more when imported after it (bench_quickstart).
+FLOW_IMPORTS = {
+    "training": ("flows.training", "enn_core.train.stage"),
+    "prediction": ("flows.prediction", "enn_core.predict.stage"),
+}
+TRACKING_IMPORTS = ("mlflow", "mlflow.tracking")
+LOCAL_STORE_IMPORTS = ("mlflow.store.tracking.sqlalchemy_store",)
+
+
+def _import_flow(flow: str, cfg: RunConfig) -> None:
+    """The flow's modules (prefect, the tasks, the stages, MLflow when it tracks): seconds of
+    imports, done while a temporary Prefect API starts."""
     import importlib
 
-    importlib.import_module("flows.prediction" if flow == "prediction" else "flows.training")
+    names = list(FLOW_IMPORTS["prediction" if flow == "prediction" else "training"])
+    if cfg.tracking.enabled:
+        names += TRACKING_IMPORTS
+        if not cfg.tracking.uri.startswith(("http://", "https://")):
+            names += LOCAL_STORE_IMPORTS
+    for name in names:
+        importlib.import_module(name)
 
 
 def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
