@@ -182,6 +182,7 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
 FLOW_IMPORTS = {
     "training": ("flows.training", "enn_core.train.stage"),
     "prediction": ("flows.prediction", "enn_core.predict.stage"),
+    "tuning": ("flows.tuning",),  # optuna; the trials' torch is in their own processes
 }
 TRACKING_IMPORTS = ("mlflow", "mlflow.tracking")
 LOCAL_STORE_IMPORTS = ("mlflow.store.tracking.sqlalchemy_store",)
@@ -192,7 +193,7 @@ def _import_flow(flow: str, cfg: RunConfig) -> None:
     imports, done while a temporary Prefect API starts."""
     import importlib
 
-    names = list(FLOW_IMPORTS["prediction" if flow == "prediction" else "training"])
+    names = list(FLOW_IMPORTS[flow or "training"])
     if cfg.tracking.enabled:
         names += TRACKING_IMPORTS
         if not cfg.tracking.uri.startswith(("http://", "https://")):
@@ -210,7 +211,7 @@ def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout:
         for line in apply_best(cfg, config, args.overrides, layout):
             print(line, flush=True)
         return 0
-    with prefect_api(layout):
+    with prefect_api(layout, while_starting=lambda: _import_flow("tuning", cfg)):
         from flows.training import preloaded
         from flows.tuning import tuning
 
