@@ -50,6 +50,7 @@ TAG_ERROR = "enn.error"  # why a run failed or was killed
 TAG_KIND = "enn.kind"
 TAG_FLOW = "enn.flow"
 TAG_CHANGES = "enn.changes"  # JSON: what differs from the params file (flows/params_file.py)
+TAG_NUMBER = "enn.number"  # the flow's run count: `training #3`
 MAX_PARAM_LEN = 500
 # Tracking URIs of a store on this machine (a run group's other nodes record elsewhere)
 LOCAL_STORES: tuple[str, ...] = ("sqlite:", "file:", "/")
@@ -183,7 +184,9 @@ class Tracker:
         }
         if group:
             all_tags[TAG_GROUP] = group
-        run_name = self._parent_name(name, data, tags)
+        number = self._next_number(name)
+        all_tags[TAG_NUMBER] = str(number)
+        run_name = self._parent_name(name, number, data, tags)
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         self.log_params(run.info.run_id, params)
         self._monitor(run.info.run_id)
@@ -224,21 +227,36 @@ class Tracker:
         monitor.start()
         self._monitors[run_id] = monitor
 
-    def _parent_name(self, flow: str, data: str, tags: dict[str, str]) -> str:
-        """`training #3 synthetic train.lr=0.02`: the flow, its run count, the data and what
+    def _next_number(self, flow: str) -> int:
+        """The flow's next run number: the newest parent's `enn.number` plus one, read from one
+        run (counting every run cost a second per run on a busy store); a store whose newest
+        parent has none (made before the tag) counts them, once."""
+        newest = self.client.search_runs(
+            [self.experiment_id],
+            f"tags.`{TAG_FLOW}` = '{flow}'",
+            max_results=1,
+            order_by=["attributes.start_time DESC"],
+        )
+        if not newest:
+            return 1
+        said = newest[0].data.tags.get(TAG_NUMBER, "")
+        if said.isascii() and said.isdigit() and len(said) < 10:  # a tag anyone could write
+            return int(said) + 1
+        every = self.client.search_runs(
+            [self.experiment_id], f"tags.`{TAG_FLOW}` = '{flow}'", max_results=1000
+        )
+        return len(every) + 1
+
+    def _parent_name(self, flow: str, number: int, data: str, tags: dict[str, str]) -> str:
+        """`training #3 synthetic train.lr=0.02`: the flow, its run number, the data and what
         differs from the pipeline's params file (a --config file's name, each --set: the tag
         `enn.changes`), never a diff against whichever run came before; on a tracking server,
         which several machines share, the host as well (`training #3 @node1 synthetic`)."""
-        previous = self.client.search_runs(
-            [self.experiment_id],
-            f"tags.`{TAG_FLOW}` = '{flow}'",
-            max_results=1000,
-        )
         try:
             changed = [str(c) for c in json.loads(tags.get(TAG_CHANGES) or "[]")]
         except ValueError:
             changed = []
-        parts = [flow, f"#{len(previous) + 1}"]
+        parts = [flow, f"#{number}"]
         if self.uri.startswith(("http://", "https://")):  # early: the UI's column is narrow
             parts.append(f"@{socket.gethostname()}")
         parts += [data, *changed[:3]]

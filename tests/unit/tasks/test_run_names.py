@@ -68,3 +68,36 @@ def test_the_tag_names_agree():
     from tasks.tracking.runs import TAG_CHANGES
 
     assert TAG_CHANGES_KEY == TAG_CHANGES
+
+
+def test_the_number_follows_the_newest_parent_and_a_store_made_before_it_is_counted(tmp_path):
+    """The run number is read from the newest parent (`enn.number`), never by loading every
+    run; a store whose runs have no number counts them once; a tag that is not a small
+    number (anyone with the store can write one) counts them too."""
+    from tasks.tracking import Tracker
+    from tasks.tracking.runs import TAG_NUMBER
+
+    layout = Layout.for_root(tmp_path)
+    cfg = load_config(None, [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
+    tracker = Tracker(cfg, layout)
+
+    def start() -> str:
+        run_id = tracker.start_parent("training", {}, cfg=cfg, data="synthetic")
+        tracker.end(run_id)
+        return run_id
+
+    def name(run_id: str) -> str:
+        return tracker.client.get_run(run_id).info.run_name
+
+    first = start()
+    assert name(first) == "training #1 synthetic"
+    assert tracker.client.get_run(first).data.tags[TAG_NUMBER] == "1"
+    tracker.client.delete_tag(first, TAG_NUMBER)  # as a store written before the tag
+    assert name(start()) == "training #2 synthetic"
+    third = start()
+    assert name(third) == "training #3 synthetic"
+    for hostile in ("²", "9" * 5000, "-4", "1e9"):  # each counted: the runs so far, plus one
+        tracker.client.set_tag(third, TAG_NUMBER, hostile)
+        so_far = len(tracker.client.search_runs([tracker.experiment_id], max_results=100))
+        third = start()
+        assert name(third) == f"training #{so_far + 1} synthetic", hostile
