@@ -220,7 +220,7 @@ def write_diagnostics(
     """diagnostics.json + diagnostics.md in the run directory (choices, bottlenecks, non-finite
     tensors, OOM back-offs, worker phases, the tables a stage recorded, and the stage's own
     error); logged to the stage's MLflow run."""
-    from enn_core.doctor import record
+    from enn_core import diagnostics as record  # not the doctor's package: its layers import DCP
 
     diag = record.diagnostics(run_dir)
     if error is not None:

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from enn_core.diagnostics import diagnostics, markdown
 from enn_core.doctor import LAYERS, main, workers
-from enn_core.doctor.record import diagnostics, markdown
 from enn_core.stages import DISTRIBUTED_TRAIN, PREPARE_CHECKPOINT
 from tests.fixtures.doctor import context, make_config, staged
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from enn_core.doctor.record import diagnostics, markdown, write
+from enn_core.diagnostics import diagnostics, markdown, write
 from enn_core.events import EventLog
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.launch import write_error
