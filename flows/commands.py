@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -137,7 +138,7 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
     # the lock first: a second run fails fast, before Prefect starts
     with (
         pipeline_lock(layout.lock_file, f"enn run --flow {flow}"),
-        prefect_api(layout, while_starting=lambda: _import_flow(flow, cfg)) as api,
+        prefect_api(layout, while_starting=lambda: _import_flow(flow, cfg, args.until)) as api,
     ):
         from prefect.exceptions import CancelledRun
 
@@ -175,30 +176,45 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
     return 0
 
 
-# What a flow run imports after its API answers, in the order it does: the stage modules (torch
-# among them) and MLflow with its store. Imported while a temporary Prefect API starts, they
-# take the other core: 2.8 s to an answering API with the flow's own modules (0.8 s of it),
-# 3.5 s with these too, which cost 2.6 s more when imported after it (bench_quickstart).
-FLOW_IMPORTS = {
-    "training": ("flows.training", "enn_core.train.stage"),
-    "prediction": ("flows.prediction", "enn_core.predict.stage"),
-    "tuning": ("flows.tuning",),  # optuna; the trials' torch is in their own processes
+# What a flow run imports after its API answers, in the order it does: the flow's modules, the
+# modules of the stages in the run that import torch in this process, and MLflow with its store.
+# Imported while a temporary Prefect API starts, they take the other core: 2.8 s to an answering
+# API with the flow's own modules (0.8 s of it), 3.5 s with these too, which cost 2.6 s more
+# when imported after it (bench_quickstart).
+FLOW_MODULES = {
+    "training": "flows.training",
+    "prediction": "flows.prediction",
+    "tuning": "flows.tuning",  # optuna; the trials' torch is in their own processes
 }
+STAGE_MODULES = {"distributed-train": "enn_core.train.stage", "predict": "enn_core.predict.stage"}
 TRACKING_IMPORTS = ("mlflow", "mlflow.tracking")
 LOCAL_STORE_IMPORTS = ("mlflow.store.tracking.sqlalchemy_store",)
 
 
-def _import_flow(flow: str, cfg: RunConfig) -> None:
+def flow_imports(flow: str, cfg: RunConfig, until: str | None = None) -> list[str]:
+    """The modules `_import_flow` imports: only the stages up to `until` (`--until stage-data`
+    imports no torch); MLflow's local store only where the run's URI (the setting, else
+    MLFLOW_TRACKING_URI, as the tracker reads it) is not a server."""
+    from enn_core.stages import FLOWS, up_to
+
+    names = [FLOW_MODULES[flow]]
+    if flow in FLOWS:
+        stages = up_to("prediction" if flow == "prediction" else "training", until)
+        names += [STAGE_MODULES[s.name] for s in stages if s.name in STAGE_MODULES]
+    if cfg.tracking.enabled:
+        names += TRACKING_IMPORTS
+        uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        if not uri.startswith(("http://", "https://")):
+            names += LOCAL_STORE_IMPORTS
+    return names
+
+
+def _import_flow(flow: str, cfg: RunConfig, until: str | None = None) -> None:
     """The flow's modules (prefect, the tasks, the stages, MLflow when it tracks): seconds of
     imports, done while a temporary Prefect API starts."""
     import importlib
 
-    names = list(FLOW_IMPORTS[flow or "training"])
-    if cfg.tracking.enabled:
-        names += TRACKING_IMPORTS
-        if not cfg.tracking.uri.startswith(("http://", "https://")):
-            names += LOCAL_STORE_IMPORTS
-    for name in names:
+    for name in flow_imports(flow, cfg, until):
         importlib.import_module(name)
 
 

@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import NoReturn
 
 from enn_core.runtime.parent import exit_process, request_graceful_stop
 
@@ -64,7 +65,7 @@ def ended_by(e: BaseException) -> str:
     return "failed"
 
 
-def exit_with(code: int) -> None:
+def exit_with(code: int) -> NoReturn:
     """End this process with `code` (the entry point's: in-process callers of `main` keep
     theirs): `exit_process`, streams flushed, no long finalization."""
     exit_process(code)

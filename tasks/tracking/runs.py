@@ -51,6 +51,7 @@ TAG_KIND = "enn.kind"
 TAG_FLOW = "enn.flow"
 TAG_CHANGES = "enn.changes"  # JSON: what differs from the params file (flows/params_file.py)
 TAG_NUMBER = "enn.number"  # the flow's run count: `training #3`
+NUMBER_WINDOW = 20  # the newest parents whose numbers the next one follows
 MAX_PARAM_LEN = 500
 # Tracking URIs of a store on this machine (a run group's other nodes record elsewhere)
 LOCAL_STORES: tuple[str, ...] = ("sqlite:", "file:", "/")
@@ -228,20 +229,23 @@ class Tracker:
         self._monitors[run_id] = monitor
 
     def _next_number(self, flow: str) -> int:
-        """The flow's next run number: the newest parent's `enn.number` plus one, read from one
-        run (loading every run to count them took 0.7 s on a store of ten, and grows with it);
-        a store whose newest parent has none (made before the tag) counts them, once."""
+        """The flow's next run number: one more than the highest `enn.number` among its newest
+        parents (a few runs read; loading every run to count them took 0.7 s on a store of
+        ten, and grows with it). Several, not the newest alone: a node whose clock is behind,
+        or a deleted run, must not make a number come twice. A store whose newest parents
+        have none (made before the tag) counts them, once."""
         newest = self.client.search_runs(
             [self.experiment_id],
             f"tags.`{TAG_FLOW}` = '{flow}'",
-            max_results=1,
+            max_results=NUMBER_WINDOW,
             order_by=["attributes.start_time DESC"],
         )
         if not newest:
             return 1
-        said = newest[0].data.tags.get(TAG_NUMBER, "")
-        if said.isascii() and said.isdigit() and len(said) < 10:  # a tag anyone could write
-            return int(said) + 1
+        said = [r.data.tags.get(TAG_NUMBER, "") for r in newest]
+        numbers = [int(n) for n in said if n.isascii() and n.isdigit() and len(n) < 10]
+        if numbers:  # a tag anyone with the store could write: small ASCII numbers only
+            return max(numbers) + 1
         every = self.client.search_runs(
             [self.experiment_id], f"tags.`{TAG_FLOW}` = '{flow}'", max_results=1000
         )

@@ -70,10 +70,10 @@ def test_the_tag_names_agree():
     assert TAG_CHANGES_KEY == TAG_CHANGES
 
 
-def test_the_number_follows_the_newest_parent_and_a_store_made_before_it_is_counted(tmp_path):
-    """The run number is read from the newest parent (`enn.number`), never by loading every
-    run; a store whose runs have no number counts them once; a tag that is not a small
-    number (anyone with the store can write one) counts them too."""
+def test_the_number_follows_the_newest_parents_and_a_store_made_before_it_is_counted(tmp_path):
+    """The run number is one more than the highest `enn.number` among the newest parents,
+    never found by loading every run; a store whose runs have no number counts them once; a
+    tag that is not a small number (anyone with the store can write one) is not a number."""
     from tasks.tracking import Tracker
     from tasks.tracking.runs import TAG_NUMBER
 
@@ -93,11 +93,18 @@ def test_the_number_follows_the_newest_parent_and_a_store_made_before_it_is_coun
     assert name(first) == "training #1 synthetic"
     assert tracker.client.get_run(first).data.tags[TAG_NUMBER] == "1"
     tracker.client.delete_tag(first, TAG_NUMBER)  # as a store written before the tag
-    assert name(start()) == "training #2 synthetic"
+    second = start()
+    assert name(second) == "training #2 synthetic"  # counted
+    tracker.client.set_tag(second, TAG_NUMBER, "41")  # the number, not the count, is followed
     third = start()
-    assert name(third) == "training #3 synthetic"
-    for hostile in ("²", "9" * 5000, "-4", "1e9"):  # each counted: the runs so far, plus one
-        tracker.client.set_tag(third, TAG_NUMBER, hostile)
-        so_far = len(tracker.client.search_runs([tracker.experiment_id], max_results=100))
-        third = start()
-        assert name(third) == f"training #{so_far + 1} synthetic", hostile
+    assert name(third) == "training #42 synthetic"
+    fourth = start()
+    assert name(fourth) == "training #43 synthetic"
+    # the newest parent (by start time) holding a lower number, as one started on a node whose
+    # clock is behind: the highest is followed, not the newest
+    tracker.client.set_tag(fourth, TAG_NUMBER, "7")
+    assert name(start()) == "training #43 synthetic"
+    runs = tracker.client.search_runs([tracker.experiment_id], max_results=100)
+    for run, hostile in zip(runs, ("²", "9" * 5000, "-4", "1e9", ""), strict=True):  # 5 runs
+        tracker.client.set_tag(run.info.run_id, TAG_NUMBER, hostile)
+    assert name(start()) == f"training #{len(runs) + 1} synthetic"  # none a number: counted
