@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from enn_core.config import RunConfig, redact_override
 from enn_core.paths import Layout
 from enn_core.runtime.external import LauncherEnv
-from enn_core.stages import StageSpec
+from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT, StageSpec
 from flows import console
 from flows.exits import ended_by
 from flows.prefect_api import prefect_api
@@ -186,7 +186,10 @@ FLOW_MODULES = {
     "prediction": "flows.prediction",
     "tuning": "flows.tuning",  # optuna; the trials' torch is in their own processes
 }
-STAGE_MODULES = {"distributed-train": "enn_core.train.stage", "predict": "enn_core.predict.stage"}
+STAGE_MODULES = {
+    DISTRIBUTED_TRAIN.name: "enn_core.train.stage",
+    PREDICT.name: "enn_core.predict.stage",  # the prediction flow's predict: the same name
+}
 TRACKING_IMPORTS = ("mlflow", "mlflow.tracking")
 LOCAL_STORE_IMPORTS = ("mlflow.store.tracking.sqlalchemy_store",)
 
