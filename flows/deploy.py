@@ -8,6 +8,11 @@ Schedules need a real server (the temporary local API cannot schedule). The serv
 its own process group and is stopped with it when this command ends (Ctrl-C).
 It prints each deployment with its schedule and a trigger command that works from any shell
 (`PREFECT_API_URL=<its URL> .../prefect deployment run 'prediction/on-demand'`).
+
+One flow run at a time (`serve(limit=1)`): every flow takes the work directory's pipeline lock
+(tasks/lock.py), so a second run started beside the first (the cron firing during a triggered
+run, two triggers) would fail at once on the lock. Prefect's runner leaves it scheduled instead
+and starts it when the first ends; the UI shows it as late meanwhile.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from pathlib import Path
 from enn_core.config import RunConfig
 from enn_core.paths import Layout, project_root
 from flows.servers import prefect_server
+
+RUNS_AT_ONCE = 1  # the flows share one work directory and its lock: the others wait their turn
 
 
 def build_deployments(cfg: RunConfig, config: Path, prediction_config: Path) -> list:
@@ -57,14 +64,17 @@ def serve_all(cfg: RunConfig, config: Path, prediction_config: Path, api_url: st
             print(line, flush=True)
         # Prefect's own banner suggests `prefect deployment run ...`, which another shell runs
         # against its own temporary API ("Deployment not found"): ours names PREFECT_API_URL
-        serve(*deployments, print_starting_message=False)
+        serve(*deployments, print_starting_message=False, limit=RUNS_AT_ONCE)
 
 
 def banner(deployments: list, api_url: str) -> list[str]:
     """What `enn deploy` serves, each deployment's schedule (its next runs) or "on demand",
     a trigger command that works as printed from any shell, and the UI's page."""
     exe = Path(sys.executable).parent / "prefect"
-    lines = [f"serving {len(deployments)} deployments against {api_url} (Ctrl-C stops):"]
+    lines = [
+        f"serving {len(deployments)} deployments against {api_url}, one run at a time "
+        "(Ctrl-C stops):"
+    ]
     for d in deployments:
         name = f"{d.flow_name}/{d.name}"
         lines.append(f"  {name:24s} {schedule_text(d)}")

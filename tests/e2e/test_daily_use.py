@@ -3,6 +3,7 @@ Prefect server, and the MLflow UI read through its REST API."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -187,14 +188,22 @@ def _finished(api: str, run_id: str, timeout: float) -> str:
 NOISE = ("signal handlers", "torchvision", "FutureWarning", "[torch.onnx]", "contain() called")
 
 
+def _daily_cron_away_from_now() -> str:
+    """A daily cron 12 hours from now: the server schedules its runs (the test sees them) and
+    none falls due while the test runs (CI's clock is anywhere)."""
+    at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=12)
+    return f"{at.minute} {at.hour} * * *"
+
+
 def test_deploy_serves_its_schedules_and_its_runs_talk_like_enn_run(project, tmp_path):
-    project.set_params(["deploy.cron=*/5 * * * *"])
+    cron = _daily_cron_away_from_now()
+    project.set_params([f"deploy.cron={cron}"])
     proc = _start(project, "deploy")
     out = Output(proc)
     try:
         api = out.wait_for(r"Prefect server: (http://127\.0\.0\.1:\d+/api)", 240).group(1)
-        # what it serves and when (the UI says "At every 5th minute"), and how to trigger a run
-        out.wait_for(r"^  training/scheduled +cron '\*/5 \* \* \* \*' \(UTC\): next 20\d\d-", 60)
+        # what it serves and when, and how to trigger a run
+        out.wait_for(rf"^  training/scheduled +cron '{re.escape(cron)}' \(UTC\): next 20\d\d-", 60)
         out.wait_for(r"^  prediction/on-demand +on demand$", 10)
         trigger = out.wait_for(r"^trigger a run: (.*)$", 10).group(1)
         deadline = time.time() + 180
@@ -225,24 +234,28 @@ def test_deploy_serves_its_schedules_and_its_runs_talk_like_enn_run(project, tmp
             time.sleep(1)
         assert scheduled, "the scheduler created no scheduled run"
 
-        # a scheduled training run: the console enn run has (epoch lines, no noise)
+        # two training runs due at once (a trigger while the cron's run trains): the second
+        # waits for the first (one run at a time: both take the work directory's lock) instead
+        # of failing on the lock; the first trains with the console enn run has (epoch lines,
+        # no noise), the second has nothing to do, says so and adds no MLflow parent run
         mark = len(out.lines)
+        soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2)
         run = http(
             f"{api}/deployments/{train_id}/create_flow_run", {"state": {"type": "SCHEDULED"}}
         )
-        assert _finished(api, run["id"], 900) == "COMPLETED"
+        again = http(
+            f"{api}/deployments/{train_id}/create_flow_run",
+            {"state": {"type": "SCHEDULED", "state_details": {"scheduled_time": soon.isoformat()}}},
+        )
+        state = _finished(api, run["id"], 900)
         trained = out.text(mark)
+        assert state == "COMPLETED", trained[-6000:]
         assert re.search(r"^\d\d:\d\d:\d\d distributed-train: epoch \d+/20 ", trained, re.M)
         assert not [n for n in NOISE if n in trained], trained[-4000:]
         assert "Beginning flow run" not in trained  # Prefect's INFO: its UI's log, not here
         assert "Traceback" not in trained, trained[-4000:]
-
-        # a run with nothing to do says so and adds no MLflow parent run
-        mark = len(out.lines)
-        again = http(
-            f"{api}/deployments/{train_id}/create_flow_run", {"state": {"type": "SCHEDULED"}}
-        )
-        assert _finished(api, again["id"], 600) == "COMPLETED"
+        assert "another pipeline run holds" not in trained, trained[-4000:]
+        assert _finished(api, again["id"], 600) == "COMPLETED", out.text(mark)[-4000:]
         out.wait_for(r"training: every stage is up to date .* no MLflow run is recorded", 60, mark)
 
         # the printed trigger, from a shell that has no Prefect setting, with a parameter: a
