@@ -1,11 +1,13 @@
 """The Quick start's two commands, phase by phase, beside each phase's floor.
 
-    .venv/bin/python bench/bench_quickstart.py [--set KEY=VALUE ...] [--keep DIR]
+    .venv/bin/python bench/bench_quickstart.py [--set KEY=VALUE ...] [--only both|two] [--keep DIR]
 
 A fresh copy of the committed project (`git clone` of this checkout, DVC configured as
 scripts/setup.sh does; this checkout's .venv reused, its Python running the copy's code)
-runs `enn run`, then `enn run --flow prediction`, as scripts/demo.sh does after set-up (`--set`
-goes to the training command, e.g. `--set train.epochs=3` for a quick look). Each console
+runs the Quick start's flows two ways, each on its own fresh copy: `enn run --flow both` (what
+scripts/demo.sh runs after set-up: both flows in one process, one Prefect API), and the two
+commands `enn run`, then `enn run --flow prediction` (the baseline); `--set` goes to training,
+e.g. `--set train.epochs=3` for a quick look; `--only both|two` runs one way. Each console
 line is timed as it arrives. The phases, and the floor each is set beside (the same work with
 nothing around it):
 
@@ -21,8 +23,9 @@ nothing around it):
   model.pt from the store;
 - shutdown: from the last line to the command's exit; floor 0.
 
-Prints each phase's seconds, its floor and floor / seconds, and each command's total. Not a
-test: it prints, it never asserts. Absolute seconds follow the machine's load: compare the
+Prints each phase's seconds, its floor and floor / seconds, each command's total, and the
+one-command total against the two commands' in this run. Not a test: it prints, it never
+asserts. Absolute seconds follow the machine's load: compare the
 ratios, and before/after figures taken in one sitting.
 """
 
@@ -151,34 +154,30 @@ def report(name: str, rows: list[tuple[str, float, float]], total: float) -> Non
         print(f"  {phase:24s} {seconds:8.2f} {floor:8.2f} {ratio:8.3f}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--keep", type=Path, help="run in this (new) folder and keep it")
-    args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
-    from bench.harness import machine_facts
+WAYS = {
+    "both": [("enn run --flow both", ["run", "--flow", "both"])],
+    "two": [("enn run", ["run"]), ("enn run --flow prediction", ["run", "--flow", "prediction"])],
+}
 
-    with tempfile.TemporaryDirectory(prefix="bench-quickstart-") as tmp:
-        copy = args.keep or Path(tmp) / "proj"
-        env = fresh_copy(copy)
-        imports, python = imports_floor(copy, env)
-        train_argv = [str(VENV_PY), "-c", ENN, "run", *(f"--set={s}" for s in args.set)]
-        runs = {}
-        for name, argv in (
-            ("enn run", train_argv),
-            ("enn run --flow prediction", [str(VENV_PY), "-c", ENN, "run", "--flow", "prediction"]),
-        ):
-            lines, total, code = timed_command(argv, copy, env)
-            if code != 0:
-                tail = "\n".join(t for _, t in lines[-40:])
-                sys.exit(f"{name} failed ({code}):\n{tail}")
-            runs[name] = (phases(lines, total), total)
-        work = work_seconds(copy)
-        fetch = fetch_floor(copy)
+
+def one_way(way: str, copy: Path, sets: list[str]) -> tuple[dict, dict, float, tuple]:
+    """The Quick start's flows run `way` on a fresh copy at `copy`: each command's phases and
+    total, the stages' enn_core seconds, the model fetch's floor, the imports' (and floor)."""
+    env = fresh_copy(copy)
+    imports = imports_floor(copy, env)
+    runs = {}
+    for name, argv in WAYS[way]:
+        extra = [f"--set={s}" for s in sets] if argv == ["run"] or "both" in argv else []
+        lines, total, code = timed_command([str(VENV_PY), "-c", ENN, *argv, *extra], copy, env)
+        if code != 0:
+            tail = "\n".join(t for _, t in lines[-40:])
+            sys.exit(f"{name} failed ({code}):\n{tail}")
+        runs[name] = (phases(lines, total), total)
+    return runs, work_seconds(copy), fetch_floor(copy), imports
+
+
+def print_way(runs: dict, work: dict, fetch: float) -> float:
     seen: dict[str, int] = {}
-    print("Quick start, phase by phase (floor: the same work with nothing around it)")
-    report("imports (each command pays them)", [("import flows.cli", imports, python)], imports)
     grand = 0.0
     for name, (parts, total) in runs.items():
         rows = []
@@ -194,9 +193,37 @@ def main() -> None:
             rows.append((phase_name, seconds, floor))
         report(name, rows, total)
         grand += total
-    print(
-        f"\nboth commands: {grand:.1f} s (the aim after set-up: 30 s on a quiet two-core machine)"
-    )
+    return grand
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--only", choices=sorted(WAYS), help="run one way only")
+    ap.add_argument("--keep", type=Path, help="run in this (new) folder and keep it")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from bench.harness import machine_facts
+
+    ways = [args.only] if args.only else ["two", "both"]
+    totals: dict[str, float] = {}
+    print("Quick start, phase by phase (floor: the same work with nothing around it)")
+    with tempfile.TemporaryDirectory(prefix="bench-quickstart-") as tmp:
+        for way in ways:
+            base = args.keep or Path(tmp)
+            runs, work, fetch, (imports, python) = one_way(way, base / way, args.set)
+            print(f"\n=== {way}: {' ; '.join(runs)}")
+            report(
+                "imports (each command pays them)", [("import flows.cli", imports, python)], imports
+            )
+            totals[way] = print_way(runs, work, fetch)
+            print(f"\n{way}: {totals[way]:.1f} s in all")
+    if len(totals) == 2:
+        print(
+            f"\none command (--flow both) / two commands: {totals['both'] / totals['two']:.3f} "
+            f"({totals['both']:.1f} s / {totals['two']:.1f} s; the aim after set-up: 30 s on a "
+            "quiet two-core machine)"
+        )
     print(json.dumps({"machine": machine_facts(), "load_avg": os.getloadavg()}))
 
 

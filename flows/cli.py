@@ -40,6 +40,7 @@ def _config_path(args: argparse.Namespace) -> Path:
     prediction/, each does its own pipeline's work). A pipeline's own params.yaml given to the
     other pipeline's stage is refused: its outputs would be the other pipeline's."""
     flow = getattr(args, "flow", None) or getattr(args, "pipeline", None) or "training"
+    flow = "training" if flow == "both" else flow  # --flow both: --config is training's
     if not args.config:
         return pipeline_params(flow)
     config = Path(args.config).resolve()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from enn_core.config import RunConfig, redact_override
 from enn_core.paths import Layout
 from enn_core.runtime.external import LauncherEnv
-from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT, StageSpec
+from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT, Flow, StageSpec
 from flows import console
 from flows.exits import ended_by
 from flows.prefect_api import prefect_api
@@ -131,47 +131,101 @@ def worker_only(spec: StageSpec, cfg: RunConfig, layout: Layout, launched: Launc
     return 0
 
 
+FlowPlan = tuple[Flow, RunConfig, Path, Layout]  # the flow, its config, its file, its layout
+
+
 def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:
+    """`enn run`: one flow, or `--flow both`: training, then prediction (its own params.yaml,
+    the champion the training may just have registered) in this process, under one lock and
+    one Prefect API (the Quick start pays the API's start once)."""
     from tasks.lock import pipeline_lock
 
-    flow, overrides = args.flow, args.overrides
+    flows = (
+        both_flows(args, cfg, config, layout)
+        if args.flow == "both"
+        else [(args.flow, cfg, config, layout)]
+    )
     # the lock first: a second run fails fast, before Prefect starts
     with (
-        pipeline_lock(layout.lock_file, f"enn run --flow {flow}"),
-        prefect_api(layout, while_starting=lambda: _import_flow(flow, cfg, args.until)) as api,
+        pipeline_lock(layout.lock_file, f"enn run --flow {args.flow}"),
+        prefect_api(layout, while_starting=lambda: _import_flows(flows, args.until)) as api,
     ):
-        from prefect.exceptions import CancelledRun
+        for flow, flow_cfg, flow_config, flow_layout in flows:
+            code = _run_one_flow(args, flow, flow_cfg, flow_config, flow_layout, api)
+            if code:
+                return code
+    return 0
 
-        from flows.training import preloaded, recorded_flow
 
-        summary = Summary(layout, cfg, flow, args.until, api)
-        with recorded_flow() as record:
-            try:
-                if flow == "prediction":
-                    from flows.prediction import prediction
+def both_flows(
+    args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout
+) -> list[FlowPlan]:
+    """`--flow both`: the training flow on `config` (with --set), then the prediction flow on
+    the prediction pipeline's params.yaml as `enn run --flow prediction` loads it. Refused where
+    one command cannot run both: --until (which flow's stage?), or a prediction config whose
+    work directory or MLflow store is not the training run's (this process is contained in
+    one: tasks/env.py)."""
+    from enn_core.config import load_config
+    from enn_core.errors import ConfigError
+    from enn_core.paths import pipeline_params, project_root
+    from flows.params_file import run_overrides
 
-                    with preloaded(config, overrides, cfg):
-                        prediction(
-                            config=str(config),
-                            overrides=overrides,
-                            model=args.model,
-                            until=args.until,
-                        )
-                else:
-                    from flows.training import training
+    if args.until:
+        raise ConfigError(
+            f"--until {args.until} with --flow both: --until stops one flow; run "
+            "`enn run --until STAGE` or `enn run --flow prediction --until STAGE` "
+            "(docs/getting-started.md)"
+        )
+    pred_config = pipeline_params("prediction", layout.root)
+    pred_cfg = load_config(pred_config, run_overrides(pred_config, []))
+    pred_layout = Layout.for_root(project_root(pred_config), pred_cfg.runtime.work_dir)
+    for key, mine, theirs in (
+        ("runtime.work_dir", layout.work, pred_layout.work),
+        ("tracking.uri", cfg.tracking.uri, pred_cfg.tracking.uri),
+    ):
+        if mine != theirs:
+            raise ConfigError(
+                f"{pred_config}: {key} names {str(theirs)!r}, the training run's is "
+                f"{str(mine)!r}; --flow both runs both flows in one process: run `enn run`, "
+                "then `enn run --flow prediction`"
+            )
+    return [("training", cfg, config, layout), ("prediction", pred_cfg, pred_config, pred_layout)]
 
-                    with preloaded(config, overrides, cfg):
-                        training(config=str(config), overrides=overrides, until=args.until)
-            except CancelledRun as e:
-                summary.print(record, ended="cancelled")
-                why = str(e).splitlines()[0] if str(e) else "the flow run was cancelled"
-                print(f"cancelled: {why}", file=sys.stderr)
-                return 130
-            except BaseException as e:
-                # what ran, what stopped, where to look; the error's one line (printed by
-                # _main: `error: ...`, `interrupted`) stays the last line
-                summary.print(record, ended=ended_by(e))
-                raise
+
+def _run_one_flow(
+    args: argparse.Namespace, flow: Flow, cfg: RunConfig, config: Path, layout: Layout, api: str
+) -> int:
+    """One flow run, its closing summary (also when it stops), 130 when it was cancelled."""
+    from prefect.exceptions import CancelledRun
+
+    from flows.training import preloaded, recorded_flow
+
+    overrides = [] if args.flow == "both" and flow == "prediction" else args.overrides
+    summary = Summary(layout, cfg, flow, args.until, api)
+    with recorded_flow() as record:
+        try:
+            if flow == "prediction":
+                from flows.prediction import prediction
+
+                with preloaded(config, overrides, cfg):
+                    prediction(
+                        config=str(config), overrides=overrides, model=args.model, until=args.until
+                    )
+            else:
+                from flows.training import training
+
+                with preloaded(config, overrides, cfg):
+                    training(config=str(config), overrides=overrides, until=args.until)
+        except CancelledRun as e:
+            summary.print(record, ended="cancelled")
+            why = str(e).splitlines()[0] if str(e) else "the flow run was cancelled"
+            print(f"cancelled: {why}", file=sys.stderr)
+            return 130
+        except BaseException as e:
+            # what ran, what stopped, where to look; the error's one line (printed by
+            # _main: `error: ...`, `interrupted`) stays the last line
+            summary.print(record, ended=ended_by(e))
+            raise
     summary.print(record)
     return 0
 
@@ -219,6 +273,11 @@ def _import_flow(flow: str, cfg: RunConfig, until: str | None = None) -> None:
 
     for name in flow_imports(flow, cfg, until):
         importlib.import_module(name)
+
+
+def _import_flows(flows: list[FlowPlan], until: str | None) -> None:
+    for flow, cfg, _, _ in flows:
+        _import_flow(flow, cfg, until)
 
 
 def tune_command(args: argparse.Namespace, cfg: RunConfig, config: Path, layout: Layout) -> int:

@@ -104,10 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument(
         "--flow",
-        choices=["training", "prediction"],
+        choices=["training", "prediction", "both"],
         default="training",
         help="training: the seven stages on params.yaml; prediction: stage-data (features-only) -> "
-        "predict -> collapse-check on prediction/params.yaml.",
+        "predict -> collapse-check on prediction/params.yaml; both: training, then prediction "
+        "(with the champion) in one process and one Prefect API, as scripts/demo.sh runs them "
+        "(--set and --config go to training).",
     )
     p.add_argument(
         "--until", default=None, metavar="STAGE", help="Stop after this stage (default: run all)."

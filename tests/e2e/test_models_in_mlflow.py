@@ -3,7 +3,8 @@
 Four `enn run`s of one project: a short training (the first champion); a lower learning rate
 (worse: registered, not promoted); one so short that collapse-check fails (nothing registered,
 the parent run says why); then refreshed data with more rows trained longer (another data
-fingerprint: the champion is scored on the new version's validation rows, and loses). Then
+fingerprint: the champion is scored on the new version's validation rows, and loses), run as
+`--flow both` (the prediction flow follows in the same process, with the new champion). Then
 the prediction flow without `--model`, the registered model through `mlflow.pyfunc`, `mlflow
 models serve` over HTTP, `mlflow models predict` on a CSV, and MLflow's REST API through
 `mlflow server`. Every metric and decided parameter logged, and every DVC metrics file, is
@@ -36,6 +37,7 @@ class Store:
     uri: str
     outputs: list[str]
     consoles: list[tuple[str, str]]  # (stdout, stderr) of each run
+    predicted_with_third: bool  # the last run's prediction flow used version 3's model.pt
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +45,30 @@ def store(tmp_path_factory, trained_project) -> Store:
     """The session's trained project (its `enn run --set train.epochs=12`: the first
     champion), copied, then three more trainings in the same store."""
     project = copy_project(trained_project.project, tmp_path_factory.mktemp("models") / "proj")
-    runs = [  # (overrides, exit code)
-        (["train.lr=0.005"], 0),
-        (["train.lr=0.01", "train.epochs=4"], 6),  # collapse-check fails: CollapseError
+    runs = [  # (overrides, exit code, flow)
+        (["train.lr=0.005"], 0, "training"),
+        (["train.lr=0.01", "train.epochs=4"], 6, "training"),  # collapse-check fails
         # refreshed data with enough validation rows for the champion rule (at least 30), a
-        # model that wins: no fitted baselines configured, the naive predictors to beat
-        (["data.synthetic.n_replicates=16", "train.epochs=25", "validate.baselines=[]"], 0),
+        # model that wins: no fitted baselines configured, the naive predictors to beat; then
+        # the prediction flow in the same process (scripts/demo.sh's `--flow both`)
+        (["data.synthetic.n_replicates=16", "train.epochs=25", "validate.baselines=[]"], 0, "both"),
     ]
     outputs = [trained_project.stdout + trained_project.stderr]
     consoles = [(trained_project.stdout, trained_project.stderr)]
-    for overrides, code in runs:
+    for overrides, code, flow in runs:
         args = [a for o in overrides for a in ("--set", o)]
-        out = project.run("enn", "run", *args, check=False, timeout=600)
+        out = project.run("enn", "run", "--flow", flow, *args, check=False, timeout=600)
         assert out.returncode == code, out.stdout[-2000:] + out.stderr[-3000:]
         outputs.append(out.stdout + out.stderr)
         consoles.append((out.stdout, out.stderr))
     uri = f"sqlite:///{project.root / 'work' / 'mlflow' / 'mlflow.db'}"
-    return Store(project, uri, outputs, consoles)
+    from tasks.tracking.models import stored_model_dir
+
+    # what the prediction half of `--flow both` predicted with, before another test fetches
+    linked = project.root / "prediction" / "model" / "model.pt"
+    third = stored_model_dir(f"models:/{NAME}/3", uri)
+    predicted_with_third = third is not None and linked.samefile(third / "model.pt")
+    return Store(project, uri, outputs, consoles, predicted_with_third)
 
 
 def client(store: Store):
@@ -90,6 +99,32 @@ def test_the_champion_moves_with_the_reasons_in_the_tags(store):
     assert str(c.get_model_version_by_alias(NAME, "champion").version) == "3"
     for v in versions.values():
         assert float(v.tags["enn.val_mae"]) < float(v.tags["enn.naive_val_mae"])
+
+
+def test_flow_both_predicts_with_the_champion_it_just_promoted(store):
+    """The last run is `enn run --flow both`: training promotes version 3, then the prediction
+    flow, in the same process and on the same Prefect API, fetches the champion alias anew and
+    predicts with version 3 (not the champion the process may have read before)."""
+    stdout, stderr = store.consoles[3]  # the summaries; the timed lines
+    promoted = stderr.index("export: enn-synthetic version 3: champion")
+    assert promoted < stderr.index(f"model models:/{NAME}@champion -> "), stderr[-3000:]
+    assert stderr.count("Prefect API: ") == 1, stderr[-3000:]
+    # each flow's own summary: training's results, then prediction's predictions file
+    assert stdout.index("results: val MAE") < stdout.index("predictions: "), stdout
+    assert store.predicted_with_third
+    import mlflow
+
+    mlflow.set_tracking_uri(store.uri)
+    exp = mlflow.get_experiment_by_name("enn")
+    last = mlflow.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.`enn.kind` = 'pipeline'",
+        order_by=["attributes.start_time DESC"],
+        max_results=2,
+    )
+    # two parent runs, one per flow, both finished
+    assert last["tags.enn.flow"].tolist() == ["prediction", "training"], last
+    assert last["status"].tolist() == ["FINISHED", "FINISHED"]
 
 
 def test_parents_line_up_parameters_with_results(store):

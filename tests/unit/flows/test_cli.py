@@ -106,3 +106,40 @@ def test_a_stopped_run_says_that_running_it_again_resumes():
         assert "run the same command again to resume" in again(argparse.Namespace(command=argv[0]))
     assert "resume the study" in again(argparse.Namespace(command="tune"))
     assert again(argparse.Namespace(command="ui")) == ""  # Ctrl-C is how a server stops
+
+
+def _enn(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    enn = Path(sys.executable).parent / "enn"
+    return subprocess.run(
+        [str(enn), *argv], cwd=cwd, capture_output=True, text=True, env=clean_env(), timeout=55
+    )
+
+
+@pytest.mark.timeout(120)
+def test_flow_both_refuses_what_one_process_cannot_run_before_anything_starts(tmp_path):
+    """`enn run --flow both` (training, then prediction, in one process): `--until` (which
+    flow's stage?) and a prediction pipeline whose work directory is not the training run's
+    are one line each, exit 2, before the lock or a Prefect API."""
+    (tmp_path / "params.yaml").write_text("train:\n  epochs: 3\n")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / "prediction").mkdir()
+    (tmp_path / "prediction" / "dvc.yaml").write_text("stages: {}\n")
+    pred = tmp_path / "prediction" / "params.yaml"
+    pred.write_text("runtime:\n  work_dir: ../work\n")
+
+    out = _enn(tmp_path, "run", "--flow", "both", "--until", "validate")
+    assert out.returncode == 2, out
+    assert out.stderr.strip().splitlines() == [
+        "error: --until validate with --flow both: --until stops one flow; run "
+        "`enn run --until STAGE` or `enn run --flow prediction --until STAGE` "
+        "(docs/getting-started.md)"
+    ]
+
+    pred.write_text("runtime:\n  work_dir: work\n")  # prediction/work: another store
+    out = _enn(tmp_path, "run", "--flow", "both")
+    assert out.returncode == 2, out
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {pred}: runtime.work_dir names '{tmp_path}/prediction/work'")
+    assert "run `enn run`, then `enn run --flow prediction`" in line, line
+    assert not (tmp_path / "work" / "pipeline.lock").exists()
+    assert not list((tmp_path / "work" / "logs").glob("*-api.log"))
