@@ -25,10 +25,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,postgres]"
   echo "$want" > "$stamp"
 fi
-# A migrated, empty Prefect database for new work directories (tasks/prefect_seed.py): the
-# first `enn run` then does not wait for Prefect's migrations. Once per Prefect version.
-.venv/bin/python -m tasks.prefect_seed ||
-  echo "setup: warning: no Prefect seed database; the first enn run migrates its own (slower)" >&2
+# Migrated, empty Prefect and MLflow databases for new work directories (tasks/store_seeds.py):
+# the first `enn run` then does not wait for their migrations. Once per tool version.
+.venv/bin/python -m tasks.store_seeds ||
+  echo "setup: warning: no seed databases; the first enn run migrates its own (slower)" >&2
 # DVC's site cache inside work/, as an absolute path (a relative one would follow the current
 # directory, e.g. prediction/), for the training project and the prediction pipeline's own
 # DVC project (prediction/.dvc); .dvc/config.local is not committed.

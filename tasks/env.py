@@ -30,7 +30,7 @@ from pathlib import Path
 
 from enn_core.atomic import private_file, umask
 from enn_core.paths import ENV_WORK_DIR, Layout
-from tasks.prefect_seed import seed
+from tasks.store_seeds import seed
 
 PREFECT = "prefect"  # settings Prefect reads when it is imported
 TOOLS = "tools"  # MLflow, DVC, git and telemetry: read when those are imported or run
@@ -161,11 +161,13 @@ def private_stores(layout: Layout, local_tracking: bool = True) -> None:
     """The work directory's stores only their owner reads, and DVC's site cache as the umask
     says (see the module's docstring); stores the user moved elsewhere are theirs, and no
     local MLflow store is made for a run that tracks elsewhere (`tracking.uri`)."""
+    # a new database starts migrated (tasks/store_seeds.py)
     if local_tracking and os.environ.get("MLFLOW_TRACKING_URI") == layout.mlflow_uri:
+        seed(layout.mlflow_dir / "mlflow.db", "mlflow")
         private_file(layout.mlflow_dir / "mlflow.db")
     own_prefect = os.environ.get("PREFECT_HOME") == str(layout.prefect_home)
     if own_prefect and not os.environ.get("PREFECT_API_DATABASE_CONNECTION_URL"):
-        seed(layout.prefect_home / "prefect.db")  # a new one starts migrated (tasks.prefect_seed)
+        seed(layout.prefect_home / "prefect.db", "prefect")
         private_file(layout.prefect_home / "prefect.db")
     mode = 0o777 & ~umask()
     for folder in (layout.dvc_site_cache, layout.dvc_site_cache / "repo"):
