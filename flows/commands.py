@@ -18,10 +18,10 @@ from enn_core.stages import DISTRIBUTED_TRAIN, PREDICT, Flow, StageSpec
 from flows import console
 from flows.exits import ended_by
 from flows.prefect_api import prefect_api
-from flows.summary import Summary
+from flows.summary import Summary, left_to_rank0_node
 
 if TYPE_CHECKING:
-    from tasks.runner import StageResult
+    from tasks.runner import FlowRecord, StageResult
 
 
 def ui_command(cfg: RunConfig, layout: Layout, port: int | None) -> int:
@@ -151,9 +151,11 @@ def run_flow_command(args: argparse.Namespace, cfg: RunConfig, config: Path, lay
         prefect_api(layout, while_starting=lambda: _import_flows(flows, args.until)) as api,
     ):
         for flow, flow_cfg, flow_config, flow_layout in flows:
-            code = _run_one_flow(args, flow, flow_cfg, flow_config, flow_layout, api)
+            code, record = _run_one_flow(args, flow, flow_cfg, flow_config, flow_layout, api)
             if code:
                 return code
+            if left_to_rank0_node(record):  # its model is published there, not yet here
+                break
     return 0
 
 
@@ -179,23 +181,32 @@ def both_flows(
     pred_config = pipeline_params("prediction", layout.root)
     pred_cfg = load_config(pred_config, run_overrides(pred_config, []))
     pred_layout = Layout.for_root(project_root(pred_config), pred_cfg.runtime.work_dir)
+    # one process, one contained environment (tasks/env.py), and the prediction must find
+    # the champion this training registers
     for key, mine, theirs in (
         ("runtime.work_dir", layout.work, pred_layout.work),
         ("tracking.uri", cfg.tracking.uri, pred_cfg.tracking.uri),
+        ("tracking.enabled", cfg.tracking.enabled, pred_cfg.tracking.enabled),
+        (
+            "tracking.registered_model",
+            cfg.tracking.registered_model,
+            pred_cfg.tracking.registered_model,
+        ),
     ):
         if mine != theirs:
             raise ConfigError(
-                f"{pred_config}: {key} names {str(theirs)!r}, the training run's is "
-                f"{str(mine)!r}; --flow both runs both flows in one process: run `enn run`, "
-                "then `enn run --flow prediction`"
+                f"--flow both: {key} is {str(mine)!r} for the training run and "
+                f"{str(theirs)!r} in {pred_config}; make them agree, or run `enn run`, then "
+                "`enn run --flow prediction`"
             )
     return [("training", cfg, config, layout), ("prediction", pred_cfg, pred_config, pred_layout)]
 
 
 def _run_one_flow(
     args: argparse.Namespace, flow: Flow, cfg: RunConfig, config: Path, layout: Layout, api: str
-) -> int:
-    """One flow run, its closing summary (also when it stops), 130 when it was cancelled."""
+) -> tuple[int, FlowRecord]:
+    """One flow run and its closing summary (also when it stops): its exit code (130 when it
+    was cancelled) and its record."""
     from prefect.exceptions import CancelledRun
 
     from flows.training import preloaded, recorded_flow
@@ -220,14 +231,14 @@ def _run_one_flow(
             summary.print(record, ended="cancelled")
             why = str(e).splitlines()[0] if str(e) else "the flow run was cancelled"
             print(f"cancelled: {why}", file=sys.stderr)
-            return 130
+            return 130, record
         except BaseException as e:
             # what ran, what stopped, where to look; the error's one line (printed by
             # _main: `error: ...`, `interrupted`) stays the last line
             summary.print(record, ended=ended_by(e))
             raise
     summary.print(record)
-    return 0
+    return 0, record
 
 
 # What a flow run imports after its API answers, in the order it does: the flow's modules, the

@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from tasks.runner import FlowRecord
 
 
+def left_to_rank0_node(record: FlowRecord) -> bool:
+    """Whether this node of a multi-node run stopped its flow early: the node of global rank 0
+    runs the rest and publishes (flows.training.after_multinode)."""
+    return any(r.summary is not None and r.summary.node_only for r in record.results.values())
+
+
 class Summary:
     """How a flow run went: each stage's status and time, the headline results against the naive
     predictors, the registered version and the champion decision, and where to look (the run's
@@ -71,7 +77,7 @@ class Summary:
     def elsewhere_lines(self, record: FlowRecord) -> list[str]:
         """On a node of a multi-node run without global rank 0: the stages it left to that
         node (flows.training.after_multinode stopped the flow here)."""
-        if not any(r.summary is not None and r.summary.node_only for r in record.results.values()):
+        if not left_to_rank0_node(record):
             return []
         planned = [s.name for s in up_to(self.flow, self.until)]
         return [

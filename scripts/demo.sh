@@ -2,7 +2,8 @@
 # The main job: install what is needed, then run the whole training flow (seven stages) on
 # generated demo data with the embedded defaults: Prefect's local API on SQLite, MLflow on
 # SQLite and DVC, all under work/ in this checkout; then the prediction flow on new data with
-# the registered champion model. Extra arguments (--set KEY=VALUE) go to the training flow.
+# the registered champion model. Extra arguments go to `enn run --flow both`: --set KEY=VALUE and
+# --config reach the training flow; --until is refused there (it stops one flow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -22,6 +22,7 @@ import importlib.metadata
 import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -41,8 +42,8 @@ def make(store: Store, prefix: str | Path = sys.prefix) -> Path | None:
     """The seed of `store` for this environment, made now when missing; None when the tool's
     migrations failed (their output goes to stderr)."""
     target = seed_path(store, prefix)
-    if target.is_file():
-        return target
+    if usable(target, store):
+        return target  # else made again, over a seed that holds rows or is a link
     print(f"setup: preparing an empty {store} database for new work directories (once)")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -79,10 +80,32 @@ def _migrate(store: Store, db: Path, tmp: Path) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-c", MLFLOW_MIGRATE, str(db), str(tmp / "artifacts")]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if store == "mlflow" and done.returncode == 0 and db.is_file():
-        with contextlib.closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("DELETE FROM experiment_tags")
-            conn.execute("DELETE FROM experiments")
+        try:
+            with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+                conn.execute("DELETE FROM experiment_tags")
+                conn.execute("DELETE FROM experiments")
+        except sqlite3.Error as e:  # another MLflow's schema: no seed, it migrates as before
+            return subprocess.CompletedProcess(cmd, 1, "", f"{db}: {e}\n")
     return done
+
+
+# What a seed must hold no row of (a seed is the schema only): checked before each copy, so a
+# seed left by another recipe, or changed since, is not copied into a work directory
+EMPTY_TABLES = {"prefect": ("flow_run", "deployment"), "mlflow": ("experiments", "runs")}
+
+
+def usable(source: Path, store: Store) -> bool:
+    """`source` is a plain file (not a link) holding the tool's schema and none of its rows."""
+    try:
+        if not stat.S_ISREG(os.lstat(source).st_mode):
+            return False
+        with contextlib.closing(sqlite3.connect(f"{source.as_uri()}?mode=ro", uri=True)) as conn:
+            return not any(
+                conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone()  # noqa: S608 - ours
+                for table in EMPTY_TABLES[store]
+            )
+    except (OSError, sqlite3.Error):
+        return False
 
 
 def seed(db: Path, store: Store, prefix: str | Path = sys.prefix) -> bool:
@@ -91,7 +114,7 @@ def seed(db: Path, store: Store, prefix: str | Path = sys.prefix) -> bool:
     if os.path.lexists(db):  # every `enn` start but the first: no lookup of the tool's version
         return False
     source = seed_path(store, prefix)
-    if not source.is_file():
+    if not usable(source, store):
         return False
     db.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=db.parent, prefix=".seed-", suffix=".db")

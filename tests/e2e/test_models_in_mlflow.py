@@ -111,6 +111,19 @@ def test_flow_both_predicts_with_the_champion_it_just_promoted(store):
     assert stderr.count("Prefect API: ") == 1, stderr[-3000:]
     # each flow's own summary: training's results, then prediction's predictions file
     assert stdout.index("results: val MAE") < stdout.index("predictions: "), stdout
+    # the second flow in the process says only the project's lines too (no warning of a
+    # setting read twice, no third-party line)
+    strange = [
+        line
+        for line in stderr.splitlines()
+        if not OWN.match(line) and not re.match(rf"^\d\d:\d\d:\d\d model models:/{NAME}@", line)
+    ]
+    strange += [
+        line
+        for line in stdout.splitlines()
+        if not SUMMARY.match(line) and not line.startswith("predictions: ")
+    ]
+    assert not strange, "lines a user would wonder about:\n" + "\n".join(strange[:20])
     assert store.predicted_with_third
     import mlflow
 

@@ -135,11 +135,22 @@ def test_flow_both_refuses_what_one_process_cannot_run_before_anything_starts(tm
         "(docs/getting-started.md)"
     ]
 
+    # the prediction must find what this training registers: the same registered model
+    out = _enn(tmp_path, "run", "--flow", "both", "--set", "tracking.registered_model=mine")
+    assert out.returncode == 2, out
+    assert out.stderr.strip().splitlines() == [
+        "error: --flow both: tracking.registered_model is 'mine' for the training run and '' in "
+        f"{pred}; make them agree, or run `enn run`, then `enn run --flow prediction` "
+        "(docs/config.md)"
+    ]
+
     pred.write_text("runtime:\n  work_dir: work\n")  # prediction/work: another store
     out = _enn(tmp_path, "run", "--flow", "both")
     assert out.returncode == 2, out
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith(f"error: {pred}: runtime.work_dir names '{tmp_path}/prediction/work'")
-    assert "run `enn run`, then `enn run --flow prediction`" in line, line
+    assert line.startswith(
+        f"error: --flow both: runtime.work_dir is '{tmp_path}/work' for the training run and "
+        f"'{tmp_path}/prediction/work' in {pred}"
+    ), line
     assert not (tmp_path / "work" / "pipeline.lock").exists()
     assert not list((tmp_path / "work" / "logs").glob("*-api.log"))

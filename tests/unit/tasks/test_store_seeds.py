@@ -74,3 +74,21 @@ def test_the_mlflow_seed_is_its_schema_and_the_store_opened_on_a_copy_is_its_own
     client.create_registered_model("m")
     assert [m.name for m in client.search_registered_models()] == ["m"]
     assert not seed(store, "mlflow", prefix)  # a store in use is never replaced
+
+    # a seed that holds a row (made by another recipe, or written to since) is never copied,
+    # nor one that is a link; `make` makes it again
+    with sqlite3.connect(made) as db:
+        db.execute(
+            "insert into experiments (experiment_id, name, lifecycle_stage, workspace) "
+            "values (7, 'planted', 'active', 'default')"
+        )
+    assert not seed(tmp_path / "a" / "mlflow.db", "mlflow", prefix)
+    assert not (tmp_path / "a" / "mlflow.db").exists()
+    assert make("mlflow", prefix) == made
+    assert seed(tmp_path / "b" / "mlflow.db", "mlflow", prefix)
+    with sqlite3.connect(tmp_path / "b" / "mlflow.db") as db:
+        assert db.execute("select count(*) from experiments").fetchone() == (0,)
+    real = tmp_path / "real.db"
+    made.rename(real)
+    made.symlink_to(real)
+    assert not seed(tmp_path / "c" / "mlflow.db", "mlflow", prefix)
