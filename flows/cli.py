@@ -32,6 +32,15 @@ from flows.parser import build_parser
 from flows.report import stopped
 
 TERMINATED = "terminated (SIGTERM): workers stopped, lock released"
+SERVERS = frozenset({"ui", "deploy", "serve"})  # commands that hold servers, not the lock
+
+
+def terminated(args: argparse.Namespace) -> str:
+    """What SIGTERM ended: a pipeline command's workers and lock, or a server command's
+    servers (stopped with it, in their own process groups)."""
+    if args.command in SERVERS:
+        return stopped("terminated (SIGTERM): its servers stopped", args)
+    return stopped(TERMINATED, args)
 
 
 def _config_path(args: argparse.Namespace) -> Path:
@@ -136,11 +145,11 @@ def _main(argv: list[str] | None) -> int:
         print(console.one_line(full), file=sys.stderr)
         return full.exit_code
     except Terminated:
-        print(stopped(TERMINATED, args), file=sys.stderr)
+        print(terminated(args), file=sys.stderr)
         return 143
     except KeyboardInterrupt:
         if terminating():  # SIGTERM, re-raised as an interrupt by a library's loop (Optuna's)
-            print(stopped(TERMINATED, args), file=sys.stderr)
+            print(terminated(args), file=sys.stderr)
             return 143
         print(stopped("interrupted", args), file=sys.stderr)
         return 130

@@ -154,3 +154,17 @@ def test_flow_both_refuses_what_one_process_cannot_run_before_anything_starts(tm
     ), line
     assert not (tmp_path / "work" / "pipeline.lock").exists()
     assert not list((tmp_path / "work" / "logs").glob("*-api.log"))
+
+
+def test_sigterm_says_what_it_stopped():
+    """A server command (`enn ui`, `enn deploy`, `enn serve`) holds servers, not workers or the
+    pipeline lock: its SIGTERM line says so; a pipeline command's names its workers and lock."""
+    import argparse
+
+    from flows.cli import terminated
+
+    for command in ("ui", "deploy", "serve"):
+        line = terminated(argparse.Namespace(command=command))
+        assert line == "terminated (SIGTERM): its servers stopped", line
+    line = terminated(argparse.Namespace(command="validate"))
+    assert line == "terminated (SIGTERM): workers stopped, lock released", line
