@@ -166,7 +166,8 @@ def both_flows(
     the prediction pipeline's params.yaml as `enn run --flow prediction` loads it. Refused where
     one command cannot run both: --until (which flow's stage?), or a prediction config whose
     work directory or MLflow store is not the training run's (this process is contained in
-    one: tasks/env.py)."""
+    one: tasks/env.py), or whose tracking would not find the champion this training registers
+    (`tracking.enabled`, `tracking.registered_model`)."""
     from enn_core.config import load_config
     from enn_core.errors import ConfigError
     from enn_core.paths import pipeline_params, project_root
