@@ -154,6 +154,7 @@ def report(name: str, rows: list[tuple[str, float, float]], total: float) -> Non
         print(f"  {phase:24s} {seconds:8.2f} {floor:8.2f} {ratio:8.3f}")
 
 
+# each way's commands; the first is the one that trains: `--set` goes to it
 WAYS = {
     "both": [("enn run --flow both", ["run", "--flow", "both"])],
     "two": [("enn run", ["run"]), ("enn run --flow prediction", ["run", "--flow", "prediction"])],
@@ -166,8 +167,8 @@ def one_way(way: str, copy: Path, sets: list[str]) -> tuple[dict, dict, float, t
     env = fresh_copy(copy)
     imports = imports_floor(copy, env)
     runs = {}
-    for name, argv in WAYS[way]:
-        extra = [f"--set={s}" for s in sets] if argv == ["run"] or "both" in argv else []
+    for i, (name, argv) in enumerate(WAYS[way]):
+        extra = [f"--set={s}" for s in sets] if i == 0 else []
         lines, total, code = timed_command([str(VENV_PY), "-c", ENN, *argv, *extra], copy, env)
         if code != 0:
             tail = "\n".join(t for _, t in lines[-40:])

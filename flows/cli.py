@@ -38,9 +38,8 @@ SERVERS = frozenset({"ui", "deploy", "serve"})  # commands that hold servers, no
 def terminated(args: argparse.Namespace) -> str:
     """What SIGTERM ended: a pipeline command's workers and lock, or a server command's
     servers (stopped with it, in their own process groups)."""
-    if args.command in SERVERS:
-        return stopped("terminated (SIGTERM): its servers stopped", args)
-    return stopped(TERMINATED, args)
+    servers = args.command in SERVERS
+    return stopped("terminated (SIGTERM): its servers stopped" if servers else TERMINATED, args)
 
 
 def _config_path(args: argparse.Namespace) -> Path:

@@ -67,7 +67,7 @@ SqlAlchemyStore(f"sqlite:///{sys.argv[1]}", sys.argv[2]).engine.dispose()
 
 
 def _migrate(store: Store, db: Path, tmp: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DO_NOT_TRACK": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
+    env = {**os.environ, "DO_NOT_TRACK": "1"}
     if store == "prefect":
         env |= {
             "PREFECT_HOME": str(tmp),

@@ -10,14 +10,21 @@ import time
 from tasks.store_seeds import make, seed, seed_path
 
 
-def test_the_seed_is_prefects_schema_copied_once_and_never_over_anything(tmp_path):
-    prefix = tmp_path / "env"
-    made = make("prefect", prefix)
-    assert made == seed_path("prefect", prefix) and made.is_file()
+def made_seed(store, prefix, table: str):
+    """`make(store)` under `prefix`: the seed's path, after checking it holds the tool's schema
+    (an Alembic version) and no row of `table`."""
+    made = make(store, prefix)
+    assert made == seed_path(store, prefix) and made.is_file()
     with sqlite3.connect(made) as db:
         (version,) = db.execute("select version_num from alembic_version").fetchone()
-        runs = db.execute("select count(*) from flow_run").fetchone()[0]
-    assert version and runs == 0
+        rows = db.execute(f"select count(*) from {table}").fetchone()[0]  # noqa: S608 - ours
+    assert version and rows == 0
+    return made
+
+
+def test_the_seed_is_prefects_schema_copied_once_and_never_over_anything(tmp_path):
+    prefix = tmp_path / "env"
+    made = made_seed("prefect", prefix, "flow_run")
     t0 = time.monotonic()
     assert make("prefect", prefix) == made and time.monotonic() - t0 < 1  # once per version
 
@@ -54,12 +61,7 @@ def test_the_mlflow_seed_is_its_schema_and_the_store_opened_on_a_copy_is_its_own
     from mlflow import MlflowClient
 
     prefix = tmp_path / "env"
-    made = make("mlflow", prefix)
-    assert made == seed_path("mlflow", prefix) and made.is_file()
-    with sqlite3.connect(made) as db:
-        (version,) = db.execute("select version_num from alembic_version").fetchone()
-        experiments = db.execute("select count(*) from experiments").fetchone()[0]
-    assert version and experiments == 0
+    made = made_seed("mlflow", prefix, "experiments")
     assert str(tmp_path).encode() not in made.read_bytes()  # no path of where it was made
 
     store = tmp_path / "work" / "mlflow" / "mlflow.db"
