@@ -7,6 +7,11 @@
   (enn_core.runtime.torchrun) as a child process in a group of its own; torchrun starts
   `nprocs` workers running the one worker entry (enn_core.runtime.entry), which calls the
   function and writes its result to `<run_dir>/results/rank-<r>.json`.
+- One worker on one node with no restarts to make is started as that entry directly, a child
+  with torchrun's variables for rank 0 of 1 and its output in `<run_dir>/logs/rank-0.log`:
+  torchrun's agent would only add an interpreter and its torch import (about 1.3 s on two
+  cores, bench/bench_launch.py) and a signal hop. The launcher writes its exit record itself;
+  the watchdog, the stop paths and the signal contract are the same.
 - This process is the watchdog (enn_core.runtime.watchdog): it reads each rank's heartbeat
   and, when a rank is silent past its phase budget, dumps every rank's stack to
   `<run_dir>/stacks/`, kills the attempt (torchrun restarts it while `max_restarts` allows)
@@ -234,6 +239,8 @@ class Job:
         self.verdicts: list[Verdict] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.own_group = False
+        # one worker of one node that is never restarted: no agent needed (module docstring)
+        self.direct = nprocs == 1 and rdzv.nnodes == 1 and max_restarts == 0
 
     def start(self) -> None:
         for sub in (ERRORS, "logs", "heartbeats", "stacks", RESULTS, LAUNCH):
@@ -259,10 +266,17 @@ class Job:
             },
         )
         self.own_group = in_terminal_foreground()
-        with open(self.run_dir / "logs" / "torchrun.log", "ab") as out:
+        env = child_env(self.run_dir, self.rdzv.nnodes)
+        command = [sys.executable, "-m", "enn_core.runtime.torchrun", str(job_path)]
+        log_file = self.run_dir / "logs" / "torchrun.log"
+        if self.direct:
+            command = [sys.executable, "-m", "enn_core.runtime.entry", str(job_path)]
+            log_file = self.run_dir / "logs" / "rank-0.log"
+            env.update(one_worker_env(self.rdzv))
+        with open(log_file, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "enn_core.runtime.torchrun", str(job_path)],
-                env=child_env(self.run_dir, self.rdzv.nnodes),
+                command,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -279,11 +293,13 @@ class Job:
         return False
 
     def pids(self) -> set[int]:
-        """Worker pids: the descendants of torchrun (each worker has a session of its own)."""
+        """Worker pids: the descendants of torchrun (each worker has a session of its own);
+        started directly, the worker too while it is not reaped."""
         assert self.proc is not None
+        own = {self.proc.pid} if self.direct and self.proc.returncode is None else set()
         with contextlib.suppress(psutil.Error):
-            return {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
-        return set()
+            return own | {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
+        return own
 
     def kill_workers(self) -> set[int]:
         pids = self.pids()
@@ -330,10 +346,18 @@ class Job:
             self.kill_workers()
 
     def ended(self) -> dict[str, Any]:
-        """torchrun's record of how the job ended (enn_core.runtime.torchrun)."""
+        """torchrun's record of how the job ended (enn_core.runtime.torchrun); a worker started
+        directly gets the same record from its exit code (negative: the signal)."""
         import json
 
         path = self.run_dir / LAUNCH / EXITS
+        if self.direct and self.proc is not None and self.proc.returncode is not None:
+            code = self.proc.returncode
+            record: dict[str, Any] = {"state": "succeeded", "exits": {}, "message": ""}
+            if code != 0:
+                record = {"state": "failed", "exits": {"0": code}, "message": f"rank 0 exit {code}"}
+            write_json(path, record)
+            return record
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):
@@ -428,6 +452,24 @@ def child_env(run_dir: Path, nnodes: int) -> dict[str, str]:
     if nnodes > 1:
         env[NO_SHARED_STORE] = "1"
     return spawned_env(env)
+
+
+def one_worker_env(rdzv: Rendezvous) -> dict[str, str]:
+    """What torchrun's agent gives the only worker of a one-node job: rank 0 of 1, hosting
+    the workers' store itself on the rendezvous's loopback endpoint (no agent store)."""
+    host, _, port = rdzv.endpoint.rpartition(":")
+    one = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK")
+    sizes = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE")
+    return {
+        **dict.fromkeys(one, "0"),
+        **dict.fromkeys(sizes, "1"),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": host,
+        "MASTER_PORT": port,
+        "TORCHELASTIC_RUN_ID": rdzv.run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
 
 
 def _tail(path: Path, lines: int = 3) -> str:
