@@ -22,7 +22,7 @@ import psutil
 from enn_core.config import RunConfig
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
-from enn_core.stages import StageSpec
+from enn_core.stages import DISTRIBUTED_TRAIN, StageSpec
 from tasks.lock import pipeline_lock
 from tasks.runner import PipelineSession
 from tasks.tracking.runs import ended_status
@@ -98,6 +98,18 @@ def dvc_group() -> ParentGroup | None:
     return None
 
 
+def spare_for(
+    cfg: RunConfig, layout: Layout, specs: tuple[StageSpec, ...]
+) -> contextlib.AbstractContextManager[None]:
+    """distributed-train's one worker started early, when the run has that stage (its torch
+    imports overlap the stages before it: enn_core.train.stage.spare_worker)."""
+    if DISTRIBUTED_TRAIN not in specs:
+        return contextlib.nullcontext()
+    from enn_core.train.stage import spare_worker
+
+    return spare_worker(cfg, layout.work)
+
+
 @contextlib.contextmanager
 def pipeline_session(
     cfg: RunConfig,
@@ -115,7 +127,7 @@ def pipeline_session(
 
     `cfg` is the run's config, loaded once from `config` by the entry point."""
     root = layout.root
-    with pipeline_lock(layout.lock_file, name):
+    with pipeline_lock(layout.lock_file, name), spare_for(cfg, layout, specs):
         tracker = None
         if cfg.tracking.enabled:
             from tasks.tracking import Tracker, git_commit

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
-import pandas as pd
 
 from enn_core.data import hashing
 from enn_core.data.manifest import (
@@ -28,6 +27,9 @@ from enn_core.data.manifest import (
     read_manifest,
 )
 from enn_core.errors import DataError, StaleOutputError
+
+if TYPE_CHECKING:  # pandas (0.4 s of imports) only where row keys are read: not in a worker
+    import pandas as pd
 
 
 class StagedDataset:
@@ -105,6 +107,8 @@ class StagedDataset:
     @cached_property
     def row_keys(self) -> pd.DataFrame:
         """pandas DataFrame of the row-key columns (plus source_row), one row per sample."""
+        import pandas as pd
+
         return pd.read_parquet(self.path / "row_keys.parquet")
 
     def verify(self) -> None:

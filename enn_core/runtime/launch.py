@@ -11,7 +11,11 @@
   with torchrun's variables for rank 0 of 1 and its output in `<run_dir>/logs/rank-0.log`:
   torchrun's agent would only add an interpreter and its torch import (about 1.3 s on two
   cores, bench/bench_launch.py) and a signal hop. The launcher writes its exit record itself;
-  the watchdog, the stop paths and the signal contract are the same.
+  the watchdog, the stop paths and the signal contract are the same. Such a worker may be a
+  spare (`spare_worker`): started earlier, when the caller knows one will come (the training
+  flow, at its start), it imports the worker's module on the core the flow leaves idle and
+  takes the job when it comes; one that does not match the job (its environment, its
+  process group) is let go and a fresh worker started.
 - This process is the watchdog (enn_core.runtime.watchdog): it reads each rank's heartbeat
   and, when a rank is silent past its phase budget, dumps every rank's stack to
   `<run_dir>/stacks/`, kills the attempt (torchrun restarts it while `max_restarts` allows)
@@ -40,6 +44,7 @@ round.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -49,7 +54,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +67,7 @@ from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
 from enn_core.runtime import secret
 from enn_core.runtime.dist import STALE_ENV
-from enn_core.runtime.entry import RESULTS, read_results
+from enn_core.runtime.entry import RESULTS, WARM, read_results
 from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats
 from enn_core.runtime.parent import (
     clear_graceful_stop,
@@ -110,6 +115,80 @@ LIVENESS_FLOOR_S = 15.0
 NOT_RETRIED = ("UnauthenticatedWrite", "RendezvousNodesDiffer")
 
 
+@dataclass
+class Spare:
+    """A worker started before its job (`spare_worker`)."""
+
+    proc: subprocess.Popen[bytes]
+    env: dict[str, str]
+    own_group: bool
+
+
+_spare: list[Spare] = []  # at most one
+_spare_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def spare_worker(module: str, work_dir: Path) -> Iterator[None]:
+    """A spare worker importing `module` while the block runs; the next one-worker job of a
+    run directory under `work_dir` takes it; let go when the block ends."""
+    env = child_env(Path(work_dir) / "runs" / "spare" / "worker", 1)
+    own = in_terminal_foreground()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enn_core.runtime.entry", WARM, module],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=own,
+    )
+    spare = Spare(proc, env, own)
+    with _spare_lock:
+        _spare[:] = [spare]
+    try:
+        yield
+    finally:
+        with _spare_lock:
+            unused = spare in _spare
+            _spare[:] = []
+        if unused:
+            let_go(spare)
+
+
+def let_go(spare: Spare) -> None:
+    """An unused spare ends: its input closed (it exits), killed if it does not."""
+    with contextlib.suppress(OSError):
+        assert spare.proc.stdin is not None
+        spare.proc.stdin.close()
+    try:
+        spare.proc.wait(2)
+    except subprocess.TimeoutExpired:
+        spare.proc.kill()
+        spare.proc.wait()
+
+
+def take_spare(env: dict[str, str], own_group: bool) -> Spare | None:
+    """The spare, when it runs with `env` in the process group the job needs; else None (a
+    spare that does not match is let go)."""
+    with _spare_lock:
+        spare = _spare.pop() if _spare else None
+    if spare is None:
+        return None
+    if spare.proc.poll() is None and spare.env == env and spare.own_group == own_group:
+        return spare
+    changed = sorted(k for k in {*env, *spare.env} if env.get(k) != spare.env.get(k))
+    log.info(
+        "the spare worker does not fit the job (exit %s, variables %s, own group %s -> %s); "
+        "a fresh worker starts",
+        spare.proc.poll(),
+        changed,
+        spare.own_group,
+        own_group,
+    )
+    let_go(spare)
+    return None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -153,8 +232,13 @@ class Rendezvous:
         )
 
 
-def entry_of(fn: Callable[..., Any]) -> str:
-    """`module:function` of a module-level function (what the worker entry imports)."""
+def entry_of(fn: Callable[..., Any] | str) -> str:
+    """`module:function` of a module-level function (what the worker entry imports); a
+    string is that already (a caller whose process need not import the worker's module)."""
+    if isinstance(fn, str):
+        if ":" not in fn:
+            raise TypeError(f"launch() needs `module:function`, not {fn!r}")
+        return fn
     name = getattr(fn, "__qualname__", "")
     module = getattr(fn, "__module__", "")
     if not module or not name or "<" in name or module == "__main__":
@@ -163,7 +247,7 @@ def entry_of(fn: Callable[..., Any]) -> str:
 
 
 def launch(  # noqa: PLR0913  the stages' and tests' keyword API, kept as it is
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | str,
     args: tuple[Any, ...],
     *,
     nprocs: int,
@@ -272,6 +356,9 @@ class Job:
         if self.direct:
             command = [sys.executable, "-m", "enn_core.runtime.entry", str(job_path)]
             log_file = self.run_dir / "logs" / "rank-0.log"
+            spare = take_spare(env, self.own_group)
+            if spare is not None and self.hand_over(spare, job_path, log_file):
+                return
             env.update(one_worker_env(self.rdzv))
         with open(log_file, "ab") as out:
             self.proc = subprocess.Popen(
@@ -283,6 +370,20 @@ class Job:
                 start_new_session=self.own_group,
             )
         self.started = time.time()
+
+    def hand_over(self, spare: Spare, job_path: Path, log_file: Path) -> bool:
+        """The job to the spare (False if it died meanwhile: a fresh worker is started)."""
+        handed = {"job": str(job_path), "log": str(log_file), "env": one_worker_env(self.rdzv)}
+        assert spare.proc.stdin is not None
+        try:
+            spare.proc.stdin.write(json.dumps(handed).encode() + b"\n")
+            spare.proc.stdin.close()
+        except OSError:
+            let_go(spare)
+            return False
+        self.proc = spare.proc
+        self.started = time.time()
+        return True
 
     def running(self, poll_s: float) -> bool:
         assert self.proc is not None
@@ -348,8 +449,6 @@ class Job:
     def ended(self) -> dict[str, Any]:
         """torchrun's record of how the job ended (enn_core.runtime.torchrun); a worker started
         directly gets the same record from its exit code (negative: the signal)."""
-        import json
-
         path = self.run_dir / LAUNCH / EXITS
         if self.direct and self.proc is not None and self.proc.returncode is not None:
             code = self.proc.returncode

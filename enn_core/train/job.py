@@ -24,6 +24,7 @@ from enn_core.errors import StaleOutputError
 
 FORMAT_VERSION = 1
 JOB_FILE = "job.json"
+SHARED_OUTPUTS = "published"  # under the job's checkpoint folder, which every node shares
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,6 @@ from enn_core.runtime.heartbeat import read_heartbeats, stale_temp_files
 from enn_core.runtime.launch import Rendezvous, launch, read_errors
 from enn_core.stage import StageContext
 from enn_core.summaries import TrainSummary
-from enn_core.train import worker
 from enn_core.train.ckpt import (
     COMMITTED,
     COMPLETE,
@@ -55,9 +54,10 @@ from enn_core.train.ckpt import (
     step_name,
 )
 from enn_core.train.fingerprint import Fingerprint, diff, fingerprint
-from enn_core.train.job import JOB_FILE, CheckpointPlan, WorkerJob
+from enn_core.train.job import JOB_FILE, SHARED_OUTPUTS, CheckpointPlan, WorkerJob
 
 WORKER_OUTPUTS = ("model.pt", "record.json", "history.json")
+WORKER_ENTRY = "enn_core.train.worker:main"
 OUTPUTS = (*WORKER_OUTPUTS, "metrics.json")
 
 
@@ -69,6 +69,19 @@ def resolve_world_size(requested: int, device: str) -> tuple[int, str]:
         n = torch.cuda.device_count()
         return n, f"runtime.world_size=0: one worker per GPU ({n})"
     return 1, "runtime.world_size=0 on CPU: 1 worker"
+
+
+def spare_worker(cfg: RunConfig, work_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """While the block runs, a spare of the one worker distributed-train will start (the
+    launcher starts one worker of one node without restarts directly, enn_core.runtime.launch),
+    importing the worker's code on a core the flow leaves idle; nothing for other jobs."""
+    from enn_core.runtime.launch import spare_worker as spare
+
+    rt = cfg.runtime
+    one = rt.nnodes == 1 and rt.max_restarts == 0 and rt.launcher == "enn"
+    if not one or resolve_world_size(rt.world_size, rt.device)[0] != 1:
+        return contextlib.nullcontext()
+    return spare(WORKER_ENTRY.partition(":")[0], work_dir)
 
 
 def threads_per_worker(requested: int, world_size: int) -> int:
@@ -171,7 +184,7 @@ def publish_shared(ctx: StageContext, job: WorkerJob) -> None:
     launched = LauncherEnv.from_env()  # under torchrun: one process per node publishes
     if launched is not None and launched.local_rank != 0:
         return
-    shared = job.checkpoint.dir / worker.SHARED_OUTPUTS if job.checkpoint else None
+    shared = job.checkpoint.dir / SHARED_OUTPUTS if job.checkpoint else None
     if shared is None or not all((shared / n).is_file() for n in WORKER_OUTPUTS):
         return
     with atomic_dir(ctx.output()) as tmp:
@@ -197,7 +210,7 @@ def start_workers(cfg: RunConfig, ctx: StageContext, job_path: Path, world: int)
             "`torchrun ... -m flows.worker` (docs/scale-out.md)"
         )
     return launch(
-        worker.main,
+        WORKER_ENTRY,  # imported by the worker only (it pulls DCP in)
         (str(job_path),),
         nprocs=world,
         run_dir=ctx.run_dir,
@@ -219,6 +232,8 @@ def run_here(job_path: Path, ctx: StageContext) -> dict[int, Any]:
     restarts the job, not us. A library error becomes one line naming the rank and phase."""
     launched = LauncherEnv.required()
     try:
+        from enn_core.train import worker
+
         return {launched.rank: worker.main(str(job_path))}
     except (EnnError, KeyboardInterrupt):
         raise

@@ -65,7 +65,7 @@ from enn_core.runtime.parent import die_with_parent
 from enn_core.runtime.precision import PrecisionDecision, choose_precision
 from enn_core.runtime.watchdog import write_error
 from enn_core.train.ckpt import Checkpointer
-from enn_core.train.job import WorkerJob
+from enn_core.train.job import SHARED_OUTPUTS, WorkerJob
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
 from enn_core.train.preempt import PreemptWatch
 
@@ -380,9 +380,6 @@ def _summary(result: TrainResult, env: DistEnv, choices: dict) -> dict[str, Any]
         "compile": choices.get("compile"),
         "wrap": choices.get("wrap"),
     }
-
-
-SHARED_OUTPUTS = "published"  # under the job's checkpoint folder, which every node shares
 
 
 def share_outputs(job: WorkerJob, ckpt: Checkpointer, env: DistEnv) -> None:
