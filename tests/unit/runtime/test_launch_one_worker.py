@@ -65,3 +65,34 @@ def test_a_direct_worker_killed_below_python_is_named_with_its_signal(tmp_path):
         launch(die, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=60)
     ended = json.loads((tmp_path / "launch" / "exits.json").read_text())
     assert ended == {"state": "failed", "exits": {"0": -9}, "message": "rank 0 exit -9"}
+
+
+def test_a_spare_worker_takes_the_job_and_an_unused_one_ends(tmp_path):
+    """A spare (started before its job, importing the worker's module) is the process that
+    runs the next one-worker job, its output in that job's log; one no job took ends with
+    its block."""
+    from enn_core.runtime.launch import _spare, spare_worker
+
+    run_dir = tmp_path / "work" / "runs" / "r1" / "distributed-train"  # a stage's, as a flow's
+    with spare_worker("json", tmp_path / "work"):
+        spare = _spare[0].proc
+        got = launch(describe, (), nprocs=1, run_dir=run_dir, hang_timeout_s=60)[0]
+    assert got["pid"] == spare.pid and got["ppid"] == os.getpid()
+    assert (got["RANK"], got["WORLD_SIZE"]) == ("0", "1")
+    assert "a line of the worker's own output" in (run_dir / "logs/rank-0.log").read_text()
+    with spare_worker("json", tmp_path / "work"):
+        unused = _spare[0].proc
+    assert unused.returncode == 0 and not _spare
+
+
+def test_a_spare_that_does_not_fit_the_job_is_let_go(tmp_path, monkeypatch):
+    """A variable changed since the spare started (it may have been read at import): the
+    spare ends and a fresh worker runs the job."""
+    from enn_core.runtime.launch import _spare, spare_worker
+
+    with spare_worker("json", tmp_path / "work"):
+        spare = _spare[0].proc
+        monkeypatch.setenv("OMP_NUM_THREADS", "7")
+        run_dir = tmp_path / "work" / "runs" / "r1" / "distributed-train"
+        got = launch(describe, (), nprocs=1, run_dir=run_dir, hang_timeout_s=60)[0]
+    assert got["pid"] != spare.pid and spare.returncode is not None
