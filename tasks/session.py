@@ -156,7 +156,6 @@ def pipeline_session(
             tracker=tracker,
             parent_id=parent,
             tags={k: v for k, v in (tags or {}).items() if k.startswith(("enn.", "prefect."))},
-            specs=specs,
         )
         try:
             yield session
