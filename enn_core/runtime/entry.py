@@ -60,8 +60,9 @@ def read_results(run_dir: Path) -> dict[int, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
+    failed: Exception | None = None
     if argv[0] == WARM:
-        taken = wait_for_job(argv[1:])
+        taken, failed = wait_for_job(argv[1:])
         if taken is None:
             return 0
         argv = [taken]
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, rank = Path(job["run_dir"]), int(os.environ.get("RANK", "0"))
     t0 = time.time()
     try:
+        if failed is not None:  # the spare's import: the job's error, as a fresh worker's
+            raise failed
         value = resolve(job["entry"])(*job["args"])
     except BaseException as e:
         own = Path(run_dir) / ERRORS / f"rank-{rank}.json"
@@ -80,15 +83,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def wait_for_job(modules: list[str]) -> str | None:
+def wait_for_job(modules: list[str]) -> tuple[str | None, Exception | None]:
     """A spare's start: `modules` imported, then its job from standard input (None when the
-    input ends first); its output goes to the job's log from then on."""
-    for module in modules:
-        importlib.import_module(module)
+    input ends first) and what the imports raised; its output goes to the job's log from
+    then on, its environment is the job's."""
+    failed: Exception | None = None
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - raised again as the job's error, in its log
+        failed = e
     line = sys.stdin.readline()
     if not line.strip():
-        return None
+        return None, failed
     handed = json.loads(line)
+    for key in handed.get("unset", []):
+        os.environ.pop(str(key), None)
     os.environ.update({str(k): str(v) for k, v in handed["env"].items()})
     log = os.open(handed["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     for fd in (1, 2):
@@ -97,7 +107,7 @@ def wait_for_job(modules: list[str]) -> str | None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    return str(handed["job"])
+    return str(handed["job"]), failed
 
 
 if __name__ == "__main__":

@@ -126,6 +126,10 @@ class Spare:
 
 _spare: list[Spare] = []  # at most one
 _spare_lock = threading.Lock()
+# Variables a spare may see change between its start and its job: the tools' settings of the
+# parent (MLflow's client sets MLFLOW_TRACKING_URI when the run's tracker starts), which the
+# worker's imports never read; the job's values are applied when it is handed over.
+LATE_VARIABLES = ("MLFLOW_", "PREFECT_")
 
 
 @contextlib.contextmanager
@@ -144,40 +148,45 @@ def spare_worker(module: str, work_dir: Path) -> Iterator[None]:
     )
     spare = Spare(proc, env, own)
     with _spare_lock:
-        _spare[:] = [spare]
+        before, _spare[:] = list(_spare), [spare]
+    for old in before:  # a session inside another: the newer spare is the one to take
+        let_go(old)
     try:
         yield
     finally:
         with _spare_lock:
             unused = spare in _spare
-            _spare[:] = []
+            if unused:
+                _spare.remove(spare)
         if unused:
             let_go(spare)
 
 
 def let_go(spare: Spare) -> None:
-    """An unused spare ends: its input closed (it exits), killed if it does not."""
+    """An unused spare ends now (it holds nothing to clean up; it may still be importing)."""
+    with contextlib.suppress(OSError):
+        spare.proc.kill()
     with contextlib.suppress(OSError):
         assert spare.proc.stdin is not None
         spare.proc.stdin.close()
-    try:
-        spare.proc.wait(2)
-    except subprocess.TimeoutExpired:
-        spare.proc.kill()
-        spare.proc.wait()
+    spare.proc.wait()
 
 
 def take_spare(env: dict[str, str], own_group: bool) -> Spare | None:
-    """The spare, when it runs with `env` in the process group the job needs; else None (a
-    spare that does not match is let go)."""
+    """The spare, when it runs with `env` (but for `LATE_VARIABLES`) in the process group
+    the job needs; else None (a spare that does not match is let go)."""
     with _spare_lock:
         spare = _spare.pop() if _spare else None
     if spare is None:
         return None
-    if spare.proc.poll() is None and spare.env == env and spare.own_group == own_group:
+    changed = sorted(
+        k
+        for k in {*env, *spare.env}
+        if env.get(k) != spare.env.get(k) and not k.startswith(LATE_VARIABLES)
+    )
+    if spare.proc.poll() is None and not changed and spare.own_group == own_group:
         return spare
-    changed = sorted(k for k in {*env, *spare.env} if env.get(k) != spare.env.get(k))
-    log.info(
+    log.debug(
         "the spare worker does not fit the job (exit %s, variables %s, own group %s -> %s); "
         "a fresh worker starts",
         spare.proc.poll(),
@@ -325,6 +334,7 @@ class Job:
         self.own_group = False
         # one worker of one node that is never restarted: no agent needed (module docstring)
         self.direct = nprocs == 1 and rdzv.nnodes == 1 and max_restarts == 0
+        self.from_spare = False  # the direct worker was a spare (`spare_worker`)
 
     def start(self) -> None:
         for sub in (ERRORS, "logs", "heartbeats", "stacks", RESULTS, LAUNCH):
@@ -357,7 +367,7 @@ class Job:
             command = [sys.executable, "-m", "enn_core.runtime.entry", str(job_path)]
             log_file = self.run_dir / "logs" / "rank-0.log"
             spare = take_spare(env, self.own_group)
-            if spare is not None and self.hand_over(spare, job_path, log_file):
+            if spare is not None and self.hand_over(spare, env, job_path, log_file):
                 return
             env.update(one_worker_env(self.rdzv))
         with open(log_file, "ab") as out:
@@ -371,9 +381,18 @@ class Job:
             )
         self.started = time.time()
 
-    def hand_over(self, spare: Spare, job_path: Path, log_file: Path) -> bool:
-        """The job to the spare (False if it died meanwhile: a fresh worker is started)."""
-        handed = {"job": str(job_path), "log": str(log_file), "env": one_worker_env(self.rdzv)}
+    def hand_over(self, spare: Spare, env: dict[str, str], job_path: Path, log_file: Path) -> bool:
+        """The job to the spare (False if it died meanwhile: a fresh worker is started).
+        Its environment becomes the job's: `env` (the late variables' values, those unset
+        since its start removed) and the rank's variables."""
+        late = {k: v for k, v in env.items() if k.startswith(LATE_VARIABLES)}
+        unset = [k for k in spare.env if k.startswith(LATE_VARIABLES) and k not in env]
+        handed = {
+            "job": str(job_path),
+            "log": str(log_file),
+            "env": {**late, **one_worker_env(self.rdzv)},
+            "unset": unset,
+        }
         assert spare.proc.stdin is not None
         try:
             spare.proc.stdin.write(json.dumps(handed).encode() + b"\n")
@@ -381,8 +400,12 @@ class Job:
         except OSError:
             let_go(spare)
             return False
+        except BaseException:  # interrupted mid-hand-over: the spare is nobody's now
+            let_go(spare)
+            raise
         self.proc = spare.proc
         self.started = time.time()
+        self.from_spare = True
         return True
 
     def running(self, poll_s: float) -> bool:
@@ -455,6 +478,7 @@ class Job:
             record: dict[str, Any] = {"state": "succeeded", "exits": {}, "message": ""}
             if code != 0:
                 record = {"state": "failed", "exits": {"0": code}, "message": f"rank 0 exit {code}"}
+            record["worker"] = "spare" if self.from_spare else "started"  # how it came to run
             write_json(path, record)
             return record
         try:

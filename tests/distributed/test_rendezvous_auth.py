@@ -36,7 +36,7 @@ def test_a_local_process_writing_the_rendezvous_state_runs_nothing(
             outcome["result"] = launch(
                 sleeper,
                 (str(started), 60.0),
-                nprocs=1,
+                nprocs=2,  # one worker would start without torchrun: no rendezvous (below)
                 run_dir=tmp_path / "run",
                 hang_timeout_s=120,
                 rdzv=Rendezvous(endpoint=endpoint, run_id=job),
@@ -61,6 +61,41 @@ def test_a_local_process_writing_the_rendezvous_state_runs_nothing(
     error = str(outcome.get("error"))
     assert f"rendezvous store at {endpoint}" in error, outcome
     assert "unauthenticated write" in error
+
+
+def test_a_one_worker_job_has_no_rendezvous_a_forged_state_runs_nothing(tmp_path, monkeypatch):
+    """One worker on one node starts without torchrun: its endpoint is only its own store's
+    port, where the rendezvous state a local process writes is read by no one."""
+    monkeypatch.delenv(secret.ENV, raising=False)
+    endpoint, job = f"127.0.0.1:{free_port()}", "job-one"
+    started, marker = tmp_path / "started", tmp_path / "ran"
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        outcome["result"] = launch(
+            sleeper,
+            (str(started), 3.0),
+            nprocs=1,
+            run_dir=tmp_path / "run",
+            hang_timeout_s=120,
+            rdzv=Rendezvous(endpoint=endpoint, run_id=job),
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.time() + 60
+    while not started.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert started.exists(), outcome
+    host, port = endpoint.split(":")
+    try:
+        attacker = tcp_store(host, int(port), is_master=False, timeout=dt.timedelta(seconds=5))
+        attacker.set(f"torch.rendezvous.{job}", forged_state(str(marker)))
+    except RuntimeError:  # the worker's store may be gone already (it is only needed at start)
+        pass
+    thread.join(60)
+    assert not thread.is_alive() and outcome.get("result") == {0: 0}, outcome
+    assert not marker.exists()
 
 
 def test_an_unreachable_rendezvous_endpoint_is_one_line_naming_it(tmp_path, monkeypatch):
