@@ -65,9 +65,9 @@ from enn_core import errors
 from enn_core.atomic import write_json
 from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
-from enn_core.runtime import secret
+from enn_core.runtime import secret, spare
 from enn_core.runtime.dist import STALE_ENV
-from enn_core.runtime.entry import RESULTS, WARM, read_results
+from enn_core.runtime.entry import RESULTS, read_results
 from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats
 from enn_core.runtime.parent import (
     clear_graceful_stop,
@@ -115,87 +115,17 @@ LIVENESS_FLOOR_S = 15.0
 NOT_RETRIED = ("UnauthenticatedWrite", "RendezvousNodesDiffer")
 
 
-@dataclass
-class Spare:
-    """A worker started before its job (`spare_worker`)."""
-
-    proc: subprocess.Popen[bytes]
-    env: dict[str, str]
-    own_group: bool
-
-
-_spare: list[Spare] = []  # at most one
-_spare_lock = threading.Lock()
-# Variables a spare may see change between its start and its job: the tools' settings of the
-# parent (MLflow's client sets MLFLOW_TRACKING_URI when the run's tracker starts), which the
-# worker's imports never read; the job's values are applied when it is handed over.
-LATE_VARIABLES = ("MLFLOW_", "PREFECT_")
-
-
 @contextlib.contextmanager
 def spare_worker(module: str, work_dir: Path) -> Iterator[None]:
-    """A spare worker importing `module` while the block runs; the next one-worker job of a
-    run directory under `work_dir` takes it; let go when the block ends."""
+    """A spare worker (enn_core.runtime.spare) importing `module` while the block runs; the
+    next one-worker job of a run directory under `work_dir` takes it; let go when the block
+    ends."""
     env = child_env(Path(work_dir) / "runs" / "spare" / "worker", 1)
-    own = in_terminal_foreground()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "enn_core.runtime.entry", WARM, module],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=own,
-    )
-    spare = Spare(proc, env, own)
-    with _spare_lock:
-        before, _spare[:] = list(_spare), [spare]
-    for old in before:  # a session inside another: the newer spare is the one to take
-        let_go(old)
+    made = spare.start(module, env, in_terminal_foreground())
     try:
         yield
     finally:
-        with _spare_lock:
-            unused = spare in _spare
-            if unused:
-                _spare.remove(spare)
-        if unused:
-            let_go(spare)
-
-
-def let_go(spare: Spare) -> None:
-    """An unused spare ends now (it holds nothing to clean up; it may still be importing)."""
-    with contextlib.suppress(OSError):
-        spare.proc.kill()
-    with contextlib.suppress(OSError):
-        assert spare.proc.stdin is not None
-        spare.proc.stdin.close()
-    spare.proc.wait()
-
-
-def take_spare(env: dict[str, str], own_group: bool) -> Spare | None:
-    """The spare, when it runs with `env` (but for `LATE_VARIABLES`) in the process group
-    the job needs; else None (a spare that does not match is let go)."""
-    with _spare_lock:
-        spare = _spare.pop() if _spare else None
-    if spare is None:
-        return None
-    changed = sorted(
-        k
-        for k in {*env, *spare.env}
-        if env.get(k) != spare.env.get(k) and not k.startswith(LATE_VARIABLES)
-    )
-    if spare.proc.poll() is None and not changed and spare.own_group == own_group:
-        return spare
-    log.debug(
-        "the spare worker does not fit the job (exit %s, variables %s, own group %s -> %s); "
-        "a fresh worker starts",
-        spare.proc.poll(),
-        changed,
-        spare.own_group,
-        own_group,
-    )
-    let_go(spare)
-    return None
+        spare.release(made)
 
 
 def free_port() -> int:
@@ -366,8 +296,8 @@ class Job:
         if self.direct:
             command = [sys.executable, "-m", "enn_core.runtime.entry", str(job_path)]
             log_file = self.run_dir / "logs" / "rank-0.log"
-            spare = take_spare(env, self.own_group)
-            if spare is not None and self.hand_over(spare, env, job_path, log_file):
+            given = spare.take_spare(env, self.own_group)
+            if given is not None and self.hand_over(given, env, job_path, log_file):
                 return
             env.update(one_worker_env(self.rdzv))
         with open(log_file, "ab") as out:
@@ -381,29 +311,11 @@ class Job:
             )
         self.started = time.time()
 
-    def hand_over(self, spare: Spare, env: dict[str, str], job_path: Path, log_file: Path) -> bool:
-        """The job to the spare (False if it died meanwhile: a fresh worker is started).
-        Its environment becomes the job's: `env` (the late variables' values, those unset
-        since its start removed) and the rank's variables."""
-        late = {k: v for k, v in env.items() if k.startswith(LATE_VARIABLES)}
-        unset = [k for k in spare.env if k.startswith(LATE_VARIABLES) and k not in env]
-        handed = {
-            "job": str(job_path),
-            "log": str(log_file),
-            "env": {**late, **one_worker_env(self.rdzv)},
-            "unset": unset,
-        }
-        assert spare.proc.stdin is not None
-        try:
-            spare.proc.stdin.write(json.dumps(handed).encode() + b"\n")
-            spare.proc.stdin.close()
-        except OSError:
-            let_go(spare)
+    def hand_over(self, given: spare.Spare, env: dict[str, str], job: Path, log: Path) -> bool:
+        """The job to a spare worker (False: it died meanwhile, start a fresh one)."""
+        if not spare.hand_over(given, env, one_worker_env(self.rdzv), job, log):
             return False
-        except BaseException:  # interrupted mid-hand-over: the spare is nobody's now
-            let_go(spare)
-            raise
-        self.proc = spare.proc
+        self.proc = given.proc
         self.started = time.time()
         self.from_spare = True
         return True

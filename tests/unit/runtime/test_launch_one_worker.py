@@ -77,7 +77,8 @@ def test_a_spare_worker_takes_the_job_and_an_unused_one_ends(tmp_path):
     """A spare (started before its job, importing the worker's module) is the process that
     runs the next one-worker job, its output in that job's log; one no job took ends with
     its block."""
-    from enn_core.runtime.launch import _spare, spare_worker
+    from enn_core.runtime.launch import spare_worker
+    from enn_core.runtime.spare import _spare
 
     run_dir = tmp_path / "work" / "runs" / "r1" / "distributed-train"  # a stage's, as a flow's
     with spare_worker("json", tmp_path / "work"):
@@ -95,7 +96,8 @@ def test_a_spare_worker_takes_the_job_and_an_unused_one_ends(tmp_path):
 def test_a_spare_that_does_not_fit_the_job_is_let_go(tmp_path, monkeypatch):
     """A variable changed since the spare started (it may have been read at import): the
     spare ends and a fresh worker runs the job."""
-    from enn_core.runtime.launch import _spare, spare_worker
+    from enn_core.runtime.launch import spare_worker
+    from enn_core.runtime.spare import _spare
 
     with spare_worker("json", tmp_path / "work"):
         spare = _spare[0].proc
@@ -108,7 +110,8 @@ def test_a_spare_that_does_not_fit_the_job_is_let_go(tmp_path, monkeypatch):
 def test_the_tools_settings_may_change_before_the_spare_is_taken(tmp_path, monkeypatch):
     """MLflow's client sets MLFLOW_TRACKING_URI when the run's tracker starts, after the
     spare did: the spare still takes the job, and runs it with the job's value."""
-    from enn_core.runtime.launch import _spare, spare_worker
+    from enn_core.runtime.launch import spare_worker
+    from enn_core.runtime.spare import _spare
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///before.db")
     run_dir = tmp_path / "work" / "runs" / "r1" / "distributed-train"
