@@ -111,7 +111,7 @@ def spare_for(
 
 
 @contextlib.contextmanager
-def pipeline_session(
+def pipeline_session(  # noqa: PLR0913  keyword options of the session every run opens
     cfg: RunConfig,
     config: Path,
     layout: Layout,
@@ -121,13 +121,17 @@ def pipeline_session(
     tags: dict[str, str] | None = None,
     group: ParentGroup | None = None,
     specs: tuple[StageSpec, ...] = (),
+    spare: bool = True,
 ) -> Iterator[PipelineSession]:
     """Lock the work directory, open the MLflow parent run (with the run's parameters), and
     close it with the right status, after adding the headline results of `specs`' outputs.
 
-    `cfg` is the run's config, loaded once from `config` by the entry point."""
+    `cfg` is the run's config, loaded once from `config` by the entry point. With `spare`
+    (unless the caller knows no stage will run), distributed-train's one worker starts now
+    (`spare_for`)."""
     root = layout.root
-    with pipeline_lock(layout.lock_file, name), spare_for(cfg, layout, specs):
+    early = spare_for(cfg, layout, specs) if spare else contextlib.nullcontext()
+    with pipeline_lock(layout.lock_file, name), early:
         tracker = None
         if cfg.tracking.enabled:
             from tasks.tracking import Tracker, git_commit
