@@ -19,6 +19,17 @@ from tests.fixtures.distributed import forged_state, sleeper
 pytestmark = pytest.mark.distributed
 
 
+def started_job(run, started, outcome) -> threading.Thread:
+    """`run` (a launch) in a thread, once its worker has written `started`."""
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.time() + 60
+    while not started.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert started.exists(), outcome
+    return thread
+
+
 @pytest.mark.parametrize("configured", [False, True])
 def test_a_local_process_writing_the_rendezvous_state_runs_nothing(
     tmp_path, monkeypatch, configured
@@ -44,12 +55,7 @@ def test_a_local_process_writing_the_rendezvous_state_runs_nothing(
         except BaseException as e:  # noqa: BLE001  the test reads it
             outcome["error"] = e
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.time() + 60
-    while not started.exists() and time.time() < deadline:
-        time.sleep(0.2)
-    assert started.exists(), outcome
+    thread = started_job(run, started, outcome)
     host, port = endpoint.split(":")  # a plain client, as any local user can make one
     attacker = tcp_store(host, int(port), is_master=False, timeout=dt.timedelta(seconds=10))
     attacker.set(f"torch.rendezvous.{job}", forged_state(str(marker)))
@@ -81,12 +87,7 @@ def test_a_one_worker_job_has_no_rendezvous_a_forged_state_runs_nothing(tmp_path
             rdzv=Rendezvous(endpoint=endpoint, run_id=job),
         )
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.time() + 60
-    while not started.exists() and time.time() < deadline:
-        time.sleep(0.1)
-    assert started.exists(), outcome
+    thread = started_job(run, started, outcome)
     host, port = endpoint.split(":")
     try:
         attacker = tcp_store(host, int(port), is_master=False, timeout=dt.timedelta(seconds=5))
