@@ -31,8 +31,9 @@ from enn_core.fault import FaultInjector
 from enn_core.model_code import check_dvc_deps
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
-from enn_core.stages import StageSpec
+from enn_core.stages import DISTRIBUTED_TRAIN, StageSpec
 from enn_core.summaries import StageSummary
+from tasks.warm import warm_later
 
 if TYPE_CHECKING:
     from tasks.tracking import Tracker
@@ -57,6 +58,7 @@ class PipelineSession:
     registration: Registration | None = None  # set by the stage that registers the model
     done: list[str] = field(default_factory=list)  # stages that ran or were up to date here
     one_off: str = ""  # why DVC neither skips nor records this run ("" when it may)
+    specs: tuple[StageSpec, ...] = ()  # the run's stages, in order (tasks/warm.py)
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,9 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             tracker.log_artifact(child_id, config_path)
         w0 = time.perf_counter()
         error: BaseException | None = None
+        if spec == DISTRIBUTED_TRAIN and spec in session.specs:  # this process waits on workers
+            later = session.specs[session.specs.index(spec) + 1 :]
+            warm_later(cfg, later, plots=tracker is not None)
         try:
             ctx.faults.at(spec.name)  # the stage's name is a fault phase (tests: raise, hang...)
             summary = spec.work(cfg, ctx)

@@ -160,6 +160,7 @@ def pipeline_session(  # noqa: PLR0913  keyword options of the session every run
             tracker=tracker,
             parent_id=parent,
             tags={k: v for k, v in (tags or {}).items() if k.startswith(("enn.", "prefect."))},
+            specs=specs,
         )
         try:
             yield session

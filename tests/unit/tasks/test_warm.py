@@ -1,0 +1,62 @@
+"""While distributed-train's workers run, the stages after it have their heavy imports made in
+the background: only those of the stages that will run, for the formats configured."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from enn_core.config import load_config
+from enn_core.stages import COLLAPSE_CHECK, EXPORT, PREDICT, VALIDATE
+from tasks.warm import later_imports
+from tests.fixtures.project import ROOT
+
+
+def test_the_later_stages_imports_follow_the_config():
+    cfg = load_config(None, [])
+    both = later_imports(cfg, (VALIDATE, PREDICT, COLLAPSE_CHECK, EXPORT))
+    assert "sklearn.ensemble" in both and "torch.export._trace" in both and "onnxruntime" in both
+    pt2 = load_config(None, ["export.formats=[torch_export]", "export.required=[torch_export]"])
+    assert "onnxruntime" not in later_imports(pt2, (EXPORT,))
+    assert later_imports(cfg, (PREDICT, COLLAPSE_CHECK)) == []
+
+
+def test_the_warm_thread_imports_them_and_matplotlib_headless():
+    """In a fresh interpreter (this one has them already): after the thread, the modules are
+    loaded and pyplot is on Agg (no display is ever opened)."""
+    code = (
+        "import sys\n"
+        "from enn_core.config import load_config\n"
+        "from enn_core.stages import VALIDATE, EXPORT\n"
+        "from tasks.warm import warm_later\n"
+        "warm_later(load_config(None, []), (VALIDATE, EXPORT), plots=True).join()\n"
+        "import matplotlib\n"
+        "print(sorted(m for m in ('sklearn.ensemble', 'torch.export._trace', 'onnxruntime',"
+        " 'matplotlib.pyplot') if m in sys.modules), matplotlib.get_backend().lower())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split("\n")[0] == (
+        "['matplotlib.pyplot', 'onnxruntime', 'sklearn.ensemble', 'torch.export._trace'] agg"
+    ), out.stdout + out.stderr
+
+
+def test_only_the_warm_thread_runs_at_idle_priority():
+    """The idle class is set on the calling thread: the process's other threads (the flow, the
+    watchdog) keep their priority. In a fresh interpreter, so that this one stays as it is."""
+    code = (
+        "import os, threading\n"
+        "from tasks.warm import idle_priority\n"
+        "seen = {}\n"
+        "def run():\n"
+        "    seen['set'] = idle_priority()\n"
+        "    seen['thread'] = os.sched_getscheduler(0)\n"
+        "t = threading.Thread(target=run); t.start(); t.join()\n"
+        "print(seen['set'], seen['thread'] == os.SCHED_IDLE,"
+        " os.sched_getscheduler(0) == os.SCHED_OTHER)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr
