@@ -32,18 +32,18 @@ import math
 import platform
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
 from torch.export import Dim, ExportedProgram
 
-from enn_core import export_cache
+from enn_core import export_cache, export_helper
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.collapse.report import read_report
-from enn_core.config import ExportConfig, RunConfig
+from enn_core.config import ExportConfig, RunConfig, to_plain
 from enn_core.errors import ExportError
 from enn_core.inference import (
     CALIBRATION_FILE,
@@ -59,6 +59,10 @@ from enn_core.inference import (
 from enn_core.model_code import ModelCode
 from enn_core.stage import StageContext
 from enn_core.summaries import ExportSummary
+
+if TYPE_CHECKING:
+    from enn_core.data.dataset import StagedDataset
+    from enn_core.inference import Checkpoint
 
 SIDECAR_VERSION = 1
 INPUT_NAME, OUTPUT_NAME = "features", "prediction"
@@ -398,12 +402,26 @@ def build_sidecar(
     }
 
 
-def run(
-    cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path, calibration: Path
-) -> ExportSummary:
-    """The export stage; raises ExportError (writing nothing into its output) on failure."""
-    code = ModelCode.of(cfg.model, ctx.layout.root)
-    ds, model, ckpt = load_trained(staged, trained, ctx.stage, code)
+@dataclass(frozen=True)
+class Inputs:
+    """What export reads: the staged data, the trained checkpoint, the chosen calibration, the
+    prediction path they make (fp32) and its held-out rows."""
+
+    ds: StagedDataset
+    ckpt: Checkpoint
+    cal: Calibration
+    path: PredictionPath
+    heldout: np.ndarray
+    std: float
+    model_path: Path
+
+
+def prediction_inputs(
+    cfg: RunConfig, root: Path, stage: str, staged: Path, trained: Path, calibration: Path
+) -> Inputs:
+    """The export's inputs, checked (the same in the stage and in enn_core.export_helper)."""
+    code = ModelCode.of(cfg.model, root)
+    ds, model, ckpt = load_trained(staged, trained, stage, code)
     cal, cal_meta = load_calibration(calibration)
     report = read_report(calibration)
     refuse_batch_dependent(cal, report.cause.batch_dependence if report else None)
@@ -415,9 +433,40 @@ def run(
         np.concatenate([np.asarray(ds.split("val")), np.asarray(ds.split("test"))])
     )
     heldout = np.asarray(ds.features[heldout_rows], dtype=np.float32)
+    return Inputs(ds, ckpt, cal, path, heldout, label_std(ds), model_path)
+
+
+def programs(
+    cfg: RunConfig, ctx: StageContext, inputs: Inputs, out: Path, sources: tuple[Path, ...]
+) -> dict[str, dict[str, Any]]:
+    """`export_all` into `out`: in the helper the flow started (enn_core.export_helper), else
+    here."""
+    say: Callable[[str], None] = lambda line: ctx.logger.info("%s: %s", ctx.stage, line)  # noqa: E731
+    helper = export_helper.take()
+    if helper is None:
+        return export_all(inputs.path, inputs.heldout, out, cfg.export, inputs.std, say)
+    ctx.logger.debug("%s: in its helper process %d", ctx.stage, helper.proc.pid)
+    request = {
+        "config": to_plain(cfg),
+        "root": str(ctx.layout.root),
+        "stage": ctx.stage,
+        "inputs": [str(p) for p in sources],
+        "out": str(out),
+        "log": str(Path(ctx.run_dir) / "logs" / "export-helper.log"),
+    }
+    (Path(ctx.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+    return export_helper.run(helper, request, say, ctx.cancel)
+
+
+def run(
+    cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path, calibration: Path
+) -> ExportSummary:
+    """The export stage; raises ExportError (writing nothing into its output) on failure."""
+    inputs = prediction_inputs(cfg, ctx.layout.root, ctx.stage, staged, trained, calibration)
+    ds, ckpt, cal, heldout = inputs.ds, inputs.ckpt, inputs.cal, inputs.heldout
     ident = {
         "data_fingerprint": ds.fingerprint,
-        "model_sha256": sha256_file(model_path),
+        "model_sha256": sha256_file(inputs.model_path),
         "heldout_rows": int(len(heldout)),
     }
     cache: Path | None = None
@@ -435,14 +484,7 @@ def run(
             )
         else:
             try:
-                results = export_all(
-                    path,
-                    heldout,
-                    tmp,
-                    cfg.export,
-                    label_std(ds),
-                    say=lambda line: ctx.logger.info("%s: %s", ctx.stage, line),
-                )
+                results = programs(cfg, ctx, inputs, tmp, (staged, trained, calibration))
             except ExportError as e:
                 write_json(Path(ctx.run_dir) / "export-failure.json", {"error": str(e)})
                 ctx.events.event("export_failed", error=str(e))

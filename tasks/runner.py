@@ -31,9 +31,9 @@ from enn_core.fault import FaultInjector
 from enn_core.model_code import check_dvc_deps
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
-from enn_core.stages import DISTRIBUTED_TRAIN, StageSpec
+from enn_core.stages import StageSpec
 from enn_core.summaries import StageSummary
-from tasks.warm import warm_later
+from tasks.warm import before_stage
 
 if TYPE_CHECKING:
     from tasks.tracking import Tracker
@@ -156,9 +156,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             tracker.log_artifact(child_id, config_path)
         w0 = time.perf_counter()
         error: BaseException | None = None
-        if spec == DISTRIBUTED_TRAIN and spec in session.specs:  # this process waits on workers
-            later = session.specs[session.specs.index(spec) + 1 :]
-            warm_later(cfg, later, plots=tracker is not None)
+        before_stage(cfg, spec, session.specs, plots=tracker is not None)
         try:
             ctx.faults.at(spec.name)  # the stage's name is a fault phase (tests: raise, hang...)
             summary = spec.work(cfg, ctx)

@@ -1,8 +1,13 @@
-"""The heavy imports of the stages after distributed-train, made in a background thread while
-its workers train (this process only watches them then): matplotlib for the loss curves drawn
-when training ends, scikit-learn for validate's fitted baselines, torch.export's tracer and the
-ONNX exporter for export. They are about 2.5 s of imports that otherwise fall inside those
-stages, on the critical path of `enn run` (bench/bench_quickstart.py, docs/benchmarks.md).
+"""What the stages after distributed-train need, made ready while earlier stages run.
+
+- While distributed-train's workers train (this process only watches them then), a background
+thread imports matplotlib for the loss curves drawn when training ends and scikit-learn for
+validate's fitted baselines: about 1.5 s of imports that otherwise fall inside those stages,
+on the critical path of `enn run` (bench/bench_quickstart.py, docs/benchmarks.md).
+- When validate starts and export will follow, export's helper process starts
+(enn_core.export_helper): it imports torch.export's tracer and the ONNX exporter on the core
+validate, predict and collapse-check leave idle, then makes export's programs in its own
+process. An unused helper is stopped when the session ends (`end_of_session`).
 
 The thread runs at the kernel's idle priority (SCHED_IDLE, this thread only): the workers use
 every core while they train, and a thread at normal priority took its share from them (the
@@ -19,23 +24,19 @@ import os
 import threading
 from collections.abc import Sequence
 
+from enn_core import export_helper
 from enn_core.config import RunConfig
-from enn_core.stages import EXPORT, VALIDATE, StageSpec
+from enn_core.stages import DISTRIBUTED_TRAIN, EXPORT, VALIDATE, StageSpec
 
 log = logging.getLogger("enn.warm")
 LATER: dict[str, tuple[str, ...]] = {
     VALIDATE.name: ("sklearn.linear_model", "sklearn.ensemble"),
-    EXPORT.name: ("torch.export._trace",),
 }
-ONNX = ("torch.onnx._internal.exporter._core", "onnxruntime")  # export.formats has onnx
 
 
-def later_imports(cfg: RunConfig, later: Sequence[StageSpec]) -> list[str]:
+def later_imports(later: Sequence[StageSpec]) -> list[str]:
     """The modules the stages `later` import when they run, for this config, in that order."""
-    names = [m for spec in later for m in LATER.get(spec.name, ())]
-    if EXPORT in later and "onnx" in cfg.export.formats:
-        names += ONNX
-    return names
+    return [m for spec in later for m in LATER.get(spec.name, ())]
 
 
 def idle_priority() -> bool:
@@ -51,11 +52,25 @@ def idle_priority() -> bool:
     return True
 
 
-def warm_later(cfg: RunConfig, later: Sequence[StageSpec], plots: bool) -> threading.Thread:
+def before_stage(cfg: RunConfig, spec: StageSpec, specs: Sequence[StageSpec], plots: bool) -> None:
+    """What to start as `spec` of the run's `specs` starts (`plots`: the run is tracked)."""
+    later = specs[specs.index(spec) + 1 :] if spec in specs else ()
+    if spec == DISTRIBUTED_TRAIN:
+        warm_later(later, plots)
+    elif spec == VALIDATE and EXPORT in later:
+        export_helper.start(cfg.export.formats)
+
+
+def end_of_session() -> None:
+    """A helper no export took is stopped."""
+    export_helper.release_unused()
+
+
+def warm_later(later: Sequence[StageSpec], plots: bool) -> threading.Thread:
     """Import what `later` needs (matplotlib first when `plots`: the tracker draws the loss
     curves as distributed-train ends) in a daemon thread at idle priority; returns it (tests
     join it)."""
-    names = later_imports(cfg, later)
+    names = later_imports(later)
 
     def run() -> None:
         idle_priority()

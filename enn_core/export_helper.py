@@ -1,0 +1,227 @@
+"""export's programs made in a helper process that started before the stage.
+
+Tracing and converting take seconds of imports (torch.export's tracer, the ONNX exporter) and
+of single-threaded Python, so the flow starts a helper when validate starts (tasks/warm.py):
+
+    python -m enn_core.export_helper <module> ...
+
+imports those modules on the core validate, predict and collapse-check leave idle, then waits
+for one request on standard input (one JSON line: the run's config, the stage's inputs, the
+folder the programs go to, a log file). It answers on standard output, one JSON line per
+message: `{"say": line}` as each part starts, then `{"results": ...}` or `{"error": line}`.
+End of input before a request means it was not needed. Only the parent holds the pipes: the
+request never comes from a file. It dies with its parent and with the parent's process group
+(Ctrl-C); the parent kills it when the stage is cancelled or interrupted. `enn export`, `dvc
+repro` and any run without a helper export in their own process, with the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from enn_core import errors
+from enn_core.errors import EnnError, ExportError
+
+log = logging.getLogger("enn.export")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+ONNX_MODULES = ("torch.onnx._internal.exporter._core", "onnxruntime")
+
+
+@dataclass
+class Helper:
+    proc: subprocess.Popen[bytes]
+
+
+_helper: list[Helper] = []  # at most one, taken by the next export
+_lock = threading.Lock()
+
+
+def modules(formats: tuple[str, ...]) -> list[str]:
+    """What the export of `formats` imports beyond this module."""
+    return ["enn_core.export", "torch.export._trace", *(ONNX_MODULES if "onnx" in formats else ())]
+
+
+def start(formats: tuple[str, ...]) -> Helper:
+    """A helper importing what `formats` need, the one the next export takes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enn_core.export_helper", *modules(formats)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    helper = Helper(proc)
+    with _lock:
+        before, _helper[:] = list(_helper), [helper]
+    for old in before:
+        stop(old)
+    return helper
+
+
+def stop(helper: Helper) -> None:
+    with contextlib.suppress(OSError):
+        helper.proc.kill()
+    for pipe in (helper.proc.stdin, helper.proc.stdout):
+        with contextlib.suppress(OSError):
+            assert pipe is not None
+            pipe.close()
+    helper.proc.wait()
+
+
+def release(helper: Helper) -> None:
+    """`helper` stopped unless an export took it."""
+    with _lock:
+        unused = helper in _helper
+        if unused:
+            _helper.remove(helper)
+    if unused:
+        stop(helper)
+
+
+def release_unused() -> None:
+    """The helper no export took, stopped."""
+    with _lock:
+        unused, _helper[:] = list(_helper), []
+    for helper in unused:
+        stop(helper)
+
+
+def take() -> Helper | None:
+    """The running helper (None: there is none, or it ended; export runs here then)."""
+    with _lock:
+        helper = _helper.pop() if _helper else None
+    if helper is not None and helper.proc.poll() is not None:
+        stop(helper)
+        return None
+    return helper
+
+
+def run(
+    helper: Helper,
+    request: dict[str, Any],
+    say: Callable[[str], None],
+    cancel: threading.Event | None,
+) -> dict[str, dict[str, Any]]:
+    """`request` done by `helper`: its results, or its ExportError raised here."""
+    lines: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+    assert helper.proc.stdin is not None and helper.proc.stdout is not None
+    out = helper.proc.stdout
+
+    def read() -> None:
+        for line in iter(out.readline, b""):
+            lines.put(line)
+        lines.put(b"")
+
+    try:
+        try:
+            helper.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            helper.proc.stdin.close()
+        except (OSError, ValueError):  # it ended before the request: said below
+            pass
+        threading.Thread(target=read, name="enn-export-helper", daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if cancel is not None and cancel.is_set():
+                    raise ExportError("export cancelled; its helper process was stopped") from None
+                continue
+            if not line:
+                break
+            msg = json.loads(line)
+            if "say" in msg:
+                say(str(msg["say"]))
+            elif "error" in msg:
+                cls = getattr(errors, str(msg.get("type", "")), ExportError)
+                ok = isinstance(cls, type) and issubclass(cls, EnnError)
+                raise (cls if ok else ExportError)(str(msg["error"]))
+            else:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    helper.proc.wait(10)  # it exits as it answers
+                stop(helper)
+                return dict(msg["results"])
+    except BaseException:
+        stop(helper)
+        raise
+    code = helper.proc.wait()
+    raise ExportError(
+        f"export: its helper process ended (exit {code}) before it answered; see "
+        f"{request['log']} for why"
+    )
+
+
+def serve(request: dict[str, Any], reply: TextIO) -> dict[str, Any]:
+    """One request, in the helper: the export's results, or its error (class and line)."""
+    from enn_core.config import RunConfig
+    from enn_core.config.loader import build
+    from enn_core.export import export_all, prediction_inputs
+
+    def say(line: str) -> None:
+        print(json.dumps({"say": line}), file=reply, flush=True)
+
+    try:
+        cfg = build(RunConfig, request["config"], root=RunConfig, where="the export request")
+        inputs = prediction_inputs(
+            cfg, Path(request["root"]), request["stage"], *map(Path, request["inputs"])
+        )
+        out = Path(request["out"])
+        return {
+            "results": export_all(inputs.path, inputs.heldout, out, cfg.export, inputs.std, say)
+        }
+    except EnnError as e:
+        return {"error": str(e), "type": type(e).__name__}
+    except Exception as e:  # noqa: BLE001 - one line for the parent, the trace in the log
+        traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return {"error": f"export: {type(e).__name__}: {first}; see {request['log']}"}
+
+
+def main(argv: list[str]) -> int:
+    from enn_core.runtime.parent import die_with_parent
+
+    die_with_parent()
+    failed: Exception | None = None
+    try:
+        for name in argv:
+            importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - the request's error
+        failed = e
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    request = json.loads(line)
+    reply = os.fdopen(os.dup(1), "w")  # the answers; prints, warnings and logs go to the log
+    logged = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    for fd in (1, 2):
+        os.dup2(logged, fd)
+    os.close(logged)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if failed is not None:
+        answer = {
+            "error": f"export: importing its modules failed ({type(failed).__name__}: "
+            f"{failed}); check the installation (pip install -c constraints.txt -e .)"
+        }
+    else:
+        answer = serve(request, reply)
+    print(json.dumps(answer), file=reply, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    from enn_core.runtime.parent import exit_process
+
+    exit_process(main(sys.argv[1:]))

@@ -1,0 +1,100 @@
+"""export in its helper process (enn_core.export_helper), as the training flow runs it: the
+helper starts before the stage, imports the exporters, and makes the same programs the stage
+makes in its own process; its errors are the stage's, with their class; a cancelled or unused
+helper is gone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+
+import pytest
+
+from enn_core import export_helper
+from enn_core.config import ExportConfig, to_plain
+from enn_core.errors import ExportError, StaleOutputError
+from enn_core.stages import COLLAPSE_CHECK, EXPORT
+from tests.unit.stages.test_evaluation_stages import _ctx, _project
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+PT2 = ExportConfig(formats=("torch_export",), required=("torch_export",))
+
+
+@pytest.fixture(autouse=True)
+def _no_helper_left():
+    yield
+    export_helper.release_unused()
+
+
+def _trained(tmp_path):
+    cfg = dataclasses.replace(_project(tmp_path, steps=150), export=PT2)
+    COLLAPSE_CHECK.work(cfg, _ctx(cfg, tmp_path, COLLAPSE_CHECK))
+    return cfg
+
+
+def test_the_helper_makes_the_programs_the_stage_makes_here(tmp_path, caplog):
+    cfg = _trained(tmp_path)
+    out = tmp_path / "outputs" / "export"
+    EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))  # no helper: in this process
+    here = json.loads((out / "parity.json").read_text())
+    sidecar = json.loads((out / "sidecar.json").read_text())
+    for cache in (tmp_path / "work" / "cache").glob("export"):
+        import shutil
+
+        shutil.rmtree(cache)
+    helper = export_helper.start(cfg.export.formats)
+    with caplog.at_level(logging.INFO, logger="enn"):
+        EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
+    assert helper.proc.poll() == 0, "the helper answered and exited"
+    # its lines reach the stage's log as it works; its own output went to its log file
+    assert "export: tracing the prediction path" in caplog.text
+    assert "export: model.pt2: writing it, then parity on 40 held-out rows" in caplog.text
+    log = tmp_path / "work" / "runs" / "test" / "export" / "logs" / "export-helper.log"
+    assert log.is_file()
+    assert json.loads((out / "parity.json").read_text()) == here
+    again = json.loads((out / "sidecar.json").read_text())
+    assert again["formats"] == sidecar["formats"]  # the same program bytes (sha256)
+
+
+def test_its_errors_are_the_stages_with_their_class_and_an_unused_helper_is_gone(tmp_path):
+    cfg = dataclasses.replace(_project(tmp_path, steps=1), export=PT2)
+    helper = export_helper.start(cfg.export.formats)
+    assert export_helper.take() is helper
+    request = {
+        "config": to_plain(cfg),
+        "root": str(tmp_path),
+        "stage": "export",
+        "inputs": [str(tmp_path / "outputs" / d) for d in ("stage-data", "distributed-train")]
+        + [str(tmp_path / "nowhere")],  # no calibration: collapse-check never ran
+        "out": str(tmp_path / "out"),
+        "log": str(tmp_path / "helper.log"),
+    }
+    with pytest.raises(StaleOutputError, match="collapse-check"):
+        export_helper.run(helper, request, lambda line: None, None)
+    assert helper.proc.poll() is not None
+
+    # killed before its request: one line that names its log, not a broken pipe
+    helper = export_helper.start(cfg.export.formats)
+    helper.proc.kill()
+    helper.proc.wait()
+    with pytest.raises(ExportError, match=r"helper process ended \(exit -9\).*helper.log"):
+        export_helper.run(helper, request, lambda line: None, None)
+    ended = export_helper.start(cfg.export.formats).proc
+    ended.kill()
+    ended.wait()
+    assert export_helper.take() is None  # an ended helper is not taken: export runs here
+
+    # cancelled while it works: stopped at once
+    helper = export_helper.start(cfg.export.formats)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(ExportError, match="cancelled"):
+        export_helper.run(export_helper.take() or helper, request, lambda line: None, cancel)
+    assert helper.proc.poll() is not None
+
+    # started and never taken: the session's end stops it
+    helper = export_helper.start(cfg.export.formats)
+    export_helper.release_unused()
+    assert helper.proc.poll() is not None and export_helper.take() is None
