@@ -35,9 +35,9 @@ def test_the_warm_thread_imports_them_and_matplotlib_headless():
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    assert out.stdout.split("\n")[0] == (
-        "['matplotlib.pyplot', 'sklearn.ensemble'] agg"
-    ), out.stdout + out.stderr
+    assert out.stdout.split("\n")[0] == ("['matplotlib.pyplot', 'sklearn.ensemble'] agg"), (
+        out.stdout + out.stderr
+    )
 
 
 def test_only_the_warm_thread_runs_at_idle_priority():
