@@ -439,23 +439,39 @@ def prediction_inputs(
 def programs(
     cfg: RunConfig, ctx: StageContext, inputs: Inputs, out: Path, sources: tuple[Path, ...]
 ) -> dict[str, dict[str, Any]]:
-    """`export_all` into `out`: in the helper the flow started (enn_core.export_helper), else
-    here."""
+    """`export_all` into `out`. With the helper the flow started (enn_core.export_helper), the
+    helper makes the ONNX model while this process makes the torch.export program (both trace
+    the same path; one format: the helper makes it); else every format here."""
     say: Callable[[str], None] = lambda line: ctx.logger.info("%s: %s", ctx.stage, line)  # noqa: E731
+    ex = cfg.export
     helper = export_helper.take()
     if helper is None:
-        return export_all(inputs.path, inputs.heldout, out, cfg.export, inputs.std, say)
-    ctx.logger.debug("%s: in its helper process %d", ctx.stage, helper.proc.pid)
-    request = {
-        "config": to_plain(cfg),
-        "root": str(ctx.layout.root),
-        "stage": ctx.stage,
-        "inputs": [str(p) for p in sources],
-        "out": str(out),
-        "log": str(Path(ctx.run_dir) / "logs" / "export-helper.log"),
-    }
+        return export_all(inputs.path, inputs.heldout, out, ex, inputs.std, say)
+    here = ("torch_export",) if len(ex.formats) > 1 and "torch_export" in ex.formats else ()
+    there = tuple(f for f in ex.formats if f not in here)
     (Path(ctx.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
-    return export_helper.run(helper, request, say, ctx.cancel)
+    pending = export_helper.send(
+        helper,
+        {
+            "config": to_plain(cfg),
+            "formats": list(there),
+            "root": str(ctx.layout.root),
+            "stage": ctx.stage,
+            "inputs": [str(p) for p in sources],
+            "out": str(out),
+            "log": str(Path(ctx.run_dir) / "logs" / "export-helper.log"),
+        },
+    )
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        if here:
+            mine = replace(ex, formats=here, required=tuple(f for f in ex.required if f in here))
+            results = export_all(inputs.path, inputs.heldout, out, mine, inputs.std, say)
+    except BaseException:
+        export_helper.stop(helper)
+        raise
+    results.update(export_helper.answer(pending, say, ctx.cancel))
+    return {f: results[f] for f in ex.formats}
 
 
 def run(

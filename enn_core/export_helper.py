@@ -28,7 +28,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -108,32 +108,46 @@ def take() -> Helper | None:
     return helper
 
 
-def run(
-    helper: Helper,
-    request: dict[str, Any],
-    say: Callable[[str], None],
-    cancel: threading.Event | None,
-) -> dict[str, dict[str, Any]]:
-    """`request` done by `helper`: its results, or its ExportError raised here."""
+@dataclass
+class Pending:
+    """A request the helper works on; its messages arrive in `lines`."""
+
+    helper: Helper
+    request: dict[str, Any]
+    lines: queue.SimpleQueue[bytes]
+
+
+def send(helper: Helper, request: dict[str, Any]) -> Pending:
+    """`request` to `helper`, which starts on it; `answer` waits for its end."""
     lines: queue.SimpleQueue[bytes] = queue.SimpleQueue()
     assert helper.proc.stdin is not None and helper.proc.stdout is not None
     out = helper.proc.stdout
 
     def read() -> None:
-        for line in iter(out.readline, b""):
-            lines.put(line)
+        with contextlib.suppress(OSError, ValueError):  # stopped: the pipe is closed
+            for line in iter(out.readline, b""):
+                lines.put(line)
         lines.put(b"")
 
     try:
-        try:
-            helper.proc.stdin.write(json.dumps(request).encode() + b"\n")
-            helper.proc.stdin.close()
-        except (OSError, ValueError):  # it ended before the request: said below
-            pass
-        threading.Thread(target=read, name="enn-export-helper", daemon=True).start()
+        helper.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        helper.proc.stdin.close()
+    except (OSError, ValueError):  # it ended before the request: `answer` says so
+        pass
+    threading.Thread(target=read, name="enn-export-helper", daemon=True).start()
+    return Pending(helper, request, lines)
+
+
+def answer(
+    pending: Pending, say: Callable[[str], None], cancel: threading.Event | None
+) -> dict[str, dict[str, Any]]:
+    """The results of `pending` (its lines to `say` as they come), or its error raised here
+    with its class; the helper is stopped when it ends, fails or is cancelled."""
+    helper = pending.helper
+    try:
         while True:
             try:
-                line = lines.get(timeout=0.2)
+                line = pending.lines.get(timeout=0.2)
             except queue.Empty:
                 if cancel is not None and cancel.is_set():
                     raise ExportError("export cancelled; its helper process was stopped") from None
@@ -150,16 +164,23 @@ def run(
             else:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     helper.proc.wait(10)  # it exits as it answers
-                stop(helper)
                 return dict(msg["results"])
-    except BaseException:
+    finally:
         stop(helper)
-        raise
-    code = helper.proc.wait()
     raise ExportError(
-        f"export: its helper process ended (exit {code}) before it answered; see "
-        f"{request['log']} for why"
+        f"export: its helper process ended (exit {helper.proc.returncode}) before it "
+        f"answered; see {pending.request['log']} for why"
     )
+
+
+def run(
+    helper: Helper,
+    request: dict[str, Any],
+    say: Callable[[str], None],
+    cancel: threading.Event | None,
+) -> dict[str, dict[str, Any]]:
+    """`request` done by `helper`: its results, or its error raised here."""
+    return answer(send(helper, request), say, cancel)
 
 
 def serve(request: dict[str, Any], reply: TextIO) -> dict[str, Any]:
@@ -176,10 +197,11 @@ def serve(request: dict[str, Any], reply: TextIO) -> dict[str, Any]:
         inputs = prediction_inputs(
             cfg, Path(request["root"]), request["stage"], *map(Path, request["inputs"])
         )
+        formats = tuple(request.get("formats") or cfg.export.formats)
+        required = tuple(f for f in cfg.export.required if f in formats)
+        ex = replace(cfg.export, formats=formats, required=required)
         out = Path(request["out"])
-        return {
-            "results": export_all(inputs.path, inputs.heldout, out, cfg.export, inputs.std, say)
-        }
+        return {"results": export_all(inputs.path, inputs.heldout, out, ex, inputs.std, say)}
     except EnnError as e:
         return {"error": str(e), "type": type(e).__name__}
     except Exception as e:  # noqa: BLE001 - one line for the parent, the trace in the log

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import threading
 
 import pytest
@@ -20,6 +21,7 @@ from tests.unit.stages.test_evaluation_stages import _ctx, _project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 PT2 = ExportConfig(formats=("torch_export",), required=("torch_export",))
+BOTH = ExportConfig()  # torch_export here, onnx in the helper
 
 
 @pytest.fixture(autouse=True)
@@ -28,22 +30,20 @@ def _no_helper_left():
     export_helper.release_unused()
 
 
-def _trained(tmp_path):
-    cfg = dataclasses.replace(_project(tmp_path, steps=150), export=PT2)
+def _trained(tmp_path, export=PT2):
+    cfg = dataclasses.replace(_project(tmp_path, steps=150), export=export)
     COLLAPSE_CHECK.work(cfg, _ctx(cfg, tmp_path, COLLAPSE_CHECK))
     return cfg
 
 
-def test_the_helper_makes_the_programs_the_stage_makes_here(tmp_path, caplog):
-    cfg = _trained(tmp_path)
+@pytest.mark.parametrize("export", [PT2, BOTH], ids=["one-format", "two-formats"])
+def test_the_helper_makes_the_programs_the_stage_makes_here(tmp_path, caplog, export):
+    cfg = _trained(tmp_path, export)
     out = tmp_path / "outputs" / "export"
     EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))  # no helper: in this process
     here = json.loads((out / "parity.json").read_text())
     sidecar = json.loads((out / "sidecar.json").read_text())
-    for cache in (tmp_path / "work" / "cache").glob("export"):
-        import shutil
-
-        shutil.rmtree(cache)
+    shutil.rmtree(tmp_path / "work" / "cache" / "export")
     helper = export_helper.start(cfg.export.formats)
     with caplog.at_level(logging.INFO, logger="enn"):
         EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
@@ -51,11 +51,13 @@ def test_the_helper_makes_the_programs_the_stage_makes_here(tmp_path, caplog):
     # its lines reach the stage's log as it works; its own output went to its log file
     assert "export: tracing the prediction path" in caplog.text
     assert "export: model.pt2: writing it, then parity on 40 held-out rows" in caplog.text
+    assert ("model.onnx: writing it" in caplog.text) == ("onnx" in export.formats)
     log = tmp_path / "work" / "runs" / "test" / "export" / "logs" / "export-helper.log"
     assert log.is_file()
     assert json.loads((out / "parity.json").read_text()) == here
     again = json.loads((out / "sidecar.json").read_text())
     assert again["formats"] == sidecar["formats"]  # the same program bytes (sha256)
+    assert set(again["formats"]) == set(export.formats)
 
 
 def test_its_errors_are_the_stages_with_their_class_and_an_unused_helper_is_gone(tmp_path):
