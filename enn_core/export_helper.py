@@ -8,7 +8,10 @@ of single-threaded Python, so the flow starts a helper when validate starts (tas
 imports those modules on the core validate, predict and collapse-check leave idle, then waits
 for one request on standard input (one JSON line: the run's config, the stage's inputs, the
 folder the programs go to, a log file). It answers on standard output, one JSON line per
-message: `{"say": line}` as each part starts, then `{"results": ...}` or `{"error": line}`.
+message: `{"say": line}` as each part starts, then `{"results": ...}`, `{"error": line}`, or
+`{"interrupted": true}` when Ctrl-C reached it (the parent then stops as interrupted: its own
+KeyboardInterrupt can be lost, raised inside a finalizer while torch traces, which Python only
+prints as "Exception ignored").
 End of input before a request means it was not needed. Only the parent holds the pipes: the
 request never comes from a file. It dies with its parent and with the parent's process group
 (Ctrl-C); the parent kills it when the stage is cancelled or interrupted. `enn export`, `dvc
@@ -157,6 +160,10 @@ def answer(
             msg = json.loads(line)
             if "say" in msg:
                 say(str(msg["say"]))
+            elif msg.get("interrupted"):
+                # its group's Ctrl-C: this process's own may have been lost (raised inside a
+                # finalizer, Python only prints it), so the stage stops here either way
+                raise KeyboardInterrupt
             elif "error" in msg:
                 cls = getattr(errors, str(msg.get("type", "")), ExportError)
                 ok = isinstance(cls, type) and issubclass(cls, EnnError)
@@ -238,7 +245,10 @@ def main(argv: list[str]) -> int:
             f"{failed}); check the installation (pip install -c constraints.txt -e .)"
         }
     else:
-        answer = serve(request, reply)
+        try:
+            answer = serve(request, reply)
+        except KeyboardInterrupt:  # Ctrl-C reached the group: the parent stops too (`answer`)
+            answer = {"interrupted": True}
     print(json.dumps(answer), file=reply, flush=True)
     return 0
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
+import signal
 import threading
 
 import pytest
@@ -100,3 +102,31 @@ def test_its_errors_are_the_stages_with_their_class_and_an_unused_helper_is_gone
     helper = export_helper.start(cfg.export.formats)
     export_helper.release_unused()
     assert helper.proc.poll() is not None and export_helper.take() is None
+
+
+def test_ctrl_c_that_reaches_the_helper_stops_the_stage_as_interrupted(tmp_path):
+    """Ctrl-C reaches the whole group; this process's own KeyboardInterrupt can be lost (raised
+    inside a finalizer while torch traces, Python only prints it), so the helper's counts."""
+    cfg = _trained(tmp_path)
+    helper = export_helper.start(cfg.export.formats)
+    request = {
+        "config": to_plain(cfg),
+        "root": str(tmp_path),
+        "stage": "export",
+        "inputs": [
+            str(tmp_path / "outputs" / d)
+            for d in ("stage-data", "distributed-train", "collapse-check")
+        ],
+        "out": str(tmp_path / "out"),
+        "log": str(tmp_path / "helper.log"),
+    }
+    (tmp_path / "out").mkdir()
+
+    def interrupt(line: str) -> None:  # its first line: it works on the request now
+        if helper.proc.poll() is None:
+            os.kill(helper.proc.pid, signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        export_helper.run(helper, request, interrupt, None)
+    assert helper.proc.poll() is not None
+    assert "KeyboardInterrupt" not in (tmp_path / "helper.log").read_text()  # no traceback
