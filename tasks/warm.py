@@ -2,8 +2,9 @@
 
 - While distributed-train's workers train (this process only watches them then), a background
 thread imports matplotlib for the loss curves drawn when training ends and scikit-learn for
-validate's fitted baselines: about 1.5 s of imports that otherwise fall inside those stages,
-on the critical path of `enn run` (bench/bench_quickstart.py, docs/benchmarks.md).
+validate's fitted baselines, and builds MLflow's map of the installed packages (export's model
+logging checks its requirements against it): about 1.8 s that otherwise fall inside those
+stages, on the critical path of `enn run` (bench/bench_quickstart.py, docs/benchmarks.md).
 - When validate starts and export will follow, export's helper process starts
 (enn_core.export_helper): it imports torch.export's tracer and the ONNX exporter on the core
 validate, predict and collapse-check leave idle, then makes export's programs in its own
@@ -66,6 +67,16 @@ def end_of_session() -> None:
     export_helper.release_unused()
 
 
+def installed_packages() -> None:
+    """MLflow's map of the installed packages' modules, which it builds (a stat of every file
+    of every installed package: 0.3 s) the first time it checks a model's requirements
+    against this environment, as export registers the model; "mlflow" is always satisfied, so
+    nothing is said here."""
+    from mlflow.utils.requirements_utils import warn_dependency_requirement_mismatches
+
+    warn_dependency_requirement_mismatches(["mlflow"])
+
+
 def warm_later(later: Sequence[StageSpec], plots: bool) -> threading.Thread:
     """Import what `later` needs (matplotlib first when `plots`: the tracker draws the loss
     curves as distributed-train ends) in a daemon thread at idle priority; returns it (tests
@@ -83,6 +94,8 @@ def warm_later(later: Sequence[StageSpec], plots: bool) -> threading.Thread:
                 importlib.import_module(name)
             except Exception as e:  # noqa: BLE001 - the stage imports it again and says why
                 log.debug("warm import of %s failed: %s", name, e)
+        if plots and EXPORT in later:
+            installed_packages()
 
     thread = threading.Thread(target=run, name="enn-warm-imports", daemon=True)
     thread.start()
