@@ -236,9 +236,8 @@ def main(argv: list[str]) -> int:
     for fd in (1, 2):
         os.dup2(logged, fd)
     os.close(logged)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    answer: dict[str, Any]
     if failed is not None:
         answer = {
             "error": f"export: importing its modules failed ({type(failed).__name__}: "
