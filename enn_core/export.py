@@ -445,25 +445,28 @@ def programs(
     say: Callable[[str], None] = lambda line: ctx.logger.info("%s: %s", ctx.stage, line)  # noqa: E731
     ex = cfg.export
     helper = export_helper.take()
-    if helper is None:
-        return export_all(inputs.path, inputs.heldout, out, ex, inputs.std, say)
     here = ("torch_export",) if len(ex.formats) > 1 and "torch_export" in ex.formats else ()
     there = tuple(f for f in ex.formats if f not in here)
-    (Path(ctx.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
-    pending = export_helper.send(
-        helper,
-        {
-            "config": to_plain(cfg),
-            "formats": list(there),
-            "root": str(ctx.layout.root),
-            "stage": ctx.stage,
-            "inputs": [str(p) for p in sources],
-            "out": str(out),
-            "log": str(Path(ctx.run_dir) / "logs" / "export-helper.log"),
-        },
-    )
+    if helper is not None and not there:  # nothing for it (a format named twice)
+        export_helper.stop(helper)
+        helper = None
+    if helper is None:
+        return export_all(inputs.path, inputs.heldout, out, ex, inputs.std, say)
     results: dict[str, dict[str, Any]] = {}
-    try:
+    try:  # from here on the helper is this stage's: stopped on any way out
+        (Path(ctx.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+        pending = export_helper.send(
+            helper,
+            {
+                "config": to_plain(cfg),
+                "formats": list(there),
+                "root": str(ctx.layout.root),
+                "stage": ctx.stage,
+                "inputs": [str(p) for p in sources],
+                "out": str(out),
+                "log": str(Path(ctx.run_dir) / "logs" / "export-helper.log"),
+            },
+        )
         if here:
             mine = replace(ex, formats=here, required=tuple(f for f in ex.required if f in here))
             results = export_all(inputs.path, inputs.heldout, out, mine, inputs.std, say)

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -46,6 +47,7 @@ ONNX_MODULES = ("torch.onnx._internal.exporter._core", "onnxruntime")
 @dataclass
 class Helper:
     proc: subprocess.Popen[bytes]
+    reading: bool = False  # a reader thread owns its stdout (it closes it at EOF)
 
 
 _helper: list[Helper] = []  # at most one, taken by the next export
@@ -74,23 +76,16 @@ def start(formats: tuple[str, ...]) -> Helper:
 
 
 def stop(helper: Helper) -> None:
+    """Killed and reaped. Its stdout is closed here only when no reader thread owns it (closing
+    a pipe another thread reads from waits for that read)."""
     with contextlib.suppress(OSError):
         helper.proc.kill()
-    for pipe in (helper.proc.stdin, helper.proc.stdout):
-        with contextlib.suppress(OSError):
+    pipes = [helper.proc.stdin, *([] if helper.reading else [helper.proc.stdout])]
+    for pipe in pipes:
+        with contextlib.suppress(OSError, ValueError):
             assert pipe is not None
             pipe.close()
     helper.proc.wait()
-
-
-def release(helper: Helper) -> None:
-    """`helper` stopped unless an export took it."""
-    with _lock:
-        unused = helper in _helper
-        if unused:
-            _helper.remove(helper)
-    if unused:
-        stop(helper)
 
 
 def release_unused() -> None:
@@ -131,12 +126,15 @@ def send(helper: Helper, request: dict[str, Any]) -> Pending:
             for line in iter(out.readline, b""):
                 lines.put(line)
         lines.put(b"")
+        with contextlib.suppress(OSError):
+            out.close()
 
     try:
         helper.proc.stdin.write(json.dumps(request).encode() + b"\n")
         helper.proc.stdin.close()
     except (OSError, ValueError):  # it ended before the request: `answer` says so
         pass
+    helper.reading = True
     threading.Thread(target=read, name="enn-export-helper", daemon=True).start()
     return Pending(helper, request, lines)
 
@@ -157,10 +155,15 @@ def answer(
                 continue
             if not line:
                 break
-            msg = json.loads(line)
+            msg = parse(line)
+            if msg is None:
+                raise ExportError(
+                    f"export: its helper process answered {line[:80]!r}, which is not one of its "
+                    f"messages; see {pending.request['log']}"
+                )
             if "say" in msg:
                 say(str(msg["say"]))
-            elif msg.get("interrupted"):
+            elif "interrupted" in msg:
                 # its group's Ctrl-C: this process's own may have been lost (raised inside a
                 # finalizer, Python only prints it), so the stage stops here either way
                 raise KeyboardInterrupt
@@ -169,15 +172,26 @@ def answer(
                 ok = isinstance(cls, type) and issubclass(cls, EnnError)
                 raise (cls if ok else ExportError)(str(msg["error"]))
             else:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    helper.proc.wait(10)  # it exits as it answers
-                return dict(msg["results"])
+                return dict(msg["results"])  # it exits as it answers: `stop` reaps it
     finally:
         stop(helper)
     raise ExportError(
         f"export: its helper process ended (exit {helper.proc.returncode}) before it "
         f"answered; see {pending.request['log']} for why"
     )
+
+
+def parse(line: bytes) -> dict[str, Any] | None:
+    """One of the helper's messages, or None (not JSON, not one of them)."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(msg, dict) or not {"say", "interrupted", "error", "results"} & set(msg):
+        return None
+    if "results" in msg and not isinstance(msg["results"], dict):
+        return None
+    return msg
 
 
 def run(
@@ -204,7 +218,7 @@ def serve(request: dict[str, Any], reply: TextIO) -> dict[str, Any]:
         inputs = prediction_inputs(
             cfg, Path(request["root"]), request["stage"], *map(Path, request["inputs"])
         )
-        formats = tuple(request.get("formats") or cfg.export.formats)
+        formats = tuple(request.get("formats", cfg.export.formats))
         required = tuple(f for f in cfg.export.required if f in formats)
         ex = replace(cfg.export, formats=formats, required=required)
         out = Path(request["out"])
@@ -221,12 +235,12 @@ def main(argv: list[str]) -> int:
     from enn_core.runtime.parent import die_with_parent
 
     die_with_parent()
-    failed: Exception | None = None
-    try:
-        for name in argv:
+    missed = []
+    for name in argv:  # a warm-up only: export_all applies its own rules to what is missing
+        try:
             importlib.import_module(name)
-    except Exception as e:  # noqa: BLE001 - the request's error
-        failed = e
+        except Exception as e:  # noqa: BLE001 - e.g. an optional ONNX package not installed
+            missed.append(f"{name}: {type(e).__name__}: {e}")
     line = sys.stdin.readline()
     if not line.strip():
         return 0
@@ -237,17 +251,15 @@ def main(argv: list[str]) -> int:
         os.dup2(logged, fd)
     os.close(logged)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    for miss in missed:
+        log.info("warm-up import failed (export decides what it needs): %s", miss)
+    # SIGTERM to the group (a scheduler) stops the request as Ctrl-C does: the parent is told
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     answer: dict[str, Any]
-    if failed is not None:
-        answer = {
-            "error": f"export: importing its modules failed ({type(failed).__name__}: "
-            f"{failed}); check the installation (pip install -c constraints.txt -e .)"
-        }
-    else:
-        try:
-            answer = serve(request, reply)
-        except KeyboardInterrupt:  # Ctrl-C reached the group: the parent stops too (`answer`)
-            answer = {"interrupted": True}
+    try:
+        answer = serve(request, reply)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM reached the group: the parent stops too
+        answer = {"interrupted": True}
     print(json.dumps(answer), file=reply, flush=True)
     return 0
 

@@ -19,11 +19,12 @@ left to the stage that needs it, which says why.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from enn_core import export_helper
 from enn_core.config import RunConfig
@@ -56,15 +57,24 @@ def idle_priority() -> bool:
 def before_stage(cfg: RunConfig, spec: StageSpec, specs: Sequence[StageSpec], plots: bool) -> None:
     """What to start as `spec` of the run's `specs` starts (`plots`: the run is tracked)."""
     later = specs[specs.index(spec) + 1 :] if spec in specs else ()
-    if spec == DISTRIBUTED_TRAIN:
-        warm_later(later, plots)
-    elif spec == VALIDATE and EXPORT in later:
-        export_helper.start(cfg.export.formats)
+    try:  # a head start only: what fails here is left to the stage, which says why
+        if spec == DISTRIBUTED_TRAIN:
+            warm_later(later, plots)
+        elif spec == VALIDATE and EXPORT in later:
+            export_helper.start(cfg.export.formats)
+    except (OSError, RuntimeError) as e:  # no process or thread could start
+        log.debug("no head start for the stages after %s: %s", spec.name, e)
 
 
 def end_of_session() -> None:
     """A helper no export took is stopped."""
     export_helper.release_unused()
+
+
+def pyplot() -> None:
+    from tasks.tracking.plots import _pyplot
+
+    _pyplot()
 
 
 def installed_packages() -> None:
@@ -85,17 +95,17 @@ def warm_later(later: Sequence[StageSpec], plots: bool) -> threading.Thread:
 
     def run() -> None:
         idle_priority()
+        steps: list[tuple[str, Callable[[], object]]] = []
         if plots:
-            from tasks.tracking.plots import _pyplot
-
-            _pyplot()
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except Exception as e:  # noqa: BLE001 - the stage imports it again and says why
-                log.debug("warm import of %s failed: %s", name, e)
+            steps.append(("matplotlib", pyplot))
+        steps += [(name, functools.partial(importlib.import_module, name)) for name in names]
         if plots and EXPORT in later:
-            installed_packages()
+            steps.append(("MLflow's package map", installed_packages))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - the stage does it again and says why
+                log.debug("warm-up of %s failed: %s", what, e)
 
     thread = threading.Thread(target=run, name="enn-warm-imports", daemon=True)
     thread.start()

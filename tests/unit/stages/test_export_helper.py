@@ -11,6 +11,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -19,6 +21,7 @@ from enn_core import export_helper
 from enn_core.config import ExportConfig, to_plain
 from enn_core.errors import ExportError, StaleOutputError
 from enn_core.stages import COLLAPSE_CHECK, EXPORT
+from tests.fixtures.project import ROOT
 from tests.unit.stages.test_evaluation_stages import _ctx, _project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -49,7 +52,7 @@ def test_the_helper_makes_the_programs_the_stage_makes_here(tmp_path, caplog, ex
     helper = export_helper.start(cfg.export.formats)
     with caplog.at_level(logging.INFO, logger="enn"):
         EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
-    assert helper.proc.poll() == 0, "the helper answered and exited"
+    assert helper.proc.poll() is not None, "the helper answered and is gone"
     # its lines reach the stage's log as it works; its own output went to its log file
     assert "export: tracing the prediction path" in caplog.text
     assert "export: model.pt2: writing it, then parity on 40 held-out rows" in caplog.text
@@ -104,9 +107,11 @@ def test_its_errors_are_the_stages_with_their_class_and_an_unused_helper_is_gone
     assert helper.proc.poll() is not None and export_helper.take() is None
 
 
-def test_ctrl_c_that_reaches_the_helper_stops_the_stage_as_interrupted(tmp_path):
-    """Ctrl-C reaches the whole group; this process's own KeyboardInterrupt can be lost (raised
-    inside a finalizer while torch traces, Python only prints it), so the helper's counts."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_that_reaches_the_helper_stops_the_stage_as_interrupted(tmp_path, signum):
+    """Ctrl-C (or a scheduler's SIGTERM) reaches the whole group; this process's own
+    KeyboardInterrupt can be lost (raised inside a finalizer while torch traces, Python only
+    prints it), so the helper's counts."""
     cfg = _trained(tmp_path)
     helper = export_helper.start(cfg.export.formats)
     request = {
@@ -124,9 +129,51 @@ def test_ctrl_c_that_reaches_the_helper_stops_the_stage_as_interrupted(tmp_path)
 
     def interrupt(line: str) -> None:  # its first line: it works on the request now
         if helper.proc.poll() is None:
-            os.kill(helper.proc.pid, signal.SIGINT)
+            os.kill(helper.proc.pid, signum)
 
     with pytest.raises(KeyboardInterrupt):
         export_helper.run(helper, request, interrupt, None)
     assert helper.proc.poll() is not None
     assert "KeyboardInterrupt" not in (tmp_path / "helper.log").read_text()  # no traceback
+
+
+def _bare(tmp_path, code: list[str]) -> export_helper.Helper:
+    return export_helper.Helper(
+        subprocess.Popen(
+            [sys.executable, *code],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+
+
+def test_a_failed_warm_up_import_is_not_the_requests_error_and_odd_answers_are_one_line(
+    tmp_path,
+):
+    """A module the warm-up could not import (an optional ONNX package not installed) is left
+    to export's own rules; an answer that is not one of the helper's messages is one
+    ExportError naming its log, not a traceback."""
+    cfg = dataclasses.replace(_project(tmp_path, steps=1), export=PT2)
+    request = {
+        "config": to_plain(cfg),
+        "formats": ["torch_export"],
+        "root": str(tmp_path),
+        "stage": "export",
+        "inputs": [str(tmp_path / "outputs" / "stage-data"), str(tmp_path / "nowhere")] * 2,
+        "out": str(tmp_path / "out"),
+        "log": str(tmp_path / "helper.log"),
+    }
+    request["inputs"] = request["inputs"][:3]
+    helper = _bare(tmp_path, ["-m", "enn_core.export_helper", "no_such_module_at_all"])
+    with pytest.raises(StaleOutputError):  # it served the request: the inputs' own error
+        export_helper.run(helper, request, lambda line: None, None)
+    assert "warm-up import failed" in (tmp_path / "helper.log").read_text()
+
+    for answer in ("not json", '{"what": 1}', '{"results": [1]}', "[]"):
+        code = f"import sys; sys.stdin.readline(); print({answer!r}, flush=True)"
+        helper = _bare(tmp_path, ["-c", code])
+        with pytest.raises(ExportError, match=r"not one of its messages; see .*helper\.log"):
+            export_helper.run(helper, request, lambda line: None, None)
+        assert helper.proc.poll() is not None
