@@ -194,16 +194,6 @@ def parse(line: bytes) -> dict[str, Any] | None:
     return msg
 
 
-def run(
-    helper: Helper,
-    request: dict[str, Any],
-    say: Callable[[str], None],
-    cancel: threading.Event | None,
-) -> dict[str, dict[str, Any]]:
-    """`request` done by `helper`: its results, or its error raised here."""
-    return answer(send(helper, request), say, cancel)
-
-
 def serve(request: dict[str, Any], reply: TextIO) -> dict[str, Any]:
     """One request, in the helper: the export's results, or its error (class and line)."""
     from enn_core.config import RunConfig

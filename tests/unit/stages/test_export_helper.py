@@ -29,6 +29,11 @@ PT2 = ExportConfig(formats=("torch_export",), required=("torch_export",))
 BOTH = ExportConfig()  # torch_export here, onnx in the helper
 
 
+def _run(helper, request, say, cancel):
+    """A request as the stage makes it (enn_core.export.programs): sent, then answered."""
+    return export_helper.answer(export_helper.send(helper, request), say, cancel)
+
+
 @pytest.fixture(autouse=True)
 def _no_helper_left():
     yield
@@ -79,7 +84,7 @@ def test_its_errors_are_the_stages_with_their_class_and_an_unused_helper_is_gone
         "log": str(tmp_path / "helper.log"),
     }
     with pytest.raises(StaleOutputError, match="collapse-check"):
-        export_helper.run(helper, request, lambda line: None, None)
+        _run(helper, request, lambda line: None, None)
     assert helper.proc.poll() is not None
 
     # killed before its request: one line that names its log, not a broken pipe
@@ -87,7 +92,7 @@ def test_its_errors_are_the_stages_with_their_class_and_an_unused_helper_is_gone
     helper.proc.kill()
     helper.proc.wait()
     with pytest.raises(ExportError, match=r"helper process ended \(exit -9\).*helper.log"):
-        export_helper.run(helper, request, lambda line: None, None)
+        _run(helper, request, lambda line: None, None)
     ended = export_helper.start(cfg.export.formats).proc
     ended.kill()
     ended.wait()
@@ -98,7 +103,7 @@ def test_its_errors_are_the_stages_with_their_class_and_an_unused_helper_is_gone
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(ExportError, match="cancelled"):
-        export_helper.run(export_helper.take() or helper, request, lambda line: None, cancel)
+        _run(export_helper.take() or helper, request, lambda line: None, cancel)
     assert helper.proc.poll() is not None
 
     # started and never taken: the session's end stops it
@@ -132,7 +137,7 @@ def test_a_signal_that_reaches_the_helper_stops_the_stage_as_interrupted(tmp_pat
             os.kill(helper.proc.pid, signum)
 
     with pytest.raises(KeyboardInterrupt):
-        export_helper.run(helper, request, interrupt, None)
+        _run(helper, request, interrupt, None)
     assert helper.proc.poll() is not None
     assert "KeyboardInterrupt" not in (tmp_path / "helper.log").read_text()  # no traceback
 
@@ -168,12 +173,12 @@ def test_a_failed_warm_up_import_is_not_the_requests_error_and_odd_answers_are_o
     request["inputs"] = request["inputs"][:3]
     helper = _bare(tmp_path, ["-m", "enn_core.export_helper", "no_such_module_at_all"])
     with pytest.raises(StaleOutputError):  # it served the request: the inputs' own error
-        export_helper.run(helper, request, lambda line: None, None)
+        _run(helper, request, lambda line: None, None)
     assert "warm-up import failed" in (tmp_path / "helper.log").read_text()
 
     for answer in ("not json", '{"what": 1}', '{"results": [1]}', "[]"):
         code = f"import sys; sys.stdin.readline(); print({answer!r}, flush=True)"
         helper = _bare(tmp_path, ["-c", code])
         with pytest.raises(ExportError, match=r"not one of its messages; see .*helper\.log"):
-            export_helper.run(helper, request, lambda line: None, None)
+            _run(helper, request, lambda line: None, None)
         assert helper.proc.poll() is not None

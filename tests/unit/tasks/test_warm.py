@@ -20,6 +20,13 @@ def test_the_later_stages_imports_are_those_of_the_stages_that_will_run():
     assert later_imports((PREDICT, COLLAPSE_CHECK, EXPORT)) == []
 
 
+def _fresh(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run in a fresh interpreter of this checkout (this one has the modules already)."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+
+
 def test_the_warm_thread_imports_them_and_matplotlib_headless():
     """In a fresh interpreter (this one has them already): after the thread, the modules are
     loaded and pyplot is on Agg (no display is ever opened)."""
@@ -34,9 +41,7 @@ def test_the_warm_thread_imports_them_and_matplotlib_headless():
         " 'matplotlib.pyplot') if m in sys.modules), matplotlib.get_backend().lower(),"
         " r._MODULES_TO_PACKAGES is not None)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
+    out = _fresh(code)
     # and MLflow's map of installed packages is built (export's model logging reads it), quietly
     assert out.stdout.split("\n")[0] == ("['matplotlib.pyplot', 'sklearn.ensemble'] agg True"), (
         out.stdout + out.stderr
@@ -58,7 +63,5 @@ def test_only_the_warm_thread_runs_at_idle_priority():
         "print(seen['set'], seen['thread'] == os.SCHED_IDLE,"
         " os.sched_getscheduler(0) == os.SCHED_OTHER)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
+    out = _fresh(code)
     assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr
