@@ -473,7 +473,9 @@ def programs(
     except BaseException:
         export_helper.stop(helper)
         raise
-    results.update(export_helper.answer(pending, say, ctx.cancel))
+    # both processes trace: the helper's lines name it, else a second "tracing" reads as a repeat
+    theirs = (lambda line: say(f"helper: {line}")) if here else say
+    results.update(export_helper.answer(pending, theirs, ctx.cancel))
     return {f: results[f] for f in ex.formats}
 
 
