@@ -205,11 +205,23 @@ def check_parity(
     }
 
 
+def interrupted(e: BaseException) -> BaseException:
+    """`e`, unless a Ctrl-C is behind it: Python wraps a KeyboardInterrupt raised while a class
+    is made (`RuntimeError: Error calling __set_name__ ...`, as the tracer's first import can
+    be) in another error, which must stop the stage as interrupted, not fail the export."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            raise KeyboardInterrupt from e
+        seen = seen.__cause__ or seen.__context__
+    return e
+
+
 def export_torch(path: PredictionPath, example: torch.Tensor) -> ExportedProgram:
     try:
         return torch.export.export(path, (example,), dynamic_shapes={"x": {0: Dim("batch", min=1)}})
     except Exception as e:  # any tracer failure becomes one actionable line
-        raise ExportError(explain_failure("torch_export", e)) from e
+        raise ExportError(explain_failure("torch_export", interrupted(e))) from e
 
 
 def export_onnx(ep: ExportedProgram, example: torch.Tensor, target: Path, opset: int) -> None:
@@ -226,7 +238,7 @@ def export_onnx(ep: ExportedProgram, example: torch.Tensor, target: Path, opset:
         assert prog is not None  # the dynamo exporter returns its program (None: legacy only)
         prog.save(str(target))
     except Exception as e:
-        raise ExportError(explain_failure("onnx", e)) from e
+        raise ExportError(explain_failure("onnx", interrupted(e))) from e
     _name_batch_axis(target)
 
 

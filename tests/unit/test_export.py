@@ -208,3 +208,27 @@ def test_optional_format_skipped_only_for_missing_dependency(tmp_path, monkeypat
         ExportError, match=r"export onnx: required format needs \['enn_no_such_module'\]"
     ):
         export_mod.export_all(path, _heldout(), tmp_path, ExportConfig(), label_std=5.0)
+
+
+def test_a_ctrl_c_wrapped_in_another_error_stops_the_export_as_interrupted(monkeypatch):
+    """Seen in a terminal: Ctrl-C while the tracer's first import made a class came back as
+    `RuntimeError: Error calling __set_name__ ...` and failed the export (exit 7); it is an
+    interrupt (exit 130). A plain tracer error stays one ExportError."""
+
+    def wrapped(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from e
+
+    monkeypatch.setattr(torch.export, "export", wrapped)
+    example = torch.zeros(2, 3)
+    with pytest.raises(KeyboardInterrupt):
+        export_mod.export_torch(PredictionPath(FixedBatch(), Calibration()), example)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a tracer error")
+
+    monkeypatch.setattr(torch.export, "export", broken)
+    with pytest.raises(ExportError, match="a tracer error"):
+        export_mod.export_torch(PredictionPath(FixedBatch(), Calibration()), example)
