@@ -26,6 +26,7 @@ from enn_core.inference import sha256_file
 
 FORMAT = 1  # bump when what export writes changes
 RESULTS = "results.json"
+PROGRAMS = ("model.pt2", "model.onnx")  # the only files a cached record may name
 CODE = ("model", "inference.py", "export.py", "export_cache.py")  # under enn_core/
 
 
@@ -62,6 +63,8 @@ def load(folder: Path, out: Path) -> dict[str, dict[str, Any]] | None:
         for res in results.values():
             if res.get("status") != "ok":
                 continue
+            if res.get("file") not in PROGRAMS:  # the record is data: it names no other path
+                return None
             src = folder / res["file"]
             if sha256_file(src) != res["sha256"]:
                 return None

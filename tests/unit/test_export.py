@@ -232,3 +232,24 @@ def test_a_ctrl_c_wrapped_in_another_error_stops_the_export_as_interrupted(monke
     monkeypatch.setattr(torch.export, "export", broken)
     with pytest.raises(ExportError, match="a tracer error"):
         export_mod.export_torch(PredictionPath(FixedBatch(), Calibration()), example)
+
+
+def test_a_cached_record_naming_another_path_is_ignored(tmp_path):
+    """work/cache/export/<key>/results.json is data: a record whose file leads out of the cache
+    (or names any file but the two programs) is no hit, and nothing is copied anywhere."""
+    import hashlib
+    import json
+
+    from enn_core import export_cache
+
+    cache, out = tmp_path / "cache", tmp_path / "a" / "out"
+    cache.mkdir()
+    out.mkdir(parents=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a program")
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+    for name in ("../secret.txt", "sidecar.json"):
+        record = {"onnx": {"status": "ok", "file": name, "sha256": digest}}
+        (cache / "results.json").write_text(json.dumps(record))
+        assert export_cache.load(cache, out) is None, name
+        assert list(out.iterdir()) == [] and not (tmp_path / "a" / "secret.txt").exists()
