@@ -51,14 +51,34 @@ NOISE: tuple[tuple[str, str, str], ...] = (
         "Matplotlib is building the font cache; this may take a moment",
         "a one-time cache under work/ (MPLCONFIGDIR), built on the first plot",
     ),
+    (
+        "optuna",
+        "each trial's start and end, a failed trial's traceback (its own stderr handler is off: "
+        "tasks/tuning/run.py)",
+        "enn tune says each trial's values and how it ended in its own lines; the log file "
+        "keeps Optuna's, and each trial's own log is in its folder",
+    ),
 )
 # Python warnings raised inside libraries, not by anything enn calls with a choice:
-# (message regex, category, why). Off the console unless --verbose; the log file keeps them.
-QUIET_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
+# (message regex, category's name, why). Off the console unless --verbose; the log file keeps
+# them. A name, not the class: naming Optuna's would import it at every `enn` start.
+QUIET_WARNINGS: tuple[tuple[str, str, str], ...] = (
     (
         r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-        FutureWarning,
+        "FutureWarning",
         "raised by torch.export's own pytree code in torch 2.13 while exporting",
+    ),
+    (
+        r".",
+        "ExperimentalWarning",
+        "Optuna marks its trial heartbeat experimental (the storage's heartbeat_interval, "
+        "fail_stale_trials); enn tune relies on it knowingly, Optuna pinned by constraints.txt",
+    ),
+    (
+        r"[/\\]optuna[/\\]",
+        "Warning",  # any category: UserWarning, FutureWarning, ...
+        "raised in Optuna's own files during a study (a trial value it could not take: enn "
+        "tune's line for the trial says how it ended)",
     ),
 )
 
@@ -98,7 +118,7 @@ def _noise(record: logging.LogRecord) -> bool:
         return False
     msg = record.getMessage()  # `file:line: Category: message` (warnings.formatwarning)
     return any(
-        f"{category.__name__}: " in msg and re.search(pattern, msg)
+        f"{category}: " in msg and re.search(pattern, msg)
         for pattern, category, _ in QUIET_WARNINGS
     )
 

@@ -8,7 +8,6 @@ synthetic dataset staged into a temporary directory; `sample_source` says which.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -219,9 +218,3 @@ def _quiet_logs() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-def cpu_count() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )

@@ -14,9 +14,10 @@ from typing import TypedDict
 import torch
 import torch.distributed as dist
 
-from enn_core.doctor.context import DoctorContext, cpu_count
+from enn_core.doctor.context import DoctorContext
 from enn_core.doctor.report import Check, Recorder
-from enn_core.train.stage import resolve_world_size, threads_per_worker
+from enn_core.runtime.device import threads_per_worker, usable_cores
+from enn_core.train.stage import resolve_world_size
 
 LONG_TIMEOUT_S = 1800.0  # gloo's default: a stuck collective is noticed after 30 minutes
 
@@ -87,7 +88,7 @@ def world(ctx: DoctorContext, rec: Recorder) -> None:
     device = "cpu" if ctx.device.type == "cpu" else rt.device
     n, why = resolve_world_size(rt.world_size, device)
     threads = threads_per_worker(rt.threads_per_worker, n)
-    cores = cpu_count()
+    cores = usable_cores()
     detail = (
         f"{n} worker(s) ({why}), {threads} thread(s) each on {cores} core(s); "
         f"start method {rt.start_method}; "

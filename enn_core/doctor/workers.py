@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 
 from enn_core.config import RunConfig, to_plain
-from enn_core.doctor.context import DoctorContext, cpu_count
+from enn_core.doctor.context import DoctorContext
 from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError, WorkerError
+from enn_core.runtime.device import usable_cores
 
 if TYPE_CHECKING:
     from enn_core.runtime.dist import DistEnv
@@ -51,7 +52,7 @@ def worker_count(ctx: DoctorContext) -> tuple[int, str]:
     if ctx.device.type == "cuda":
         n = torch.cuda.device_count()
         return n, f"one per GPU ({n})"
-    n = max(2, min(ctx.cfg.runtime.world_size or 2, cpu_count()))
+    n = max(2, min(ctx.cfg.runtime.world_size or 2, usable_cores()))
     return n, f"{n} on CPU (at least two, so the all-reduce crosses processes)"
 
 

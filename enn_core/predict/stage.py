@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ from enn_core.predict import model_io, outputs, ranks, schema, workers
 from enn_core.predict.assemble import assemble
 from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore, own_folder
 from enn_core.predict.model_io import CalibrationChoice
+from enn_core.runtime.device import threads_per_worker
 from enn_core.runtime.external import LauncherEnv
 from enn_core.runtime.launch import Rendezvous
 from enn_core.runtime.network import choose_interface
@@ -92,7 +92,7 @@ def _rank_device(device: torch.device, rank: int) -> str:
 
 
 def _threads(cfg: RunConfig, world: int) -> int:
-    return cfg.runtime.threads_per_worker or max(1, (os.cpu_count() or 1) // world)
+    return threads_per_worker(cfg.runtime.threads_per_worker, world)
 
 
 def run(

@@ -6,6 +6,8 @@ Stages that run in this process (validate, collapse-check, predict, export) ask 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from enn_core.errors import ConfigError
@@ -24,3 +26,14 @@ def resolve_device(requested: str, local_rank: int = 0) -> tuple[torch.device, s
     if requested == "auto":
         return torch.device("cpu"), "runtime.device=auto and no CUDA device"
     return torch.device("cpu"), f"runtime.device={requested}"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a taskset, a cgroup's cpuset, a SLURM
+    allocation), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_worker(requested: int, world_size: int) -> int:
+    """`runtime.threads_per_worker`, or the usable cores shared by the job's workers."""
+    return requested if requested > 0 else max(1, usable_cores() // world_size)

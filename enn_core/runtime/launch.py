@@ -333,9 +333,7 @@ class Job:
         started directly, the worker too while it is not reaped."""
         assert self.proc is not None
         own = {self.proc.pid} if self.direct and self.proc.returncode is None else set()
-        with contextlib.suppress(psutil.Error):
-            return own | {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
-        return own
+        return own | descendants(self.proc.pid)
 
     def kill_workers(self) -> set[int]:
         pids = self.pids()
@@ -349,16 +347,8 @@ class Job:
         if self.stopped is None:
             self.stopped = reason
             (self.run_dir / CANCEL_FILE).touch()
-        killed = self.kill_workers()
         assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.proc.kill()
-        if self.own_group:  # what else torchrun started in its group
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-        until_ended(killed)
+        kill_tree(self.proc, self.pids(), group=self.own_group)
 
     def leave_gracefully(self) -> None:
         """SIGTERM to torchrun, which forwards it to the workers and kills them after the
@@ -513,6 +503,31 @@ def _tail(path: Path, lines: int = 3) -> str:
     except OSError:
         return "no torchrun log"
     return " | ".join(line.strip() for line in text[-lines:]) or "no output"
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes `pid` started, and theirs (none once it is gone)."""
+    with contextlib.suppress(psutil.Error):
+        return {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    return set()
+
+
+def kill_tree(proc: subprocess.Popen[Any], pids: set[int], group: bool) -> None:
+    """Stop now: SIGKILL to `pids` (what `proc` started: workers, a trial's torchrun), to `proc`
+    and, with `group`, to the process group it leads (`start_new_session`: anything else it
+    started there); `proc` reaped, then the rest waited for. The one way a job's processes are
+    killed: a stage's launch, a pruned or stopped tuning trial."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.kill()
+    if group:  # a group outlives its leader while a member lives: its id is theirs
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    until_ended(pids)
 
 
 def until_ended(pids: set[int], timeout_s: float = 5.0) -> None:

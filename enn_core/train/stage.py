@@ -40,6 +40,7 @@ from enn_core.errors import (
 )
 from enn_core.metric_names import telemetry, train_summary
 from enn_core.progress import follow_training
+from enn_core.runtime.device import threads_per_worker
 from enn_core.runtime.external import LauncherEnv
 from enn_core.runtime.heartbeat import read_heartbeats, stale_temp_files
 from enn_core.runtime.launch import Rendezvous, launch, read_errors
@@ -82,15 +83,6 @@ def spare_worker(cfg: RunConfig, work_dir: Path) -> contextlib.AbstractContextMa
     if not one or resolve_world_size(rt.world_size, rt.device)[0] != 1:
         return contextlib.nullcontext()
     return spare(WORKER_ENTRY.partition(":")[0], work_dir)
-
-
-def threads_per_worker(requested: int, world_size: int) -> int:
-    if requested > 0:
-        return requested
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
-    return max(1, cores // world_size)
 
 
 def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> TrainSummary:

@@ -134,7 +134,7 @@ class Tracker:
         self.sweep_killed()
 
     # -- run lifecycle -------------------------------------------------------------------
-    def _own_tags(self) -> dict[str, str]:
+    def own_tags(self) -> dict[str, str]:
         p = psutil.Process()
         return {
             TAG_PID: str(p.pid),
@@ -167,7 +167,7 @@ class Tracker:
                 from mlflow.entities import RunTag
 
                 self.client.update_run(run_id, status="RUNNING")
-                held = [RunTag(k, v) for k, v in self._own_tags().items()]
+                held = [RunTag(k, v) for k, v in self.own_tags().items()]
                 self.client.log_batch(run_id, tags=held)  # who holds it now (sweep_killed)
                 if TAG_ERROR in found.data.tags:  # an earlier holder's, killed or failed
                     self.client.delete_tag(run_id, TAG_ERROR)
@@ -177,7 +177,7 @@ class Tracker:
                 group = None
         params = _flatten(to_logged(cfg)) if cfg is not None else {}
         all_tags = {
-            **self._own_tags(),
+            **self.own_tags(),
             **source_tags(name, tags.get("enn.git_commit", "")),
             TAG_KIND: "pipeline",
             TAG_FLOW: name,
@@ -295,7 +295,7 @@ class Tracker:
         if not self.enabled:
             yield None
             return
-        all_tags = {**self._own_tags(), TAG_KIND: "stage", "enn.stage": stage, **tags}
+        all_tags = {**self.own_tags(), TAG_KIND: "stage", "enn.stage": stage, **tags}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
         run_id = self.client.create_run(

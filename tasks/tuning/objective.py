@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
 from optuna.exceptions import TrialPruned, UpdateFinishedTrialError
 from optuna.storages import fail_stale_trials
 from optuna.study import Study
@@ -38,6 +37,7 @@ from enn_core.config import RunConfig, load_config
 from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
+from enn_core.runtime.launch import descendants, kill_tree
 from enn_core.runtime.parent import spawned_env
 from tasks.tuning import shared, store
 from tasks.tuning import study as st
@@ -279,7 +279,7 @@ class Objective:
             return self.follow(running, proc)
         except BaseException:  # stopped: Ctrl-C in this thread, the stop event, the storage gone
             if not (folder / "end.json").exists():
-                self.end(running, "interrupted", None, *self.kill(proc))
+                self.end(running, "interrupted", None, *kill_trial(proc))
                 if not self.lost:
                     again = {shared.RETRY_ATTR: trial.number}
                     self.quietly(lambda: self.study.enqueue_trial(trial.params, user_attrs=again))
@@ -300,7 +300,7 @@ class Objective:
                     raise Ended(str(e)) from e
                 self.hooks.reported(running, epoch, value)
                 if self.storage(trial.should_prune):
-                    self.end(running, "pruned", value, *self.kill(proc))
+                    self.end(running, "pruned", value, *kill_trial(proc))
                     raise TrialPruned(f"epoch {epoch}: {metric} {value:.4g}")
             rc = proc.poll()
             if rc is not None:
@@ -330,18 +330,6 @@ class Objective:
                 )
             )
         raise Ended(f"exit {rc}")
-
-    def kill(self, proc: subprocess.Popen[bytes]) -> tuple[list[int], float]:
-        """The trial's group killed (unless reaped already: its pid may be another's now)."""
-        pids: list[int] = []
-        gone = 0.0
-        if proc.poll() is None:
-            try:
-                pids, gone = st.kill_tree(psutil.Process(proc.pid))
-            except psutil.NoSuchProcess:
-                pass
-        proc.wait()
-        return pids, gone
 
     def end(
         self,
@@ -378,3 +366,11 @@ class Objective:
             call()
         except Exception as e:  # noqa: BLE001 - the study's own error is what is reported
             log.debug("while stopping: %s", e)
+
+
+def kill_trial(proc: subprocess.Popen[bytes]) -> tuple[list[int], float]:
+    """The trial's group killed; its pids and the seconds they took to end."""
+    t0 = time.monotonic()
+    pids = {proc.pid, *descendants(proc.pid)} if proc.poll() is None else set()
+    kill_tree(proc, pids, group=True)
+    return sorted(pids), time.monotonic() - t0

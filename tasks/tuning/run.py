@@ -5,7 +5,8 @@ shared storage one per host joins. `study.optimize` runs `tune.parallel` trials 
 (`Objective`) until `tune.n_trials` are complete or pruned (`MaxTrialsCallback`, and the count
 at the top of each trial: at most n_trials + hosts - 1 when hosts start trials at once).
 Ctrl-C and SIGTERM set the objective's stop event before the caller's handler runs, so the
-running trials end in seconds; Optuna's log lines and warnings go to the log file only.
+running trials end in seconds; Optuna's log lines and warnings go to the log file only
+(flows/console.py).
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
+from tasks.tracking.study import StudyTracker
 from tasks.tuning import store
 from tasks.tuning import study as st
 from tasks.tuning.objective import Ended, Objective
 from tasks.tuning.shared import StaleTrials
-from tasks.tuning.tracking import StudyTracker
 
 log = logging.getLogger("enn.tune")
 
@@ -65,10 +66,8 @@ def tune(
     t0 = time.monotonic()
     plan = st.make_plan(cfg, config, overrides, layout)
     dims = dimensions(cfg.tune)
-    with (
-        pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"),
-        optuna_to_log_file(),
-    ):
+    optuna_logs_as_enn_does()
+    with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
         on_stale = StaleTrials(dims, plan.shown)
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
         st.stage_study_data(plan, cfg, study)
@@ -179,46 +178,13 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(s, previous)
 
 
-class _ToFiles(logging.Handler):
-    """A record handed to the root logger's log files only (not its console)."""
-
-    def __init__(self, files: list[logging.FileHandler]) -> None:
-        super().__init__()
-        self.files = files
-
-    def emit(self, record: logging.LogRecord) -> None:
-        for h in self.files:
-            if record.levelno >= h.level:
-                h.handle(record)
-
-    def filter(self, record: logging.LogRecord) -> bool:  # on py.warnings: Optuna's to files
-        if record.name == "py.warnings" and "optuna" not in record.getMessage():
-            return True
-        self.emit(record)
-        return False
-
-
-@contextlib.contextmanager
-def optuna_to_log_file() -> Iterator[None]:
-    """Optuna's logger and its warnings (experimental arguments) to the log file, not the
-    console; left as they are where no log file is set up."""
-    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    if not files:
-        yield
-        return
-    logger, warned = logging.getLogger("optuna"), logging.getLogger("py.warnings")
-    to_files = _ToFiles(files)
+def optuna_logs_as_enn_does() -> None:
+    """Optuna's lines (a trial's start and end, a failed one's traceback) without its own
+    stderr handler: where `enn` set up its logging, the log file only (flows/console.py NOISE);
+    elsewhere, to the root logger like any library's."""
     optuna.logging.disable_default_handler()
-    logger.propagate = False
-    logger.addHandler(to_files)
-    warned.addFilter(to_files)
-    try:
-        yield
-    finally:
-        logger.removeHandler(to_files)
-        warned.removeFilter(to_files)
-        logger.propagate = True
-        optuna.logging.enable_default_handler()
+    if not logging.getLogger("optuna").handlers:
+        optuna.logging.enable_propagation()
 
 
 def best_values(

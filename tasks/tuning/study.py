@@ -15,18 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import signal
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
+import torch
 import yaml
-from optuna.distributions import BaseDistribution
 from optuna.study import Study
 from optuna.trial import TrialState
 
@@ -34,6 +30,7 @@ from enn_core.config import RunConfig, sections_of
 from enn_core.config.tune import Dimension, check_study_name
 from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout
+from enn_core.runtime.device import usable_cores
 from enn_core.stages import STAGE_DATA
 from tasks.gc import size_of
 from tasks.runner import PipelineSession, execute_stage
@@ -72,16 +69,6 @@ class StudyPlan:
         return self.folder / "outputs" / STAGE_DATA.name
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def slots(cfg: RunConfig, cores: int, gpus: int) -> tuple[int, int]:
     """(trials side by side, threads per worker): one GPU per trial, or on CPU the cores
     shared so that trials x workers x threads never exceeds them."""
@@ -104,7 +91,7 @@ def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
         )
     name = cfg.tune.study or config.stem
     check_study_name(name, "tune.study" if cfg.tune.study else f"the study name ({config.name})")
-    gpus = gpu_count() if cfg.runtime.device != "cpu" else 0
+    gpus = torch.cuda.device_count() if cfg.runtime.device != "cpu" else 0
     parallel, threads = slots(cfg, usable_cores(), gpus)
     folder = layout.work / "tune" / name
     on_server = bool(cfg.tune.storage)
@@ -182,10 +169,6 @@ def shown(values: dict[str, Any]) -> str:
     )
 
 
-def distribution(dim: Dimension) -> BaseDistribution:
-    return dim.distribution()
-
-
 def open_study(cfg: RunConfig, plan: StudyPlan, on_stale: store.StaleHook | None = None) -> Study:
     plan.folder.mkdir(parents=True, exist_ok=True)
     return store.open_study(cfg, plan.name, plan.storage, plan.identity, on_stale)
@@ -227,27 +210,6 @@ def remove_checkpoints(folder: Path) -> int:
         else:
             p.unlink(missing_ok=True)
     return freed
-
-
-def kill_tree(proc: psutil.Process, timeout: float = 10.0) -> tuple[list[int], float]:
-    """SIGKILL a trial's process group and every descendant; wait until all are gone.
-    Returns the pids and the seconds they took."""
-    t0 = time.monotonic()
-    procs = [proc, *proc.children(recursive=True)]
-    try:
-        if os.getpgid(proc.pid) == proc.pid:  # the trial leads its group (start_new_session)
-            os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in procs:  # a descendant that left the group (none should) goes too
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    if alive:
-        log.warning("trial processes still alive after %.0f s: %s", timeout, [p.pid for p in alive])
-    return [p.pid for p in procs], time.monotonic() - t0
 
 
 def table(study: Study) -> list[dict[str, Any]]:

@@ -60,6 +60,8 @@ def root_logging():
         for h in kept:
             logger.addHandler(h)
     console._ROUTED.clear()
+    if "optuna" in sys.modules:  # _say_everything turned its stderr handler off, as enn tune does
+        sys.modules["optuna"].logging.enable_default_handler()
     for h in list(root.handlers):
         root.removeHandler(h)
         if h not in handlers:
@@ -85,11 +87,29 @@ def _say_everything() -> None:
     logging.getLogger("py.warnings").warning(
         "%s", warnings.formatwarning(leaf, FutureWarning, "torch/utils/_pytree.py", 1)
     )
+    # Optuna's trial lines (its own stderr handler off, as enn tune does) and its heartbeat's
+    # ExperimentalWarning, raised by Optuna itself
+    import optuna
+
+    optuna.logging.disable_default_handler()
+    logging.getLogger("optuna.study.study").warning("Trial 3 failed with value None.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        optuna.storages.RDBStorage("sqlite://", heartbeat_interval=60)
+        study = optuna.create_study(storage="sqlite://")
+        study.tell(study.ask(), float("nan"))  # Optuna's UserWarning: nan is no value
     logging.getLogger("enn.distributed-train").info("distributed-train: epoch 1/3")
     logging.getLogger("somelib").warning("a warning nobody explained")
 
 
-QUIET = ("Failed to register signal handlers", "Skipping torchvision::nms", "LeafSpec")
+QUIET = (
+    "Failed to register signal handlers",
+    "Skipping torchvision::nms",
+    "LeafSpec",
+    "Trial 3 failed",
+    "``heartbeat_interval`` is an experimental feature",
+    "UserWarning: The value nan is not acceptable",
+)
 
 
 def test_known_noise_reaches_the_log_file_not_the_console(tmp_path, capsys, root_logging):

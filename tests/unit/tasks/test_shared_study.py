@@ -129,7 +129,7 @@ def test_a_starting_study_leaves_other_hosts_trials_to_their_heartbeat(tmp_path)
     cfg = load_config(None, [LR])
     plan = shared_plan(tmp_path)
     study = st.open_study(cfg, plan)
-    space = {d.key: st.distribution(d) for d in dimensions(cfg.tune)}
+    space = {d.key: d.distribution() for d in dimensions(cfg.tune)}
     mine = plan.folder / "trial-{}" / "trial.json"
     here = socket.gethostname()
     owners = [
@@ -223,7 +223,7 @@ def test_a_running_trial_with_no_heartbeat_and_no_owner_is_failed_within_the_sta
     cfg = load_config(None, [LR, "tune.heartbeat_s=1", "tune.stale_after_s=2"])
     plan = shared_plan(tmp_path)
     study = st.open_study(cfg, plan)
-    space = {d.key: st.distribution(d) for d in dimensions(cfg.tune)}
+    space = {d.key: d.distribution() for d in dimensions(cfg.tune)}
     with pytest.warns(UserWarning, match="Heartbeat of storage is supposed to be used"):
         orphan = study.ask(space)  # asked outside optimize: no heartbeat, no owner
     mine = study.ask(space)
@@ -240,7 +240,7 @@ def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_
 
     cfg = load_config(None, [LR, "tune.sampler=random"])
     dims = dimensions(cfg.tune)
-    space = {d.key: st.distribution(d) for d in dims}
+    space = {d.key: d.distribution() for d in dims}
     draws = []
     for name in ("node1", "node2"):
         study = st.open_study(cfg, shared_plan(tmp_path, folder=name, identity=name))
@@ -262,7 +262,7 @@ def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_
 def test_hosts_that_both_create_the_parent_run_keep_one(tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
-    from tasks.tuning.tracking import StudyTracker
+    from tasks.tracking.study import StudyTracker
 
     (tmp_path / "params.yaml").write_text("{}\n")
     uri = mlflow_uri
@@ -303,8 +303,8 @@ def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, ca
     (each later call a no-op, none raises)."""
     from mlflow.tracking import MlflowClient
 
+    from tasks.tracking.study import StudyTracker
     from tasks.tuning.objective import RunningTrial, TrialEnd
-    from tasks.tuning.tracking import StudyTracker
 
     (tmp_path / "params.yaml").write_text("{}\n")
     uri = mlflow_uri

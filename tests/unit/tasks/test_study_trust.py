@@ -69,7 +69,7 @@ def stale_trial(tmp_path: Path, attrs: dict[str, str]) -> tuple[object, st.Study
     cfg = load_config(None, [LR])
     p = study_plan(tmp_path)
     study = st.open_study(cfg, p)
-    trial = study.ask({"train.lr": st.distribution(dimensions(cfg.tune)[0])})
+    trial = study.ask({"train.lr": dimensions(cfg.tune)[0].distribution()})
     for k, v in attrs.items():
         trial.set_user_attr(k, v)
     return st.open_study(cfg, p), p

@@ -1,5 +1,5 @@
 """The study's pieces without training: slots never oversubscribe, the events watcher reads
-`epoch/<metric>` as it is appended, a pruned trial's process group is gone after kill_tree, and
+`epoch/<metric>` as it is appended, a pruned trial's process group is gone after kill_trial, and
 a study killed mid-trial is resumed with the trial failed and enqueued again."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pytest
 
 from enn_core.config import load_config
 from enn_core.config.tune import dimensions
+from enn_core.runtime.launch import descendants
 from tasks.tuning import study as st
-from tasks.tuning.objective import RunningTrial
+from tasks.tuning.objective import RunningTrial, kill_trial
 from tasks.tuning.shared import OWNER_ATTR, TrialOwner
 from tasks.tuning.trial import events_file
 from tests.fixtures.study import study_plan
@@ -72,13 +73,12 @@ def test_kill_tree_ends_the_group_and_its_children():
         "time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-    parent = psutil.Process(proc.pid)
     for _ in range(100):
-        if len(parent.children()) == 2:
+        if len(descendants(proc.pid)) == 2:
             break
         time.sleep(0.05)
-    pids, took = st.kill_tree(parent)
-    proc.wait()
+    pids, took = kill_trial(proc)
+    assert proc.returncode is not None
     assert len(pids) == 3 and took < 10
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 

@@ -70,7 +70,7 @@ class StudyTracker(Hooks):
     def start(self, tags: dict[str, str]) -> str | None:
         if not self.on:
             return None
-        own = self.tracker._own_tags()
+        own = self.tracker.own_tags()
         found = self.parents()
         if found:
             self.parent = found[0]
@@ -112,7 +112,7 @@ class StudyTracker(Hooks):
     def started(self, trial: RunningTrial) -> None:
         def create() -> None:
             tags = {
-                **self.tracker._own_tags(),
+                **self.tracker.own_tags(),
                 "mlflow.parentRunId": str(self.parent),
                 TAG_KIND: "trial",
                 TAG_STUDY: self.study,
