@@ -93,11 +93,14 @@ def _say_everything() -> None:
 
     optuna.logging.disable_default_handler()
     logging.getLogger("optuna.study.study").warning("Trial 3 failed with value None.")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as raised:
         warnings.simplefilter("always")
         optuna.storages.RDBStorage("sqlite://", heartbeat_interval=60)
         study = optuna.create_study(storage="sqlite://")
         study.tell(study.ask(), float("nan"))  # Optuna's UserWarning: nan is no value
+    for w in raised:  # as logging.captureWarnings hands them on (its hook is per process)
+        text = warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+        logging.getLogger("py.warnings").warning("%s", text)
     logging.getLogger("enn.distributed-train").info("distributed-train: epoch 1/3")
     logging.getLogger("somelib").warning("a warning nobody explained")
 
