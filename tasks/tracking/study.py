@@ -21,7 +21,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optuna.study import Study
 from optuna.trial import TrialState
@@ -31,14 +31,16 @@ from enn_core.config.tune import dimensions, points
 from enn_core.paths import Layout
 from tasks.tracking import Tracker
 from tasks.tracking.runs import TAG_KIND, ended_status
-from tasks.tuning.objective import Hooks, RunningTrial, TrialEnd
+
+if TYPE_CHECKING:  # tuning calls this module; it needs only their types
+    from tasks.tuning.objective import RunningTrial, TrialEnd
 
 log = logging.getLogger("enn.tune")
 TAG_STUDY, TAG_STATE, TAG_TRIAL = "enn.tune.study", "enn.tune.state", "enn.tune.trial"
 STATUS = {"failed": "FAILED", "interrupted": "KILLED"}  # else FINISHED
 
 
-class StudyTracker(Hooks):
+class StudyTracker:
     """MLflow runs of one study (every call a no-op when tracking is off)."""
 
     def __init__(self, cfg: RunConfig, layout: Layout, study: str) -> None:

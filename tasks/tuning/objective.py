@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from optuna.exceptions import TrialPruned, UpdateFinishedTrialError
 from optuna.storages import fail_stale_trials
@@ -101,8 +101,9 @@ class TrialEnd:
         return f"{self.state} after {self.epochs} epoch(s), {value}, {self.seconds:.0f} s{gone}"
 
 
-class Hooks:
-    """What the study tells its tracker (MLflow) as trials start, report and end."""
+class Hooks(Protocol):
+    """What the study tells its tracker (tasks/tracking/study.py: MLflow) as trials start,
+    report and end."""
 
     def started(self, trial: RunningTrial) -> None: ...
 
