@@ -3,15 +3,15 @@
 Tracing and converting take seconds of imports (torch.export's tracer, the ONNX exporter) and
 of single-threaded Python, so the flow starts a helper when validate starts (tasks/warm.py):
 
-    python -m enn_core.export_helper <module> ...
+    python -m enn_core.export_serve <module> ...
 
-imports those modules on the core validate, predict and collapse-check leave idle, then waits
-for one request on standard input (one JSON line: the run's config, the stage's inputs, the
-folder the programs go to, a log file). It answers on standard output, one JSON line per
-message: `{"say": line}` as each part starts, then `{"results": ...}`, `{"error": line}`, or
-`{"interrupted": true}` when Ctrl-C reached it (the parent then stops as interrupted: its own
-KeyboardInterrupt can be lost, raised inside a finalizer while torch traces, which Python only
-prints as "Exception ignored").
+(enn_core/export_serve.py, the helper's own side) imports those modules on the core validate,
+predict and collapse-check leave idle, then waits for one request on standard input (one JSON
+line: the run's config, the stage's inputs, the folder the programs go to, a log file). It
+answers on standard output, one JSON line per message: `{"say": line}` as each part starts,
+then `{"results": ...}`, `{"error": line}`, or `{"interrupted": true}` when Ctrl-C reached it
+(the parent then stops as interrupted: its own KeyboardInterrupt can be lost, raised inside a
+finalizer while torch traces, which Python only prints as "Exception ignored").
 End of input before a request means it was not needed. Only the parent holds the pipes: the
 request never comes from a file. It dies with its parent and with the parent's process group
 (Ctrl-C); the parent kills it when the stage is cancelled or interrupted. `enn export`, `dvc
@@ -21,26 +21,20 @@ repro` and any run without a helper export in their own process, with the same c
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import logging
-import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, TextIO
+from dataclasses import dataclass
+from typing import Any
 
 from enn_core import errors
 from enn_core.errors import EnnError, ExportError
 
 log = logging.getLogger("enn.export")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ONNX_MODULES = ("torch.onnx._internal.exporter._core", "onnxruntime")
 
 
@@ -62,7 +56,7 @@ def modules(formats: tuple[str, ...]) -> list[str]:
 def start(formats: tuple[str, ...]) -> Helper:
     """A helper importing what `formats` need, the one the next export takes."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "enn_core.export_helper", *modules(formats)],
+        [sys.executable, "-m", "enn_core.export_serve", *modules(formats)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -192,69 +186,3 @@ def parse(line: bytes) -> dict[str, Any] | None:
     if "results" in msg and not isinstance(msg["results"], dict):
         return None
     return msg
-
-
-def serve(request: dict[str, Any], reply: TextIO) -> dict[str, Any]:
-    """One request, in the helper: the export's results, or its error (class and line)."""
-    from enn_core.config import RunConfig
-    from enn_core.config.loader import build
-    from enn_core.export import export_all, prediction_inputs
-
-    def say(line: str) -> None:
-        print(json.dumps({"say": line}), file=reply, flush=True)
-
-    try:
-        cfg = build(RunConfig, request["config"], root=RunConfig, where="the export request")
-        inputs = prediction_inputs(
-            cfg, Path(request["root"]), request["stage"], *map(Path, request["inputs"])
-        )
-        formats = tuple(request.get("formats", cfg.export.formats))
-        required = tuple(f for f in cfg.export.required if f in formats)
-        ex = replace(cfg.export, formats=formats, required=required)
-        out = Path(request["out"])
-        return {"results": export_all(inputs.path, inputs.heldout, out, ex, inputs.std, say)}
-    except EnnError as e:
-        return {"error": str(e), "type": type(e).__name__}
-    except Exception as e:  # noqa: BLE001 - one line for the parent, the trace in the log
-        traceback.print_exc()
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        return {"error": f"export: {type(e).__name__}: {first}; see {request['log']}"}
-
-
-def main(argv: list[str]) -> int:
-    from enn_core.runtime.parent import die_with_parent
-
-    die_with_parent()
-    missed = []
-    for name in argv:  # a warm-up only: export_all applies its own rules to what is missing
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - e.g. an optional ONNX package not installed
-            missed.append(f"{name}: {type(e).__name__}: {e}")
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 0
-    request = json.loads(line)
-    reply = os.fdopen(os.dup(1), "w")  # the answers; prints, warnings and logs go to the log
-    logged = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    for fd in (1, 2):
-        os.dup2(logged, fd)
-    os.close(logged)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    for miss in missed:
-        log.info("warm-up import failed (export decides what it needs): %s", miss)
-    # SIGTERM to the group (a scheduler) stops the request as Ctrl-C does: the parent is told
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    answer: dict[str, Any]
-    try:
-        answer = serve(request, reply)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM reached the group: the parent stops too
-        answer = {"interrupted": True}
-    print(json.dumps(answer), file=reply, flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    from enn_core.runtime.parent import exit_process
-
-    exit_process(main(sys.argv[1:]))

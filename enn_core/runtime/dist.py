@@ -41,10 +41,10 @@ import torch.distributed as dist
 from torch import nn
 
 from enn_core.errors import ConfigError
+from enn_core.runtime.bound_store import tcp_store
 from enn_core.runtime.device import resolve_device
 from enn_core.runtime.network import InterfaceChoice
 from enn_core.runtime.sigterm import watch_sigterm
-from enn_core.runtime.stores import tcp_store
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -94,8 +94,8 @@ class Liveness:
         last.join(timeout=max(2.0, self.every_s * 2))
 
     def _post(self, *, done: bool = False) -> None:
+        from enn_core.runtime.bound_store import tcp_store
         from enn_core.runtime.store_auth import seal
-        from enn_core.runtime.stores import tcp_store
 
         host, _, port = self.endpoint.rpartition(":")
         beat = {"seq": self._seq + 1, "host": socket.gethostname(), "done": done}

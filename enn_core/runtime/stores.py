@@ -1,10 +1,11 @@
-"""TCP stores that listen only on the address they are meant for.
+"""The "enn-c10d" rendezvous backend: torch's c10d rendezvous on TCP stores that listen only
+on the address they are meant for (enn_core.runtime.bound_store).
 
 A `TCPStore` server binds every interface (`*:PORT`), whatever host it is given: during
 distributed-train the agent's rendezvous store and, on multi-node jobs, rank 0's workers' store
-listened on every network the machine has (FIELD_NOTES). A store created on a socket bound to
-one address (`master_listen_fd`) stays on it: 127.0.0.1 for a one-node job, the configured
-`runtime.rdzv_endpoint` host (and the rank-0 node's address) for a multi-node one.
+listened on every network the machine has (FIELD_NOTES). Here they stay on 127.0.0.1 for a
+one-node job, the configured `runtime.rdzv_endpoint` host (and the rank-0 node's address) for a
+multi-node one.
 
     store = tcp_store(host, port, is_master=True, timeout=timedelta(seconds=60))
     register_rendezvous()   # the "enn-c10d" rendezvous backend: torch's c10d on such a store
@@ -40,6 +41,7 @@ import torch.distributed as dist
 
 from enn_core.errors import ConfigError
 from enn_core.runtime import secret
+from enn_core.runtime.bound_store import tcp_store
 
 log = logging.getLogger("enn.launch")
 RENDEZVOUS_BACKEND = "enn-c10d"
@@ -50,46 +52,6 @@ LIVENESS_TIMEOUT_S = 120
 LEAVE_WAIT_S = 10.0  # how long the store's host waits for the other nodes to close
 # torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
 NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host`:`port` alone (not every interface), listening."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def tcp_store(
-    host: str,
-    port: int,
-    *,
-    is_master: bool,
-    timeout: _dt.timedelta,
-    multi_tenant: bool = False,
-    wait_for_workers: bool = True,
-) -> dist.TCPStore:
-    """A TCPStore; its server (when `is_master`) listens on `host`'s address only."""
-    if not is_master:
-        return dist.TCPStore(
-            host, port, is_master=False, timeout=timeout, multi_tenant=multi_tenant
-        )
-    sock = listening_socket(host, port)
-    return dist.TCPStore(
-        host,
-        sock.getsockname()[1],
-        is_master=True,
-        timeout=timeout,
-        multi_tenant=multi_tenant,
-        wait_for_workers=wait_for_workers,
-        master_listen_fd=sock.detach(),  # the store owns the descriptor from here
-    )
 
 
 def _rendezvous_store(

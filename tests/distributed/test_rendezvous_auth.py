@@ -12,8 +12,8 @@ import time
 import pytest
 
 from enn_core.runtime import secret
+from enn_core.runtime.bound_store import tcp_store
 from enn_core.runtime.launch import Rendezvous, free_port, launch
-from enn_core.runtime.stores import tcp_store
 from tests.fixtures.distributed import forged_state, sleeper
 
 pytestmark = pytest.mark.distributed

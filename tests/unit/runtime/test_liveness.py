@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from enn_core.runtime.bound_store import tcp_store
 from enn_core.runtime.launch import free_port
 from enn_core.runtime.liveness import Liveness
-from enn_core.runtime.stores import tcp_store
 
 KEY = b"k" * 32
 
@@ -77,7 +77,7 @@ def test_a_store_that_stops_answering_is_named_and_never_holds_the_node(tmp_path
             sys.executable,
             "-c",
             "import datetime as dt, time\n"
-            "from enn_core.runtime.stores import tcp_store\n"
+            "from enn_core.runtime.bound_store import tcp_store\n"
             f"s = tcp_store('127.0.0.1', {port}, is_master=True, "
             "timeout=dt.timedelta(seconds=60), multi_tenant=True, wait_for_workers=False)\n"
             "print('up', flush=True)\n"

@@ -171,7 +171,7 @@ def test_a_failed_warm_up_import_is_not_the_requests_error_and_odd_answers_are_o
         "log": str(tmp_path / "helper.log"),
     }
     request["inputs"] = request["inputs"][:3]
-    helper = _bare(tmp_path, ["-m", "enn_core.export_helper", "no_such_module_at_all"])
+    helper = _bare(tmp_path, ["-m", "enn_core.export_serve", "no_such_module_at_all"])
     with pytest.raises(StaleOutputError):  # it served the request: the inputs' own error
         _run(helper, request, lambda line: None, None)
     assert "warm-up import failed" in (tmp_path / "helper.log").read_text()
