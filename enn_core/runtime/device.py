@@ -7,14 +7,18 @@ Stages that run in this process (validate, collapse-check, predict, export) ask 
 from __future__ import annotations
 
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from enn_core.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported where a device is resolved: the core count needs none
+    import torch
 
 
 def resolve_device(requested: str, local_rank: int = 0) -> tuple[torch.device, str]:
     """(device, why) for `runtime.device`; asking for CUDA without a visible device is refused."""
+    import torch
+
     has_cuda = torch.cuda.is_available()
     if requested == "cuda" and not has_cuda:
         raise ConfigError(

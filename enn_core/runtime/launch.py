@@ -59,8 +59,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from enn_core import errors
 from enn_core.atomic import write_json
 from enn_core.config.runtime import RuntimeConfig, check_rendezvous
@@ -71,7 +69,9 @@ from enn_core.runtime.entry import RESULTS, read_results
 from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats
 from enn_core.runtime.parent import (
     clear_graceful_stop,
+    descendants,
     graceful_stop_requested,
+    kill_tree,
     request_graceful_stop,
     spawned_env,
 )
@@ -503,46 +503,3 @@ def _tail(path: Path, lines: int = 3) -> str:
     except OSError:
         return "no torchrun log"
     return " | ".join(line.strip() for line in text[-lines:]) or "no output"
-
-
-def descendants(pid: int) -> set[int]:
-    """The processes `pid` started, and theirs (none once it is gone)."""
-    with contextlib.suppress(psutil.Error):
-        return {c.pid for c in psutil.Process(pid).children(recursive=True)}
-    return set()
-
-
-def kill_tree(proc: subprocess.Popen[Any], pids: set[int], group: bool) -> None:
-    """Stop now: SIGKILL to `pids` (what `proc` started: workers, a trial's torchrun), to `proc`
-    and, with `group`, to the process group it leads (`start_new_session`: anything else it
-    started there); `proc` reaped, then the rest waited for. The one way a job's processes are
-    killed: a stage's launch, a pruned or stopped tuning trial."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    if proc.poll() is None:
-        proc.kill()
-    if group:  # a group outlives its leader while a member lives: its id is theirs
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
-    until_ended(pids)
-
-
-def until_ended(pids: set[int], timeout_s: float = 5.0) -> None:
-    """Until every process of `pids` has ended (gone, or a zombie its reaper has not collected):
-    SIGKILL is delivered at once, but a worker with a large address space takes a moment to
-    end, and the stage's error must not come while one still runs (CI saw one, once)."""
-    deadline = time.monotonic() + timeout_s
-    while pids and time.monotonic() < deadline:
-        pids = {pid for pid in pids if _running(pid)}
-        if pids:
-            time.sleep(0.05)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False

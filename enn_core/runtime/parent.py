@@ -3,6 +3,7 @@
     die_with_parent()          # first thing in every process a job starts
     request_graceful_stop()    # the enn process got a scheduler's warning (SIGTERM)
     exit_process(code)         # the last thing: the code, without the interpreter's long goodbye
+    kill_tree(proc, pids, group)  # stop now: a launch's torchrun and workers, a tuning trial
 
 Dying with the parent: the one copy, used by every process a job starts (the torchrun child
 of enn, each worker it starts, a training worker under an external launcher).
@@ -28,10 +29,11 @@ import ctypes
 import gc
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1
 PARENT_ENV = "ENN_PARENT_PID"
@@ -98,3 +100,50 @@ def exit_process(code: int) -> NoReturn:
             stream.flush()
     gc.freeze()
     sys.exit(code)
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes `pid` started, and theirs (none once it is gone)."""
+    import psutil  # here: `enn` imports this module at start
+
+    with contextlib.suppress(psutil.Error):
+        return {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    return set()
+
+
+def kill_tree(proc: subprocess.Popen[Any], pids: set[int], group: bool) -> None:
+    """Stop now: SIGKILL to `pids` (what `proc` started: workers, a trial's torchrun), to `proc`
+    and, with `group`, to the process group it leads (`start_new_session`: anything else it
+    started there); `proc` reaped, then the rest waited for. The one way a job's processes are
+    killed: a stage's launch, a pruned or stopped tuning trial."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.kill()
+    if group:  # a group outlives its leader while a member lives: its id is theirs
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    until_ended(pids)
+
+
+def until_ended(pids: set[int], timeout_s: float = 5.0) -> None:
+    """Until every process of `pids` has ended (gone, or a zombie its reaper has not collected):
+    SIGKILL is delivered at once, but a worker with a large address space takes a moment to
+    end, and the stage's error must not come while one still runs (CI saw one, once)."""
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if _running(pid)}
+        if pids:
+            time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False

@@ -37,8 +37,7 @@ from enn_core.config import RunConfig, load_config
 from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
-from enn_core.runtime.launch import descendants, kill_tree
-from enn_core.runtime.parent import spawned_env
+from enn_core.runtime.parent import descendants, kill_tree, spawned_env
 from tasks.tuning import shared, store
 from tasks.tuning import study as st
 from tasks.tuning.trial import TrialJob, events_file

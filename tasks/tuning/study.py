@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from optuna.study import Study
 from optuna.trial import TrialState
@@ -91,7 +90,11 @@ def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
         )
     name = cfg.tune.study or config.stem
     check_study_name(name, "tune.study" if cfg.tune.study else f"the study name ({config.name})")
-    gpus = torch.cuda.device_count() if cfg.runtime.device != "cpu" else 0
+    gpus = 0
+    if cfg.runtime.device != "cpu":
+        import torch  # here: `enn tune --apply` reads the study without it
+
+        gpus = torch.cuda.device_count()
     parallel, threads = slots(cfg, usable_cores(), gpus)
     folder = layout.work / "tune" / name
     on_server = bool(cfg.tune.storage)

@@ -14,7 +14,7 @@ import pytest
 
 from enn_core.config import load_config
 from enn_core.config.tune import dimensions
-from enn_core.runtime.launch import descendants
+from enn_core.runtime.parent import descendants
 from tasks.tuning import study as st
 from tasks.tuning.objective import RunningTrial, kill_trial
 from tasks.tuning.shared import OWNER_ATTR, TrialOwner
