@@ -371,6 +371,7 @@ class Objective:
 def kill_trial(proc: subprocess.Popen[bytes]) -> tuple[list[int], float]:
     """The trial's group killed; its pids and the seconds they took to end."""
     t0 = time.monotonic()
-    pids = {proc.pid, *descendants(proc.pid)} if proc.poll() is None else set()
-    kill_tree(proc, pids, group=True)
+    alive = proc.poll() is None  # reaped: its pid, and so its group's id, may be another's now
+    pids = {proc.pid, *descendants(proc.pid)} if alive else set()
+    kill_tree(proc, pids, group=alive)
     return sorted(pids), time.monotonic() - t0
