@@ -160,6 +160,37 @@ def fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def own_folder(path: Path, fix: str) -> Path:
+    """A folder this user made in a shared place (a checkpoint's temporary folder), created
+    0755 when missing: one planted there by someone else, or writable by others, is one
+    ConfigError (a link inside it would choose where enn writes)."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o755)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise ConfigError(
+            f"{path} is not a folder of this user's alone (owner uid {st.st_uid}, mode "
+            f"{stat.filemode(st.st_mode)}); enn writes only into a folder it made: {fix}"
+        )
+    return path
+
+
+def read_plain(path: Path) -> IO[bytes]:
+    """`path` opened for reading if it is a plain file, never through a link nor waiting on
+    a pipe (a model folder's files are data: a link there would choose what is read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise DataError(f"{path} is a link or not a plain file; enn reads only a file there")
+    return os.fdopen(fd, "rb")
+
+
 def not_a_link(path: Path, fix: str) -> None:
     """A folder of ours in a shared place (checkpoint.dir, predict.parts_dir): a link there is
     one ConfigError (nothing is written or deleted through it); so is a file."""

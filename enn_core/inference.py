@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from enn_core.atomic import write_json
+from enn_core.atomic import read_plain, write_json
 from enn_core.checkpoint import Checkpoint, load_model
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.hashing import sha256_file
@@ -41,6 +41,7 @@ CANDIDATES: tuple[str, ...] = ("raw", "calibrated", "fp32", "per_sample")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FAILED_MARKER = "FAILED"
 CALIBRATION_FILE = "calibration.json"
+SLOPE_FILE, INTERCEPT_FILE = "slope.npy", "intercept.npy"  # an affine calibration's arrays
 MODEL_FILE = "model.pt"
 MODEL_KEY = "model_sha256"  # calibration.json names the model file it was chosen for
 
@@ -160,11 +161,9 @@ def write_calibration(directory: Path, cal: Calibration, extra: Mapping[str, obj
     """calibration.json (+ slope.npy / intercept.npy for an affine) into `directory`."""
     affine = None
     if cal.slope is not None:
-        for name, value in (("slope", cal.slope), ("intercept", cal.intercept)):
-            np.save(
-                directory / f"{name}.npy", np.asarray(value, dtype=np.float32), allow_pickle=False
-            )
-        affine = {"slope_file": "slope.npy", "intercept_file": "intercept.npy"}
+        for name, value in ((SLOPE_FILE, cal.slope), (INTERCEPT_FILE, cal.intercept)):
+            np.save(directory / name, np.asarray(value, dtype=np.float32), allow_pickle=False)
+        affine = {"slope_file": SLOPE_FILE, "intercept_file": INTERCEPT_FILE}
     write_json(
         directory / CALIBRATION_FILE,
         {"candidate": cal.candidate, "precision": cal.precision, "affine": affine, **extra},
@@ -178,9 +177,11 @@ def read_calibration_meta(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise StaleOutputError(f"{path} not found; run collapse-check first")
     try:
-        meta: dict[str, Any] = json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise StaleOutputError(f"{path}: not valid JSON ({e}); re-run collapse-check") from e
+    if not isinstance(meta, dict):
+        raise StaleOutputError(f"{path}: not a calibration record; re-run collapse-check")
     return meta
 
 
@@ -200,9 +201,11 @@ def load_calibration(directory: str | Path) -> tuple[Calibration, dict[str, Any]
             "re-run collapse-check"
         )
     slope = intercept = None
-    if meta.get("affine"):
-        slope = np.load(d / meta["affine"]["slope_file"], allow_pickle=False)
-        intercept = np.load(d / meta["affine"]["intercept_file"], allow_pickle=False)
+    if meta.get("affine"):  # its own two files, whatever names the record gives (data)
+        with read_plain(d / SLOPE_FILE) as f:
+            slope = np.load(f, allow_pickle=False)
+        with read_plain(d / INTERCEPT_FILE) as f:
+            intercept = np.load(f, allow_pickle=False)
     cal = Calibration(meta["candidate"], meta.get("precision", "fp32"), slope, intercept)
     return cal, meta
 

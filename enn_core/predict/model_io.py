@@ -22,7 +22,9 @@ from enn_core.errors import ConfigError, StaleOutputError
 from enn_core.inference import (
     CALIBRATION_FILE,
     FAILED_MARKER,
+    INTERCEPT_FILE,
     MODEL_KEY,
+    SLOPE_FILE,
     PredictionPath,
     load_calibration,
     read_calibration_meta,
@@ -130,7 +132,7 @@ def choose_calibration(
             False, "raw", "collapse-check has not judged this model yet", detail=why
         )
     h = hashlib.sha256(json.dumps(cal, sort_keys=True).encode())
-    for name in ("slope.npy", "intercept.npy"):
+    for name in (SLOPE_FILE, INTERCEPT_FILE):
         if (collapse_dir / name).is_file():
             h.update(sha256_file(collapse_dir / name).encode())
     return CalibrationChoice(

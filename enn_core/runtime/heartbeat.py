@@ -75,9 +75,9 @@ def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:
     for p in d.glob("rank-*.json"):
         try:
             rec = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
+            out[int(rec["rank"])] = rec
+        except (OSError, ValueError, TypeError, KeyError):  # not one of the workers' records
             continue
-        out[int(rec["rank"])] = rec
     return out
 
 

@@ -66,7 +66,7 @@ from enn_core.errors import WorkerError
 from enn_core.runtime import secret, spare
 from enn_core.runtime.dist import STALE_ENV
 from enn_core.runtime.entry import RESULTS, read_results
-from enn_core.runtime.heartbeat import CANCEL_FILE, read_heartbeats
+from enn_core.runtime.heartbeat import CANCEL_FILE, HEARTBEATS, STACKS, read_heartbeats
 from enn_core.runtime.parent import (
     clear_graceful_stop,
     descendants,
@@ -267,10 +267,13 @@ class Job:
         self.from_spare = False  # the direct worker was a spare (`spare_worker`)
 
     def start(self) -> None:
-        for sub in (ERRORS, "logs", "heartbeats", "stacks", RESULTS, LAUNCH):
+        for sub in (ERRORS, "logs", HEARTBEATS, STACKS, RESULTS, LAUNCH):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
-        for old in [
+        for old in [  # an earlier launch's records (a retry runs in the same folder)
             *(self.run_dir / RESULTS).glob("rank-*.json"),
+            *(self.run_dir / HEARTBEATS).glob("rank-*.json"),
+            *(self.run_dir / ERRORS).glob("rank-*.json"),
+            *(self.run_dir / STACKS).glob("rank-*"),
             self.run_dir / LAUNCH / EXITS,
             self.run_dir / CANCEL_FILE,
         ]:

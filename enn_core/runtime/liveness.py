@@ -79,6 +79,11 @@ class Liveness:
     def _key(self, node: int) -> str:
         return f"enn/{self.run_id}/round{self.round}/alive/{node}"
 
+    def _context(self, node: int) -> str:
+        """What a beat's MAC binds besides the job: its round and node, so that a beat copied
+        to another node's key or into a later round (a `done` one, say) is refused."""
+        return f"{self.run_id}/{self._key(node)}"
+
     def start(self) -> Liveness:
         self._thread.start()
         return self
@@ -108,7 +113,8 @@ class Liveness:
                     timeout=_dt.timedelta(seconds=max(2.0, self.every_s * 2)),
                     multi_tenant=True,
                 )
-            value = seal(self.key, "a beat", self.run_id, json.dumps(beat).encode())
+            beat_bytes = json.dumps(beat).encode()
+            value = seal(self.key, "a beat", self._context(self.node_rank), beat_bytes)
             self._store.set(self._key(self.node_rank), value)
             self._seq += 1
 
@@ -128,7 +134,7 @@ class Liveness:
             if node == self.node_rank or not self._store.check([key]):
                 continue
             raw = self._store.get(key)
-            got = json.loads(unseal(self.key, "a beat", self.run_id, raw, self.endpoint))
+            got = json.loads(unseal(self.key, "a beat", self._context(node), raw, self.endpoint))
             beats[node] = (int(got["seq"]), str(got["host"])[:100], bool(got.get("done")))
         return beats
 

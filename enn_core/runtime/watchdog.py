@@ -179,8 +179,16 @@ def read_errors(run_dir: Path) -> list[dict[str, Any]]:
     recs = []
     for p in sorted((Path(run_dir) / ERRORS).glob("rank-*.json")):
         with contextlib.suppress(OSError, json.JSONDecodeError):
-            recs.append(json.loads(p.read_text()))
+            rec = json.loads(p.read_text())
+            if well_formed(rec):
+                recs.append(rec)
     return sorted(recs, key=lambda r: r["time"])
+
+
+def well_formed(rec: Any) -> bool:
+    """An error record as `write_error` writes it (anything else in the folder is skipped)."""
+    want = {"rank": int, "type": str, "message": str, "time": (int, float)}
+    return isinstance(rec, dict) and all(isinstance(rec.get(k), t) for k, t in want.items())
 
 
 # victims: a collective that timed out, lost its peer, or (predict's barrier) saw it go away

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from enn_core.atomic import fsync_dir, not_a_link, write_json
+from enn_core.atomic import fsync_dir, not_a_link, own_folder, write_json
 from enn_core.config import CheckpointConfig
 from enn_core.data.hashing import hash_files
 from enn_core.errors import StaleOutputError
@@ -103,10 +103,14 @@ def corrupt_files(step: Path) -> list[str]:
         recorded = json.loads((step / COMMITTED).read_text()).get("files") or {}
     except (OSError, json.JSONDecodeError, AttributeError):
         return [COMMITTED]
+    if not isinstance(recorded, dict):
+        return [COMMITTED]
     bad = []
     for name, digest in recorded.items():
-        path = step / name
-        if not path.is_file() or hash_files([path]) != digest:
+        path = step / str(name)
+        if path.name != name or path.is_symlink() or not path.is_file():  # none outside it
+            bad.append(str(name))
+        elif hash_files([path]) != digest:
             bad.append(name)
     return bad
 
@@ -196,6 +200,8 @@ class Checkpointer:
             for p in [*self.root.glob(".tmp-step-*"), *self.root.glob("step-*")]:
                 if p.is_symlink() or not (p / COMMITTED).is_file():
                     remove(p)
+            for p in self.root.glob(".tmp-step-*"):  # another user's: a save would reuse it
+                own_folder(p, "remove it, or choose another checkpoint.dir")
             if not keep and ((self.root / COMPLETE).exists() or not resume):
                 self.clear()
             (self.root / COMPLETE).unlink(missing_ok=True)
@@ -234,7 +240,7 @@ class Checkpointer:
         tmp = self.root / f".tmp-{step_name(position)}-a{self.attempt}"
         if tmp.is_symlink():  # planted in the shared folder: DCP would write through it
             remove(tmp)
-        tmp.mkdir(parents=True, exist_ok=True)
+        own_folder(tmp, LINK_FIX)  # one planted there would choose where its files go
         rng: dict[str, torch.Tensor | list[torch.Tensor]] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()

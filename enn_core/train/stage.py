@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from enn_core.atomic import atomic_dir, not_a_link, write_json
+from enn_core.atomic import atomic_dir, not_a_link, read_plain, write_json
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import (
@@ -179,6 +179,9 @@ def publish_shared(ctx: StageContext, job: WorkerJob) -> None:
     shared = job.checkpoint.dir / SHARED_OUTPUTS if job.checkpoint else None
     if shared is None or not all((shared / n).is_file() for n in WORKER_OUTPUTS):
         return
+    not_a_link(shared, "remove the link, or choose another checkpoint.dir")
+    for name in WORKER_OUTPUTS:  # a link there would choose which file is published here
+        read_plain(shared / name).close()
     with atomic_dir(ctx.output()) as tmp:
         for name in WORKER_OUTPUTS:
             shutil.copy2(shared / name, tmp / name)

@@ -105,3 +105,23 @@ def test_a_store_that_stops_answering_is_named_and_never_holds_the_node(tmp_path
     finally:
         server.kill()
         server.wait(10)
+
+
+@pytest.mark.parametrize("where", ["another node's key", "a later round"])
+def test_a_beat_copied_to_another_key_is_refused(endpoint, where):
+    """Whoever reaches the store's port can copy a sealed beat (a `done` one, say) to another
+    node's key or into a later round: the MAC binds both, so the copy is refused, never taken
+    for that node's beat (which would hide a silent node)."""
+    from enn_core.runtime.store_auth import UnauthenticatedWrite
+
+    def node(rank: int, round_: int, nnodes: int = 3) -> Liveness:
+        return Liveness(endpoint, KEY, "job-live", round_, rank, nnodes, str, timeout_s=1.0)
+
+    leaving = node(1, 0)
+    leaving._post(done=True)
+    raw = leaving._store.get(leaving._key(1))
+    reader = node(0, 1 if where == "a later round" else 0)
+    target = 2 if where == "another node's key" else 1
+    leaving._store.set(reader._key(target), raw)  # the copy
+    with pytest.raises(UnauthenticatedWrite):
+        reader._exchange()

@@ -5,6 +5,7 @@ removed as a link (its target kept), never resumed from, never written into."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -49,3 +50,96 @@ def test_planted_step_links_are_removed_as_links_never_followed(tmp_path):
     (root / step_name(2)).symlink_to(target)
     ck.clear()
     assert (target / "keep.txt").exists() and not (root / step_name(2)).is_symlink()
+
+
+def _planted_temp(root, position, how):
+    """A checkpoint's temporary folder planted before the save, holding a link to a file
+    outside: group-writable, or another user's (0755, so enn could not have emptied it)."""
+    tmp = root / f".tmp-{step_name(position)}-a0"
+    tmp.mkdir()
+    victim = root.parent / "victim.txt"
+    victim.write_text("precious")
+    (tmp / "rng-rank0.pt").symlink_to(victim)
+    if how == "group-writable":
+        tmp.chmod(0o777)
+    else:
+        os.chown(tmp, 1235, 1235)
+    return victim
+
+
+@pytest.mark.parametrize("how", ["group-writable", "another user's"])
+def test_a_temp_folder_planted_before_a_save_is_refused_and_nothing_written_outside(tmp_path, how):
+    if how == "another user's" and os.geteuid() != 0:
+        pytest.skip("planting another user's folder needs root (CI and the dev machine are)")
+    root = tmp_path / "ck"
+    ck = Checkpointer(root, CheckpointConfig(), rank=0, distributed=False)
+    ck.prepare(resume=False)
+    victim = _planted_temp(root, 3, how)
+    with pytest.raises(ConfigError, match=r"not a folder of this user's alone .*checkpoint.dir"):
+        ck.save({"model": torch.nn.Linear(2, 2).state_dict()}, {"position": 3}, 3)
+    assert victim.read_text() == "precious" and not victim.is_symlink()
+    assert committed(root) == []
+
+
+def test_a_temp_folder_prepare_could_not_remove_is_one_line_before_training(tmp_path, monkeypatch):
+    from enn_core.train import ckpt
+
+    root = tmp_path / "ck"
+    root.mkdir()
+    victim = _planted_temp(root, 3, "group-writable")
+    monkeypatch.setattr(ckpt, "remove", lambda p: None)  # as for another user's 0755 folder
+    ck = Checkpointer(root, CheckpointConfig(), rank=0, distributed=False)
+    with pytest.raises(ConfigError, match=r"\.tmp-step-00000003-a0 is not a folder of this"):
+        ck.prepare(resume=False)
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("name", ["../victim.txt", "ABS", None])
+def test_committed_names_only_files_of_its_own_folder(tmp_path, name):
+    """Its hashes match, but the names lead out of the step folder (or are no mapping)."""
+    from enn_core.data.hashing import hash_files
+    from enn_core.train.ckpt import corrupt_files
+
+    step = tmp_path / step_name(1)
+    step.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("x")
+    name = str(victim) if name == "ABS" else name
+    files = {name: hash_files([victim])} if name else [hash_files([victim])]
+    (step / COMMITTED).write_text(json.dumps({"files": files}))
+    assert corrupt_files(step) == ([name] if name else [COMMITTED])
+
+
+@pytest.mark.parametrize("planted", ["folder", "file"])
+def test_a_node_without_rank_0_publishes_no_file_a_link_chose(tmp_path, planted):
+    """rank 0's outputs reach the other nodes through `<checkpoint.dir>/published/`: a link
+    there (the folder, or one of its files) would choose which file becomes this node's
+    model.pt. It is one line, and nothing is published."""
+    from types import SimpleNamespace
+
+    from enn_core.config import load_config
+    from enn_core.errors import DataError
+    from enn_core.paths import Layout
+    from enn_core.stage import make_context
+    from enn_core.stages import DISTRIBUTED_TRAIN
+    from enn_core.train.job import SHARED_OUTPUTS
+    from enn_core.train.stage import WORKER_OUTPUTS, publish_shared
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in WORKER_OUTPUTS:
+        (elsewhere / name).write_text("{}")
+    published = tmp_path / "ck" / SHARED_OUTPUTS
+    if planted == "folder":
+        published.parent.mkdir()
+        published.symlink_to(elsewhere)
+    else:
+        published.mkdir(parents=True)
+        for name in WORKER_OUTPUTS:
+            (published / name).symlink_to(elsewhere / name)
+    layout = Layout(root=tmp_path, work=tmp_path / "work")
+    ctx = make_context(load_config(None, []), layout, DISTRIBUTED_TRAIN, "r1")
+    job = SimpleNamespace(checkpoint=SimpleNamespace(dir=tmp_path / "ck"))
+    with pytest.raises((ConfigError, DataError), match=r"is a link"):
+        publish_shared(ctx, job)
+    assert not ctx.output().exists()

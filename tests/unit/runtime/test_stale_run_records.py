@@ -1,0 +1,49 @@
+"""An earlier launch's records in a reused run directory (a Prefect retry, a SLURM group's
+run id) decide nothing about the next launch: a stale heartbeat does not make the watchdog
+kill the new workers as hung, a stale error record does not choose the new error's class,
+and a file in those folders that is not a record is skipped, never a crash of the parent."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from enn_core.errors import ConfigError
+from enn_core.runtime.heartbeat import read_heartbeats
+from enn_core.runtime.launch import launch, read_errors
+from tests.unit.runtime.test_launch_one_worker import describe, refuse
+
+
+def _leftovers(run_dir, rank: int = 1) -> None:
+    """What a launch of two workers, the first try of this run, left behind."""
+    old = time.time() - 600
+    beats, errors = run_dir / "heartbeats", run_dir / "errors"
+    beats.mkdir(parents=True)
+    errors.mkdir()
+    beat = {"rank": rank, "pid": 1, "attempt": 0, "phase": "step", "step": 3}
+    (beats / f"rank-{rank}.json").write_text(json.dumps({**beat, "progress_time": old}))
+    error = {"rank": rank, "type": "DataError", "message": "an old failure", "phase": "step"}
+    (errors / f"rank-{rank}.json").write_text(json.dumps({**error, "step": 3, "time": old}))
+
+
+def test_a_stale_heartbeat_of_an_earlier_launch_is_not_a_hang_of_this_one(tmp_path):
+    _leftovers(tmp_path)
+    got = launch(describe, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=5)[0]
+    assert got["RANK"] == "0"
+    assert 1 not in read_heartbeats(tmp_path)  # the earlier launch's rank is gone
+
+
+def test_a_stale_error_record_does_not_choose_this_launchs_error(tmp_path):
+    _leftovers(tmp_path)
+    with pytest.raises(ConfigError, match=r"rank 0 failed in phase entry: ConfigError: data.path"):
+        launch(refuse, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=60)
+
+
+@pytest.mark.parametrize("raw", ["[]", '{"rank": "x"}', '{"time": 1}', "null", '"text"'])
+def test_a_file_that_is_no_record_is_skipped(tmp_path, raw):
+    for sub in ("heartbeats", "errors"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "rank-0.json").write_text(raw)
+    assert read_heartbeats(tmp_path) == {} and read_errors(tmp_path) == []
