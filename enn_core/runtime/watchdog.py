@@ -187,7 +187,12 @@ def read_errors(run_dir: Path) -> list[dict[str, Any]]:
 
 def well_formed(rec: Any) -> bool:
     """An error record as `write_error` writes it (anything else in the folder is skipped)."""
-    want = {"rank": int, "type": str, "message": str, "time": (int, float)}
+    want: dict[str, type | tuple[type, ...]] = {
+        "rank": int,
+        "type": str,
+        "message": str,
+        "time": (int, float),
+    }
     return isinstance(rec, dict) and all(isinstance(rec.get(k), t) for k, t in want.items())
 
 
