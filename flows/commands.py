@@ -126,7 +126,7 @@ def worker_only(spec: StageSpec, cfg: RunConfig, layout: Layout, launched: Launc
     spec.work(cfg, ctx)
     print(
         f"{spec.name}: rank {launched.rank} done in {time.monotonic() - t0:.1f} s "
-        f"(logs: {ctx.run_dir / 'logs'}); the process of global rank 0 publishes the outputs"
+        f"(its records: {ctx.run_dir}); the process of global rank 0 publishes the outputs"
     )
     return 0
 

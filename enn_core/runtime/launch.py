@@ -76,7 +76,7 @@ from enn_core.runtime.parent import (
     spawned_env,
 )
 from enn_core.runtime.stores import NO_SHARED_STORE
-from enn_core.runtime.torchrun import EXITS
+from enn_core.runtime.torchrun import EXITS, WAITING
 from enn_core.runtime.watchdog import (
     DEFAULT_BUDGETS,
     ERRORS,
@@ -265,6 +265,7 @@ class Job:
         # one worker of one node that is never restarted: no agent needed (module docstring)
         self.direct = nprocs == 1 and rdzv.nnodes == 1 and max_restarts == 0
         self.from_spare = False  # the direct worker was a spare (`spare_worker`)
+        self.said_waiting = ""  # the rendezvous's last "still waiting" line shown
 
     def start(self) -> None:
         for sub in (ERRORS, "logs", HEARTBEATS, STACKS, RESULTS, LAUNCH):
@@ -275,6 +276,7 @@ class Job:
             *(self.run_dir / ERRORS).glob("rank-*.json"),
             *(self.run_dir / STACKS).glob("rank-*"),
             self.run_dir / LAUNCH / EXITS,
+            self.run_dir / LAUNCH / WAITING,
             self.run_dir / CANCEL_FILE,
         ]:
             old.unlink(missing_ok=True)
@@ -327,9 +329,21 @@ class Job:
         assert self.proc is not None
         try:
             self.proc.wait(poll_s)
+            alive = False
         except subprocess.TimeoutExpired:
-            return True
-        return False
+            alive = True
+        if self.rdzv.nnodes > 1:
+            self.show_waiting()
+        return alive
+
+    def show_waiting(self) -> None:
+        """The rendezvous's newest "still waiting for N more node(s)" line (torchrun's child
+        writes it; its own output goes to the log file), on the console once."""
+        with contextlib.suppress(OSError):
+            line = (self.run_dir / LAUNCH / WAITING).read_text().strip()
+            if line and line != self.said_waiting:
+                self.said_waiting = line
+                log.warning("%s", line)
 
     def pids(self) -> set[int]:
         """Worker pids: the descendants of torchrun (each worker has a session of its own);

@@ -186,7 +186,7 @@ class Liveness:
                 self._silent(
                     f"the rendezvous store at {self.endpoint} did not answer this node "
                     f"({socket.gethostname()}) for {now - last_ok:.0f} s "
-                    f"(runtime.hang_timeout_s={self.timeout_s:.0f}): a network partition or "
+                    f"(the liveness timeout, {self.timeout_s:.0f} s): a network partition or "
                     "the store's node died; stopping this node's workers"
                 )
                 self._end_if_still_cut_off()
@@ -196,7 +196,7 @@ class Liveness:
                     self._silent(
                         f"node {name} (node rank {node}, global ranks {self.ranks_of(node)}) "
                         f"went silent: no liveness beat for {now - when:.0f} s "
-                        f"(runtime.hang_timeout_s={self.timeout_s:.0f}) in the rendezvous store "
+                        f"(the liveness timeout, {self.timeout_s:.0f} s) in the rendezvous store "
                         f"at {self.endpoint}; stopping this node's workers"
                     )
                     return

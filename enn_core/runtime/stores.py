@@ -44,6 +44,7 @@ from enn_core.runtime import secret
 from enn_core.runtime.bound_store import tcp_store
 
 log = logging.getLogger("enn.launch")
+WAITING_EXTRA = "enn_waiting"  # a waiting line's record attribute: whom it waits for
 RENDEZVOUS_BACKEND = "enn-c10d"
 WAITING_EVERY_S = 30.0  # how often a node waiting in the rendezvous says whom it waits for
 # seconds without a peer node's liveness beat before it is named silent (runtime.hang_timeout_s:
@@ -177,6 +178,7 @@ def _create_handler(params: Any) -> Any:
     """torch's c10d rendezvous handler, on a store bound to the endpoint's address, whose
     workers' store (the agent shares it with its workers) is bound to the node's address,
     every value of which is authenticated with the job secret."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         create_handler,
@@ -205,21 +207,18 @@ def _create_handler(params: Any) -> Any:
 
         def next_rendezvous(self) -> Any:
             agree_on_nodes(store, key, params)
-            stop = threading.Event()
-            waiting = threading.Thread(
-                target=report_waiting,
-                args=(self, params, stop, WAITING_EVERY_S),
-                name="enn-rdzv-waiting",
-                daemon=True,
-            )
-            waiting.start()
+            waiting = Waiting(self, params, WAITING_EVERY_S)
+            threading.Thread(target=waiting.run, name="enn-rdzv-waiting", daemon=True).start()
             beat = getattr(self, "_enn_liveness", None)
             if beat is not None:  # a new round: this node leaves the last one on purpose
                 beat.stop()
             try:
                 info = super().next_rendezvous()
+            except RendezvousTimeoutError:
+                waiting.say()  # torchrun's own error says no more than its class
+                raise
             finally:
-                stop.set()
+                waiting.stop.set()
             if params.max_nodes > 1:
                 self._enn_liveness = Liveness(
                     params.endpoint,
@@ -295,20 +294,41 @@ def assigned_ranks(store: Any) -> Callable[[int], str]:
     return ranks_of
 
 
-def report_waiting(handler: Any, params: Any, stop: threading.Event, every_s: float) -> None:
-    """While this node waits in the rendezvous: every `every_s` seconds, one line saying whom
-    it waits for (the nodes seen, how many are missing, the endpoint)."""
-    while not stop.wait(every_s):
-        state = handler._state_holder.state  # a snapshot; the agent's thread replaces it
+class Waiting:
+    """Whom this node still waits for in the rendezvous: sampled every second from the
+    handler's state while it waits, one line every `every_s` seconds, and once more when the
+    rendezvous times out (torch's state has dropped this node by then: the last sample)."""
+
+    def __init__(self, handler: Any, params: Any, every_s: float) -> None:
+        self.handler, self.params, self.every_s = handler, params, every_s
+        self.stop = threading.Event()
+        self.who = ""
+
+    def sample(self) -> None:
+        state = self.handler._state_holder.state  # a snapshot; the agent's thread replaces it
         seen = sorted({n.addr for n in (*state.participants, *state.wait_list)})
-        missing = max(0, params.min_nodes - len(state.participants))
+        missing = max(0, self.params.min_nodes - len(state.participants))
+        who = f"{missing} more node(s) of {self.params.min_nodes}; seen: "
+        self.who = who + (", ".join(seen) or "none yet")
+
+    def run(self) -> None:
+        said = time.monotonic()
+        while not self.stop.wait(min(1.0, self.every_s)):
+            self.sample()
+            if time.monotonic() - said >= self.every_s:
+                said = time.monotonic()
+                self.say()
+
+    def say(self) -> None:
+        if not self.who:
+            self.sample()
+        p = self.params
         log.warning(
-            "rendezvous %s at %s: still waiting for %d more node(s) of %d; seen: %s",
-            params.run_id,
-            params.endpoint,
-            missing,
-            params.min_nodes,
-            ", ".join(seen) or "none yet",
+            "rendezvous %s at %s: still waiting for %s",
+            p.run_id,
+            p.endpoint,
+            self.who,
+            extra={WAITING_EXTRA: self.who},
         )
 
 

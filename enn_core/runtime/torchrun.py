@@ -17,11 +17,15 @@ with the enn-c10d rendezvous backend) plus what enn needs around it:
   with one line.
 
 torchrun's own lines and torch's C++ logs go to `<run_dir>/logs/torchrun.log` (the launcher
-redirects this process's output; TORCH_CPP_LOG_LEVEL=ERROR), never the console.
+redirects this process's output; TORCH_CPP_LOG_LEVEL=ERROR), never the console. The one
+exception is the rendezvous's "still waiting for N more node(s)" line: its newest is kept in
+`<run_dir>/launch/waiting.txt`, which the launcher shows on the console, and a rendezvous that
+times out says whom it was still waiting for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,12 +33,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enn_core.atomic import write_json
+from enn_core.atomic import atomic_file, write_json
 from enn_core.runtime.liveness import when_cut_off
 from enn_core.runtime.parent import die_with_parent, exit_process, spawned_env
-from enn_core.runtime.stores import register_rendezvous
+from enn_core.runtime.stores import WAITING_EXTRA, register_rendezvous
+from enn_core.runtime.stores import log as rendezvous_log
 
 EXITS = "exits.json"
+WAITING = "waiting.txt"
+NO_DETAIL = "no detail"
 # Forwarded to the workers by torchrun's agent. SIGINT and SIGHUP: a terminal's, if one
 # reaches this process group; SIGUSR1 is never here: it makes a worker dump its stack.
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
@@ -64,6 +71,21 @@ def argv_of(job: dict[str, Any], job_path: Path) -> list[str]:
     ]
 
 
+class Waiting(logging.Handler):
+    """The rendezvous's newest "still waiting" line, written for the launcher to show."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(logging.WARNING)
+        self.path, self.last = path, ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if (who := getattr(record, WAITING_EXTRA, None)) is None:
+            return
+        self.last = str(who)
+        with contextlib.suppress(OSError), atomic_file(self.path) as f:
+            f.write(record.getMessage() + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
@@ -74,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     out = job_path.parent / EXITS
     out.unlink(missing_ok=True)
     when_cut_off(lambda line: write_json(out, {"state": "cut_off", "exits": {}, "message": line}))
+    waiting = Waiting(job_path.parent / WAITING)
+    rendezvous_log.addHandler(waiting)
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError
@@ -92,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         write_json(out, {"state": "rendezvous_closed", "exits": {}, "message": _first(e)})
         return 1
     except RendezvousError as e:
-        what = f"{type(e).__name__} ({_first(e)})"
+        said = _first(e)
+        if said == NO_DETAIL and waiting.last:
+            said = f"still waiting for {waiting.last}"
+        what = f"{type(e).__name__} ({said})"
         write_json(out, {"state": "rendezvous_error", "exits": {}, "message": what})
         return 1
     except BaseException as e:  # a signal torchrun handled (SignalException), or its own bug
@@ -106,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _first(e: BaseException) -> str:
     text = str(e).strip()
-    return text.splitlines()[0] if text else "no detail"
+    return text.splitlines()[0] if text else NO_DETAIL
 
 
 if __name__ == "__main__":

@@ -113,7 +113,10 @@ def main(job_path: str) -> dict[str, Any]:
         return summary
     except BaseException as e:
         write_error(job.run_dir, rank, e, *hb.where(), traceback.format_exc())
-        log.error("failed in phase %s: %s", hb.where()[0], e)
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C, forwarded by the launcher: no error
+            log.warning("interrupted in phase %s", hb.where()[0])
+        else:
+            log.error("failed in phase %s: %s", hb.where()[0], str(e) or type(e).__name__)
         raise
     finally:
         shutdown()

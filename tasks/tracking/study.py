@@ -166,7 +166,8 @@ class StudyTracker:
                 self.tracker.log_artifact(parent, folder / name, "tune")
             for png in plots(study, folder):
                 self.tracker.log_artifact(parent, png, "plots")
-        counts: dict[str, float] = {}
+        # every state, 0 included: a count that fell to 0 (the queued retry ran) is updated
+        counts: dict[str, float] = {f"tune/n_{s.name.lower()}": 0.0 for s in TrialState}
         for row in rows:
             counts[f"tune/n_{row['state']}"] = counts.get(f"tune/n_{row['state']}", 0) + 1
         for name, value in counts.items():

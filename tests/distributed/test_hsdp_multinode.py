@@ -6,6 +6,7 @@ multi-host tier's (tests/multihost/test_training.py)."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 
 import pytest
@@ -87,6 +88,26 @@ def test_a_node_whose_peer_never_joins_gets_a_transient_rendezvous_error(tmp_pat
     rdzv = Rendezvous(nnodes=2, endpoint=f"127.0.0.1:{free_port()}", run_id="lonely", timeout_s=3)
     with pytest.raises(TransientError, match="rendezvous lonely at 127.0.0.1:.*start all 2 nodes"):
         launch(_never_runs, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=10, rdzv=rdzv)
+
+
+@pytest.mark.timeout(90)
+def test_a_node_waiting_for_its_peer_says_so_on_the_console_and_in_its_error(
+    tmp_path, monkeypatch, caplog
+):
+    """torchrun's output goes to the log file; the rendezvous's "still waiting" line is the
+    one the person at this node needs, and the timeout's error says whom it waited for
+    (torchrun's own says only `RendezvousTimeoutError`)."""
+    monkeypatch.setenv(secret.ENV, str(secret.make(tmp_path / "job-secret")))
+    rdzv = Rendezvous(nnodes=2, endpoint=f"127.0.0.1:{free_port()}", run_id="alone", timeout_s=6)
+    with (
+        caplog.at_level(logging.WARNING, logger="enn.launch"),
+        pytest.raises(TransientError) as err,
+    ):
+        launch(_never_runs, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=10, rdzv=rdzv)
+    said = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert said and "rendezvous alone at 127.0.0.1:" in said[-1], caplog.text
+    assert "still waiting for 1 more node(s) of 2; seen: " in str(err.value)
+    assert "no detail" not in str(err.value)
 
 
 @pytest.mark.timeout(120)

@@ -17,10 +17,10 @@ from enn_core.runtime import secret
 from enn_core.runtime.launch import free_port
 from enn_core.runtime.store_auth import MacStore, RendezvousNodesDiffer, UnauthenticatedWrite
 from enn_core.runtime.stores import (
+    Waiting,
     _backend_class,
     agree_on_nodes,
     job_key,
-    report_waiting,
     tcp_store,
 )
 from tests.fixtures.distributed import forged_state
@@ -125,14 +125,12 @@ def test_a_node_waiting_in_the_rendezvous_says_whom_it_waits_for(caplog):
     node = Node("node1", 123, 0)
     state = SimpleNamespace(participants={node: 0}, wait_list=set())
     handler = SimpleNamespace(_state_holder=SimpleNamespace(state=state))
-    stop = threading.Event()
-    thread = threading.Thread(
-        target=report_waiting, args=(handler, _params("job-w", 3, "node1:29400"), stop, 0.05)
-    )
+    waiting = Waiting(handler, _params("job-w", 3, "node1:29400"), 0.05)
+    thread = threading.Thread(target=waiting.run)
     with caplog.at_level(logging.WARNING, logger="enn.launch"):
         thread.start()
         time.sleep(0.3)
-        stop.set()
+        waiting.stop.set()
         thread.join(5)
     assert (
         "rendezvous job-w at node1:29400: still waiting for 2 more node(s) of 3; seen: node1"

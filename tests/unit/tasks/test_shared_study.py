@@ -354,3 +354,26 @@ def test_threads_asking_at_once_each_claim_a_different_queued_trial(tmp_path):
         twice = {n: c for n, c in collections.Counter(claimed).items() if c > 1}
         assert not twice, f"queued trials claimed by more than one thread: {twice}"
         claimed.clear()
+
+
+def test_a_count_that_falls_to_zero_is_logged_as_zero(tmp_path, mlflow_uri):
+    """The first `enn tune` ends with an interrupted trial's point queued (tune/n_waiting 1);
+    the next runs it: the parent's tune/n_waiting reads 0, not the stale 1 (walk-through)."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tracking.study import StudyTracker
+
+    (tmp_path / "params.yaml").write_text("{}\n")
+    cfg = load_config(None, [f"tracking.uri={mlflow_uri}", "tracking.experiment=counts"])
+    study = optuna.create_study()
+    row = {"trial": 0, "value": 0.5, "epochs": 1, "seconds": 1.0, "train.lr": 0.01}
+    first = [{**row, "state": "complete"}, {**row, "trial": 1, "state": "waiting"}]
+    second = [*first[:1], {**row, "trial": 1, "state": "complete"}]
+    for rows in (first, second):
+        tracker = StudyTracker(cfg, Layout.for_root(tmp_path), "counts")
+        parent = tracker.start({})
+        tracker.finish(study, rows, None)
+    metrics = MlflowClient(mlflow_uri).get_run(str(parent)).data.metrics
+    assert metrics["tune/n_waiting"] == 0 and metrics["tune/n_complete"] == 2
+    assert metrics["tune/n_fail"] == 0 and metrics["tune/n_running"] == 0
