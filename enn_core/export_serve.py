@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from enn_core.atomic import open_own
 from enn_core.errors import EnnError
 from enn_core.runtime.parent import die_with_parent, exit_process
 
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> int:
         return 0
     request = json.loads(line)
     reply = os.fdopen(os.dup(1), "w")  # the answers; prints, warnings and logs go to the log
-    logged = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    logged = open_own(request["log"], mode=0o644)
     for fd in (1, 2):
         os.dup2(logged, fd)
     os.close(logged)

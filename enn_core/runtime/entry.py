@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from enn_core.atomic import write_json
+from enn_core.atomic import open_own, write_json
 from enn_core.runtime.parent import die_with_parent, exit_process
 from enn_core.runtime.watchdog import ERRORS, write_error
 
@@ -100,7 +100,7 @@ def wait_for_job(modules: list[str]) -> tuple[str | None, Exception | None]:
     for key in handed.get("unset", []):
         os.environ.pop(str(key), None)
     os.environ.update({str(k): str(v) for k, v in handed["env"].items()})
-    log = os.open(handed["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    log = open_own(handed["log"], mode=0o644)
     for fd in (1, 2):
         os.dup2(log, fd)
     os.close(log)

@@ -16,6 +16,7 @@ A `CANCEL` file in the run directory makes every worker exit at its next beat.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from enn_core.atomic import process_alive
+from enn_core.atomic import open_own, process_alive
 
 HEARTBEATS = "heartbeats"
 STACKS = "stacks"
@@ -49,7 +50,11 @@ def _temp_path(path: Path) -> Path:
 
 def _write_atomic(path: Path, record: dict[str, Any]) -> None:
     tmp = _temp_path(path)
-    tmp.write_text(json.dumps(record))
+    with contextlib.suppress(FileNotFoundError):  # a link left there is removed, not followed
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(record))
     os.replace(tmp, path)
 
 
@@ -111,7 +116,8 @@ class Heartbeat:
         """Register the stack-dump signal and start the beating thread."""
         sp = stack_path(self.run_dir, self.rank)
         sp.parent.mkdir(parents=True, exist_ok=True)
-        stack_file = open(sp, "w")  # noqa: SIM115 - kept open for faulthandler
+        # kept open for faulthandler; a link planted there is one line, never written through
+        stack_file = os.fdopen(open_own(sp, os.O_WRONLY | os.O_TRUNC), "w")
         self._stack_file = stack_file
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
         self._beat()

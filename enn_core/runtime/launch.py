@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from enn_core import errors
-from enn_core.atomic import write_json
+from enn_core.atomic import open_own, write_json
 from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
 from enn_core.runtime import secret, spare
@@ -305,7 +305,7 @@ class Job:
             if given is not None and self.hand_over(given, env, job_path, log_file):
                 return
             env.update(one_worker_env(self.rdzv))
-        with open(log_file, "ab") as out:
+        with os.fdopen(open_own(log_file), "ab") as out:  # no link planted there followed
             self.proc = subprocess.Popen(
                 command,
                 env=env,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from enn_core import errors
+from enn_core.atomic import write_json
 from enn_core.errors import WorkerError
 from enn_core.runtime.heartbeat import read_heartbeats, stack_path
 
@@ -172,7 +173,7 @@ def write_error(
         "traceback": tb,
         "time": time.time(),
     }
-    path.write_text(json.dumps(rec))
+    write_json(path, rec)  # replaced, never written through a link planted there
 
 
 def read_errors(run_dir: Path) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ import torch.distributed
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
-from enn_core.atomic import atomic_dir
+from enn_core.atomic import atomic_dir, open_own, write_json
 from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
@@ -89,7 +89,7 @@ def same_fingerprint(digest: str, env: DistEnv) -> None:
 def _log_to_file(run_dir: Path, rank: int, level: str) -> logging.Logger:
     path = run_dir / "logs" / f"rank-{rank}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path)
+    handler = logging.StreamHandler(os.fdopen(open_own(path), "a"))  # no link followed
     handler.setFormatter(
         logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     )
@@ -419,6 +419,6 @@ def write_outputs(
     }
     save_consolidated(out / "model.pt", state, cfg.model, manifest, meta)
     record = {**summary, "backoffs": result.backoffs}
-    (out / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+    write_json(out / "record.json", record)
     history = {"epochs": result.history, "step_losses": result.step_losses}
-    (out / "history.json").write_text(json.dumps(history, indent=2, default=str))
+    write_json(out / "history.json", history)

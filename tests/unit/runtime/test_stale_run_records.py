@@ -1,7 +1,8 @@
 """An earlier launch's records in a reused run directory (a Prefect retry, a SLURM group's
 run id) decide nothing about the next launch: a stale heartbeat does not make the watchdog
 kill the new workers as hung, a stale error record does not choose the new error's class,
-and a file in those folders that is not a record is skipped, never a crash of the parent."""
+and a file in those folders that is not a record is skipped, never a crash of the parent.
+A link planted in the run directory where a log goes is one line, never written through."""
 
 from __future__ import annotations
 
@@ -47,3 +48,24 @@ def test_a_file_that_is_no_record_is_skipped(tmp_path, raw):
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "rank-0.json").write_text(raw)
     assert read_heartbeats(tmp_path) == {} and read_errors(tmp_path) == []
+
+
+@pytest.mark.parametrize("log", ["rank-0.log", "torchrun.log"])
+def test_a_log_link_planted_in_the_run_directory_is_never_written_through(tmp_path, log):
+    from enn_core.errors import DataError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    (tmp_path / "run" / "logs" / log).symlink_to(victim)
+    restarts = 1 if log == "torchrun.log" else 0  # torchrun only where it restarts workers
+    with pytest.raises(DataError, match=rf"{log} is a link or not a plain file"):
+        launch(
+            describe,
+            (),
+            nprocs=1,
+            run_dir=tmp_path / "run",
+            hang_timeout_s=60,
+            max_restarts=restarts,
+        )
+    assert victim.read_text() == "precious"
