@@ -77,15 +77,34 @@ def input_example(ref: str, tracking: str) -> dict:
     import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
+    if not ref.startswith("models:/"):
+        raise ConfigError(
+            f"--model {ref}: enn serve serves a registered model, models:/NAME@ALIAS or "
+            "models:/NAME/VERSION, not a file; `enn run` registers the model it trains "
+            "(docs/serving.md)"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         try:
             mlflow.set_tracking_uri(tracking)
             path = mlflow.artifacts.download_artifacts(f"{ref}/input_example.json", dst_path=tmp)
         except (MlflowException, OSError) as e:
             first = str(e).strip().splitlines()[0][:200]
-            hint = "train first (enn run)" if ref.endswith("@champion") else "check the name"
-            raise ConfigError(f"{ref}: no registered model to serve ({first}); {hint}") from e
+            names = registered_names(tracking)
+            hint = f"registered here: {', '.join(names)}" if names else "train first (enn run)"
+            raise ConfigError(
+                f"{ref}: no registered model to serve ({first}); {hint} (docs/serving.md)"
+            ) from e
         return json.loads(Path(path).read_text())
+
+
+def registered_names(tracking: str) -> list[str]:
+    """The store's registered model names (at most 10), [] when it cannot say."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        return sorted(m.name for m in MlflowClient(tracking).search_registered_models())[:10]
+    except Exception:  # noqa: BLE001 - only a hint in an error line already being raised
+        return []
 
 
 def usage(ref: str, url: str, example: dict, tracking: str) -> list[str]:

@@ -149,6 +149,7 @@ def stage(
         training = read_manifest(
             _input(layout, data.training_manifest, "data.training_manifest").parent
         )
+        data = read_as_trained(data, training)
     source = open_source(data, layout)
     try:
         with atomic_dir(_writable(target)) as tmp:
@@ -168,6 +169,21 @@ def stage(
     if ctx is not None:
         ctx.events.event("staged", **out)
     return out
+
+
+def read_as_trained(data: DataConfig, training: StagedManifest) -> DataConfig:
+    """New inputs are read as the model's training data was: its categorical and cyclic
+    columns come from the training manifest's feature specs, whatever the prediction's params
+    say (a new file needs only data.source and data.path; one list to keep in step, not two)."""
+    specs = training.feature_specs
+    cyclic = [s for s in specs if s.get("cyclic_period")]
+    return dataclasses.replace(
+        data,
+        categorical=tuple(str(s["name"]) for s in specs if s.get("kind") == "categorical"),
+        cyclic=tuple(str(s["name"]) for s in cyclic),
+        cyclic_periods=tuple(int(s["cyclic_period"]) for s in cyclic),
+        cyclic_starts=tuple(int(s.get("cyclic_start", 0)) for s in cyclic),
+    )
 
 
 def _writable(target: Path) -> Path:

@@ -73,6 +73,12 @@ class _TableSource:
             n_rows=n_rows,
             label_name=lambda j: f"column {self.labels[j]!r}",
             inputs=[path],
+            # one label axis: its values are the label columns' names (the outputs' names)
+            label_axis_values=(
+                {"label": list(self.labels)}
+                if label_shape is not None and len(label_shape) == 1
+                else None
+            ),
         )
 
     def _chunk(
