@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,25 +92,30 @@ def check_inside(factory: str, top: Path) -> None:
                 )
 
 
-def check_dvc_deps(factory: str, root: Path, dvc_yaml: Path, stage_key: str) -> None:
-    """The factory's module must be a dependency of `stage_key` in `dvc.yaml`, so that editing
-    the model re-runs the stages that build it; a one-line error names the line to add."""
+def check_dvc_deps(factory: str, root: Path, dvc_yaml: Path, stage_keys: Sequence[str]) -> None:
+    """The factory's module must be a dependency of each of `stage_keys` (the stages that
+    build the model) in `dvc.yaml`, so that editing the model re-runs them; a one-line error
+    names every stage that lacks it and the line to add."""
     import yaml
 
     if not dvc_yaml.is_file():
         return
     stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages") or {}
-    if stage_key not in stages:
-        return
     try:
         rel = module_file(factory, root).resolve().relative_to(root.resolve())
     except ValueError:  # code above this pipeline's directory: outside what its DVC tracks
         return
-    deps = [Path(str(d)) for d in stages[stage_key].get("deps") or [] if "${" not in str(d)]
-    if any(d == rel or d in rel.parents for d in deps):
+    missing = []
+    for key in (k for k in stage_keys if k in stages):
+        deps = [Path(str(d)) for d in stages[key].get("deps") or [] if "${" not in str(d)]
+        if not any(d == rel or d in rel.parents for d in deps):
+            missing.append(key)
+    if not missing:
         return
+    which = f"stage {missing[0]} does" if len(missing) == 1 else f"stages {', '.join(missing)} do"
     raise ConfigError(
-        f"{dvc_yaml}: stage {stage_key} does not depend on {rel}, the module of model.factory "
-        f"{factory!r}; add '- {rel.parent if rel.name == '__init__.py' else rel}' under its deps "
-        "so that editing your model re-runs training"
+        f"{dvc_yaml}: {which} not depend on {rel}, the module of model.factory {factory!r}; "
+        f"add '- {rel.parent if rel.name == '__init__.py' else rel}' under the deps of "
+        f"{'it' if len(missing) == 1 else 'each'} so that editing your model re-runs training "
+        "(docs/your-model.md)"
     )

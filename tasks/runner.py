@@ -31,7 +31,7 @@ from enn_core.fault import FaultInjector
 from enn_core.model_code import check_dvc_deps
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
-from enn_core.stages import StageSpec
+from enn_core.stages import TRAINING, StageSpec
 from enn_core.summaries import StageSummary
 from tasks.warm import before_stage
 
@@ -129,7 +129,8 @@ def check_model_code(spec: StageSpec, session: PipelineSession) -> None:
     root = session.layout.root
     pipeline_params = session.config.resolve() == (root / "params.yaml").resolve()
     if "model" in spec.sections and model.preset == "custom" and pipeline_params:
-        check_dvc_deps(model.factory, root, root / "dvc.yaml", spec.dvc_name)
+        builds = [s.dvc_name for s in TRAINING if "model" in s.sections]
+        check_dvc_deps(model.factory, root, root / "dvc.yaml", builds)
 
 
 def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:

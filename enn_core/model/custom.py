@@ -199,7 +199,8 @@ def build_body(
         body = factory(spec, **dict(cfg.options))
         if not isinstance(body, nn.Module):
             raise ConfigError(
-                f"model.factory={cfg.factory!r} returned a {type(body).__name__}, not an nn.Module"
+                f"model.factory={cfg.factory!r} returned a value of type "
+                f"{type(body).__name__}, not an nn.Module"
             )
         raw = bool(getattr(body, "raw_features", False))  # the module's own attribute code
     width = n_features if raw else spec.encoded_dim

@@ -152,14 +152,21 @@ def test_dvc_must_know_the_models_code(tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "net.py").write_text("def build(spec): ...\n")
     dvc = tmp_path / "dvc.yaml"
-    dvc.write_text("stages:\n  prepare_checkpoint:\n    cmd: x\n    deps:\n      - enn_core\n")
-    with pytest.raises(ConfigError) as e:
-        check_dvc_deps("models.net:build", tmp_path, dvc, "prepare_checkpoint")
-    assert "stage prepare_checkpoint does not depend on models/net.py" in str(e.value)
-    assert "add '- models/net.py' under its deps" in str(e.value)
+    both = ["prepare_checkpoint", "distributed_train"]
+    stage = "  {}:\n    cmd: x\n    deps:\n      - {}\n"
+    dvc.write_text("stages:\n" + stage.format(both[0], "enn_core") + stage.format(both[1], "x"))
+    with pytest.raises(ConfigError) as e:  # every stage that lacks it, in one line
+        check_dvc_deps("models.net:build", tmp_path, dvc, both)
+    assert "stages prepare_checkpoint, distributed_train do not depend on models/net" in str(
+        e.value
+    )
+    assert "add '- models/net.py' under the deps of each" in str(e.value)
+    dvc.write_text("stages:\n" + stage.format(both[0], "models") + stage.format(both[1], "x"))
+    with pytest.raises(ConfigError, match=r"stage distributed_train does not depend on models"):
+        check_dvc_deps("models.net:build", tmp_path, dvc, both)
     for dep in ("models", "models/net.py"):
-        dvc.write_text(f"stages:\n  prepare_checkpoint:\n    cmd: x\n    deps:\n      - {dep}\n")
-        check_dvc_deps("models.net:build", tmp_path, dvc, "prepare_checkpoint")
+        dvc.write_text("stages:\n" + stage.format(both[0], dep) + stage.format(both[1], dep))
+        check_dvc_deps("models.net:build", tmp_path, dvc, both)
 
 
 RAW = """

@@ -148,7 +148,7 @@ def test_a_module_reached_through_a_link_out_of_the_project_is_refused(tmp_path)
         with pytest.raises(ConfigError, match=want):
             build(root, factory)
         with pytest.raises(ConfigError, match=want):  # the task layer's check before a stage
-            check_dvc_deps(factory, root, root / "dvc.yaml", "prepare_checkpoint")
+            check_dvc_deps(factory, root, root / "dvc.yaml", ["prepare_checkpoint"])
     assert not marker.exists()
 
 
