@@ -161,16 +161,18 @@ def fsync_dir(path: Path) -> None:
 
 
 def own_folder(path: Path, fix: str) -> Path:
-    """A folder this user made in a shared place (a checkpoint's temporary folder), created
-    0755 when missing: one planted there by someone else, or writable by others, is one
-    ConfigError (a link inside it would choose where enn writes)."""
+    """A folder enn makes in a shared place under a name nobody could guess (a checkpoint's
+    temporary folder), 0755, or the same one another process of the job made first: a link
+    there, a file, or a folder others may write into (where a link could be put inside) is
+    one ConfigError. The owner is not compared: on NFS with root squashing the job's own
+    folders belong to `nobody`."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o755)
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+    if not stat.S_ISDIR(st.st_mode) or st.st_mode & 0o022:
         raise ConfigError(
-            f"{path} is not a folder of this user's alone (owner uid {st.st_uid}, mode "
-            f"{stat.filemode(st.st_mode)}); enn writes only into a folder it made: {fix}"
+            f"{path} is not a folder only its owner writes (mode {stat.filemode(st.st_mode)}); "
+            f"enn writes only into a folder it made: {fix}"
         )
     return path
 

@@ -13,7 +13,7 @@ work directory and never cached by DVC (only the consolidated `model.pt` is):
                                          readers ignore a directory without it
         quarantine/step-00000040-<t>/    a committed checkpoint whose files no longer match
                                          their hashes, moved aside on resume
-        .tmp-step-00000042-a<attempt>/   being written
+        .tmp-step-00000042-a<attempt>-<random>/   being written (named by rank 0)
         COMPLETE                         the run finished: the next run of this fingerprint
                                          starts fresh
 
@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -200,8 +201,6 @@ class Checkpointer:
             for p in [*self.root.glob(".tmp-step-*"), *self.root.glob("step-*")]:
                 if p.is_symlink() or not (p / COMMITTED).is_file():
                     remove(p)
-            for p in self.root.glob(".tmp-step-*"):  # another user's: a save would reuse it
-                own_folder(p, "remove it, or choose another checkpoint.dir")
             if not keep and ((self.root / COMPLETE).exists() or not resume):
                 self.clear()
             (self.root / COMPLETE).unlink(missing_ok=True)
@@ -227,6 +226,11 @@ class Checkpointer:
             remove(p)
         (self.root / COMPLETE).unlink(missing_ok=True)
 
+    def _draw(self) -> str:
+        """Rank 0's random name part, the same on every rank (a collective when distributed:
+        every rank saves at the same position)."""
+        return str(self._broadcast(secrets.token_hex(8) if self.is_main else None))
+
     def _broadcast(self, value: Any) -> Any:
         if not (self.distributed and dist.is_initialized()):
             return value
@@ -237,10 +241,11 @@ class Checkpointer:
         """Write a checkpoint at global position `position` (steps done); commit when written."""
         self.wait()
         not_a_link(self.root, LINK_FIX)
-        tmp = self.root / f".tmp-{step_name(position)}-a{self.attempt}"
-        if tmp.is_symlink():  # planted in the shared folder: DCP would write through it
-            remove(tmp)
-        own_folder(tmp, LINK_FIX)  # one planted there would choose where its files go
+        # A name nobody can guess before rank 0 draws it (every rank writes into it): a folder
+        # planted in the shared checkpoint.dir beforehand, links inside, is never the one
+        # written into (a leftover another user made could not even be removed)
+        tmp = self.root / f".tmp-{step_name(position)}-a{self.attempt}-{self._draw()}"
+        own_folder(tmp, LINK_FIX)
         rng: dict[str, torch.Tensor | list[torch.Tensor]] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()

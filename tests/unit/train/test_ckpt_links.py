@@ -68,30 +68,47 @@ def _planted_temp(root, position, how):
 
 
 @pytest.mark.parametrize("how", ["group-writable", "another user's"])
-def test_a_temp_folder_planted_before_a_save_is_refused_and_nothing_written_outside(tmp_path, how):
+def test_a_temp_folder_planted_before_a_save_is_never_written_into(tmp_path, how, monkeypatch):
+    """The attacker's review: a `.tmp-step-<pos>-a<attempt>` folder planted in the shared
+    folder (another user's, which enn cannot even remove) with a link inside was reused and
+    written through. The folder a save writes is named at random by rank 0 now."""
     if how == "another user's" and os.geteuid() != 0:
         pytest.skip("planting another user's folder needs root (CI and the dev machine are)")
+    from enn_core.train import ckpt
+
     root = tmp_path / "ck"
     ck = Checkpointer(root, CheckpointConfig(), rank=0, distributed=False)
     ck.prepare(resume=False)
     victim = _planted_temp(root, 3, how)
-    with pytest.raises(ConfigError, match=r"not a folder of this user's alone .*checkpoint.dir"):
-        ck.save({"model": torch.nn.Linear(2, 2).state_dict()}, {"position": 3}, 3)
+    monkeypatch.setattr(ckpt, "remove", lambda p: None)  # as enn could not remove it
+    ck.prepare(resume=True)
+    ck.save({"model": torch.nn.Linear(2, 2).state_dict()}, {"position": 3}, 3)
     assert victim.read_text() == "precious" and not victim.is_symlink()
-    assert committed(root) == []
+    assert [p.name for p in committed(root)] == [step_name(3)]
 
 
-def test_a_temp_folder_prepare_could_not_remove_is_one_line_before_training(tmp_path, monkeypatch):
-    from enn_core.train import ckpt
+@pytest.mark.parametrize("planted", ["link", "file", "group-writable"])
+def test_a_temp_folder_that_is_not_one_only_its_owner_writes_is_one_line(tmp_path, planted):
+    from enn_core.atomic import own_folder
 
-    root = tmp_path / "ck"
-    root.mkdir()
-    victim = _planted_temp(root, 3, "group-writable")
-    monkeypatch.setattr(ckpt, "remove", lambda p: None)  # as for another user's 0755 folder
-    ck = Checkpointer(root, CheckpointConfig(), rank=0, distributed=False)
-    with pytest.raises(ConfigError, match=r"\.tmp-step-00000003-a0 is not a folder of this"):
-        ck.prepare(resume=False)
-    assert victim.read_text() == "precious"
+    path = tmp_path / ".tmp-step-00000003-a0-0123"
+    if planted == "link":
+        (tmp_path / "elsewhere").mkdir()
+        path.symlink_to(tmp_path / "elsewhere")
+    elif planted == "file":
+        path.write_text("x")
+    else:
+        path.mkdir()
+        path.chmod(0o777)
+    with pytest.raises(ConfigError, match=r"is not a folder only its owner writes"):
+        own_folder(path, "choose another checkpoint.dir")
+    assert own_folder(tmp_path / "fresh", "x").stat().st_mode & 0o777 == 0o755 & ~_umask()
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
 
 
 @pytest.mark.parametrize("name", ["../victim.txt", "ABS", None])
