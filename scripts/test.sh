@@ -43,7 +43,7 @@ tier fast 360 120 "not slow and not distributed and not e2e and not multihost" -
 tier slow 600 300 "slow and not distributed and not e2e and not multihost" -n 2
 tier distributed 1500 300 "distributed"
 rm -f work/test-multihost.xml  # the skip check reads this run's report, never an older one
-tier multihost 1200 600 "multihost" -rs --junitxml=work/test-multihost.xml
+tier multihost 1500 600 "multihost" -rs --junitxml=work/test-multihost.xml
 if [ "${CI:-}" = "true" ] && grep -q "<skipped" work/test-multihost.xml 2>/dev/null; then
   echo "tier multihost: tests were skipped; on CI every multi-host test must run" >&2
   status=1
