@@ -113,19 +113,23 @@ def open_own(path: str | Path, flags: int = os.O_WRONLY | os.O_APPEND, mode: int
     """`os.open` of a file in a folder enn owns (a lock, a log), created when missing, never
     through a link: a link planted there (a copied or shared work directory) would make enn
     truncate or append to whatever it points at. A link or a non-file is one DataError."""
+    return _plain_fd(path, flags | os.O_CREAT, mode, "enn writes there only to a file of its own")
+
+
+def _plain_fd(path: str | Path, flags: int, mode: int, why: str) -> int:
+    """`os.open(path, flags)` if `path` is a plain file, never through a link nor waiting on a
+    pipe (O_NONBLOCK, which a plain file ignores); else one DataError naming it."""
     try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
     except OSError as e:
-        if e.errno != errno.ELOOP:
+        if e.errno not in (errno.ELOOP, errno.ENXIO):  # a link; a pipe nobody reads
             raise
         fd = -1
     if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
         if fd >= 0:
             os.close(fd)
-        raise DataError(
-            f"{path} is a link or not a plain file; enn writes there only to a file of its "
-            "own: remove it, then re-run"
-        )
+        raise DataError(f"{path} is a link or not a plain file; {why}: remove it, then re-run")
+    os.set_blocking(fd, True)  # as opened before: children and locks inherit the flags
     return fd
 
 
@@ -180,17 +184,7 @@ def own_folder(path: Path, fix: str) -> Path:
 def read_plain(path: Path) -> IO[bytes]:
     """`path` opened for reading if it is a plain file, never through a link nor waiting on
     a pipe (a model folder's files are data: a link there would choose what is read)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno != errno.ELOOP:
-            raise
-        fd = -1
-    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
-        if fd >= 0:
-            os.close(fd)
-        raise DataError(f"{path} is a link or not a plain file; enn reads only a file there")
-    return os.fdopen(fd, "rb")
+    return os.fdopen(_plain_fd(path, os.O_RDONLY, 0, "enn reads only a file there"), "rb")
 
 
 def not_a_link(path: Path, fix: str) -> None:

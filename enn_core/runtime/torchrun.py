@@ -71,7 +71,7 @@ def argv_of(job: dict[str, Any], job_path: Path) -> list[str]:
     ]
 
 
-class Waiting(logging.Handler):
+class WaitingLine(logging.Handler):
     """The rendezvous's newest "still waiting" line, written for the launcher to show."""
 
     def __init__(self, path: Path) -> None:
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     out = job_path.parent / EXITS
     out.unlink(missing_ok=True)
     when_cut_off(lambda line: write_json(out, {"state": "cut_off", "exits": {}, "message": line}))
-    waiting = Waiting(job_path.parent / WAITING)
+    waiting = WaitingLine(job_path.parent / WAITING)
     rendezvous_log.addHandler(waiting)
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -69,3 +69,14 @@ def test_a_log_link_planted_in_the_run_directory_is_never_written_through(tmp_pa
             max_restarts=restarts,
         )
     assert victim.read_text() == "precious"
+
+
+def test_a_pipe_planted_where_a_log_goes_is_one_line_not_a_hang(tmp_path):
+    import os
+
+    from enn_core.atomic import open_own
+    from enn_core.errors import DataError
+
+    os.mkfifo(tmp_path / "rank-0.log")  # nobody reads it: a plain open would block forever
+    with pytest.raises(DataError, match=r"rank-0.log is a link or not a plain file"):
+        open_own(tmp_path / "rank-0.log")
