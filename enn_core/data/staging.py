@@ -46,7 +46,7 @@ from enn_core.data.synthetic import SyntheticSource
 from enn_core.data.tables import CsvSource, ParquetSource
 from enn_core.data.workbook import WorkbookSource
 from enn_core.data.writer import ChunkHooks, ChunkWriter
-from enn_core.errors import DataError
+from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout
 from enn_core.summaries import StagedSummary
 
@@ -149,7 +149,7 @@ def stage(
         training = read_manifest(
             _input(layout, data.training_manifest, "data.training_manifest").parent
         )
-        data = read_as_trained(data, training)
+        data = read_as_trained(data, training, data.training_manifest)
     source = open_source(data, layout)
     try:
         with atomic_dir(_writable(target)) as tmp:
@@ -171,19 +171,26 @@ def stage(
     return out
 
 
-def read_as_trained(data: DataConfig, training: StagedManifest) -> DataConfig:
+def read_as_trained(data: DataConfig, training: StagedManifest, where: str) -> DataConfig:
     """New inputs are read as the model's training data was: its categorical and cyclic
     columns come from the training manifest's feature specs, whatever the prediction's params
-    say (a new file needs only data.source and data.path; one list to keep in step, not two)."""
+    say (a new file needs only data.source and data.path; one list to keep in step, not two).
+    A manifest whose specs are not such (damaged, foreign) is one DataError naming it."""
     specs = training.feature_specs
-    cyclic = [s for s in specs if s.get("cyclic_period")]
-    return dataclasses.replace(
-        data,
-        categorical=tuple(str(s["name"]) for s in specs if s.get("kind") == "categorical"),
-        cyclic=tuple(str(s["name"]) for s in cyclic),
-        cyclic_periods=tuple(int(s["cyclic_period"]) for s in cyclic),
-        cyclic_starts=tuple(int(s.get("cyclic_start", 0)) for s in cyclic),
-    )
+    try:
+        cyclic = [s for s in specs if s.get("cyclic_period")]
+        return dataclasses.replace(
+            data,
+            categorical=tuple(str(s["name"]) for s in specs if s.get("kind") == "categorical"),
+            cyclic=tuple(str(s["name"]) for s in cyclic),
+            cyclic_periods=tuple(int(s["cyclic_period"]) for s in cyclic),
+            cyclic_starts=tuple(int(s.get("cyclic_start", 0)) for s in cyclic),
+        )
+    except (AttributeError, KeyError, TypeError, ValueError, ConfigError) as e:
+        raise DataError(
+            f"{where}: its feature specs do not say how the training data was read ({e}); "
+            "re-run the training pipeline's stage-data"
+        ) from e
 
 
 def _writable(target: Path) -> Path:

@@ -339,8 +339,8 @@ class Job:
     def show_waiting(self) -> None:
         """The rendezvous's newest "still waiting for N more node(s)" line (torchrun's child
         writes it; its own output goes to the log file), on the console once."""
-        with contextlib.suppress(OSError):
-            line = (self.run_dir / LAUNCH / WAITING).read_text().strip()
+        with contextlib.suppress(OSError), open(self.run_dir / LAUNCH / WAITING) as f:
+            line = f.read(1000).strip()  # one line, however large the file
             if line and line != self.said_waiting:
                 self.said_waiting = line
                 log.warning("%s", line)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.fixtures.data import TABLE_CFG, run_stage, table_rows, write_table_csv
 
 
@@ -45,3 +47,25 @@ def test_a_tables_one_label_axis_is_named_by_its_label_columns(tmp_path):
     assert list(trained["label_axis_values"].values()) == [["y0", "y1", "y2", "y3"]]
     two_d, *_ = _train(tmp_path / "2d")  # (2, 2): no one column per output: positions
     assert list(two_d["label_axis_values"].values()) == [["0", "1"], ["0", "1"]]
+
+
+@pytest.mark.parametrize(
+    "specs", [[{"kind": "categorical"}], [{"name": "m", "cyclic_period": "x"}]]
+)
+def test_a_training_manifest_whose_specs_lie_is_one_line(tmp_path, specs):
+    from enn_core.errors import DataError
+
+    _, out, header, rows = _train(tmp_path)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "feature_specs": specs}))
+    new = tmp_path / "new"
+    new.mkdir()
+    write_table_csv(new / "new.csv", [r[:3] for r in rows[:5]], header[:3])
+    with pytest.raises(DataError, match=r"manifest.json: its feature specs do not say"):
+        run_stage(
+            new,
+            source="csv",
+            path="new.csv",
+            features_only=True,
+            training_manifest=str(out / "manifest.json"),
+        )
