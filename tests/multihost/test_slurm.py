@@ -168,7 +168,14 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
     out = _log_of(node1, job)
     assert done["JobState"] == "COMPLETED", f"{done}\n{out}\n{slurm.logs()}"
     assert done["Restarts"] == "2" and done["NodeList"] == "node[1-2]", done
-    assert "saved before the time limit; requeueing" in out, out
+    # the warning's one line names the committed save; torchrun's traceback of the signal that
+    # stopped it is in the job's log folder, not the output (flows.torchrun ends with 12)
+    assert f"saved before the time limit (checkpoint {SAVED_AT} is committed" in out, out
+    warned_run = out[out.index(f"job {job} attempt 1 ") :]
+    assert "requeueing job" in warned_run and "Traceback" not in warned_run, out
+    logs = shared / ".enn-jobs" / job / "logs"
+    warned = [p.read_text() for p in logs.glob("torchrun-a1-*.log")]
+    assert len(warned) == 2 and all("SIGUSR2" in t for t in warned), sorted(logs.iterdir())
     assert f"enn-train: job {job} done" in out, out
     # the job secret: delivered by sbcast to each node's own disk, never on the shared folder;
     # a run that ended removed its copies (the run killed with node2 could not: at most one left)
