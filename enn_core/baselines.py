@@ -31,10 +31,13 @@ if TYPE_CHECKING:
 
 MEDIAN_RATIO_MIN = 0.5
 P10_RATIO_MIN = 0.3
+STATISTICS = ("mean", "median")
+READ_CELLS = 2_000_000  # label numbers read at once when a statistic streams over the rows
+STAT_BYTES = 256 * 2**20  # a median's values held at once (a block of cells, every row)
 
 
-def _key_rows(keys: KeyColumns, key_names: Sequence[str], n: int) -> list[tuple[Any, ...]]:
-    """Rows of key values as tuples, from a DataFrame, a mapping of columns or a 2-D array."""
+def _key_columns(keys: KeyColumns, key_names: Sequence[str], n: int) -> list[np.ndarray]:
+    """The key columns, from a DataFrame, a mapping of columns or a 2-D array."""
     if isinstance(keys, np.ndarray):
         arr = keys.reshape(len(keys), -1)
         if arr.shape[1] != len(key_names):
@@ -53,26 +56,115 @@ def _key_rows(keys: KeyColumns, key_names: Sequence[str], n: int) -> list[tuple[
         raise DataError(
             f"row keys have {len(cols[0]) if cols else 0} rows but labels/predictions have {n}"
         )
+    return cols
+
+
+def _key_rows(keys: KeyColumns, key_names: Sequence[str], n: int) -> list[tuple[Any, ...]]:
+    """Rows of key values as tuples, from a DataFrame, a mapping of columns or a 2-D array."""
+    cols = _key_columns(keys, key_names, n)
     return list(zip(*(c.tolist() for c in cols), strict=True)) if cols else [()] * n
+
+
+def _factorized(column: np.ndarray) -> np.ndarray:
+    """A column's values as codes 0.. (equal values, equal codes; a missing value -1)."""
+    import pandas as pd
+
+    return np.asarray(pd.factorize(np.asarray(column))[0], dtype=np.int64)
+
+
+def group_codes(codes: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, int]:
+    """Each row's group, 0 .. groups - 1, from each key column's codes (-1: missing, a value of
+    its own); and the number of groups. Memory: a few integers a row."""
+    combined = np.zeros(n, dtype=np.int64)
+    for c in codes:
+        c = np.asarray(c, dtype=np.int64) + 1  # -1 (missing) -> 0
+        combined = combined * (int(c.max(initial=0)) + 1) + c
+        combined = np.unique(combined, return_inverse=True)[1].reshape(-1)  # stays small
+    if not codes:
+        return combined, 1
+    return combined, int(combined.max(initial=-1)) + 1
+
+
+def group_statistic(
+    labels: np.ndarray, rows: np.ndarray, groups: np.ndarray, n_groups: int, statistic: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The mean or the median of `labels[rows]` ([N, *shape], e.g. the staged memmap) per
+    group (`groups`: the group of each of `rows`, 0 .. n_groups - 1) and per cell:
+    ([n_groups, cells] float64, NaN for a group without rows; each group's row count).
+
+    Read in chunks of rows: the mean keeps a sum per group and cell; the median (exact, as
+    np.median) holds the values of a block of cells at a time, STAT_BYTES of them at most
+    (one cell of 10^7 rows is 40 MB of float32)."""
+    from scipy import sparse  # type: ignore[import-untyped]  # scipy ships no type stubs
+
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic={statistic!r}; use one of {sorted(STATISTICS)}")
+    cells = int(np.prod(labels.shape[1:]))
+    groups = np.asarray(groups, dtype=np.int64)
+    counts = np.bincount(groups, minlength=n_groups)
+    step = max(1, READ_CELLS // max(cells, 1))
+    out = np.full((n_groups, cells), np.nan)
+    if statistic == "mean":
+        sums = np.zeros((n_groups, cells))
+        for a in range(0, len(rows), step):
+            part = _read(labels, rows[a : a + step], cells)
+            if n_groups == 1:
+                sums[0] += part.sum(axis=0)
+            else:  # a [groups, rows] indicator times the rows' values: every group's sums
+                member = groups[a : a + step]
+                pick = sparse.csr_matrix(
+                    (np.ones(len(member)), (member, np.arange(len(member)))),
+                    (n_groups, len(member)),
+                )
+                sums += pick @ part
+        seen = counts > 0
+        out[seen] = sums[seen] / counts[seen, None]
+        return out, counts
+    dtype = np.float32 if labels.dtype == np.float32 else np.float64  # exact either way
+    order = np.argsort(groups, kind="stable")
+    where = np.empty_like(order)
+    where[order] = np.arange(len(order))  # each row's place among its group's values
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    block = max(1, STAT_BYTES // (np.dtype(dtype).itemsize * max(len(rows), 1)))
+    for c0 in range(0, cells, block):
+        c1 = min(c0 + block, cells)
+        values = np.empty((c1 - c0, len(rows)), dtype=dtype)
+        for a in range(0, len(rows), step):
+            part = _read(labels, rows[a : a + step], cells, dtype)
+            values[:, where[a : a + step]] = part[:, c0:c1].T
+        for g in np.flatnonzero(counts):
+            lane = values[:, starts[g] : starts[g + 1]]
+            lo, hi = (counts[g] - 1) // 2, counts[g] // 2
+            lane.partition((lo, hi) if lo != hi else lo, axis=1)
+            middle = (lane[:, lo].astype(np.float64) + lane[:, hi]) / 2  # as np.median
+            out[g, c0:c1] = np.where(np.isnan(lane).any(axis=1), np.nan, middle)
+    return out, counts
+
+
+def _read(labels: np.ndarray, rows: np.ndarray, cells: int, dtype: Any = np.float64) -> np.ndarray:
+    return np.asarray(labels[np.asarray(rows)], dtype=dtype).reshape(-1, cells)
+
+
+def _whole(labels: np.ndarray, statistic: str) -> np.ndarray:
+    """The statistic of every row, per cell: [N, *shape] -> [*shape] (float64)."""
+    labels = np.asarray(labels)
+    n = len(labels)
+    one = group_statistic(labels, np.arange(n), np.zeros(n, np.int64), 1, statistic)[0]
+    return one[0].reshape(labels.shape[1:])
 
 
 def cell_mean(labels: np.ndarray) -> np.ndarray:
     """Per-cell mean over rows: [N, *shape] -> [*shape] (float64)."""
-    labels = np.asarray(labels)
     if len(labels) == 0:
         raise DataError("cell_mean needs at least one training row")
-    return labels.astype(np.float64).mean(axis=0)
+    return _whole(labels, "mean")
 
 
 def cell_median(labels: np.ndarray) -> np.ndarray:
     """Per-cell median over rows: [N, *shape] -> [*shape] (float64)."""
-    labels = np.asarray(labels)
     if len(labels) == 0:
         raise DataError("cell_median needs at least one training row")
-    return np.median(labels.astype(np.float64), axis=0)
-
-
-STATISTICS = {"mean": cell_mean, "median": cell_median}
+    return _whole(labels, "median")
 
 
 def per_cell_mean_predict(train_labels: np.ndarray, n: int) -> np.ndarray:
@@ -100,15 +192,19 @@ class ConditionalNaive:
         self.fallback: np.ndarray | None = None
 
     def fit(self, labels: np.ndarray, keys: KeyColumns) -> ConditionalNaive:
-        labels = np.asarray(labels, dtype=np.float64)
-        rows = _key_rows(keys, self.key_names, len(labels))
-        stat = STATISTICS[self.statistic]
-        self.fallback = stat(labels)
-        groups: dict[tuple[Any, ...], int] = {}
-        idx = np.fromiter(
-            (groups.setdefault(r, len(groups)) for r in rows), dtype=np.int64, count=len(rows)
-        )
-        self.group_means = {k: stat(labels[idx == i]) for k, i in groups.items()}
+        labels = np.asarray(labels)
+        n = len(labels)
+        cols = _key_columns(keys, self.key_names, n)
+        codes, n_groups = group_codes([_factorized(c) for c in cols], n)
+        stat, counts = group_statistic(labels, np.arange(n), codes, n_groups, self.statistic)
+        self.fallback = _whole(labels, self.statistic)
+        first = np.unique(codes, return_index=True)[1]
+        shape = self.fallback.shape
+        self.group_means = {
+            tuple(c[i : i + 1].tolist()[0] for c in cols): stat[g].reshape(shape)
+            for g, i in enumerate(first)
+            if counts[g]
+        }
         return self
 
     def predict(self, keys: KeyColumns, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -45,12 +45,15 @@ import numpy as np
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.config.stages import ValidateConfig
 from enn_core.data.dataset import StagedDataset
+from enn_core.errors import DataError
 from enn_core.model.encoding import FeatureLayout, parse_feature_specs
 
 FORMAT = 3  # bump when a baseline's definition changes: the cache keys change with it
 LOSSES = ("absolute_error", "squared_error")  # the metric's loss first: kept on a tie
 L1_ITERATIONS = 30  # ridge's reweighting steps towards least absolute deviations
 L1_CELLS = 50_000_000  # ridge's L1 variant: at most outputs x features^2 normal-equation numbers
+OUTER_CELLS = 4_000_000  # ridge's L1 variant: the rows' products held at once (numbers)
+SPARSE_SHARE = 0.25  # ridge's L1 variant: a column non-zero in at most this share of rows is sparse
 SEED = 0
 GBT_FIRST = 5  # trees of the first step: it measures the pace
 GBT_STEP = 25  # near the cap, a step of fewer trees than twice this is the last
@@ -121,6 +124,7 @@ def fit_ridge(
     loss: str,
     deadline: float,
     tick: Tick,
+    out: Path,
 ) -> tuple[dict[str, np.ndarray], BaselineFit]:
     from sklearn.linear_model import RidgeCV
 
@@ -151,10 +155,13 @@ def fit_ridge(
             loss = "squared_error"
             note = "; its least-absolute-deviation fit skipped (too many outputs x features)"
     preds = {}
+    step = max(1, ENCODED_CELLS // 4 // max(width, 1))  # the rows encoded at once
     for split in splits:
         idx = np.asarray(ds.split(split))
-        xs = encode(ds.features[idx], layout).astype(np.float64)
-        preds[split] = (coef[0] + xs @ coef[1:]).reshape(len(idx), *y.shape[1:]).astype(np.float32)
+        preds[split] = arr = _written(out, split, (len(idx), *y.shape[1:]))
+        for a in range(0, len(idx), step):
+            xs = encode(ds.features[idx[a : a + step]], layout).astype(np.float64)
+            arr[a : a + len(xs)] = (coef[0] + xs @ coef[1:]).reshape(len(xs), *y.shape[1:])
     seconds = time.perf_counter() - t0
     detail = f"alpha {alpha:.3g}, {width} encoded features, {_words(loss)} loss{note}"
     fit = BaselineFit("ridge", seconds, len(rows), len(train), detail, False, loss, floor_s)
@@ -170,15 +177,15 @@ def _l1_ridge(
     Returns ([1 + features, outputs] like `start`, the least-squares fit it starts from; the
     reweighting steps run: fewer than L1_ITERATIONS when the next would pass `deadline`).
 
-    Each output's normal equations X' W_k X are one matrix product for all outputs: the
-    weights [n, outputs] times each row's outer product [n, d*d]."""
-    xi = np.column_stack([np.ones(len(x)), x])
-    d = xi.shape[1]
-    outer = (xi[:, :, None] * xi[:, None, :]).reshape(len(xi), d * d)
+    Each output's normal equations X' W_k X are built without any row's outer product
+    [d, d] (39,215 rows x 511 x 511 asked for 76 GiB): `_Design` keeps the dense columns as
+    an array and the one-hot ones sparse, so the memory is the rows' features once and
+    outputs x features^2 numbers, what L1_CELLS bounds."""
+    design = _Design(x)
     coef = start.copy()
-    resid = np.abs(y - xi @ coef)
+    resid = np.abs(y - design.predict(coef))
     scale = max(float(np.median(resid)), 1e-12)
-    penalty = np.eye(d) * alpha / scale
+    penalty = np.eye(design.d) * alpha / scale
     penalty[0, 0] = 0.0
     step_s = 0.0
     for done in range(L1_ITERATIONS):
@@ -186,13 +193,111 @@ def _l1_ridge(
             return coef, done
         s0 = time.perf_counter()
         w = 1.0 / np.maximum(resid, 1e-3 * scale)  # [n, outputs]
-        gram = (w.T @ outer).reshape(-1, d, d) + penalty  # [outputs, d, d]
-        rhs = (w * y).T @ xi  # [outputs, d]
-        coef = np.linalg.solve(gram, rhs[..., None])[..., 0].T
-        resid = np.abs(y - xi @ coef)
+        gram = design.gram(w)  # [d * d, outputs]
+        rhs = design.rhs(w * y)  # [d, outputs]
+        for k in range(y.shape[1]):
+            coef[:, k] = np.linalg.solve(
+                gram[:, k].reshape(design.d, design.d) + penalty, rhs[:, k]
+            )
+        del gram
+        resid = np.abs(y - design.predict(coef))
         step_s = time.perf_counter() - s0
         tick(done + 1, L1_ITERATIONS)
     return coef, L1_ITERATIONS
+
+
+class _Design:
+    """The design [1, x] of the absolute-error ridge, split by columns: `dense` (the intercept
+    and every column that is mostly non-zero: z-scored numbers, sin and cos) as an array,
+    `onehot` (the mostly-zero columns: one-hot categoricals) as a CSR matrix."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        from scipy import sparse  # type: ignore[import-untyped]  # scipy ships no type stubs
+
+        n = len(x)
+        self.n, self.d = n, x.shape[1] + 1
+        share = np.count_nonzero(x, axis=0) / max(n, 1)
+        self.scols = np.flatnonzero(share <= SPARSE_SHARE) + 1  # positions in [1, x]
+        self.dcols = np.concatenate([[0], np.flatnonzero(share > SPARSE_SHARE) + 1])
+        self.dense = np.column_stack([np.ones(n), x[:, self.dcols[1:] - 1]])
+        step = max(1, OUTER_CELLS // max(len(self.scols), 1))
+        self.onehot = sparse.vstack(
+            [sparse.csr_matrix(x[a : a + step, self.scols - 1]) for a in range(0, max(n, 1), step)],
+            format="csr",
+        )
+        nd, per_row = len(self.dcols), int(np.diff(self.onehot.indptr).max(initial=0))
+        # rows whose products are held at once: a row adds nd^2 dense products and, per
+        # non-zero of its sparse columns, one with each dense column (twice) and each non-zero
+        self.chunk = max(1, OUTER_CELLS // (nd * nd + per_row * (2 * nd + per_row)))
+        self.dd = (self.dcols[:, None] * self.d + self.dcols[None, :]).reshape(-1)
+        self._kept: list[tuple[np.ndarray, Any]] | None = None
+
+    def predict(self, coef: np.ndarray) -> np.ndarray:
+        """[n, outputs]: the design times `coef` [1 + features, outputs]."""
+        return self.dense @ coef[self.dcols] + self.onehot @ coef[self.scols]
+
+    def rhs(self, wy: np.ndarray) -> np.ndarray:
+        """[d, outputs]: X' (w * y), a column per output."""
+        out = np.empty((self.d, wy.shape[1]))
+        out[self.dcols] = self.dense.T @ wy
+        out[self.scols] = self.onehot.T @ wy
+        return out
+
+    def gram(self, w: np.ndarray) -> np.ndarray:
+        """[d * d, outputs]: X' diag(w[:, k]) X flattened, a column per output k, summed over
+        row chunks of the rows' products (kept when one chunk holds every row)."""
+        flat: np.ndarray | None = None
+        for a, (outer, pairs) in self._chunks():
+            part = w[a : a + len(outer)]
+            if flat is None:
+                flat = np.asarray(pairs @ part)
+            else:
+                flat += pairs @ part
+            flat[self.dd] += (part.T @ outer).T
+        assert flat is not None  # at least one row
+        return flat
+
+    def _chunks(self) -> Iterator[tuple[int, tuple[np.ndarray, Any]]]:
+        if self._kept is not None:
+            yield 0, self._kept[0]
+            return
+        for a in range(0, self.n, self.chunk):
+            made = self._products(a, min(a + self.chunk, self.n))
+            if self.chunk >= self.n:
+                self._kept = [made]
+            yield a, made
+
+    def _products(self, a: int, b: int) -> tuple[np.ndarray, Any]:
+        """Rows a..b's products: the dense columns' [rows, nd*nd], and the sparse columns' (with
+        each other and with the dense ones) as a sparse [d*d, rows] matrix."""
+        from scipy import sparse
+
+        dense, part = self.dense[a:b], self.onehot[a:b]
+        rows, nd = b - a, len(self.dcols)
+        outer = (dense[:, :, None] * dense[:, None, :]).reshape(rows, nd * nd)
+        counts = np.diff(part.indptr)
+        row = np.repeat(np.arange(rows), counts)  # each non-zero's row
+        col = self.scols[part.indices]  # and its position in [1, x]
+        # every pair of non-zeros of a row
+        reps = counts[row]
+        left = np.repeat(np.arange(len(row)), reps)
+        within = np.arange(len(left)) - np.repeat(np.cumsum(reps) - reps, reps)
+        right = part.indptr[row[left]] + within
+        # each non-zero with each dense column, both ways round
+        e = np.repeat(np.arange(len(row)), nd)
+        k = np.tile(np.arange(nd), len(row))
+        cross = part.data[e] * dense[row[e], k]
+        index = np.concatenate(
+            [
+                col[left] * self.d + col[right],
+                col[e] * self.d + self.dcols[k],
+                self.dcols[k] * self.d + col[e],
+            ]
+        )
+        value = np.concatenate([part.data[left] * part.data[right], cross, cross])
+        which = np.concatenate([row[left], row[e], row[e]])
+        pairs = sparse.csr_matrix((value, (index, which)), shape=(self.d * self.d, rows))
+        return outer, pairs
 
 
 def _long(ds: StagedDataset, rows: np.ndarray, cells: np.ndarray) -> np.ndarray:
@@ -220,6 +325,7 @@ def fit_gbt(
     loss: str,
     deadline: float,
     tick: Tick,
+    out_dir: Path,
 ) -> tuple[dict[str, np.ndarray], BaselineFit]:
     t0 = time.perf_counter()
     layout = parse_feature_specs(ds.feature_specs)
@@ -242,14 +348,14 @@ def fit_gbt(
     preds = {}
     for split in splits:
         idx = np.asarray(ds.split(split))
-        out = np.empty((len(idx), n_cells), dtype=np.float32)
+        preds[split] = written = _written(out_dir, split, (len(idx), *shape))
+        out = written.reshape(len(idx), n_cells)
         chunk = max(1, 1_000_000 // n_cells)
         for a in range(0, len(idx), chunk):
             part = idx[a : a + chunk]
             r = np.repeat(part, n_cells)
             c = np.tile(np.arange(n_cells), len(part))
             out[a : a + len(part)] = model.predict(_long(ds, r, c)).reshape(len(part), n_cells)
-        preds[split] = out.reshape(len(idx), *shape)
     end = time.perf_counter()
     floor_s = (end - t0) - (grow_s - first_s)  # all but the steps after the first
     detail = f"{model.n_iter_} trees, stopped by {why}; {_words(loss)} loss"
@@ -333,20 +439,41 @@ def cache_key(ds: StagedDataset, name: str, loss: str, cfg: ValidateConfig) -> s
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def _written(folder: Path, split: str, shape: tuple[int, ...]) -> np.ndarray:
+    """`folder/<split>.npy`, float32 of `shape`, mapped for writing: a split's predictions go
+    to the cache as they are made, never all in memory."""
+    return np.lib.format.open_memmap(folder / f"{split}.npy", "w+", np.float32, shape)
+
+
 def _read_cache(folder: Path, ds: StagedDataset, splits: Sequence[str]) -> BaselineResult | None:
     """The cached fit, or None when absent or not what it should be (then it is refitted)."""
     try:
         fit = BaselineFit(**{**json.loads((folder / "fit.json").read_text()), "cached": True})
-        preds = {}
+    except (OSError, ValueError, TypeError):
+        return None
+    preds = _cached_predictions(folder, ds, splits)
+    return None if preds is None else BaselineResult(fit, preds)
+
+
+def _cached_predictions(
+    folder: Path, ds: StagedDataset, splits: Sequence[str]
+) -> dict[str, np.ndarray] | None:
+    """Each split's predictions in `folder`, mapped read-only (a split of 10^7 rows is read as
+    it is used), or None when one is absent, damaged, of another shape or not finite."""
+    preds = {}
+    try:
         for split in splits:
-            arr = np.load(folder / f"{split}.npy", allow_pickle=False)
+            arr = np.load(folder / f"{split}.npy", mmap_mode="r", allow_pickle=False)
             want = (len(ds.split(split)), *(ds.label_shape or ()))
-            if arr.shape != want or not np.isfinite(arr).all():
+            if arr.shape != want or arr.dtype != np.float32:
+                return None
+            step = max(1, ENCODED_CELLS // max(int(np.prod(want[1:])), 1))
+            if not all(np.isfinite(arr[a : a + step]).all() for a in range(0, len(arr), step)):
                 return None
             preds[split] = arr
     except (OSError, ValueError, TypeError):
         return None
-    return BaselineResult(fit, preds)
+    return preds
 
 
 def fitted_baselines(
@@ -387,6 +514,7 @@ def fitted_baselines(
                 )
                 unit = "tree" if name == "gbt" else "step"
                 with (
+                    atomic_dir(folder) as tmp,
                     _said(say, line, say_after_s),
                     bar(None, f"{name} baseline", bar_enabled, unit, delay=0.0) as pbar,
                     _refreshing(pbar),
@@ -398,14 +526,20 @@ def fitted_baselines(
 
                     with threadpool_limits(THREADS):
                         preds, fit = FITTERS[name](
-                            ds, splits, cfg, loss, time.perf_counter() + share, tick
+                            ds, splits, cfg, loss, time.perf_counter() + share, tick, tmp
                         )
-                with atomic_dir(folder) as tmp:
-                    for split, arr in preds.items():
-                        np.save(tmp / f"{split}.npy", arr)
+                    for arr in preds.values():
+                        arr.flush()  # type: ignore[attr-defined]  # a memmap
                     record = {k: v for k, v in asdict(fit).items() if k != "cached"}
                     write_json(tmp / "fit.json", record)
-                hit = BaselineResult(fit, preds)
+                del preds  # the files were written in tmp; they are read where they now lie
+                written = _cached_predictions(folder, ds, splits)
+                if written is None:
+                    raise DataError(
+                        f"{folder}: the {name} baseline's predictions are not finite; "
+                        "re-run validate (report it if it happens again)"
+                    )
+                hit = BaselineResult(fit, written)
             per_loss[loss] = hit
         out[name] = _choose(ds, per_loss, cfg)
     return out
@@ -452,6 +586,18 @@ def _refreshing(pbar: Any, interval: float = 1.0) -> Iterator[None]:
         t.join(timeout=interval + 5)
 
 
+def _mae(pred: np.ndarray, ds: StagedDataset, rows: np.ndarray) -> float:
+    """MAE of `pred` (in the order of `rows`) against the targets at `rows`, in chunks."""
+    if not len(rows):
+        return 0.0
+    cells = int(np.prod(pred.shape[1:]))
+    step, total = max(1, ENCODED_CELLS // max(cells, 1)), 0.0
+    for a in range(0, len(rows), step):
+        target = np.asarray(ds.targets[rows[a : a + step]], dtype=np.float64)
+        total += float(np.abs(np.asarray(pred[a : a + step], np.float64) - target).sum())
+    return total / (len(rows) * cells)
+
+
 def _choose(
     ds: StagedDataset, per_loss: Mapping[str, BaselineResult], cfg: ValidateConfig
 ) -> BaselineResult:
@@ -463,11 +609,7 @@ def _choose(
     detail = kept.fit.detail
     if len(per_loss) > 1 and all("val" in r.predictions for r in per_loss.values()):
         rows = np.asarray(ds.split("val"))
-        target = np.asarray(ds.targets[rows], dtype=np.float64)
-        mae = {
-            k: float(np.mean(np.abs(r.predictions["val"] - target))) if len(rows) else 0.0
-            for k, r in per_loss.items()
-        }
+        mae = {k: _mae(r.predictions["val"], ds, rows) for k, r in per_loss.items()}
         order = sorted(per_loss, key=lambda k: (mae[k], LOSSES.index(k)))
         kept = per_loss[order[0]]
         others = "; ".join(f"{_words(k)} {mae[k]:.4g}" for k in order[1:])

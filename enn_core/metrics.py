@@ -23,11 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from enn_core.baselines import (
-    conditional_naive_predict,
-    per_cell_mean_predict,
-    per_cell_median_predict,
-)
+from enn_core.baselines import group_codes, group_statistic
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
 from enn_core.metric_names import NAIVE, NAIVE_BEST
@@ -40,28 +36,151 @@ NAIVE_HOW: dict[str, str] = {
     "naive_cell_mean": "mean of the training rows, per cell",
     "naive_cell_median": "median of the training rows, per cell",
 }
+CONDITIONAL = {"naive_conditional": "mean", "naive_conditional_median": "median"}
 # MAE and RMSE per value of each label axis: {axis: {value: {"mae": ..., "rmse": ...}}}.
 AxisBreakdown = dict[str, dict[str, dict[str, float]]]
 
 
+class Score:
+    """One predictor's errors on a split, summed over chunks of rows (float64): per output, the
+    sums of |error| and error^2, which give MAE, RMSE and the per-axis breakdown; with the
+    targets' sums (`Targets`), R². Memory: a few numbers per output, whatever the rows."""
+
+    def __init__(self, cells: int) -> None:
+        self.rows = 0
+        self.abs = np.zeros(cells)
+        self.sq = np.zeros(cells)
+
+    def add(self, pred: np.ndarray, target: np.ndarray) -> None:
+        if pred.shape != target.shape:
+            raise DataError(
+                f"prediction shape {pred.shape} != target shape {target.shape}; "
+                "re-run the model's stage"
+            )
+        err = np.asarray(pred, np.float64).reshape(len(pred), -1) - _flat64(target)
+        self.rows += len(err)
+        self.abs += np.abs(err).sum(axis=0)
+        self.sq += (err**2).sum(axis=0)
+
+    def metrics(self) -> dict[str, float]:
+        size = self.rows * self.abs.size
+        return {
+            "mae": float(self.abs.sum() / size) if size else math.nan,
+            "rmse": math.sqrt(self.sq.sum() / size) if size else math.nan,
+        }
+
+    def breakdown(
+        self,
+        shape: tuple[int, ...],
+        axes: Sequence[str],
+        axis_values: Mapping[str, Sequence[str]] | None = None,
+    ) -> AxisBreakdown:
+        """MAE and RMSE per value of each label axis; {} for flat labels."""
+        if len(axes) != len(shape) or len(shape) < 2:
+            return {}
+        out: AxisBreakdown = {}
+        abs_, sq = self.abs.reshape(shape), self.sq.reshape(shape)
+        for i, axis in enumerate(axes):
+            other = tuple(d for d in range(len(shape)) if d != i)
+            count = self.rows * abs_.size / shape[i]
+            mae, rmse = abs_.sum(axis=other) / count, np.sqrt(sq.sum(axis=other) / count)
+            names = list((axis_values or {}).get(axis, [])) or [str(k) for k in range(shape[i])]
+            out[axis] = {
+                str(names[k]): {"mae": float(mae[k]), "rmse": float(rmse[k])}
+                for k in range(shape[i])
+            }
+        return out
+
+
+class Targets:
+    """A split's targets, summed over chunks of rows: per output, the sum and the sum of squares
+    about the first row (for the squared deviations from each output's mean: R²'s
+    denominator)."""
+
+    def __init__(self, cells: int) -> None:
+        self.rows = 0
+        self.shift: np.ndarray | None = None
+        self.s1 = np.zeros(cells)
+        self.s2 = np.zeros(cells)
+
+    def add(self, target: np.ndarray) -> None:
+        y = _flat64(target)
+        if self.shift is None and len(y):
+            self.shift = y[0].copy()
+        if len(y):
+            d = y - self.shift
+            self.rows += len(y)
+            self.s1 += d.sum(axis=0)
+            self.s2 += (d**2).sum(axis=0)
+
+    def sst(self) -> float:
+        """Sum over outputs of the squared deviations from that output's mean."""
+        return float(np.sum(self.s2 - self.s1**2 / max(self.rows, 1)))
+
+
+class SplitScore:
+    """Every predictor's errors on one split, fed chunk by chunk (`add`); `result` gives what
+    `evaluate_split` gives."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = tuple(shape)
+        self.cells = int(np.prod(self.shape)) if self.shape else 1
+        self.targets = Targets(self.cells)
+        self.scores: dict[str, Score] = {}
+
+    def add(self, target: np.ndarray, preds: Mapping[str, np.ndarray]) -> None:
+        """`preds`: "model" and each baseline's predictions on the same rows as `target`."""
+        self.targets.add(target)
+        for name, pred in preds.items():
+            self.scores.setdefault(name, Score(self.cells)).add(np.asarray(pred), target)
+
+    def result(
+        self,
+        split: str,
+        axes: Sequence[str] = (),
+        axis_values: Mapping[str, Sequence[str]] | None = None,
+    ) -> tuple[dict[str, float], dict[str, AxisBreakdown], list[str]]:
+        """Flat metrics, the breakdown (the model's and each baseline's) and the flags (in words)
+        of the split; one flag names every baseline that beat the model."""
+        own = self.scores["model"]
+        m = own.metrics()
+        sse = float(own.sq.sum())
+        sst = self.targets.sst()
+        m["r2"] = 1.0 - sse / sst if sst > 0 else float("nan")
+        m["n_rows"] = float(own.rows)
+        metrics = {f"{split}/{k}": v for k, v in m.items()}
+        breakdown = {"model": own.breakdown(self.shape, axes, axis_values)}
+        flags: list[str] = []
+        beaten_by: list[str] = []
+        for name, score in self.scores.items():
+            if name == "model":
+                continue
+            nm = score.metrics()
+            metrics[f"{split}/{name}_mae"] = nm["mae"]
+            metrics[f"{split}/{name}_rmse"] = nm["rmse"]
+            worse = not m["mae"] < nm["mae"]
+            metrics[f"{split}/worse_than_{name}"] = float(worse)
+            metrics[f"{split}/skill_vs_{name}"] = skill(m["mae"], nm["mae"])
+            breakdown[name] = score.breakdown(self.shape, axes, axis_values)
+            if worse:
+                beaten_by.append(f"{name} {nm['mae']:.4g}")
+        if beaten_by:  # one warning naming every predictor that beat the model
+            flags.append(
+                f"{split}: the model's MAE {m['mae']:.4g} does not beat {', '.join(beaten_by)}"
+                "; the model adds nothing over them on this split"
+            )
+        return metrics, breakdown, flags
+
+
+def _flat64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float64).reshape(len(a), -1)
+
+
 def regression_metrics(pred: np.ndarray, target: np.ndarray) -> dict[str, float]:
     """MAE, RMSE and variance-weighted R² over every output of every row (float64 sums)."""
-    if pred.shape != target.shape:
-        raise DataError(
-            f"prediction shape {pred.shape} != target shape {target.shape}; "
-            "re-run the model's stage"
-        )
-    p = pred.reshape(len(pred), -1).astype(np.float64)
-    y = target.reshape(len(target), -1).astype(np.float64)
-    err = p - y
-    sse = float(np.sum(err**2))
-    sst = float(np.sum((y - y.mean(axis=0, keepdims=True)) ** 2))
-    return {
-        "mae": float(np.mean(np.abs(err))),
-        "rmse": math.sqrt(sse / err.size),
-        "r2": 1.0 - sse / sst if sst > 0 else float("nan"),
-        "n_rows": float(len(p)),
-    }
+    score = SplitScore(tuple(target.shape[1:]))
+    score.add(target, {"model": pred})
+    return {k.removeprefix("s/"): v for k, v in score.result("s")[0].items()}
 
 
 def axis_breakdown(
@@ -72,20 +191,9 @@ def axis_breakdown(
 ) -> AxisBreakdown:
     """MAE and RMSE per value of each label axis (e.g. per hour, per section); {} for flat
     labels."""
-    shape = pred.shape[1:]
-    if len(axes) != len(shape) or len(shape) < 2:
-        return {}
-    err = pred.astype(np.float64) - target.astype(np.float64)
-    out: AxisBreakdown = {}
-    for i, axis in enumerate(axes):
-        other = tuple(d for d in range(err.ndim) if d != i + 1)
-        mae = np.mean(np.abs(err), axis=other)
-        rmse = np.sqrt(np.mean(err**2, axis=other))
-        names = list((axis_values or {}).get(axis, [])) or [str(k) for k in range(shape[i])]
-        out[axis] = {
-            str(names[k]): {"mae": float(mae[k]), "rmse": float(rmse[k])} for k in range(shape[i])
-        }
-    return out
+    score = Score(int(np.prod(pred.shape[1:])))
+    score.add(pred, target)
+    return score.breakdown(tuple(pred.shape[1:]), axes, axis_values)
 
 
 def evaluate_split(
@@ -98,30 +206,12 @@ def evaluate_split(
     fitted: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, float], dict[str, AxisBreakdown], list[str]]:
     """Flat metrics, the breakdown (the model's and each baseline's) and the flags (in words)
-    of one split. `naive`: the naive predictors; `fitted`: the fitted baselines
-    (enn_core.fitted_baselines), scored the same way; one flag names every one of them that
-    beat the model."""
-    m = regression_metrics(pred, target)
-    metrics = {f"{split}/{k}": v for k, v in m.items()}
-    breakdown = {"model": axis_breakdown(pred, target, axes, axis_values)}
-    flags: list[str] = []
-    beaten_by: list[str] = []
-    for name, npred in {**naive, **(fitted or {})}.items():
-        nm = regression_metrics(npred, target)
-        metrics[f"{split}/{name}_mae"] = nm["mae"]
-        metrics[f"{split}/{name}_rmse"] = nm["rmse"]
-        worse = not m["mae"] < nm["mae"]
-        metrics[f"{split}/worse_than_{name}"] = float(worse)
-        metrics[f"{split}/skill_vs_{name}"] = skill(m["mae"], nm["mae"])
-        breakdown[name] = axis_breakdown(npred, target, axes, axis_values)
-        if worse:
-            beaten_by.append(f"{name} {nm['mae']:.4g}")
-    if beaten_by:  # one warning naming every predictor that beat the model
-        flags.append(
-            f"{split}: the model's MAE {m['mae']:.4g} does not beat {', '.join(beaten_by)}"
-            "; the model adds nothing over them on this split"
-        )
-    return metrics, breakdown, flags
+    of one split held in memory (`SplitScore` takes it in chunks). `naive`: the naive
+    predictors; `fitted`: the fitted baselines (enn_core.fitted_baselines), scored the same
+    way; one flag names every one of them that beat the model."""
+    score = SplitScore(tuple(target.shape[1:]))
+    score.add(target, {"model": pred, **naive, **(fitted or {})})
+    return score.result(split, axes, axis_values)
 
 
 def one_warning(metrics: Mapping[str, float], splits: Sequence[str]) -> str | None:
@@ -193,21 +283,78 @@ def finite_or_none(metrics: Mapping[str, float]) -> dict[str, float | None]:
     return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
 
 
+class NaiveModel:
+    """The naive predictors of enn_core.baselines (means and medians, per key and cell and per
+    cell), fitted on every training row of a staged dataset, read in chunks: what it keeps is a
+    statistic per group and cell and a group number per row (a few bytes a row), whatever the
+    rows; `predict(rows)` gives any rows' predictions, in NAIVE's order.
+
+    The conditional ones need the manifest's `naive_keys` (absent: only the per-cell ones); the
+    key columns are read from row_keys.parquet as codes (no Python object per value)."""
+
+    def __init__(self, ds: StagedDataset) -> None:
+        self.shape = tuple(ds.targets.shape[1:])
+        train = np.asarray(ds.split("train"))
+        if len(train) == 0:
+            raise DataError("splits/train.npy is empty; re-run stage-data with training rows")
+        names = list(ds.manifest.naive_keys)
+        self.groups: np.ndarray | None = None
+        self.tables: dict[str, np.ndarray] = {}
+        whole = np.zeros(len(train), np.int64)
+        cell = {
+            stat: group_statistic(ds.targets, train, whole, 1, stat)[0][0]
+            for stat in ("mean", "median")
+        }
+        if names:
+            groups, n_groups = group_codes(_key_codes(ds, names), ds.n_rows)
+            self.groups = groups.astype(np.int32 if n_groups < 2**31 else np.int64)
+            for name, stat in CONDITIONAL.items():
+                table, counts = group_statistic(ds.targets, train, groups[train], n_groups, stat)
+                table[counts == 0] = cell[stat]  # a key combination training never had
+                self.tables[name] = table
+        self.tables["naive_cell_mean"] = cell["mean"][None]
+        self.tables["naive_cell_median"] = cell["median"][None]
+
+    def predict(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Each naive predictor at `rows`: [len(rows), *shape] float64."""
+        rows = np.asarray(rows)
+        out = {}
+        for name, table in self.tables.items():
+            if name in CONDITIONAL and self.groups is not None:
+                picked = table[self.groups[rows]]
+            else:
+                picked = np.repeat(table, len(rows), axis=0)
+            out[name] = picked.reshape(len(rows), *self.shape)
+        return out
+
+
+def _key_codes(ds: StagedDataset, names: Sequence[str]) -> list[np.ndarray]:
+    """Each naive key column of every staged row as codes (equal values, equal codes; missing
+    -1), read with pyarrow: a 10^7-row column of strings makes no Python string."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    path = ds.path / "row_keys.parquet"
+    available = pq.read_schema(path).names
+    missing = [k for k in names if k not in available]
+    if missing:
+        raise DataError(
+            f"row keys lack columns {missing} (have {available}); "
+            "fix data.naive_keys or re-run stage-data"
+        )
+    table = pq.read_table(path, columns=list(names))
+    if table.num_rows != ds.n_rows:
+        raise DataError(
+            f"{path}: {table.num_rows} rows but the staged data has {ds.n_rows}; re-run stage-data"
+        )
+    out = []
+    for name in names:
+        coded = pc.dictionary_encode(table.column(name)).combine_chunks()
+        out.append(np.asarray(pc.fill_null(coded.indices, -1), dtype=np.int64))
+    return out
+
+
 def naive_predictions(ds: StagedDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
     """The naive predictors of enn_core.baselines (means and medians), fitted on the training
-    rows, at `rows`, in NAIVE's order.
-
-    The conditional ones need the manifest's `naive_keys` (absent: only the per-cell ones)."""
-    train = np.asarray(ds.split("train"))
-    y_train = np.asarray(ds.targets[train])
-    out: dict[str, np.ndarray] = {}
-    names = list(ds.manifest.naive_keys)
-    if names:
-        keys = ds.row_keys
-        for name, stat in (("naive_conditional", "mean"), ("naive_conditional_median", "median")):
-            out[name] = conditional_naive_predict(
-                y_train, keys.iloc[train], keys.iloc[np.asarray(rows)], names, len(rows), stat
-            )
-    out["naive_cell_mean"] = per_cell_mean_predict(y_train, len(rows))
-    out["naive_cell_median"] = per_cell_median_predict(y_train, len(rows))
-    return out
+    rows, at `rows`, in NAIVE's order (`NaiveModel`: the same, for rows taken in chunks)."""
+    return NaiveModel(ds).predict(rows)

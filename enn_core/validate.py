@@ -35,9 +35,9 @@ from enn_core.metric_names import NAIVE, NAIVE_BEST, four
 from enn_core.metrics import (
     NAIVE_HOW,
     AxisBreakdown,
-    evaluate_split,
+    NaiveModel,
+    SplitScore,
     finite_or_none,
-    naive_predictions,
     one_warning,
     with_best_naive,
 )
@@ -50,6 +50,7 @@ from enn_core.summaries import ValidateSummary
 SAY_FITTING_AFTER_S = 3.0
 
 SPLITS: tuple[str, ...] = ("val", "test")
+EVAL_CELLS = 1_000_000  # label numbers of a split scored at once (each predictor's, the targets)
 
 
 def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> ValidateSummary:
@@ -79,23 +80,24 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         ctx.events.param(f"validate.{name}", res.fit.detail)
         if not res.fit.cached:
             ctx.logger.info("%s: %s baseline: %s", ctx.stage, name, _how(res))
+    naive = NaiveModel(ds)
+    shape = tuple(ds.targets.shape[1:])
+    step = max(1, EVAL_CELLS // max(int(np.prod(shape)), 1))
     for split in SPLITS:
         rows = np.asarray(ds.split(split))
         if len(rows) == 0:
             raise DataError(
                 f"splits/{split}.npy is empty; re-run stage-data with a non-empty {split} split"
             )
-        pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size, device)
-        target = np.asarray(ds.targets[rows])
-        m, b, f = evaluate_split(
-            split,
-            pred,
-            target,
-            naive_predictions(ds, rows),
-            axes,
-            axis_values,
-            {name: res.predictions[split] for name, res in fitted.items()},
-        )
+        score = SplitScore(shape)
+        for a in range(0, len(rows), step):  # every predictor on a chunk of rows at a time
+            part = rows[a : a + step]
+            pred = predict_rows(model.predict, ds.features, part, cfg.predict.batch_size, device)
+            baselines = {n: r.predictions[split][a : a + step] for n, r in fitted.items()}
+            score.add(
+                np.asarray(ds.targets[part]), {"model": pred, **naive.predict(part), **baselines}
+            )
+        m, b, f = score.result(split, axes, axis_values)
         metrics.update(m)
         per_split[split] = b
         flags.extend(f)

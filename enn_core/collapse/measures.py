@@ -19,11 +19,12 @@ import torch
 from enn_core.baselines import collapse_stats
 from enn_core.collapse.report import Criterion
 from enn_core.config import CollapseConfig
+from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
 
 BROADCAST_SAMPLE_ROWS = 512
 MAX_OUT_OF_RANGE = 0.01  # fraction of predicted values that may lie out of the targets' range
-STD_CHUNK_ROWS = 65536
+STD_CHUNK_CELLS = 2_000_000  # label numbers read at once (float64: 16 MB)
 
 
 class Verdict(TypedDict):
@@ -41,12 +42,13 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64).reshape(len(a), -1)
 
 
-def column_std(a: np.ndarray, chunk_rows: int = STD_CHUNK_ROWS) -> np.ndarray:
+def column_std(a: np.ndarray, chunk_rows: int | None = None) -> np.ndarray:
     """Per-output std across rows of [N, ...] (e.g. a memmap of millions of predictions) in
     float64, read in chunks so memory stays bounded; shifted by the first row for accuracy."""
     n = len(a)
     if n == 0:
         raise DataError("no rows to measure; predict at least one row")
+    chunk_rows = chunk_rows or _rows_per_chunk(a)
     shift = np.asarray(a[:1], dtype=np.float64).reshape(1, -1)
     s1 = np.zeros(shift.shape[1])
     s2 = np.zeros(shift.shape[1])
@@ -58,6 +60,28 @@ def column_std(a: np.ndarray, chunk_rows: int = STD_CHUNK_ROWS) -> np.ndarray:
         s1 += d.sum(axis=0)
         s2 += (d**2).sum(axis=0)
     return np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
+
+
+def _rows_per_chunk(a: np.ndarray) -> int:
+    return max(1, STD_CHUNK_CELLS // max(int(np.prod(a.shape[1:])), 1))
+
+
+def training_label_std(ds: StagedDataset) -> float:
+    """The standard deviation of the training rows' labels, every cell pooled (float64): the
+    scale that the broadcast check's tolerance is relative to (inference.label_std's value),
+    read in chunks of rows, shifted by the first value for accuracy."""
+    train = np.asarray(ds.split("train"))
+    shift, s1, s2, count = 0.0, 0.0, 0.0, 0
+    chunk_rows = _rows_per_chunk(ds.targets)
+    for start in range(0, len(train), chunk_rows):
+        v = np.asarray(ds.targets[train[start : start + chunk_rows]], dtype=np.float64).ravel()
+        if count == 0 and v.size:
+            shift = float(v[0])
+        d = v - shift
+        s1, s2, count = s1 + float(d.sum()), s2 + float((d**2).sum()), count + d.size
+    if count == 0:
+        raise DataError("splits/train.npy is empty; re-run stage-data with training rows")
+    return math.sqrt(max(s2 / count - (s1 / count) ** 2, 0.0))
 
 
 def target_spread(labels: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import time
 
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from enn_core import fitted_baselines as fitted_baselines_module
 from enn_core.baselines import regression_errors
 from enn_core.config import DataConfig, ValidateConfig, load_config
 from enn_core.data.dataset import StagedDataset
@@ -198,14 +200,16 @@ def test_a_fit_that_ends_quickly_says_nothing_and_a_long_one_says_what_it_fits(d
 @pytest.mark.slow  # fits ridge and gbt
 def test_a_damaged_cache_is_refitted_never_unpickled(ds, tmp_path):
     cfg = ValidateConfig(baselines=("ridge",))
-    good = fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"]
+    # the predictions are read from the cache's files as they are used: copied before the
+    # file is damaged in place below
+    good = np.array(fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"].predictions["val"])
     folder = next(tmp_path.glob("ridge-*"))
     marker = tmp_path / "MARKER"
     # a pickled object where an array should be: np.load(allow_pickle=False) refuses it
     np.save(folder / "val.npy", np.array([{"x": marker}], dtype=object), allow_pickle=True)
     again = fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"]
     assert not again.fit.cached
-    assert np.array_equal(again.predictions["val"], good.predictions["val"])
+    assert np.array_equal(again.predictions["val"], good)
     (folder / "test.npy").write_bytes(b"not an array")
     assert not fitted_baselines(ds, cfg, SPLITS, tmp_path)["ridge"].fit.cached
 
@@ -223,3 +227,105 @@ def test_a_damaged_cache_is_refitted_never_unpickled(ds, tmp_path):
 def test_bad_settings_are_one_line(fields, message):
     with pytest.raises(ConfigError, match=message):
         ValidateConfig(**fields)
+
+
+def _dense_l1_reference(x, y, alpha, start, steps):
+    """The absolute-error ridge as it was first written: each row's outer product [d, d] kept
+    for all rows (what asked for 76 GiB at 39,215 rows x 511 features)."""
+    xi = np.column_stack([np.ones(len(x)), x])
+    d = xi.shape[1]
+    outer = (xi[:, :, None] * xi[:, None, :]).reshape(len(xi), d * d)
+    coef = start.copy()
+    resid = np.abs(y - xi @ coef)
+    scale = max(float(np.median(resid)), 1e-12)
+    penalty = np.eye(d) * alpha / scale
+    penalty[0, 0] = 0.0
+    for _ in range(steps):
+        w = 1.0 / np.maximum(resid, 1e-3 * scale)
+        gram = (w.T @ outer).reshape(-1, d, d) + penalty
+        coef = np.linalg.solve(gram, ((w * y).T @ xi)[..., None])[..., 0].T
+        resid = np.abs(y - xi @ coef)
+    return coef
+
+
+def _onehot_rows(n, levels, outputs, seed=0):
+    """[n, 1 + levels + 7 + 2] encoded rows (a number, a categorical of `levels`, a weekday
+    one-hot and its sin/cos; a tenth of the rows an unknown level) and heavy-tailed labels."""
+    rng = np.random.default_rng(seed)
+    level, day = rng.integers(0, levels, n), rng.integers(0, 7, n)
+    x = np.zeros((n, 1 + levels + 7 + 2))
+    x[:, 0] = rng.normal(size=n)
+    x[np.arange(n), 1 + level] = 1.0
+    x[rng.random(n) < 0.1, 1 : 1 + levels] = 0.0
+    x[np.arange(n), 1 + levels + day] = 1.0
+    x[:, -2:] = np.column_stack([np.sin(2 * np.pi * day / 7), np.cos(2 * np.pi * day / 7)])
+    y = x @ rng.normal(size=(x.shape[1], outputs)) + rng.standard_t(2, size=(n, outputs))
+    start = np.zeros((x.shape[1] + 1, outputs))
+    start[0] = y.mean(axis=0)
+    return x, y, start
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_the_absolute_error_ridge_matches_its_dense_definition(monkeypatch, chunked):
+    """The normal equations built from the dense and sparse columns (all rows' products at
+    once, or a chunk of rows at a time) are the dense definition's, to rounding."""
+    if chunked:
+        monkeypatch.setattr(fitted_baselines_module, "OUTER_CELLS", 5_000)
+    x, y, start = _onehot_rows(1500, 30, 5)
+    got, steps = fitted_baselines_module._l1_ridge(x, y, 1.0, start, np.inf, lambda *_: None)
+    assert steps == fitted_baselines_module.L1_ITERATIONS
+    want = _dense_l1_reference(x, y, 1.0, start, steps)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+CAPPED_RIDGE = """
+import resource, sys
+import numpy as np
+import enn_core.fitted_baselines as fb
+from enn_core.fitted_baselines import ENCODED_CELLS, L1_CELLS, _l1_ridge
+
+width = 1 + 500 + 7 + 2
+outputs = 24
+assert outputs * (width + 1) ** 2 <= L1_CELLS  # within the cap that lets the L1 fit run
+x, y, start = _onehot_rows(ENCODED_CELLS // width, 500, outputs)  # the rows ridge keeps
+data_kb = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmData:"))
+limit = data_kb * 1024 + int(sys.argv[1])  # what this process holds, and the budget
+resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+fb.L1_ITERATIONS = 2  # enough to show it reweights; each step is seconds on one core
+coef, steps = _l1_ridge(x, y, 1.0, start, float("inf"), lambda *_: None)
+xi = np.column_stack([np.ones(len(x)), x])
+before, after = np.abs(y - xi @ start).mean(), np.abs(y - xi @ coef).mean()
+print(len(x), steps, before, after)
+"""
+
+
+def test_the_absolute_error_ridge_on_a_500_level_categorical_stays_within_its_cap(tmp_path):
+    """issue 51: with a 500-level categorical (510 encoded features) ridge keeps 39,215 rows
+    (ENCODED_CELLS // 510), and its absolute-error fit asked for each row's outer product at
+    once: 76 GiB, a MemoryError after a 3-million-row table had trained. Under a 1 GiB limit
+    on its data segment beyond what the process already holds (the rows themselves, 160 MB)
+    it reweights and lowers the absolute error."""
+    import inspect
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "PYTHONPATH": str(root),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", inspect.getsource(_onehot_rows) + CAPPED_RIDGE, str(2**30)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows, steps, before, after = done.stdout.split()
+    assert int(rows) > 39_000 and int(steps) == 2
+    assert float(after) < float(before)
