@@ -204,8 +204,9 @@ def out_of_memory(error: BaseException, stage: str, lower: Iterable[str]) -> Out
     MemoryError (numpy's included), torch's (CPU and CUDA allocators), or an OutOfMemory raised
     below (a worker's, read by the launcher) that does not name its stage or a setting yet."""
     settings = list(lower)
+    which = settings[0] if len(settings) == 1 else f"one of {', '.join(settings)}"
     fix = (
-        f"; lower {' or '.join(settings)} and run it again"
+        f"; lower {which} and run it again"
         if settings
         else "; no setting bounds what it holds: run it where more memory is free"
     )

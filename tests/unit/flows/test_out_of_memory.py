@@ -23,7 +23,7 @@ from enn_core.errors import OutOfMemory, oom_held, out_of_memory
 from tests.fixtures.cli import enn
 from tests.fixtures.project import TINY
 
-TRAIN_SETTINGS = "lower train.batch_size or train.micro_batch or train.eval_batch or "
+TRAIN_SETTINGS = "lower one of train.batch_size, train.micro_batch, train.eval_batch, "
 TRAIN_SETTINGS += "runtime.world_size and run it again (docs/troubleshooting.md)"
 
 
@@ -112,7 +112,7 @@ def test_each_real_allocator_error_says_what_it_tried_to_hold():
     oom = out_of_memory(torch_error, "predict", ("predict.batch_size", "predict.chunk_rows"))
     assert isinstance(oom, OutOfMemory) and str(oom) == (
         "predict: out of memory: tried to allocate 256.0 TiB (281474976710656 bytes) "
-        "(RuntimeError); lower predict.batch_size or predict.chunk_rows and run it again"
+        "(RuntimeError); lower one of predict.batch_size, predict.chunk_rows and run it again"
     )
     assert oom_held("RuntimeError", "Expected all tensors to be on the same device") is None
     assert oom_held("OSError", "[Errno 12] Cannot allocate memory") == ""
