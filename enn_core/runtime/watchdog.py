@@ -8,7 +8,9 @@ stacks on SIGUSR1, and the one error a failed job becomes.
 - A worker that raises writes `<run_dir>/errors/rank-<r>.json` (`write_error`);
   `worker_error` turns the records, each rank's exit (code or signal, from the launcher's
   record) and the heartbeats into the caller's exception: the first root-cause rank's error,
-  keeping domain classes so retry rules still apply.
+  keeping domain classes so retry rules still apply. Out of memory is OutOfMemory: a rank's
+  MemoryError or allocator error, or a rank killed by SIGKILL (most likely the kernel's
+  out-of-memory killer: nothing in the job sends it unasked).
 """
 
 from __future__ import annotations
