@@ -60,7 +60,7 @@ class UntrustedCheckpointError(StaleOutputError):
 
 
 class TrainingError(EnnError):
-    """Training stopped for a reason it names (non-finite steps, OOM back-offs exhausted...)."""
+    """Training stopped for a reason it names (too many non-finite steps, a bad plan...)."""
 
     exit_code = 5
 
@@ -142,6 +142,86 @@ def low_space(paths: Iterable[str | Path], margin: int = 1 << 20) -> Path | None
         except OSError:
             continue
     return None
+
+
+class OutOfMemory(EnnError):
+    """Out of memory: names the stage, what it tried to hold and the setting that lowers it."""
+
+    exit_code = 13
+    docs = "docs/troubleshooting.md"
+
+
+# What an out-of-memory error says it tried to hold: numpy's MemoryError ("Unable to allocate
+# 76.3 GiB for an array with shape (39215, 511, 511) and data type float64"), torch's CPU
+# allocator ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 400000000000
+# bytes") and its CUDA allocator ("CUDA out of memory. Tried to allocate 2.00 GiB").
+_NUMPY_HELD = re.compile(r"Unable to allocate (.+? for an array with shape \([^)]*\))")
+_TORCH_HELD = re.compile(r"(?:you tried|Tried) to allocate ([\d.]+ ?[KMGTP]?i?B|\d+ bytes)")
+_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def oom_held(kind: str, message: str) -> str | None:
+    """What an out-of-memory error (its class name `kind`, its message) tried to hold, as a
+    reader wants it ("76.3 GiB for an array with shape (...)", "372.5 GiB"; "" when it does not
+    say); None when the error is not out of memory. Class names, not classes: a worker's error
+    record (enn_core.runtime.watchdog) has only those, and this module imports neither numpy
+    nor torch."""
+    text = message.lower()
+    if not (kind.endswith("MemoryError") or _said_oom(kind, text)):
+        return None
+    numpy = _NUMPY_HELD.search(message)
+    if numpy is not None:
+        return numpy.group(1)
+    torch = _TORCH_HELD.search(message)
+    if torch is None:
+        return ""
+    held = torch.group(1)
+    if held.endswith(" bytes"):
+        held = f"{_size(int(held.split()[0]))} ({held})"
+    return held
+
+
+def _said_oom(kind: str, text: str) -> bool:
+    """A RuntimeError that says so (torch's allocators), or an OSError ENOMEM (mmap, fork)."""
+    if kind == "OSError":
+        return text.startswith(f"[errno {errno.ENOMEM}]")
+    return kind == "RuntimeError" and any(s in text for s in _OOM_TEXT)
+
+
+def _size(n: int) -> str:
+    """Bytes as numpy says them (372.5 GiB)."""
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} PiB"
+
+
+def out_of_memory(error: BaseException, stage: str, lower: Iterable[str]) -> OutOfMemory | None:
+    """`error` as the one line of a stage that ran out of memory (`lower`: the settings that
+    lower what it holds, e.g. `predict.batch_size`), or None when it is not out of memory: a
+    MemoryError (numpy's included), torch's (CPU and CUDA allocators), or an OutOfMemory raised
+    below (a worker's, read by the launcher) that does not name its stage or a setting yet."""
+    settings = list(lower)
+    which = settings[0] if len(settings) == 1 else f"one of {', '.join(settings)}"
+    fix = (
+        f"; lower {which} and run it again"
+        if settings
+        else "; no setting bounds what it holds: run it where more memory is free"
+    )
+    if isinstance(error, OutOfMemory):
+        text = str(error)
+        if text.startswith(f"{stage}: "):
+            return None  # already this stage's line
+        named = any(s in text for s in settings)  # the governor's line names its own
+        return OutOfMemory(f"{stage}: {text}{'' if named else fix}")
+    held = oom_held(type(error).__name__, str(error))
+    if held is None:
+        return None
+    said = (str(error).splitlines() or ["it says no more"])[0]
+    what = f"tried to allocate {held}" if held else said
+    return OutOfMemory(f"{stage}: out of memory: {what} ({type(error).__name__}){fix}")
 
 
 class TransientError(EnnError):

@@ -1,6 +1,7 @@
-"""The one fault-injection facility: raise, hang, delay, kill, NaN or out-of-memory at a
-named phase, step and rank, or a slow interconnect (comm_delay). Configured by the `fault`
-config section, which the loader refuses outside tests.
+"""The one fault-injection facility: raise, hang, delay, kill, NaN or out-of-memory (injected,
+or a real allocation too large to succeed) at a named phase, step and rank, or a slow
+interconnect (comm_delay). Configured by the `fault` config section, which the loader refuses
+outside tests.
 
 Call sites are one line: `faults.at("first_forward", step=step)`; for NaN injection the
 caller asks `faults.wants_nan("step", step)` and poisons its own tensor, since only it
@@ -22,6 +23,11 @@ from pathlib import Path
 
 from enn_core.config import FaultConfig
 from enn_core.errors import EnnError, TransientError
+
+# alloc_numpy / alloc_torch: 256 TiB, more than a 64-bit Linux process can map (its address
+# space is 128 TiB), so the allocation fails at once, whatever the machine's memory and its
+# overcommit setting, and touches nothing.
+ALLOC_BYTES = 2**48
 
 
 class InjectedFault(EnnError):
@@ -78,7 +84,7 @@ class FaultInjector:
         return {self.cfg.phase: self.cfg.seconds}
 
     def at(self, phase: str, step: int | None = None) -> None:
-        """Fire a raise/transient/hang/delay/kill/oom fault if one is configured here."""
+        """Fire a raise/transient/hang/delay/kill/oom/alloc fault if one is configured here."""
         kind = self.cfg.kind
         if kind in ("none", "nan") or not self._matches(phase, step) or not self._claim():
             return
@@ -91,6 +97,14 @@ class FaultInjector:
             import torch
 
             raise torch.OutOfMemoryError(f"injected out-of-memory at {where}")
+        if kind == "alloc_numpy":
+            import numpy as np
+
+            np.empty(ALLOC_BYTES, dtype=np.uint8)  # numpy's own MemoryError
+        if kind == "alloc_torch":
+            import torch
+
+            torch.empty(ALLOC_BYTES, dtype=torch.uint8)  # torch's CPU allocator's RuntimeError
         if kind in ("hang", "delay"):
             time.sleep(self.cfg.seconds)
             return

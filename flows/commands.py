@@ -118,12 +118,12 @@ def worker_only(spec: StageSpec, cfg: RunConfig, layout: Layout, launched: Launc
     """A worker other than global rank 0 under an external launcher (flows/worker.py): the
     stage's work only; rank 0's process holds the lock, records the run and publishes."""
     from enn_core.stage import make_context
-    from tasks.runner import refuse_other_rank
+    from tasks.runner import refuse_other_rank, run_work
 
     refuse_other_rank(spec, launched.rank)
     t0 = time.monotonic()
     ctx = make_context(cfg, layout, spec, f"{launched.run_id}-rank{launched.rank}")
-    spec.work(cfg, ctx)
+    run_work(spec, cfg, ctx)
     print(
         f"{spec.name}: rank {launched.rank} done in {time.monotonic() - t0:.1f} s "
         f"(its records: {ctx.run_dir}); the process of global rank 0 publishes the outputs"

@@ -25,7 +25,7 @@ import yaml
 
 from enn_core.atomic import atomic_file, write_json
 from enn_core.config import RunConfig, replace_key, sections_of, to_logged
-from enn_core.errors import ConfigError, StaleOutputError
+from enn_core.errors import ConfigError, OutOfMemory, StaleOutputError, out_of_memory
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.model_code import check_dvc_deps
@@ -159,8 +159,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         error: BaseException | None = None
         before_stage(cfg, spec, session.specs, plots=tracker is not None)
         try:
-            ctx.faults.at(spec.name)  # the stage's name is a fault phase (tests: raise, hang...)
-            summary = spec.work(cfg, ctx)
+            summary = run_work(spec, cfg, ctx)
         except BaseException as e:
             error = e
             raise
@@ -205,6 +204,20 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
         work_seconds,
         registry,
     )
+
+
+def run_work(spec: StageSpec, cfg: RunConfig, ctx: StageContext) -> StageSummary:
+    """The stage's work; running out of memory (numpy's MemoryError, torch's allocators, a
+    worker's, a worker the kernel killed) becomes its one line: the stage, what it tried to
+    hold and the settings that lower it (`spec.memory`), with its own exit code."""
+    try:
+        ctx.faults.at(spec.name)  # the stage's name is a fault phase (tests: raise, hang...)
+        return spec.work(cfg, ctx)
+    except (MemoryError, RuntimeError, OSError, OutOfMemory) as e:
+        oom = out_of_memory(e, spec.name, spec.memory)
+        if oom is None:
+            raise
+        raise oom from e
 
 
 def refuse_other_rank(spec: StageSpec, rank: int) -> None:

@@ -1,4 +1,4 @@
-"""Fault injection: raise, hang, delay, kill, inject NaN or out-of-memory at a named phase,
+"""Fault injection: raise, hang, delay, kill, inject NaN or run out of memory at a named phase,
 step and rank, or slow FSDP2's collectives (comm_delay). Refused outside tests (the loader
 checks `allow_faults`)."""
 
@@ -10,8 +10,20 @@ from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
 FaultKind = Literal[
-    "none", "raise", "transient", "hang", "delay", "kill", "nan", "oom", "comm_delay"
+    "none",
+    "raise",
+    "transient",
+    "hang",
+    "delay",
+    "kill",
+    "nan",
+    "oom",
+    "alloc_numpy",
+    "alloc_torch",
+    "comm_delay",
 ]
+# oom: an injected torch.OutOfMemoryError (what CUDA raises); alloc_numpy and alloc_torch: a
+# real allocation of ALLOC_BYTES (enn_core/fault.py), so the allocator's own error is raised.
 # comm_delay: `seconds` of sleep inside every FSDP2 collective of this kind, on `rank`.
 COMM_DELAY_PHASES = ("all_gather", "reduce_scatter")
 

@@ -30,7 +30,7 @@ from typing import Any, cast
 import torch.distributed as dist
 
 from enn_core.atomic import write_json
-from enn_core.errors import ConfigError, WorkerError
+from enn_core.errors import ConfigError, OutOfMemory, WorkerError
 from enn_core.predict.chunks import PartsPlan, PartStore
 from enn_core.predict.workers import WorkerJob, WorkerStats, predict_parts
 from enn_core.runtime.dist import (
@@ -113,7 +113,7 @@ def launch_ranks(
             cancel=cancel,
             rdzv=rdzv,
         )
-    except WorkerError as e:
+    except (WorkerError, OutOfMemory) as e:
         if cancel is not None and cancel.is_set():
             raise WorkerError(
                 f"predict cancelled; its {nprocs} workers were killed, {kept}"

@@ -56,7 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from enn_core.errors import TrainingError
+from enn_core.errors import OutOfMemory, TrainingError
 from enn_core.runtime.memory import (
     MIB,
     PeakReading,
@@ -279,7 +279,7 @@ def _by_trial(
                 + (f"; larger tried: {tried}" if tried else "")
             )
             return MicroBatchChoice(m, why, facts)
-    raise TrainingError(
+    raise OutOfMemory(
         "train.micro_batch=auto: even a micro-batch of 1 row runs out of memory "
         f"on {probe.device}; use a smaller model (model.d_model, model.layers), "
         "train.precision=bf16, or more ranks"

@@ -83,6 +83,8 @@ from enn_core.runtime.watchdog import (
     Verdict,
     Watchdog,
     dump_stacks,
+    killed,
+    killed_line,
     read_errors,
     worker_error,
     write_error,
@@ -421,6 +423,11 @@ class Job:
                 f"distributed job {self.run_id} {self.stopped}; every worker was killed"
             )
         err = self.rendezvous_error(ended)
+        code = self.proc.returncode if self.proc is not None else None
+        if err is None and ended["state"] == "error" and code is not None and killed(code):
+            err = errors.OutOfMemory(  # torchrun itself (its workers die with it)
+                killed_line("torchrun (the workers' agent)", code, "", self.run_dir / "logs")
+            )
         if err is None:
             exits = {int(r): int(c) for r, c in ended["exits"].items()}
             err = worker_error(self.run_dir, ended["message"], None, exits)

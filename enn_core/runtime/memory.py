@@ -27,16 +27,18 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-from enn_core.errors import TrainingError
+from enn_core.errors import OutOfMemory, oom_held
 from enn_core.runtime.sampler import Plan
 
 
 def is_oom(err: BaseException) -> bool:
-    """A real or injected out-of-memory error (CUDA raises OutOfMemoryError; CPU allocators
-    raise RuntimeError with this text)."""
-    if isinstance(err, torch.OutOfMemoryError):
-        return True
-    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower()
+    """A real or injected out-of-memory error: torch's OutOfMemoryError (CUDA), torch's CPU
+    allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory"), numpy's
+    MemoryError, an OSError ENOMEM (`enn_core.errors.oom_held` reads them)."""
+    return (
+        isinstance(err, torch.OutOfMemoryError)
+        or oom_held(type(err).__name__, str(err)) is not None
+    )
 
 
 def divisors(n: int) -> list[int]:
@@ -63,12 +65,15 @@ class MemoryGovernor:
     history: list[dict[str, int | str]] = field(default_factory=list)
 
     def back_off(self, *, epoch: int, step: int, reason: str) -> Plan:
-        """Halve the micro-batch (same global batch); TrainingError when no room is left."""
+        """Halve the micro-batch (same global batch); OutOfMemory when no room is left
+        (`reason`: the out-of-memory error's message)."""
         old = self.plan
         if len(self.history) >= self.max_backoffs or old.micro_batch <= 1:
-            raise TrainingError(
-                f"out of memory at epoch {epoch} step {step} with micro_batch={old.micro_batch} "
-                f"after {len(self.history)} back-offs "
+            held = oom_held("MemoryError", reason)  # reason: the error's message
+            tried = f" (it tried to allocate {held})" if held else ""
+            raise OutOfMemory(
+                f"out of memory at epoch {epoch} step {step} with micro_batch={old.micro_batch}"
+                f"{tried} after {len(self.history)} back-offs "
                 f"(limit train.max_oom_backoffs={self.max_backoffs}); "
                 f"lower train.batch_size or set train.micro_batch to a smaller divisor of the "
                 f"per-rank batch {old.per_rank}, or use train.precision=bf16"

@@ -8,7 +8,9 @@ stacks on SIGUSR1, and the one error a failed job becomes.
 - A worker that raises writes `<run_dir>/errors/rank-<r>.json` (`write_error`);
   `worker_error` turns the records, each rank's exit (code or signal, from the launcher's
   record) and the heartbeats into the caller's exception: the first root-cause rank's error,
-  keeping domain classes so retry rules still apply.
+  keeping domain classes so retry rules still apply. Out of memory is OutOfMemory: a rank's
+  MemoryError or allocator error, or a rank killed by SIGKILL (most likely the kernel's
+  out-of-memory killer: nothing in the job sends it unasked).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from enn_core import errors
 from enn_core.atomic import write_json
-from enn_core.errors import WorkerError
+from enn_core.errors import OutOfMemory, WorkerError, oom_held
 from enn_core.runtime.heartbeat import read_heartbeats, stack_path
 
 ERRORS = "errors"
@@ -223,16 +225,23 @@ def worker_error(
     roots = [r for r in recs if not any(h in r["message"].lower() for h in _TIMEOUT_HINTS)]
     if roots:
         rec = roots[0]
+        step = f" step {rec['step']}" if rec.get("step") is not None else ""
+        held = oom_held(rec["type"], rec["message"]) if rec["type"] != "OutOfMemory" else None
+        if held is not None:  # numpy's MemoryError, torch's allocators: the stage names a fix
+            what = f"tried to allocate {held}" if held else rec["message"]
+            return OutOfMemory(
+                f"rank {rec['rank']} ran out of memory in phase {rec['phase']}{step}: {what} "
+                f"({rec['type']}; logs in {run_dir / 'logs'})"
+            )
         cls = getattr(errors, rec["type"], None)
         cls = cls if isinstance(cls, type) and issubclass(cls, errors.EnnError) else WorkerError
-        step = f" step {rec['step']}" if rec.get("step") is not None else ""
         return cls(
             f"rank {rec['rank']} failed in phase {rec['phase']}{step}: {rec['type']}: "
             f"{rec['message']} (logs in {run_dir / 'logs'})"
         )
     died = _died_without_record(run_dir, exits or {}, {r["rank"] for r in recs})
     if died is not None:
-        return WorkerError(died)
+        return died
     silent = _silent_peer(run_dir, {r["rank"] for r in recs})
     if silent is not None:
         return WorkerError(silent.message(run_dir))
@@ -268,18 +277,43 @@ def exit_name(code: int) -> str:
     return f"exit code {code}"
 
 
-def _died_without_record(run_dir: Path, exits: dict[int, int], recorded: set[int]) -> str | None:
-    """A rank that crashed below Python (segfault, abort, kill): name it, its exit and phase."""
+def _died_without_record(
+    run_dir: Path, exits: dict[int, int], recorded: set[int]
+) -> errors.EnnError | None:
+    """A rank that crashed below Python (segfault, abort, kill): name it, its exit and phase.
+    SIGKILL, which nothing in the job sends unasked (the launcher's own kills of a hung or
+    cancelled job are said before this), is most likely the kernel's out-of-memory killer."""
     beats = read_heartbeats(run_dir)
     # torchrun ends the survivors of a failed rank with SIGTERM: they come last
     for rank, code in sorted(exits.items(), key=lambda rc: (rc[1] == -signal.SIGTERM, rc[0])):
-        if rank in recorded or rank not in beats:
+        if rank in recorded:
             continue
-        how = exit_name(code)
-        h = beats[rank]
-        step = f" step {h['step']}" if h.get("step") is not None else ""
-        return (
-            f"rank {rank} died with {how} in phase {h['phase']}{step} without a Python error "
+        h = beats.get(rank)
+        where = ""
+        if h is not None:
+            step = f" step {h['step']}" if h.get("step") is not None else ""
+            where = f" in phase {h['phase']}{step}"
+        if killed(code):
+            return OutOfMemory(killed_line(f"rank {rank}", code, where, run_dir / "logs"))
+        if h is None:
+            continue
+        return WorkerError(
+            f"rank {rank} died with {exit_name(code)}{where} without a Python error "
             f"(a crash below Python); its stderr is under {run_dir / 'logs'}"
         )
     return None
+
+
+def killed(code: int) -> bool:
+    """An exit by SIGKILL: -9 as a parent sees it, 137 as a shell or container reports it."""
+    return code in (-signal.SIGKILL, 128 + signal.SIGKILL)
+
+
+def killed_line(who: str, code: int, where: str, logs: Path) -> str:
+    """The one line of a process killed by SIGKILL (`where`: " in phase step step 3" or "")."""
+    how = "exit 137, " if code > 0 else ""
+    return (
+        f"{who} was killed by signal 9 (SIGKILL, {how}no Python error){where}, most likely by "
+        "the kernel's out-of-memory killer (`dmesg` or `journalctl -k` shows 'Out of memory: "
+        f"Killed process'); its output is under {logs}"
+    )

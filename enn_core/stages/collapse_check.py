@@ -40,4 +40,5 @@ COLLAPSE_CHECK = StageSpec(
     outputs=("report.json", "metrics.json", "reference.npy"),
     artifacts=("report.json", "calibration.json"),
     bundle=("calibration.json", "slope.npy", "intercept.npy", "report.json", "reference.npy"),
+    memory=("collapse.max_rows", "collapse.batch_size"),
 )

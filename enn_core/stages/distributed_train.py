@@ -39,4 +39,5 @@ DISTRIBUTED_TRAIN = StageSpec(
     plots=("loss_curves",),
     bundle=("model.pt",),
     every_rank=True,
+    memory=("train.batch_size", "train.micro_batch", "train.eval_batch", "runtime.world_size"),
 )

@@ -44,4 +44,5 @@ PREDICT = StageSpec(
     plots=("predictions",),
     model_refs=("predict.model",),
     every_rank=True,
+    memory=("predict.batch_size", "predict.chunk_rows", "predict.world_size"),
 )

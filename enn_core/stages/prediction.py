@@ -60,6 +60,7 @@ STAGE_NEW_DATA = StageSpec(
     code=("enn_core/data",),
     outputs=("manifest.json", "features.npy"),
     artifacts=STAGE_DATA.artifacts,
+    memory=STAGE_DATA.memory,
 )
 
 PREDICT_NEW_DATA = StageSpec(
@@ -75,6 +76,7 @@ PREDICT_NEW_DATA = StageSpec(
     artifacts=PREDICT.artifacts,
     model_refs=("predict.model",),
     every_rank=True,
+    memory=PREDICT.memory,
 )
 
 CHECK_NEW_PREDICTIONS = StageSpec(

@@ -33,4 +33,5 @@ PREPARE_CHECKPOINT = StageSpec(
     outputs=("init.pt", "init.json"),
     artifacts=("init.json",),
     model_refs=("checkpoint.init_from",),
+    memory=("model.d_model", "model.layers"),
 )

@@ -91,6 +91,10 @@ class StageSpec:
     than global rank 0 may run it (its share of the work, nothing published); any other stage
     runs on global rank 0 alone."""
 
+    memory: tuple[str, ...] = ()
+    """The settings that lower what it holds in memory, named by its out-of-memory line
+    (`enn_core.errors.out_of_memory`), e.g. `predict.batch_size`."""
+
     docs: str = "docs/getting-started.md"
     """The page of docs/ that covers it: `enn <name> --help` ends with it (a test checks the
     file exists)."""

@@ -30,4 +30,5 @@ STAGE_DATA = StageSpec(
     code=("enn_core/data", "enn_core/atomic.py"),
     outputs=("manifest.json", "features.npy"),
     artifacts=("manifest.json",),
+    memory=("data.chunk_rows",),
 )

@@ -41,4 +41,5 @@ VALIDATE = StageSpec(
     outputs=("metrics.json", "breakdown.json"),
     artifacts=("metrics.json", "breakdown.json"),
     metrics=DVC_VALIDATE,
+    memory=("validate.baseline_max_rows", "predict.batch_size"),
 )

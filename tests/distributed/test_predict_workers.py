@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from enn_core.config import FaultConfig
-from enn_core.errors import WorkerError
+from enn_core.errors import OutOfMemory, WorkerError
 from enn_core.predict.assemble import assemble
 from enn_core.predict.chunks import PartsPlan, PartStore
 from enn_core.predict.ranks import Limits, RankJob, launch_ranks
@@ -74,7 +74,9 @@ def test_two_workers_match_one_process_and_resume_after_a_killed_worker(tmp_path
     # rank 1 owns parts 4..8; it SIGKILLs itself after finishing part 5
     store, job = _setup(tmp_path, "two", 2, FaultConfig(kind="kill", phase="predict_chunk", step=5))
     t0 = time.monotonic()
-    with pytest.raises(WorkerError, match=r"rank 1 died with signal SIGKILL.*are kept") as e:
+    with pytest.raises(
+        OutOfMemory, match=r"rank 1 was killed by signal 9 \(SIGKILL.*are kept"
+    ) as e:
         launch_ranks(_spec(job, tmp_path / "work" / "runs" / "job1" / "predict"), 2, LIMITS)
     assert time.monotonic() - t0 < 240
     assert "\n" not in str(e.value)

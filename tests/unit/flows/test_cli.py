@@ -53,7 +53,7 @@ def test_exit_codes_are_listed_once_and_the_docs_show_them():
     from flows.cli import build_parser
 
     codes = exit_codes()
-    assert {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 75, 130, 143} == set(codes)
+    assert {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 75, 130, 143} == set(codes)
     page = (ROOT / "docs" / "getting-started.md").read_text()
     for code, meaning in codes.items():
         assert f"\n- `{code}`: {meaning}\n" in page, code

@@ -14,7 +14,7 @@ from torch import nn
 
 from enn_core.config import load_config
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import ConfigError, TrainingError
+from enn_core.errors import ConfigError, OutOfMemory
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss
@@ -155,7 +155,7 @@ def test_injected_oom_makes_the_trial_search_step_down(staged):
 
 def test_trial_search_with_no_size_that_fits_is_a_clear_error(staged):
     model, loss, sample = _setup(staged)
-    with pytest.raises(TrainingError, match=r"even a micro-batch of 1 row runs out of memory") as e:
+    with pytest.raises(OutOfMemory, match=r"even a micro-batch of 1 row runs out of memory") as e:
         choose_micro_batch(model, OOMAbove(loss, 0), sample, 6, "cpu", method="trial")
     assert "\n" not in str(e.value)
 
@@ -232,7 +232,7 @@ def test_back_off_from_an_odd_auto_choice_steps_to_a_smaller_divisor():
     g = MemoryGovernor(make_plan(48, "auto", 2, auto_micro_batch=3), max_backoffs=4)
     p = g.back_off(epoch=0, step=0, reason="oom")
     assert (p.micro_batch, p.accumulation, p.global_batch) == (1, 24, 48)
-    with pytest.raises(TrainingError, match=r"smaller divisor of the per-rank batch 24"):
+    with pytest.raises(OutOfMemory, match=r"smaller divisor of the per-rank batch 24"):
         g.back_off(epoch=0, step=1, reason="oom")
     g6 = MemoryGovernor(make_plan(24, 6, 1), max_backoffs=4)
     assert [g6.back_off(epoch=0, step=s, reason="oom").micro_batch for s in (0, 1)] == [3, 1]

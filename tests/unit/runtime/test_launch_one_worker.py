@@ -11,7 +11,7 @@ import signal
 import psutil
 import pytest
 
-from enn_core.errors import ConfigError, WorkerError
+from enn_core.errors import ConfigError, OutOfMemory, WorkerError
 from enn_core.runtime.launch import launch
 
 
@@ -62,8 +62,15 @@ def test_a_direct_workers_error_keeps_its_class(tmp_path):
 
 
 def test_a_direct_worker_killed_below_python_is_named_with_its_signal(tmp_path):
-    with pytest.raises(WorkerError, match=r"died without an error record \(rank 0 exit -9\)"):
+    """SIGKILL, which the launcher did not send: most likely the kernel's out-of-memory killer
+    (issue 51), said in one line with the out-of-memory exit code."""
+    with pytest.raises(OutOfMemory) as e:
         launch(die, (), nprocs=1, run_dir=tmp_path, hang_timeout_s=60)
+    assert str(e.value).startswith(
+        "rank 0 was killed by signal 9 (SIGKILL, no Python error), most likely by the kernel's "
+        "out-of-memory killer (`dmesg`"
+    )
+    assert "\n" not in str(e.value) and e.value.exit_code == 13
     ended = json.loads((tmp_path / "launch" / "exits.json").read_text())
     assert ended == {
         "state": "failed",

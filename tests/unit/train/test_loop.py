@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from enn_core.data.dataset import StagedDataset
-from enn_core.errors import TrainingError
+from enn_core.errors import OutOfMemory, TrainingError
 from enn_core.losses import make_loss
 from enn_core.model.enn import build_model
 from enn_core.runtime.sampler import GlobalBlockSampler, read_rows
@@ -164,5 +164,5 @@ def test_oom_backoffs_exhausted_say_what_to_change(staged, tmp_path):
         step=-1,
         times=5,
     )
-    with pytest.raises(TrainingError, match=r"after 2 back-offs.*train\.micro_batch"):
+    with pytest.raises(OutOfMemory, match=r"after 2 back-offs.*train\.micro_batch"):
         run_local(cfg, staged, tmp_path)
