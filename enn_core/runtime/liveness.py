@@ -44,12 +44,19 @@ EVERY_S = 2.0
 CUT_OFF_GRACE_S = 30.0  # after naming an unreachable store: then the agent's process ends
 START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
 _when_cut_off: list[Callable[[str], None]] = []
+_newest: list[Liveness] = []  # this agent's beat of its newest round
 
 
 def when_cut_off(hook: Callable[[str], None]) -> None:
     """`hook(line)` runs just before a node cut off from its store ends its agent's process
     (enn_core.runtime.torchrun records how the job ended)."""
     _when_cut_off.append(hook)
+
+
+def stopped_workers() -> str | None:
+    """The line for which this agent's beat of its newest round stopped the workers, or None:
+    a failed attempt is then this node's doing, not a crash (enn_core.runtime.torchrun)."""
+    return _newest[-1].stopped if _newest else None
 
 
 class Liveness:
@@ -75,6 +82,7 @@ class Liveness:
         self.in_agent = on_silent is None
         self.workers = Workers() if self.in_agent else None  # before the workers start
         self.on_silent = on_silent or self._stop_workers
+        self.stopped: str | None = None  # why this beat stopped the workers
         self._stop = threading.Event()
         self._store: Any = None
         self._seq = 0
@@ -91,6 +99,8 @@ class Liveness:
         return f"{self.run_id}/{self._key(node)}"
 
     def start(self) -> Liveness:
+        if self.in_agent:
+            _newest[:] = [self]
         self._thread.start()
         return self
 
@@ -239,7 +249,8 @@ class Liveness:
         log.error("%s", line)
         self.on_silent(line)
 
-    def _stop_workers(self, _line: str) -> None:
+    def _stop_workers(self, line: str) -> None:
+        self.stopped = line  # before the kill: the agent then sees its workers fail
         if self.workers is not None:
             killed = self.workers.stop()
             log.error(

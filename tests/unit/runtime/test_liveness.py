@@ -18,7 +18,7 @@ import pytest
 
 from enn_core.runtime.bound_store import tcp_store
 from enn_core.runtime.launch import free_port
-from enn_core.runtime.liveness import Liveness, Workers
+from enn_core.runtime.liveness import Liveness, Workers, stopped_workers
 
 KEY = b"k" * 32
 
@@ -79,7 +79,8 @@ def _end(*procs: subprocess.Popen) -> None:
 def test_a_silent_peer_stops_the_workers_started_after_the_rendezvous(endpoint):
     """The agent's own beat (no `on_silent`): a peer goes silent, and the child this process
     started after the rendezvous (the enn launcher's worker: `-m enn_core.runtime.entry`) is
-    killed, while one it had before (a server of its own) lives on."""
+    killed, while one it had before (a server of its own) lives on; the line is kept for the
+    agent's record of the attempt."""
     server = _child("-c", "import sys; sys.stdin.read()")
     said: list[str] = []
     agent = Liveness(endpoint, KEY, "job-live", 0, 0, 2, str, timeout_s=1.0, every_s=0.1)
@@ -91,6 +92,8 @@ def test_a_silent_peer_stops_the_workers_started_after_the_rendezvous(endpoint):
         peer._stop.set()  # killed: no last beat
         assert worker.wait(timeout=10) == -signal.SIGKILL
         assert _alive(server), "a child started before the rendezvous was killed"
+        # what enn's torchrun records as the attempt's end (`peer_silent`), not a crash
+        assert "(node rank 1, global ranks 1) went silent" in (stopped_workers() or "")
     finally:
         agent.stop()
         _end(server, worker)
