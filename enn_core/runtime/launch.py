@@ -440,7 +440,7 @@ class Job:
 
     def rendezvous_error(self, ended: dict[str, Any]) -> errors.EnnError | None:
         """The nodes did not meet: a peer never came (transient), or the id was used up; or
-        this node was cut off from the store mid-job (transient)."""
+        mid-job a peer went silent or this node was cut off from the store (transient)."""
         if ended["state"] == "rendezvous_closed":
             return errors.ConfigError(
                 f"runtime.rdzv_id={self.run_id} belongs to a job that already ended at "
@@ -449,6 +449,12 @@ class Job:
         if ended["state"] == "rendezvous_error" and ended["message"].startswith(NOT_RETRIED):
             # a forged value in the store, or nodes counting differently: no retry mends it
             return errors.ConfigError(f"rendezvous {self.run_id}: {ended['message']}")
+        if ended["state"] == "peer_silent":  # this node's liveness beat stopped its workers
+            return errors.TransientError(
+                f"rendezvous {self.run_id}: {ended['message']}; once that node (or the network) "
+                "is back, run the same command on every node again (it resumes from the last "
+                "committed checkpoint)"
+            )
         if ended["state"] == "cut_off":
             return errors.TransientError(
                 f"rendezvous {self.run_id}: {ended['message']}; check this node's network to "

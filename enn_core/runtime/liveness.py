@@ -9,8 +9,12 @@ others' beats. A node whose beat has not advanced for `timeout_s` (runtime.hang_
 or a store this node cannot reach for as long, is one line naming the silent node, its
 global ranks and the endpoint; then this node's workers are stopped, so the agent ends the
 attempt (and restarts it when restarts are left) instead of waiting for the collective's
-timeout. A node cut off from the store itself ends its agent's process when the store stays
-silent a while longer: torch's agent, blocked in a store call, would never end.
+timeout. The workers are the agent's children that appeared after the rendezvous, each
+recorded by pid and start time when it appears (`Workers`): whatever their command line (the
+enn launcher's `-m enn_core.runtime.entry`, a recipe's `-m flows.worker`), never a process
+the agent had before, never one that took a dead worker's pid. A node cut off from the store
+itself ends its agent's process when the store stays silent a while longer: torch's agent,
+blocked in a store call, would never end.
 
 Every store call runs in a thread of its own: on a partitioned link a TCPStore call blocks far
 beyond the client's timeout, and this thread must keep its own clock.
@@ -27,7 +31,6 @@ import json
 import logging
 import os
 import queue
-import signal
 import socket
 import threading
 import time
@@ -39,13 +42,21 @@ import psutil
 log = logging.getLogger("enn.launch")
 EVERY_S = 2.0
 CUT_OFF_GRACE_S = 30.0  # after naming an unreachable store: then the agent's process ends
+START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
 _when_cut_off: list[Callable[[str], None]] = []
+_newest: list[Liveness] = []  # this agent's beat of its newest round
 
 
 def when_cut_off(hook: Callable[[str], None]) -> None:
     """`hook(line)` runs just before a node cut off from its store ends its agent's process
     (enn_core.runtime.torchrun records how the job ended)."""
     _when_cut_off.append(hook)
+
+
+def stopped_workers() -> str | None:
+    """The line for which this agent's beat of its newest round stopped the workers, or None:
+    a failed attempt is then this node's doing, not a crash (enn_core.runtime.torchrun)."""
+    return _newest[-1].stopped if _newest else None
 
 
 class Liveness:
@@ -67,8 +78,11 @@ class Liveness:
         self.endpoint, self.key, self.run_id, self.round = endpoint, key, run_id, round_
         self.node_rank, self.nnodes, self.ranks_of = node_rank, nnodes, ranks_of
         self.timeout_s, self.every_s = timeout_s, every_s
-        self.on_silent = on_silent or stop_workers
-        self.in_agent = on_silent is None  # the agent's own beat: it may end the agent's process
+        # the agent's own beat: it stops the agent's workers and may end the agent's process
+        self.in_agent = on_silent is None
+        self.workers = Workers() if self.in_agent else None  # before the workers start
+        self.on_silent = on_silent or self._stop_workers
+        self.stopped: str | None = None  # why this beat stopped the workers
         self._stop = threading.Event()
         self._store: Any = None
         self._seq = 0
@@ -85,6 +99,8 @@ class Liveness:
         return f"{self.run_id}/{self._key(node)}"
 
     def start(self) -> Liveness:
+        if self.in_agent:
+            _newest[:] = [self]
         self._thread.start()
         return self
 
@@ -167,6 +183,8 @@ class Liveness:
         left: set[int] = set()  # nodes that said they left on purpose
         last_ok = time.monotonic()
         while not self._stop.wait(self.every_s):
+            if self.workers is not None:
+                self.workers.record()
             for at, got in self._answered():
                 if isinstance(got, UnauthenticatedWrite):
                     self._silent(str(got))
@@ -231,13 +249,55 @@ class Liveness:
         log.error("%s", line)
         self.on_silent(line)
 
+    def _stop_workers(self, line: str) -> None:
+        self.stopped = line  # before the kill: the agent then sees its workers fail
+        if self.workers is not None:
+            killed = self.workers.stop()
+            log.error(
+                "stopped this node's workers (pids %s)", ", ".join(map(str, killed)) or "none"
+            )
 
-def stop_workers(_line: str) -> None:
-    """SIGKILL this agent's worker processes: its direct children started after the
-    rendezvous (never a server it started before, such as enn run's Prefect API)."""
-    me = psutil.Process()
-    for child in me.children(recursive=False):
+
+class Workers:
+    """The workers of this agent in one rendezvous round: its direct children that appeared
+    after the round began (torch's agent starts them right after the rendezvous), each recorded
+    by pid and start time when first seen. A pid alone is never trusted: by the time a peer is
+    named silent, a worker may have ended and its pid gone to another process. A child the
+    agent had before the round (a server it started, a previous round's worker) is not one."""
+
+    def __init__(self, parent: int | None = None) -> None:
+        self.parent = parent or os.getpid()
+        self.before = self._children()  # pid -> start time, at the rendezvous
+        self.seen: dict[int, float] = {}  # pid -> start time of each worker
+
+    def _children(self) -> dict[int, float]:
+        found = {}
         with contextlib.suppress(psutil.Error):
-            cmd = " ".join(child.cmdline())
-            if "spawn_main" in cmd or "forkserver" in cmd or "flows.worker" in cmd:
-                os.kill(child.pid, signal.SIGKILL)
+            for child in psutil.Process(self.parent).children(recursive=False):
+                with contextlib.suppress(psutil.Error):
+                    found[child.pid] = child.create_time()
+        return found
+
+    def record(self) -> None:
+        """The children that appeared since the rendezvous (the beat loop calls this)."""
+        for pid, started in self._children().items():
+            if not _same(self.before.get(pid), started):
+                self.seen[pid] = started
+
+    def stop(self) -> list[int]:
+        """SIGKILL every recorded worker that is still the process recorded (the same pid
+        and start time); returns the pids signalled."""
+        self.record()
+        killed = []
+        for pid, started in sorted(self.seen.items()):
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if _same(proc.create_time(), started):
+                    proc.kill()  # psutil checks the start time once more
+                    killed.append(pid)
+        return killed
+
+
+def _same(started: float | None, other: float) -> bool:
+    """Whether two start times read for one pid are one process's."""
+    return started is not None and abs(started - other) <= START_TOLERANCE_S

@@ -11,10 +11,11 @@ with the enn-c10d rendezvous backend) plus what enn needs around it:
   forwarded to the workers (`--signals-to-handle`), which then have `--shutdown-timeout`
   seconds to save at a step boundary and leave before torchrun kills them;
 - `<run_dir>/launch/exits.json` records how the job ended: `succeeded`, `failed` with each
-  failed rank's exit code (negative: the signal), `rendezvous_closed` (a used-up rendezvous
-  id), `rendezvous_error` (the nodes did not meet), `cut_off` (this node lost the rendezvous
-  store mid-job: enn_core.runtime.liveness ends the agent, which torch cannot) or `error`,
-  with one line.
+  failed rank's exit code (negative: the signal), `peer_silent` (failed, because this node's
+  liveness beat stopped its workers: another node went silent, or the store did; the line
+  names it), `rendezvous_closed` (a used-up rendezvous id), `rendezvous_error` (the nodes did
+  not meet), `cut_off` (this node lost the rendezvous store mid-job:
+  enn_core.runtime.liveness ends the agent, which torch cannot) or `error`, with one line.
 
 torchrun's own lines and torch's C++ logs go to `<run_dir>/logs/torchrun.log` (the launcher
 redirects this process's output; TORCH_CPP_LOG_LEVEL=ERROR), never the console. The one
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.atomic import atomic_file, write_json
-from enn_core.runtime.liveness import when_cut_off
+from enn_core.runtime.liveness import stopped_workers, when_cut_off
 from enn_core.runtime.parent import die_with_parent, exit_process, spawned_env
 from enn_core.runtime.stores import WAITING_EXTRA, register_rendezvous
 from enn_core.runtime.stores import log as rendezvous_log
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as e:
         exits = {str(rank): f.exitcode for rank, f in e.failures.items()}
         what = ", ".join(f"rank {r} exit {c}" for r, c in sorted(exits.items()))
+        if (why := stopped_workers()) is not None:  # killed by this node, not by a crash
+            write_json(out, {"state": "peer_silent", "exits": exits, "message": why})
+            return 1
         write_json(out, {"state": "failed", "exits": exits, "message": what})
         return 1
     except RendezvousClosedError as e:

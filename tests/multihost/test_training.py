@@ -6,9 +6,13 @@ inside each host."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import subprocess
 import time
 
+import psutil
 import pytest
 
 from enn_core.train.ckpt import COMMITTED, committed
@@ -154,3 +158,76 @@ def test_a_worker_killed_on_host2_restarts_the_job_from_its_last_checkpoint(
     assert result["checkpoint"]["resumed_from"].endswith(newest), (newest, result)
     assert not same_weights(published_model(rank0), reference[0])  # as if never killed
     say(f"{launcher}: node2's worker killed at step 7 resumed from {newest}, weights bit-identical")
+
+
+def test_a_node_whose_peer_goes_silent_stops_its_workers_under_enn(testbed, say, tmp_path):
+    """Under enn's launcher (deploy/slurm's `srun ... enn run` path: the workers are
+    `python -m enn_core.runtime.entry`), node2's agent and worker are frozen (SIGSTOP: no beat,
+    no connection reset) while node1's rank 0 waits for rank 1 in the final checkpoint's
+    collectives, a phase whose budget (runtime.checkpoint_budget_s) the watchdog would wait
+    out. node1 names node2 within the liveness timeout (runtime.hang_timeout_s=15) and kills
+    its worker, so its `enn` ends instead of waiting minutes for the collective's timeout,
+    with one line naming node2."""
+    node1, node2 = testbed.hosts[:2]
+    faults = testbed.shared / "faults-silent-peer"
+    cmd = enn_multinode(
+        f"{node1.name}:{testbed.bed.port(60)}",
+        "job-silent-peer",
+        testbed.shared / "ckpt-silent-peer",
+        "runtime.max_restarts=0",
+        "runtime.hang_timeout_s=15",
+        "runtime.checkpoint_budget_s=300",
+        # rank 1 (node2) pauses in the final checkpoint phase: rank 0 then waits for it there
+        "fault.kind=delay",
+        "fault.phase=checkpoint",
+        "fault.rank=1",
+        "fault.seconds=300",
+        f"fault.marker_dir={faults}",
+    )
+    job = Job.start([node1, node2], cmd, tmp_path, "silent-peer")
+    frozen: list[psutil.Process] = []
+    try:
+        beats = job.wait_for_beat(lambda r, b: b["phase"] == "checkpoint" and b["step"] is None)
+        assert (faults / "fault-delay-checkpoint-0").exists(), job.output()
+        worker = int(beats[0][1]["pid"])  # rank 0's, as node1 knows it
+        assert beats[0][0] is node1 and beats[1][0] is node2
+        agent = psutil.Process(job.procs[1].pid)  # node2's nsenter, enn, torchrun and worker
+        frozen = [agent, *agent.children(recursive=True)]
+        for proc in frozen:
+            proc.send_signal(signal.SIGSTOP)
+        stopped = time.time()
+        while _runs(node1, worker) and time.time() - stopped < 60:
+            time.sleep(0.5)
+        gone_after = time.time() - stopped
+        assert not _runs(node1, worker), f"node1's worker still runs:\n{job.output()}"
+        assert gone_after < 45, gone_after  # the 15 s timeout and a few beats
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.procs[0].wait(timeout=60)
+        assert job.procs[0].returncode not in (None, 0), job.output()
+        # enn's one line names node2 (not a crash of rank 0, nor the kernel's OOM killer)
+        line = "node node2 (node rank 1, global ranks 1) went silent: no liveness beat for"
+        console = job.logs[0].read_text()
+        assert line in console and "watchdog:" not in console, job.output()
+        assert "stopped this node's workers (pids" in _torchrun_log(node1, job.started)
+        say(f"enn: node1 named node2 silent and its worker ended {gone_after:.0f} s after the stop")
+    finally:
+        for proc in frozen:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        job.wait(timeout=30)
+
+
+def _runs(host, pid: int) -> bool:
+    """Whether `pid` (the host's own numbering) is a live process of `host`."""
+    state = host.run("ps", "-o", "stat=", "-p", str(pid), check=False).stdout.strip()
+    return bool(state) and not state.startswith("Z")
+
+
+def _torchrun_log(host, since: float) -> str:
+    """The newest torchrun.log of the stage on `host` written after `since`."""
+    logs = [
+        p
+        for p in (host.checkout / "work" / "runs").glob(f"*/{STAGE}/logs/torchrun.log")
+        if p.stat().st_mtime >= since - 1
+    ]
+    return max(logs, key=lambda p: p.stat().st_mtime).read_text() if logs else ""

@@ -103,7 +103,9 @@ def test_the_torchrun_child_gets_a_clean_environment_and_forwards_the_schedulers
 def test_a_node_cut_off_from_its_store_is_told_what_to_do(tmp_path):
     """torchrun's record `cut_off` (enn_core.runtime.liveness ended the agent of a node that
     lost the rendezvous store mid-job) reaches the user as a transient error naming the line,
-    the endpoint and the way back; the other records keep their own words."""
+    the endpoint and the way back; so does `peer_silent` (this node's workers were killed
+    because a peer went silent: not a crash, not the kernel's OOM killer); the other records
+    keep their own words."""
     from enn_core.errors import TransientError
     from enn_core.runtime.launch import Job
 
@@ -114,6 +116,10 @@ def test_a_node_cut_off_from_its_store_is_told_what_to_do(tmp_path):
     assert isinstance(err, TransientError)
     assert line in str(err) and "network to node1:29400" in str(err)
     assert "run the same command on every node again" in str(err)
+    silent = "node node2 (node rank 1, global ranks 1) went silent: no liveness beat for 17 s"
+    err = job.rendezvous_error({"state": "peer_silent", "exits": {"0": -9}, "message": silent})
+    assert isinstance(err, TransientError)
+    assert silent in str(err) and "run the same command on every node again" in str(err)
     missed = job.rendezvous_error({"state": "rendezvous_error", "exits": {}, "message": "x"})
     assert "start all 2 nodes within runtime.rdzv_timeout_s" in str(missed)
     assert job.rendezvous_error({"state": "failed", "exits": {"0": 1}, "message": ""}) is None

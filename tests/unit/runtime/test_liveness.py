@@ -1,6 +1,8 @@
 """Each node's liveness beat (issue 38.7): a node that goes silent is named by the others
 (host, node rank, global ranks, endpoint) within the timeout, whatever its workers do; a node
-that leaves on purpose (the job ended, a restart) is not."""
+that leaves on purpose (the job ended, a restart) is not. The workers a node then stops are
+its agent's children started after the rendezvous, by pid and start time (issue 53.0), never
+picked by their command line."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from enn_core.runtime.bound_store import tcp_store
 from enn_core.runtime.launch import free_port
-from enn_core.runtime.liveness import Liveness
+from enn_core.runtime.liveness import Liveness, Workers, stopped_workers
 
 KEY = b"k" * 32
 
@@ -55,6 +58,109 @@ def test_a_silent_node_is_named_by_the_others(endpoint):
     assert len(said) == 1, said
     assert "(node rank 1, global ranks 2-3) went silent: no liveness beat for" in said[0]
     assert f"in the rendezvous store at {endpoint}" in said[0]
+
+
+def _child(*argv: str) -> subprocess.Popen:
+    """A child of this process that waits on its standard input (ends when it closes)."""
+    return subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE)
+
+
+def _alive(proc: subprocess.Popen) -> bool:
+    time.sleep(0.2)
+    return proc.poll() is None
+
+
+def _end(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_silent_peer_stops_the_workers_started_after_the_rendezvous(endpoint):
+    """The agent's own beat (no `on_silent`): a peer goes silent, and the child this process
+    started after the rendezvous (the enn launcher's worker: `-m enn_core.runtime.entry`) is
+    killed, while one it had before (a server of its own) lives on; the line is kept for the
+    agent's record of the attempt."""
+    server = _child("-c", "import sys; sys.stdin.read()")
+    said: list[str] = []
+    agent = Liveness(endpoint, KEY, "job-live", 0, 0, 2, str, timeout_s=1.0, every_s=0.1)
+    worker = _child("-m", "enn_core.runtime.entry", "--warm", "json")
+    peer = _node(endpoint, 1, said)
+    try:
+        agent.start()
+        time.sleep(0.5)
+        peer._stop.set()  # killed: no last beat
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+        assert _alive(server), "a child started before the rendezvous was killed"
+        # what enn's torchrun records as the attempt's end (`peer_silent`), not a crash
+        assert "(node rank 1, global ranks 1) went silent" in (stopped_workers() or "")
+    finally:
+        agent.stop()
+        _end(server, worker)
+
+
+def test_workers_are_the_children_that_appeared_after_the_rendezvous():
+    before = _child("-c", "import sys; sys.stdin.read()")
+    workers = Workers()
+    after = _child("-c", "import sys; sys.stdin.read()")
+    try:
+        workers.record()
+        assert set(workers.seen) == {after.pid}
+        assert workers.stop() == [after.pid]
+        assert after.wait(timeout=10) == -signal.SIGKILL
+        assert _alive(before)
+    finally:
+        _end(before, after)
+
+
+def test_a_reused_pid_with_another_start_time_is_not_killed():
+    """A worker recorded by pid and start time; the process now at that pid (not a child of
+    this one: the worker ended and its pid went elsewhere) started at another time, and is not
+    signalled. The same process recorded with its own start time is."""
+    wait = "import sys; sys.stdin.read()"
+    middle = _child(
+        "-c",
+        "import subprocess, sys\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {wait!r}], stdin=subprocess.PIPE)\n"
+        f"{wait}\n",
+    )
+    workers = Workers()  # `middle` is a child from before the rendezvous
+    try:
+        other = psutil.Process(_grandchild(middle))
+        started = other.create_time()
+        workers.seen[other.pid] = started - 5.0  # the worker that had this pid
+        assert workers.stop() == []
+        assert not _ended(other, 0.5)
+        workers.seen[other.pid] = started
+        assert workers.stop() == [other.pid]
+        assert _ended(other, 10)
+        assert _alive(middle)
+    finally:
+        _end(middle)
+
+
+def _ended(proc: psutil.Process, within_s: float) -> bool:
+    """Whether `proc` ends (gone, or a zombie its parent has not reaped) within `within_s`."""
+    deadline = time.time() + within_s
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.time() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _grandchild(middle: subprocess.Popen) -> int:
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        children = psutil.Process(middle.pid).children()
+        if children:
+            return children[0].pid
+        time.sleep(0.05)
+    raise AssertionError("the grandchild never started")
 
 
 def test_a_node_that_leaves_on_purpose_is_not_silent(endpoint):
