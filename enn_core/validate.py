@@ -85,7 +85,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
             raise DataError(
                 f"splits/{split}.npy is empty; re-run stage-data with a non-empty {split} split"
             )
-        pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size, device)
+        pred = predict_rows(model.predict, ds.features, rows, cfg.predict.forward_rows, device)
         target = np.asarray(ds.targets[rows])
         m, b, f = evaluate_split(
             split,
