@@ -85,7 +85,10 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
             raise DataError(
                 f"splits/{split}.npy is empty; re-run stage-data with a non-empty {split} split"
             )
-        pred = predict_rows(model.predict, ds.features, rows, cfg.predict.forward_rows, device)
+        tick = ctx.ticker(len(rows)).update  # a line now and then where no bar shows
+        pred = predict_rows(
+            model.predict, ds.features, rows, cfg.predict.forward_rows, device, tick
+        )
         target = np.asarray(ds.targets[rows])
         m, b, f = evaluate_split(
             split,
