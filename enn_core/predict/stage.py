@@ -172,6 +172,7 @@ def run(
             threads=_threads(cfg, world),
             fault=cfg.fault,
             fault_marker_dir=str(ctx.faults.marker_dir or ctx.run_dir),
+            progress_every_s=cfg.runtime.progress_every_s,
         )
         for r in range(world)
     ]
