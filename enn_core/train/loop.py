@@ -252,15 +252,16 @@ def record_step(st: TrainState, gstep: int, out: StepOutcome) -> None:
 
 
 def flush_telemetry(st: TrainState) -> None:
-    for name, value, step in st.progress.pending:
-        st.rt.events.metric(name, value, step)
+    st.rt.events.metric_rows(st.progress.pending)  # one append for log_every steps' metrics
     st.progress.pending.clear()
 
 
 def record_epoch(st: TrainState, epoch: int, val: dict[str, float] | None) -> None:
     es = st.epoch_stats
-    # Rows seen this epoch on all ranks: each training row once (padding excluded).
-    rows = len(st.data.train_rows)
+    # Rows seen this epoch on all ranks: each training row once (padding excluded); an epoch
+    # that train.max_steps cut short ran full batches only
+    steps = st.epoch_end(epoch) - epoch * st.sampler.steps_per_epoch
+    rows = min(len(st.data.train_rows), steps * st.sampler.global_batch)
     wall = es.wall_s
     row = {
         "epoch": epoch,
