@@ -46,12 +46,11 @@ def choose_batch(requested: int | str, train_rows: int, world_size: int) -> Batc
     first = min(max(nearest, MIN_AUTO_BATCH), MAX_AUTO_BATCH, rows)
     world = max(world_size, 1)
     batch = -(-first // world) * world
+    # one short line in the log (the rule is in the docstring and docs/your-data.md)
     return BatchChoice(
         batch,
-        f"train.batch_size=auto: {rows:,} training rows -> the power of two nearest their "
-        f"square root within {MIN_AUTO_BATCH}..{MAX_AUTO_BATCH}"
-        + (f", rounded up to a multiple of {world} workers" if batch != first else "")
-        + f" ({math.ceil(rows / batch):,} steps per epoch)",
+        f"train.batch_size=auto for {rows:,} training rows: {math.ceil(rows / batch):,} steps "
+        "an epoch" + (f", a multiple of {world} workers" if batch != first else ""),
     )
 
 
