@@ -111,7 +111,7 @@ def setup(
         batch.value, cfg.micro_batch, rt.env.world_size, auto_micro_batch=rt.micro_batch
     )
     evals = choose_eval_batch(cfg.eval_batch, plan.micro_batch)
-    cfg = replace(cfg, batch_size=batch.value, eval_batch=evals.value)
+    cfg = replace(cfg, batch_size=batch.value)
     total = total_steps(cfg, sampler.steps_per_epoch)
     optimizer = build_optimizer([*rt.model.parameters(), *rt.loss.parameters()], cfg)
     scheduler = build_scheduler(optimizer, cfg, total_steps=total)
@@ -138,6 +138,7 @@ def setup(
         params=Params.of(rt.model, rt.loss),
         log_every=max(1, log_every),
         total_steps=total,
+        eval_batch=evals.value,
         gpu=gpu,
     )
 

@@ -171,6 +171,7 @@ class TrainState:
     params: Params
     log_every: int
     total_steps: int  # the run's optimizer steps: train.epochs of them, capped by max_steps
+    eval_batch: int  # rows per validation forward (train.eval_batch, auto resolved)
     gpu: GpuSampler | None = None  # NVML utilization/power/temperature on CUDA (rank 0)
     progress: Progress = field(default_factory=Progress)
 
