@@ -80,7 +80,7 @@ def parts_mae(layout: Layout, cfg) -> dict:
     network = lambda x: model.denormalize(model.trunk(model.encoder(x)))  # noqa: E731
     return {
         f"{name}_mae": float(
-            np.abs(predict_rows(fn, ds.features, rows, cfg.predict.batch_size) - target).mean()
+            np.abs(predict_rows(fn, ds.features, rows, cfg.predict.forward_rows) - target).mean()
         )
         for name, fn in (("network", network), ("prior", prior))
     }
@@ -93,7 +93,7 @@ def test_collapse(layout: Layout, cfg, save: Path | None = None) -> dict:
     model, _ = load_model(DISTRIBUTED_TRAIN.output_dir(layout) / "model.pt")
     model.eval()
     rows = np.asarray(ds.split("test"))
-    pred = predict_rows(model.predict, ds.features, rows, cfg.predict.batch_size)
+    pred = predict_rows(model.predict, ds.features, rows, cfg.predict.forward_rows)
     if save is not None:
         val = np.asarray(ds.split("val"))
         save.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ def test_collapse(layout: Layout, cfg, save: Path | None = None) -> dict:
             test_pred=pred,
             val_features=np.asarray(ds.features[val]),
             val_labels=np.asarray(ds.labels[val]),
-            val_pred=predict_rows(model.predict, ds.features, val, cfg.predict.batch_size),
+            val_pred=predict_rows(model.predict, ds.features, val, cfg.predict.forward_rows),
         )
     return collapse_stats(
         pred, np.asarray(ds.labels[rows]), cfg.collapse.median_ratio_min, cfg.collapse.p10_ratio_min

@@ -18,7 +18,7 @@ def bar(
     """A bar on stderr when it is a terminal, shown once the work has lasted `delay` seconds
     (it shows at an `update`; a bar drawn by `refresh` alone needs delay 0, or its `close`
     would not clear it)."""
-    on = enabled and sys.stderr.isatty()
+    on = shows(enabled)
     # A terminal that reports no size (a fresh pseudo-terminal, `docker run -t`) would make
     # tqdm draw nothing at all (0 columns; -1 rows hides every bar): 100 x 24 then.
     cols, rows = _size() if on else (0, 0)
@@ -33,6 +33,12 @@ def bar(
         ncols=None if cols > 0 else 100,
         nrows=None if rows > 0 else 24,
     )
+
+
+def shows(enabled: bool = True) -> bool:
+    """Whether a bar is drawn: `runtime.progress` on and stderr a terminal. Where none is, the
+    stages' loops say their progress in a line now and then (enn_core.progress.Ticker)."""
+    return enabled and sys.stderr.isatty()
 
 
 def _size() -> tuple[int, int]:

@@ -18,7 +18,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +39,28 @@ class EventLog:
             self.path = self.run_dir / EVENTS_FILE
 
     def _write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
+        self._write_all([record])
+
+    def _write_all(self, records: list[dict[str, Any]]) -> None:
+        """The records' lines in one append (one open of the file, not one per line)."""
+        if not self.enabled or not records:
             return
-        record.setdefault("time", time.time())
-        line = json.dumps(record, default=_default, allow_nan=True)
+        now = time.time()
+        lines = "".join(
+            json.dumps({**r, "time": r.get("time", now)}, default=_default, allow_nan=True) + "\n"
+            for r in records
+        )
         with self._lock, open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+            f.write(lines)
 
     def metric(self, name: str, value: float, step: int | None = None) -> None:
         self._write({"type": "metric", "name": name, "value": float(value), "step": step})
+
+    def metric_rows(self, rows: Sequence[tuple[str, float, int | None]]) -> None:
+        """(name, value, step) metrics in one append: the training loop's buffered telemetry."""
+        self._write_all(
+            [{"type": "metric", "name": n, "value": float(v), "step": s} for n, v, s in rows]
+        )
 
     def metrics(self, values: dict[str, float], step: int | None = None) -> None:
         for k, v in values.items():

@@ -107,14 +107,18 @@ def predict_rows(
     rows: np.ndarray,
     batch_size: int,
     device: torch.device | str = "cpu",
+    rows_done: Callable[[int], None] | None = None,
 ) -> np.ndarray:
-    """`fn` (raw features in, real units out) over `features[rows]` in batches -> float32 array."""
+    """`fn` (raw features in, real units out) over `features[rows]` in batches -> float32 array;
+    `rows_done(n)` after each batch (a stage's progress line: StageContext.ticker)."""
     outs: list[np.ndarray] = []
     with torch.inference_mode():
         for start in range(0, len(rows), batch_size):
             idx = np.asarray(rows[start : start + batch_size])
             x = torch.as_tensor(np.asarray(features[idx]), dtype=torch.float32, device=device)
             outs.append(fn(x).float().cpu().numpy())
+            if rows_done is not None:
+                rows_done(len(idx))
     if not outs:
         raise DataError(
             "no rows to predict; the split is empty (re-run stage-data with a non-empty split)"

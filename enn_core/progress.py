@@ -1,11 +1,20 @@
 """What the launching process shows while workers train (the bar itself: enn_core/bars.py,
-re-exported here).
+re-exported here), and the progress lines of any long loop where no bar shows (`Ticker`).
 
-Bars show on a terminal when `runtime.progress` is on; silent otherwise (CI logs, Prefect
-workers, redirected output). Training runs in worker processes whose output goes to per-rank
-log files, so the launching process follows rank 0's events and heartbeat
-(`follow_training`): one log line per epoch as it happens (terminal, log file, Prefect), the
-resume, back-off, restart and early-stop messages, and the bar with the last loss.
+Bars show on a terminal when `runtime.progress` is on. Where none shows (CI logs, Prefect
+workers, a SLURM job's output, `nohup`, output to a file), a loop says where it is in a line
+at most every `runtime.progress_every_s` seconds (60), through the stage's logger, so the
+console, the log file and Prefect's log all get it; a loop shorter than that says nothing:
+
+    tick = Ticker("predict", total=n_rows, unit="rows", every_s=60.0, logger=log)
+    for chunk in chunks:
+        ...
+        tick.update(len(chunk))     # predict: 1,200,000/3,000,000 rows  52,000 rows/s  ~0:35 left
+
+Training runs in worker processes whose output goes to per-rank log files, so the launching
+process follows rank 0's events and heartbeat (`follow_training`): one log line per epoch as
+it happens, a step line within the epoch (a `Ticker` over the heartbeat's step), the resume,
+back-off, restart, early-stop and max-steps messages, and the bar with the last loss.
 """
 
 from __future__ import annotations
@@ -14,17 +23,85 @@ import contextlib
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from enn_core.bars import BAR_DELAY_S, bar
+from enn_core.bars import BAR_DELAY_S, bar, shows
 from enn_core.events import EVENTS_FILE, EventTail
 from enn_core.runtime.heartbeat import read_heartbeats
 
-__all__ = ["BAR_DELAY_S", "TRAINING_PHASES", "TrainingFollower", "bar", "follow_training"]
+__all__ = [
+    "BAR_DELAY_S",
+    "TRAINING_PHASES",
+    "Ticker",
+    "TrainingFollower",
+    "bar",
+    "follow_training",
+    "shows",
+]
 
 TRAINING_PHASES = ("first_forward", "step")  # heartbeat phases whose `step` is the optimizer's
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+class Ticker:
+    """A progress line at most every `every_s` seconds of a long loop, where no bar shows
+    (`quiet`: one does; `every_s` 0: never). The rate counts from the ticker's start (`start`
+    units done then); `rows_per_unit` turns a count of steps into rows/s."""
+
+    def __init__(
+        self,
+        desc: str,
+        total: int | None,
+        *,
+        unit: str = "rows",
+        every_s: float = 60.0,
+        logger: logging.Logger | None = None,
+        quiet: bool = False,
+        rows_per_unit: int | None = None,
+        start: int = 0,
+    ) -> None:
+        self.desc, self.total, self.unit = desc, total, unit
+        self.every_s, self.rows_per_unit = every_s, rows_per_unit
+        self.log = logger or logging.getLogger("enn")
+        self.enabled = every_s > 0 and not quiet
+        self.t0 = self.last = time.monotonic()
+        self.start = self.done = start
+
+    def update(self, n: int = 1) -> None:
+        """`n` more units done."""
+        self.at(self.done + n)
+
+    def at(self, done: int, note: str = "") -> None:
+        """`done` units done so far; says so when the last line is `every_s` seconds old."""
+        self.done = done
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.log.info("%s", self.line(now, note))
+
+    def line(self, now: float, note: str = "") -> str:
+        """`desc: 1,200/135,469 steps (note)  5,980 rows/s  ~1:02:14 left`."""
+        count = f"{self.done:,}/{self.total:,}" if self.total else f"{self.done:,}"
+        parts = [f"{self.desc}: {count} {self.unit}" + (f" ({note})" if note else "")]
+        if self.done > self.start:
+            rate = (self.done - self.start) / max(now - self.t0, 1e-9)
+            if self.rows_per_unit:
+                parts.append(f"{rate * self.rows_per_unit:,.0f} rows/s")
+            else:
+                parts.append(f"{rate:,.0f} {self.unit}/s")
+            if self.total and self.total > self.done:
+                parts.append(f"~{_duration((self.total - self.done) / rate)} left")
+        return "  ".join(parts)
 
 
 @contextlib.contextmanager
@@ -35,11 +112,14 @@ def follow_training(
     logger: logging.Logger,
     bar_enabled: bool = True,
     interval: float = 0.5,
+    every_s: float = 60.0,
+    epochs: int | None = None,
 ) -> Iterator[None]:
     """While the body (the worker launch) runs: one log line per epoch as rank 0 records it,
-    the resume, back-off, restart and early-stop messages when they happen, and (on a
-    terminal) a bar over rank 0's heartbeat step with the last loss."""
-    follower = TrainingFollower(run_dir, total, desc, logger, bar_enabled)
+    the resume, back-off, restart and early-stop messages when they happen, on a terminal a
+    bar over rank 0's heartbeat step with the last loss, and elsewhere a step line at most
+    every `every_s` seconds (runtime.progress_every_s)."""
+    follower = TrainingFollower(run_dir, total, desc, logger, bar_enabled, every_s, epochs)
     stop = threading.Event()
 
     def poll() -> None:
@@ -59,6 +139,11 @@ def follow_training(
         follower.close()
 
 
+# rank 0's resolved values the step line needs (enn_core/train/loop.py setup)
+RESOLVED_SIZES = {
+    "resolved.train.batch_size": "batch_size",
+    "resolved.train.steps_per_epoch": "steps_per_epoch",
+}
 EPOCH_LINE_WIDTH = 110  # an epoch line with the console's `HH:MM:SS ` fits this many columns
 
 
@@ -66,13 +151,24 @@ class TrainingFollower:
     """Reads rank 0's events (new lines only) and heartbeat; says what happened."""
 
     def __init__(
-        self, run_dir: Path, total: int | None, desc: str, logger: logging.Logger, bar_on: bool
+        self,
+        run_dir: Path,
+        total: int | None,
+        desc: str,
+        logger: logging.Logger,
+        bar_on: bool,
+        every_s: float = 60.0,
+        epochs: int | None = None,
     ) -> None:
         self.events = EventTail(Path(run_dir) / EVENTS_FILE)
         self.run_dir, self.desc, self.log = Path(run_dir), desc, logger
         self.pbar = bar(total, desc, bar_on, unit="step", delay=0.0)  # drawn by refresh()
         self.attempt = 0
         self.epoch_s: list[float] = []
+        self.every_s = every_s
+        self.ticker: Ticker | None = None  # from the first training step this attempt saw
+        # rank 0's batch_size and steps_per_epoch (its params), train.epochs
+        self.resolved: dict[str, int] = {"epochs": epochs} if epochs else {}
 
     def poll(self) -> None:
         for rec in self.events.new():
@@ -83,13 +179,36 @@ class TrainingFollower:
             self.log.warning("%s: workers restarted (attempt %d)", self.desc, attempt + 1)
             self.attempt = attempt
             self.pbar.n = 0  # the restarted workers resume from their last checkpoint's step
+            self.ticker = None  # and their rate starts again
         step = beat.get("step")
         # only the training phases count optimizer steps (validate's heartbeat carries the
         # epoch, a checkpoint's its position): a bar moved by those flashed "1/575 ... 7:03:14"
-        if not self.pbar.disable and beat.get("phase") in TRAINING_PHASES:
-            if isinstance(step, int) and step >= self.pbar.n:
-                self.pbar.n = step
-                self.pbar.refresh()
+        if beat.get("phase") not in TRAINING_PHASES or not isinstance(step, int):
+            return
+        if not self.pbar.disable and step >= self.pbar.n:
+            self.pbar.n = step
+            self.pbar.refresh()
+        self._tick(step)
+
+    def _tick(self, step: int) -> None:
+        """Where no bar shows, a step line: `distributed-train: 1,200/135,469 steps (epoch
+        1/2)  5,980 rows/s  ~6:14:00 left` (the heartbeat's step: the steps done before it)."""
+        if self.ticker is None:
+            self.ticker = Ticker(
+                self.desc,
+                self.pbar.total,
+                unit="steps",
+                every_s=self.every_s,
+                logger=self.log,
+                quiet=not self.pbar.disable,
+                rows_per_unit=self.resolved.get("batch_size"),
+                start=step,
+            )
+            return
+        self.ticker.total = self.pbar.total
+        spe, epochs = self.resolved.get("steps_per_epoch"), self.resolved.get("epochs")
+        note = f"epoch {step // spe + 1}/{epochs}" if spe and epochs else ""
+        self.ticker.at(step, note)
 
     def close(self) -> None:
         self.pbar.close()
@@ -98,6 +217,9 @@ class TrainingFollower:
         kind, name = rec.get("type"), rec.get("name")
         if kind == "param" and name == "resolved.train.total_steps":
             self.pbar.total = int(rec["value"])
+            return
+        if kind == "param" and name in RESOLVED_SIZES:
+            self.resolved[RESOLVED_SIZES[name]] = int(rec["value"])
             return
         if kind != "event":
             return
@@ -130,6 +252,13 @@ class TrainingFollower:
                 f.get("micro_batch_before"),
                 f.get("micro_batch_after"),
                 f.get("accumulation_after"),
+            )
+        elif name == "max_steps":
+            self.log.info(
+                "%s: stopped at train.max_steps=%s (epoch %d)",
+                self.desc,
+                f.get("max_steps"),
+                int(f.get("epoch", 0)) + 1,
             )
         elif name == "nonfinite_skip":
             self.log.warning(

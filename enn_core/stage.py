@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from enn_core.bars import shows
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.paths import Layout
+from enn_core.progress import Ticker
 
 if TYPE_CHECKING:
     from enn_core.config import RunConfig
@@ -75,11 +77,24 @@ class StageContext:
     progress: bool = True
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("enn"))
     cancel: threading.Event = field(default_factory=current_cancel)
+    progress_every_s: float = 60.0  # runtime.progress_every_s: a loop's line where no bar shows
 
     @property
     def stage(self) -> str:
         """This stage's public name (messages, progress bars, fault phases)."""
         return self.spec.name
+
+    def ticker(self, total: int | None, unit: str = "rows") -> Ticker:
+        """A progress line for one of this stage's loops, every runtime.progress_every_s where
+        no bar shows (enn_core.progress.Ticker): `ticker.update(rows_done_now)` in the loop."""
+        return Ticker(
+            self.stage,
+            total,
+            unit=unit,
+            every_s=self.progress_every_s,
+            logger=self.logger,
+            quiet=shows(self.progress),
+        )
 
     def output(self) -> Path:
         """This stage's output directory."""
@@ -112,4 +127,5 @@ def make_context(
         progress=cfg.runtime.progress,
         logger=logging.getLogger(f"enn.{spec.name}"),
         cancel=cancel if cancel is not None else current_cancel(),
+        progress_every_s=cfg.runtime.progress_every_s,
     )

@@ -90,9 +90,12 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
                 f"splits/{split}.npy is empty; re-run stage-data with a non-empty {split} split"
             )
         score = SplitScore(shape)
+        tick = ctx.ticker(len(rows)).update  # a line now and then where no bar shows
         for a in range(0, len(rows), step):  # every predictor on a chunk of rows at a time
             part = rows[a : a + step]
-            pred = predict_rows(model.predict, ds.features, part, cfg.predict.batch_size, device)
+            pred = predict_rows(
+                model.predict, ds.features, part, cfg.predict.forward_rows, device, tick
+            )
             baselines = {n: r.predictions[split][a : a + step] for n, r in fitted.items()}
             score.add(
                 np.asarray(ds.targets[part]), {"model": pred, **naive.predict(part), **baselines}

@@ -109,6 +109,7 @@ def make_stage_context(
         faults=FaultInjector(cfg.fault, marker_dir=layout.work / "faults"),
         progress=cfg.runtime.progress,
         logger=logging.getLogger(f"enn.{spec.name}"),
+        progress_every_s=cfg.runtime.progress_every_s,
     )
 
 

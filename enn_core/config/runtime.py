@@ -90,6 +90,11 @@ class RuntimeConfig:
     progress: bool = True
     """Progress bars on long work (staging, training, prediction)."""
 
+    progress_every_s: float = 60.0
+    """Where no bar shows (output to a file, a pipe, Prefect's or a SLURM job's log): a progress
+    line (done of total, rows/s, time left) at most this often while a stage's loop runs;
+    0 = none."""
+
     nnodes: int = 1
     """Machines in the training job; each runs `enn distributed-train` with the same rdzv_endpoint
     and rdzv_id and starts runtime.world_size workers (the job has nnodes x world_size ranks). The
@@ -124,6 +129,11 @@ class RuntimeConfig:
     it; docs/scale-out.md)."""
 
     def __post_init__(self) -> None:
+        if self.progress_every_s < 0:
+            raise ConfigError(
+                f"runtime.progress_every_s={self.progress_every_s} is negative; use seconds "
+                "between progress lines (60), or 0 for none"
+            )
         if self.world_size < 0:
             raise ConfigError(
                 f"runtime.world_size={self.world_size} is negative; "

@@ -7,6 +7,8 @@ from typing import Literal
 from enn_core.config.fields import frozen
 from enn_core.errors import ConfigError
 
+AUTO_PREDICT_BATCH = 4096  # predict.batch_size=auto's ceiling (rows per forward)
+
 
 @frozen
 class CheckpointConfig:
@@ -70,8 +72,8 @@ class PredictConfig:
     chunk_rows: int = 4096
     """Rows per written chunk."""
 
-    batch_size: int = 256
-    """Rows per forward pass."""
+    batch_size: int | Literal["auto"] = "auto"
+    """Rows per forward pass; auto = predict.chunk_rows, at most 4096 (`forward_rows`)."""
 
     calibration: Literal["auto", "raw"] = "auto"
     """auto = collapse-check's chosen prediction path when its calibration.json names this model
@@ -84,8 +86,28 @@ class PredictConfig:
     xlsx: bool = True
     """For workbook sources, also write predictions.xlsx in the input's layout."""
 
+    @property
+    def forward_rows(self) -> int:
+        """predict.batch_size resolved: auto = a written chunk's rows in one forward, at most
+        AUTO_PREDICT_BATCH (model(x) gains nothing past a few thousand rows, and a chunk holds
+        4096 by default)."""
+        if self.batch_size == "auto":
+            return min(self.chunk_rows, AUTO_PREDICT_BATCH)
+        return self.batch_size
+
+    @property
+    def forward_rows_reason(self) -> str:
+        """Why `forward_rows` is what it is (the run records it)."""
+        if self.batch_size != "auto":
+            return f"predict.batch_size={self.batch_size}"
+        return (
+            f"predict.batch_size=auto: predict.chunk_rows={self.chunk_rows}, "
+            f"at most {AUTO_PREDICT_BATCH}"
+        )
+
     def __post_init__(self) -> None:
-        if self.world_size < 1 or self.chunk_rows < 1 or self.batch_size < 1:
+        batch = 1 if self.batch_size == "auto" else self.batch_size
+        if self.world_size < 1 or self.chunk_rows < 1 or batch < 1:
             raise ConfigError(
                 "predict.world_size, predict.chunk_rows and predict.batch_size must be >= 1"
             )

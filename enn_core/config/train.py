@@ -13,8 +13,15 @@ class TrainConfig:
     epochs: int = 20
     """Maximum epochs."""
 
-    batch_size: int = 32
-    """Global batch size (rows per optimizer step, across ranks and accumulation)."""
+    batch_size: int | Literal["auto"] = "auto"
+    """Global batch size (rows per optimizer step, across ranks and accumulation); auto = chosen
+    for the table's size: the power of two nearest the square root of the training rows, within
+    16..4096 (300 rows: 16; 3 million: 2048), a multiple of the world size (logged with its
+    reason; enn_core/train/batch.py)."""
+
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (the learning-rate schedule ends there); null = no cap
+    (train.epochs decides). To try a large table or model quickly."""
 
     micro_batch: int | str = 0
     """Rows per forward/backward per rank; 0 = global batch / world size (no accumulation); auto =
@@ -73,8 +80,9 @@ class TrainConfig:
     """Rows per contiguous block of the epoch shuffle (1 = row-level shuffle; larger reads big
     staged files in runs)."""
 
-    eval_batch: int = 256
-    """Rows per validation forward on each rank."""
+    eval_batch: int | Literal["auto"] = "auto"
+    """Rows per validation forward on each rank; auto = twice the training micro-batch, at least
+    256 and at most 16384 (no gradients are kept, so it fits where training does)."""
 
     log_every: int = 50
     """Steps between flushes of the per-step telemetry (data wait, compute, optimizer) to the events
@@ -95,8 +103,14 @@ class TrainConfig:
                 "that divides the per-rank batch, 0 (the whole per-rank batch) or auto "
                 "(the largest that fits in memory)"
             )
-        if self.batch_size < 1 or (isinstance(self.micro_batch, int) and self.micro_batch < 0):
-            raise ConfigError("train.batch_size must be >= 1 and train.micro_batch >= 0 (or auto)")
+        if (isinstance(self.batch_size, int) and self.batch_size < 1) or (
+            isinstance(self.micro_batch, int) and self.micro_batch < 0
+        ):
+            raise ConfigError(
+                "train.batch_size must be >= 1 (or auto) and train.micro_batch >= 0 (or auto)"
+            )
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"train.max_steps={self.max_steps} must be >= 1, or null for no cap")
         if not 0 <= self.memory_headroom < 1:
             raise ConfigError(
                 f"train.memory_headroom={self.memory_headroom} must be in [0, 1) "
@@ -106,7 +120,8 @@ class TrainConfig:
             raise ConfigError("train.lr must be > 0")
         if self.clip_norm < 0:
             raise ConfigError("train.clip_norm must be >= 0 (0 disables clipping)")
-        if self.shuffle_block < 1 or self.eval_batch < 1 or self.log_every < 1:
+        eval_batch = 1 if self.eval_batch == "auto" else self.eval_batch
+        if self.shuffle_block < 1 or eval_batch < 1 or self.log_every < 1:
             raise ConfigError(
                 "train.shuffle_block, train.eval_batch and train.log_every must be >= 1"
             )

@@ -229,7 +229,12 @@ def _write(
     file = str(info.path or "synthetic")
     hooks = None
     if ctx is not None:  # a stage run: its progress bar, its fault phase once per chunk
-        hooks = ChunkHooks(ctx.stage, ctx.progress, functools.partial(ctx.faults.at, ctx.stage))
+        hooks = ChunkHooks(
+            ctx.stage,
+            ctx.progress,
+            functools.partial(ctx.faults.at, ctx.stage),
+            ctx.ticker(info.n_rows).at,
+        )
     writer = ChunkWriter(tmp, data, info, enc, file, hooks)
     stop = threading.Event()  # a failed run does not wait for the whole input to be hashed
     with ThreadPoolExecutor(max_workers=1) as pool:  # hash the input while staging it

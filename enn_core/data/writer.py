@@ -97,12 +97,14 @@ def _no_hook(i: int) -> None:
 
 @dataclass(frozen=True)
 class ChunkHooks:
-    """What a stage run adds to the write pass: its progress bar (label, shown when `progress`)
-    and a call before each chunk with the chunk's index (the stage's fault phase)."""
+    """What a stage run adds to the write pass: its progress bar (label, shown when `progress`),
+    a call before each chunk with the chunk's index (the stage's fault phase) and one after it
+    with the rows written so far (the stage's progress line where no bar shows)."""
 
     label: str = "staging"
     progress: bool = False
     before_chunk: Callable[[int], None] = _no_hook
+    rows_done: Callable[[int], None] = _no_hook
 
 
 class ChunkWriter:
@@ -172,6 +174,7 @@ class ChunkWriter:
                 hooks.before_chunk(i)
                 self._chunk(chunk, x_w, y_w, codes_w)
                 pbar.update(1)
+                hooks.rows_done(self.rows)
         if self.rows == 0:
             what = (
                 "all rows had non-finite values and were dropped"

@@ -166,12 +166,13 @@ def run(
             plan=plan,
             features_path=str(features_file),
             index_path=str(index_path) if index_path else None,
-            batch_size=p.batch_size,
+            batch_size=p.forward_rows,
             loader=model_io.predictor_loader(str(model_path), choice, str(device), code),
             device=_rank_device(device, r),
             threads=_threads(cfg, world),
             fault=cfg.fault,
             fault_marker_dir=str(ctx.faults.marker_dir or ctx.run_dir),
+            progress_every_s=cfg.runtime.progress_every_s,
         )
         for r in range(world)
     ]
@@ -189,6 +190,7 @@ def run(
         choice.candidate if choice.applied else "raw",
         choice.headline,
     )
+    ctx.events.param("predict.batch_size", f"{p.forward_rows} ({p.forward_rows_reason})")
     t_pred = time.perf_counter()
     if launched or world > 1:  # the ranks of a launched job, whatever the node count
         by_rank = run_ranks(cfg, ctx, jobs[0], world)

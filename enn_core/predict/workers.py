@@ -13,6 +13,7 @@ function and JSON arguments); in the stage's own process any callable does.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,7 +25,7 @@ import torch
 from enn_core.config import FaultConfig
 from enn_core.fault import FaultInjector
 from enn_core.predict.chunks import PartsPlan, PartStore, parts_of_worker
-from enn_core.progress import bar
+from enn_core.progress import Ticker, bar, shows
 from enn_core.runtime.entry import resolve
 from enn_core.runtime.heartbeat import Heartbeat
 
@@ -71,6 +72,7 @@ class WorkerJob:
     threads: int = 1
     fault: FaultConfig = field(default_factory=FaultConfig)
     fault_marker_dir: str = ""
+    progress_every_s: float = 60.0  # rank 0's progress line where no bar shows
 
     def as_record(self) -> dict[str, Any]:
         if not isinstance(self.loader, Loader):
@@ -120,6 +122,13 @@ def predict_parts(
     rows = 0
     t_loop = time.perf_counter()
     mine = parts_of_worker(job.plan.n_parts, job.rank, job.world_size)
+    tick = Ticker(
+        "predict",
+        sum(job.plan.part_range(k)[1] - job.plan.part_range(k)[0] for k in mine),
+        every_s=job.progress_every_s,
+        logger=logging.getLogger("enn.predict"),
+        quiet=job.rank != 0 or shows(),
+    )
     with (
         torch.inference_mode(),
         bar(len(mine), f"predict rank {job.rank}", job.rank == 0, "part") as pbar,
@@ -141,6 +150,7 @@ def predict_parts(
                     buf[b0 - start : b1 - start] = y.detach().to("cpu").numpy()
             computed.append(k)
             rows += stop - start
+            tick.update(stop - start)
             faults.at("predict_chunk", step=k)
     return {
         "rank": job.rank,

@@ -35,6 +35,11 @@ class Batch:
     weights: np.ndarray  # 1.0 for real rows, 0.0 for padding
     rows: np.ndarray  # staged row indices (padding repeats a real row)
 
+    @property
+    def n_real(self) -> int:
+        """Real rows (weight 1): all of them but in the last batch of an epoch."""
+        return len(self.weights) if self.weights[-1] > 0 else int((self.weights > 0).sum())
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -33,7 +33,7 @@ def validate(st: TrainState, epoch: int) -> dict[str, float] | None:
     rt.loss.eval()
     sums = torch.zeros(5, dtype=torch.float64)  # loss sum, rows, |err| sum, err^2 sum, cells
     with torch.no_grad():
-        for lo, hi, n_real in eval_slices(n, st.cfg.eval_batch, rt.env.rank, rt.env.world_size):
+        for lo, hi, n_real in eval_slices(n, st.eval_batch, rt.env.rank, rt.env.world_size):
             sums += _forward_sums(st, data.val_rows[lo:hi] if n_real else data.val_rows[:1], n_real)
     if isinstance(rt.model, FSDPModule):  # FSDP2 keeps the root unsharded after a no-grad forward
         rt.model.reshard()

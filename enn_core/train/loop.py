@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ from enn_core.runtime.dist import agree_any, tighten_timeout
 from enn_core.runtime.memory import MemoryGovernor
 from enn_core.runtime.sampler import GlobalBlockSampler, make_plan
 from enn_core.telemetry import GpuSampler, memory_snapshot, verdict_from_stats, write_epoch
+from enn_core.train.batch import choose_batch, choose_eval_batch, total_steps
 from enn_core.train.ckpt import step_name
 from enn_core.train.evaluate import validate
 from enn_core.train.guard import NonFiniteGuard
@@ -86,10 +88,10 @@ def train(
         asked = train_epoch(st, epoch, first_step=start.step if epoch == start.epoch else 0)
         val = validate(st, epoch)
         record_epoch(st, epoch, val)
-        stopped = early_stop(st, epoch, val)
+        stopped = early_stop(st, epoch, val) or capped(st, epoch)
         save_epoch_end(st, epoch, stopped)
         if asked and not stopped and epoch + 1 < cfg.epochs and rt.checkpointer is not None:
-            raise preempted(st, (epoch + 1) * st.sampler.steps_per_epoch)
+            raise preempted(st, st.epoch_end(epoch))
     restore_best(st)
     return result(st, stopped)
 
@@ -97,20 +99,31 @@ def train(
 def setup(
     cfg: TrainConfig, data: TrainData, rt: Runtime, *, seed: int, log_every: int
 ) -> TrainState:
+    # train.batch_size=auto: the stage resolves it before the workers start (its job and the
+    # checkpoint fingerprint hold the number); a direct caller's "auto" is resolved here
+    batch = choose_batch(cfg.batch_size, len(data.train_rows), rt.env.world_size)
+    if cfg.batch_size == "auto":
+        rt.events.param("train.batch_size_reason", batch.reason)
     sampler = GlobalBlockSampler(
-        data.train_rows, cfg.batch_size, seed=seed, shuffle_block=cfg.shuffle_block
+        data.train_rows, batch.value, seed=seed, shuffle_block=cfg.shuffle_block
     )
     plan = make_plan(
-        cfg.batch_size, cfg.micro_batch, rt.env.world_size, auto_micro_batch=rt.micro_batch
+        batch.value, cfg.micro_batch, rt.env.world_size, auto_micro_batch=rt.micro_batch
     )
+    evals = choose_eval_batch(cfg.eval_batch, plan.micro_batch)
+    cfg = replace(cfg, batch_size=batch.value)
+    total = total_steps(cfg, sampler.steps_per_epoch)
     optimizer = build_optimizer([*rt.model.parameters(), *rt.loss.parameters()], cfg)
-    scheduler = build_scheduler(optimizer, cfg, total_steps=sampler.steps_per_epoch * cfg.epochs)
+    scheduler = build_scheduler(optimizer, cfg, total_steps=total)
     guard = NonFiniteGuard(cfg.max_nonfinite_steps, rt.run_dir / "nonfinite", rank=rt.env.rank)
     governor = MemoryGovernor(plan, cfg.max_oom_backoffs)
+    rt.events.param("train.batch_size", batch.value)
     rt.events.param("train.micro_batch", plan.micro_batch)
     rt.events.param("train.accumulation", plan.accumulation)
+    rt.events.param("train.eval_batch", evals.value)
+    rt.events.param("train.eval_batch_reason", evals.reason)
     rt.events.param("train.steps_per_epoch", sampler.steps_per_epoch)
-    rt.events.param("train.total_steps", sampler.steps_per_epoch * cfg.epochs)
+    rt.events.param("train.total_steps", total)
     gpu = GpuSampler(rt.env.device) if rt.env.device.type == "cuda" and rt.env.is_main else None
     return TrainState(
         cfg=cfg,
@@ -124,6 +137,8 @@ def setup(
         holder=holder_of(rt),
         params=Params.of(rt.model, rt.loss),
         log_every=max(1, log_every),
+        total_steps=total,
+        eval_batch=evals.value,
         gpu=gpu,
     )
 
@@ -143,10 +158,11 @@ def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> bool:
     prog.ckpt_carry_s = 0.0
     prior_s = es.wall_s
     every = rt.checkpointer.cfg.every_steps if rt.checkpointer is not None else 0
+    last = min(spe, st.total_steps - epoch * spe)  # train.max_steps may end the epoch early
     st.model_train()
     t0 = time.perf_counter()
     asked = False
-    for step in range(first_step, spe):
+    for step in range(first_step, last):
         gstep = epoch * spe + step
         if rt.heartbeat is not None:
             rt.heartbeat.phase("first_forward" if gstep == prog.start_gstep else "step", gstep)
@@ -161,8 +177,8 @@ def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> bool:
             rt.checkpointer.poll()  # an async save commits as soon as it is written
             es.ckpt_s += time.perf_counter() - c0
         asked = out.preempt
-        stop = asked and step + 1 < spe and rt.checkpointer is not None
-        if stop or (every and (gstep + 1) % every == 0 and step + 1 < spe):  # the epoch end saves
+        stop = asked and step + 1 < last and rt.checkpointer is not None
+        if stop or (every and (gstep + 1) % every == 0 and step + 1 < last):  # the end saves
             es.wall_s = prior_s + time.perf_counter() - t0  # the last step
             es.ckpt_s += timed_save(st, gstep + 1, epoch_end=False)
         if stop:
@@ -193,12 +209,21 @@ def preempted(st: TrainState, position: int) -> Preempted:
     )
 
 
+def capped(st: TrainState, epoch: int) -> bool:
+    """train.max_steps ended the run at this epoch, before train.epochs did (recorded once)."""
+    end = st.epoch_end(epoch)
+    if end < st.total_steps or st.total_steps == st.sampler.steps_per_epoch * st.cfg.epochs:
+        return False
+    st.rt.events.event("max_steps", step=end, epoch=epoch, max_steps=st.cfg.max_steps)
+    return True
+
+
 def save_epoch_end(st: TrainState, epoch: int, stopped: bool) -> None:
     """The epoch-end checkpoint (with a checkpointer). The epoch's record is written by then,
     so its seconds count in the next epoch's checkpoint time."""
     if st.rt.checkpointer is None:
         return
-    position = (epoch + 1) * st.sampler.steps_per_epoch
+    position = st.epoch_end(epoch)
     st.progress.ckpt_carry_s += timed_save(st, position, epoch_end=True, stopped=stopped)
 
 
@@ -228,15 +253,16 @@ def record_step(st: TrainState, gstep: int, out: StepOutcome) -> None:
 
 
 def flush_telemetry(st: TrainState) -> None:
-    for name, value, step in st.progress.pending:
-        st.rt.events.metric(name, value, step)
+    st.rt.events.metric_rows(st.progress.pending)  # one append for log_every steps' metrics
     st.progress.pending.clear()
 
 
 def record_epoch(st: TrainState, epoch: int, val: dict[str, float] | None) -> None:
     es = st.epoch_stats
-    # Rows seen this epoch on all ranks: each training row once (padding excluded).
-    rows = len(st.data.train_rows)
+    # Rows seen this epoch on all ranks: each training row once (padding excluded); an epoch
+    # that train.max_steps cut short ran full batches only
+    steps = st.epoch_end(epoch) - epoch * st.sampler.steps_per_epoch
+    rows = min(len(st.data.train_rows), steps * st.sampler.global_batch)
     wall = es.wall_s
     row = {
         "epoch": epoch,

@@ -60,7 +60,7 @@ def trainer_state(
     st: TrainState, position: int, *, epoch_end: bool, stopped: bool
 ) -> dict[str, Any]:
     spe, prog = st.sampler.steps_per_epoch, st.progress
-    best = step_name((prog.best_epoch + 1) * spe) if prog.best_epoch is not None else None
+    best = step_name(st.epoch_end(prog.best_epoch)) if prog.best_epoch is not None else None
     partial = {} if epoch_end or prog.epoch is None else prog.epoch.as_record()
     return {
         "format": FORMAT,

@@ -46,6 +46,7 @@ from enn_core.runtime.heartbeat import read_heartbeats, stale_temp_files
 from enn_core.runtime.launch import Rendezvous, launch, read_errors
 from enn_core.stage import StageContext
 from enn_core.summaries import TrainSummary
+from enn_core.train.batch import choose_batch, total_steps, with_batch
 from enn_core.train.ckpt import (
     COMMITTED,
     COMPLETE,
@@ -95,7 +96,11 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
     threads = threads_per_worker(cfg.runtime.threads_per_worker, world)
     result_dir = ctx.run_dir / "result"
     shutil.rmtree(result_dir, ignore_errors=True)
-    fp = fingerprint(cfg, StagedDataset(staged).fingerprint)
+    data = StagedDataset(staged)
+    rows = len(data.split("train"))
+    batch = choose_batch(cfg.train.batch_size, rows, world)
+    cfg = with_batch(cfg, batch)  # the job and the fingerprint hold the number
+    fp = fingerprint(cfg, data.fingerprint)
     job = WorkerJob(
         config=cfg,
         staged=staged,
@@ -112,13 +117,23 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
     ctx.events.param("runtime.world_size", world)
     ctx.events.param("runtime.world_size_reason", why)
     ctx.logger.info("distributed-train: %d worker(s) (%s), %d thread(s) each", world, why, threads)
+    if batch.reason != f"train.batch_size={batch.value}":  # chosen, not set: say why
+        ctx.events.param("train.batch_size_reason", batch.reason)
+        ctx.logger.info("distributed-train: batch %d (%s)", batch.value, batch.reason)
     t0 = time.time()
-    rows = len(StagedDataset(staged).split("train")) if cfg.runtime.progress else 0
-    total = cfg.train.epochs * max(1, -(-rows // cfg.train.batch_size)) if rows else None
+    total = total_steps(cfg.train, max(1, -(-rows // batch.value))) if rows else None
     workers: dict[str, Any] = {}
     try:
         with (
-            follow_training(ctx.run_dir, total, ctx.stage, ctx.logger, ctx.progress),
+            follow_training(
+                ctx.run_dir,
+                total,
+                ctx.stage,
+                ctx.logger,
+                ctx.progress,
+                every_s=cfg.runtime.progress_every_s,
+                epochs=cfg.train.epochs,
+            ),
             no_space_named(ctx, job),
         ):
             results = start_workers(cfg, ctx, job_path, world)

@@ -170,12 +170,18 @@ class TrainState:
     holder: nn.ModuleDict  # {"model", "loss"}: the module DCP saves (the optimizer spans both)
     params: Params
     log_every: int
+    total_steps: int  # the run's optimizer steps: train.epochs of them, capped by max_steps
+    eval_batch: int  # rows per validation forward (train.eval_batch, auto resolved)
     gpu: GpuSampler | None = None  # NVML utilization/power/temperature on CUDA (rank 0)
     progress: Progress = field(default_factory=Progress)
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
         return self.rt.grad_scaler
+
+    def epoch_end(self, epoch: int) -> int:
+        """The global position after `epoch`'s last step (train.max_steps may cut it short)."""
+        return min((epoch + 1) * self.sampler.steps_per_epoch, self.total_steps)
 
     @property
     def epoch_stats(self) -> EpochStats:

@@ -122,7 +122,7 @@ def forward_backward(
         weighted = weighted_loss_sum(rt.loss, pred.float(), rt.core.normalize(y), b.weights)
         backward(st, weighted * scale)
         loss_sum += weighted.detach().double()
-        weight_sum += float(b.weights.sum())
+        weight_sum += b.n_real
     return loss_sum, weight_sum
 
 
@@ -171,21 +171,17 @@ def finish_step(
     if st.scaler is not None:
         st.scaler.unscale_(st.optimizer)
     sharded_sq, replicated_sq = grad_squares(st)
-    local_bad = not math.isfinite(float(loss_sum)) or not math.isfinite(sharded_sq + replicated_sq)
+    local_loss = float(loss_sum)
+    local_bad = not math.isfinite(local_loss) or not math.isfinite(sharded_sq + replicated_sq)
     asked = rt.preempt is not None and rt.preempt.requested
-    stats = torch.tensor(
-        [float(loss_sum), weight_sum, sharded_sq, 1.0 if local_bad else 0.0, float(asked)],
-        dtype=torch.float64,
-    )
-    with collectives(st):
-        all_reduce_sum(stats, rt.env)
-        reduce_loss_grads(st)
-    loss = float(stats[0] / max(stats[1].item(), 1.0))
-    preempt = stats[4].item() > 0
+    mine = [local_loss, weight_sum, sharded_sq, 1.0 if local_bad else 0.0, float(asked)]
+    loss_total, weights, sharded_total, bad, asked_any = agree_sums(st, mine)
+    loss = loss_total / max(weights, 1.0)
+    preempt = asked_any > 0
     # Under HSDP each shard lives on `replicas` ranks: the all-reduced sum counts it that often.
-    sharded_total = stats[2].item() / rt.env.replicas
+    sharded_total /= rt.env.replicas
     norm = math.sqrt(sharded_total + replicated_sq) if math.isfinite(sharded_total) else math.inf
-    if stats[3].item() > 0 or not math.isfinite(loss) or not math.isfinite(norm):
+    if bad > 0 or not math.isfinite(loss) or not math.isfinite(norm):
         if st.scaler is not None and math.isfinite(loss):  # fp16 overflow: the scaler's job
             st.scaler.update(new_scale=st.scaler.get_scale() * st.scaler.get_backoff_factor())
             rt.events.event("fp16_overflow_skip", step=gstep, new_scale=st.scaler.get_scale())
@@ -206,6 +202,18 @@ def finish_step(
     st.zero_grad()
     st.guard.record_ok()
     return True, loss, norm, preempt
+
+
+def agree_sums(st: TrainState, mine: list[float]) -> list[float]:
+    """The step's numbers summed over the ranks in one float64 all-reduce (and the loss's own
+    gradients averaged); at world size 1 they are this rank's, with no tensor made."""
+    if not st.rt.env.distributed:
+        return mine
+    stats = torch.tensor(mine, dtype=torch.float64)
+    with collectives(st):
+        all_reduce_sum(stats, st.rt.env)
+        reduce_loss_grads(st)
+    return stats.tolist()
 
 
 def reduce_loss_grads(st: TrainState) -> None:

@@ -64,6 +64,7 @@ from enn_core.runtime.network import choose_interface
 from enn_core.runtime.parent import die_with_parent
 from enn_core.runtime.precision import PrecisionDecision, choose_precision
 from enn_core.runtime.watchdog import write_error
+from enn_core.train.batch import choose_batch
 from enn_core.train.ckpt import Checkpointer
 from enn_core.train.job import SHARED_OUTPUTS, WorkerJob
 from enn_core.train.loop import Runtime, TrainData, TrainResult, train
@@ -274,7 +275,9 @@ def auto_micro_batch(
         probed.wrapped,
         probed.loss,
         sample,
-        cfg.train.batch_size // env.world_size,
+        # the stage resolved train.batch_size=auto into the job; the same rule if it did not
+        choose_batch(cfg.train.batch_size, len(data.split("train")), env.world_size).value
+        // env.world_size,
         env.device,
         headroom=cfg.train.memory_headroom,
         autocast=probed.precision.autocast,
