@@ -126,6 +126,8 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
     """`study.optimize` until the study is done or stopped; again when a trial of this host
     was failed elsewhere (Optuna's own tell of it then raises, after the others ended)."""
     done = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    if isinstance(study, store.TuneStudy):
+        study.gate = objective.room  # a full study is waited on by reading it
     while True:
         objective.lost = False
         try:
@@ -136,6 +138,8 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
                     catch=(Ended,),
                     callbacks=[done],
                 )
+        except store.StudyEnds:  # done or stopped, asked for no trial
+            pass
         except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
             if objective.stop.is_set():  # Ctrl-C or SIGTERM came while Optuna told a trial
                 raise KeyboardInterrupt from None  # that ended with it: the stop stands
