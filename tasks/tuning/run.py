@@ -68,6 +68,7 @@ def tune(
     dims = dimensions(cfg.tune)
     optuna_logs_as_enn_does()
     with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
+        tracker = StudyTracker(cfg, layout, plan.name)  # first: a deleted experiment is one line
         on_stale = StaleTrials(dims, plan.shown)
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
         st.stage_study_data(plan, cfg, study)
@@ -87,7 +88,6 @@ def tune(
             plan.runtime[0],
             plan.shown,
         )
-        tracker = StudyTracker(cfg, layout, plan.name)
         parent = tracker.start({"enn.config": str(config)})
         on_stale.listeners.append(tracker.stale)
         objective = Objective(study, cfg, plan, tracker, on_stale, should_stop)

@@ -11,6 +11,7 @@ the trials other hosts run, and the URL's user and password kept out of what is 
 - two hosts' samplers draw different points from the same study; a point queued twice (two
   hosts enqueueing at once) runs once;
 - hosts that both create the study's MLflow parent end with one.
+- a study whose MLflow experiment was deleted is one line saying what to do.
 """
 
 from __future__ import annotations
@@ -339,6 +340,29 @@ def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, ca
         tracker.finish(None, [], None)
     said = [r.getMessage() for r in caplog.records if r.name == "enn.tune"]
     assert len(said) == 1 and "the study goes on untracked" in said[0], said
+
+
+def test_tune_after_its_experiment_was_deleted_is_one_line(tmp_path, mlflow_uri):
+    """`enn tune` whose MLflow experiment was deleted (MLflow keeps its name, and refuses runs
+    in it): one line naming it and what to do, before anything is staged or run (it was 100
+    lines and 2 tracebacks). `enn` prints a ConfigError as that line, exit 2."""
+    from mlflow.tracking import MlflowClient
+
+    from enn_core.errors import ConfigError
+    from enn_core.paths import Layout
+    from tasks.tuning.run import tune
+
+    uri = mlflow_uri
+    (tmp_path / "params.yaml").write_text("{}\n")
+    cfg = load_config(None, [LR, f"tracking.uri={uri}", "tracking.experiment=deleted"])
+    client = MlflowClient(uri)
+    client.delete_experiment(client.create_experiment("deleted"))
+    with pytest.raises(ConfigError) as e:
+        tune(cfg, tmp_path / "params.yaml", [], Layout.for_root(tmp_path))
+    said = str(e.value)
+    assert "\n" not in said and "experiment 'deleted' (tracking.experiment) was deleted" in said
+    assert "mlflow experiments restore" in said and "another tracking.experiment" in said
+    assert not (tmp_path / "work" / "tune" / "params").exists()  # nothing staged or run
 
 
 def test_threads_asking_at_once_each_claim_a_different_queued_trial(tmp_path):
