@@ -40,8 +40,9 @@ from enn_core.inference import PredictionPath  # noqa: E402
 from enn_core.model import build_model  # noqa: E402
 from enn_core.paths import Layout  # noqa: E402
 from enn_core.predict.assemble import assemble  # noqa: E402
-from enn_core.predict.chunks import PartsPlan, PartStore  # noqa: E402
+from enn_core.predict.chunks import PartsPlan, PartStore, parts_key  # noqa: E402
 from enn_core.predict.workers import WorkerJob, predict_parts, read_batch  # noqa: E402
+from enn_core.runtime import secret  # noqa: E402
 
 SMALL = ["model.d_model=16", "model.heads=2", "model.layers=1"]
 
@@ -89,6 +90,9 @@ def subject(
     n = np.load(features_path, mmap_mode="r").shape[0]
     parts = work / "parts"
     shutil.rmtree(parts, ignore_errors=True)
+    key_file = work / secret.FILE_NAME  # every part's marker carries the job secret's MAC
+    if not key_file.exists():
+        secret.make(key_file)
     plan = PartsPlan(
         n_rows=n,
         rows_per_part=chunk,
@@ -106,8 +110,9 @@ def subject(
         index_path=None,
         batch_size=batch,
         loader=lambda: path,
+        secret_file=str(key_file),
     )
-    store = PartStore(parts, plan)
+    store = PartStore(parts, plan, parts_key(str(key_file)))
     store.prepare()
     predict_parts(job, path)
     if assembly:

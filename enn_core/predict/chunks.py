@@ -16,9 +16,10 @@ computes it. Layout of a parts directory (under the work directory, not DVC-trac
 
 Resume rule: a part is reused when its marker exists, names the same fingerprints and row
 range, the files' sha256 match the marker (so a part torn by a power loss is recomputed,
-which is why parts need no fsync), and, when the job has a secret (enn_core.runtime.secret),
-the marker's HMAC verifies: a part rewritten by someone without the secret (its marker's
-sha256 recomputed) is recomputed, and assembly refuses one that fails after it was checked.
+which is why parts need no fsync), and the marker's HMAC under the job secret verifies (on
+every path: one worker, several, one node or several; enn_core.runtime.secret): a part
+rewritten by someone without the secret (its marker's sha256 recomputed) is recomputed, and
+assembly refuses one that fails after it was checked.
 Parts made from another model or another input are *discarded with a clear message* when the
 run starts (`PartStore.prepare`): the directory is keyed by the output, not the model, so
 refusing them would leave the user to delete them by hand, and keeping them is never correct.
@@ -60,7 +61,6 @@ TMP_PREFIX = ".tmp-"
 PART = re.compile(r"part-(\d{5})\.(npy|rows\.npy|done)")
 # files enn writes in a parts folder, besides the parts (the local pool's status files)
 OURS = re.compile(r"manifest\.json|index\.npy|worker-\d+\.json|\.enn-parts|\.tmp-.+")
-_UNSET = object()
 
 log = logging.getLogger("enn.predict")
 
@@ -98,11 +98,13 @@ def parts_of_worker(n_parts: int, rank: int, world_size: int) -> range:
 class PartStore:
     """One parts directory under one plan. The parent calls `prepare`; workers write parts."""
 
-    def __init__(self, root: str | Path, plan: PartsPlan, key: Any = _UNSET) -> None:
+    def __init__(self, root: str | Path, plan: PartsPlan, key: bytes) -> None:
         self.root = Path(root)
         self.plan = plan
-        # the job secret keys the markers' MAC; None: no secret (one node, parts unsigned)
-        self.key: bytes | None = secret.load() if key is _UNSET else key
+        # the job secret keys every marker's MAC, on every path (`parts_key`)
+        if len(key) < secret.MIN_CHARS:
+            raise ValueError("a parts folder's markers need the job secret as their MAC key")
+        self.key = key
 
     def pred_path(self, k: int) -> Path:
         return self.root / f"part-{k:05d}.npy"
@@ -178,15 +180,11 @@ class PartStore:
         return names
 
     def _authentic(self, marker: Mapping[str, Any]) -> bool:
-        if self.key is None:
-            return True
         tag = marker.get("mac")
         body = {k: v for k, v in marker.items() if k != "mac"}
         return isinstance(tag, str) and secret.valid(self.key, _unhex(tag), _canonical(body))
 
     def _sign(self, marker: dict[str, Any]) -> dict[str, Any]:
-        if self.key is None:
-            return marker
         return {**marker, "mac": secret.mac(self.key, _canonical(marker)).hex()}
 
     def _remove(self, names: set[str]) -> None:
@@ -289,7 +287,7 @@ class PartStore:
 
     def read_part(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(row ids, predictions) of a completed part, read once and checked against its
-        marker (sha256 and, with a job secret, the marker's MAC) from the bytes read."""
+        marker (sha256 and the marker's MAC) from the bytes read."""
         if not self.is_done(k, verify=False):
             raise StaleOutputError(
                 f"{self.marker_path(k)}: part {k} is not complete for this plan; re-run predict"
@@ -308,6 +306,19 @@ class PartStore:
 
 
 PARTS = ("pred", "rows", "done")
+
+
+def parts_key(secret_file: str) -> bytes:
+    """The MAC key of a parts folder's markers: the job secret in `secret_file` (the stage
+    names it for every path: ENN_JOB_SECRET_FILE, else the work directory's own), or, when
+    none is named, the one in ENN_JOB_SECRET_FILE; a worker with neither is one line."""
+    key = secret.read(Path(secret_file)) if secret_file else secret.load()
+    if key is None:
+        raise ConfigError(
+            f"a prediction worker without a job secret (no {secret.ENV}, none named in its "
+            "job): its parts would carry no MAC; run it through `enn predict`"
+        )
+    return key
 
 
 def own_folder(root: Path) -> None:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from enn_core.atomic import write_json
 from enn_core.errors import ConfigError, OutOfMemory, WorkerError
-from enn_core.predict.chunks import PartsPlan, PartStore
+from enn_core.predict.chunks import PartsPlan, PartStore, parts_key
 from enn_core.predict.workers import WorkerJob, WorkerStats, predict_parts
 from enn_core.runtime.dist import (
     DistEnv,
@@ -141,7 +141,7 @@ def rank_main(spec_path: str) -> WorkerStats:
         job = dataclasses.replace(spec.job, rank=env.rank, world_size=env.world_size)
         check_same_plan(job.plan, env)
         # global rank 0 alone prepares the shared folder, once every rank has the same plan
-        store = PartStore(job.parts_dir, job.plan)
+        store = PartStore(job.parts_dir, job.plan, parts_key(job.secret_file))
         discarded = store.prepare(spec.job_id) if env.rank == 0 else None
         dist.barrier()
         stats = predict_parts(job, beat=beat)

@@ -13,7 +13,9 @@
    process, several as the ranks of a launched job (enn_core.predict.ranks), on one node or
    several; their heartbeats, stacks and error records in the stage's run directory.
    A re-run after a crash reuses complete parts of the same model and input and discards
-   others with a message (enn_core.predict.chunks).
+   others with a message (enn_core.predict.chunks). Every part's marker carries an HMAC under
+   the job secret (`secret_file`: ENN_JOB_SECRET_FILE, else the work directory's own), on
+   every path: a part someone else rewrote is recomputed, never published.
 4. Outputs, replaced atomically as one directory (`outputs/predict/`): `predictions.npy`
    ([N, *label_shape] float32, real units, in the input's row order), `predictions.parquet`
    (keyed by the row keys), `predictions.xlsx` for workbook sources, `manifest.json`; for
@@ -27,6 +29,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +51,9 @@ from enn_core.model.enn import ENN
 from enn_core.model_code import ModelCode
 from enn_core.predict import model_io, outputs, ranks, schema, workers
 from enn_core.predict.assemble import assemble
-from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore, own_folder
+from enn_core.predict.chunks import FORMAT_VERSION, PartsPlan, PartStore, own_folder, parts_key
 from enn_core.predict.model_io import CalibrationChoice
+from enn_core.runtime import secret
 from enn_core.runtime.device import threads_per_worker
 from enn_core.runtime.external import LauncherEnv
 from enn_core.runtime.launch import Rendezvous
@@ -146,7 +150,8 @@ def run(
         input_fingerprint=input_fingerprint(ds, index),
     )
     launched = ranked(cfg)
-    store = PartStore(parts_root(cfg, ctx, launched) / ctx.output().name, plan)
+    key_file = secret_file(cfg, ctx)
+    store = PartStore(parts_root(cfg, ctx, launched) / ctx.output().name, plan, parts_key(key_file))
     own_folder(store.root)  # a link there: one line on every node, before any rank starts
     # launched: global rank 0 alone prepares the shared folder, after the ranks agreed on the
     # plan (enn_core.predict.ranks); each node keeps its row index in its own run directory
@@ -173,6 +178,7 @@ def run(
             fault=cfg.fault,
             fault_marker_dir=str(ctx.faults.marker_dir or ctx.run_dir),
             progress_every_s=cfg.runtime.progress_every_s,
+            secret_file=key_file,
         )
         for r in range(world)
     ]
@@ -254,6 +260,15 @@ def run(
 def ranked(cfg: RunConfig) -> bool:
     """Whether this prediction is one part of a launched job: several nodes, or torchrun."""
     return cfg.runtime.nnodes > 1 or cfg.runtime.launcher == "external"
+
+
+def secret_file(cfg: RunConfig, ctx: StageContext) -> str:
+    """The job secret that keys every part's marker, on every path (one worker in this
+    process, launched ranks, torchrun's): ENN_JOB_SECRET_FILE, checked; on one node without
+    it, the work directory's own `job-secret` (made once, 0600), the one a one-node launch
+    gives its workers; several nodes without one are one line (enn_core.runtime.secret)."""
+    given = secret.launch_env(ctx.layout.work, cfg.runtime.nnodes)
+    return given.get(secret.ENV) or os.environ[secret.ENV]
 
 
 def parts_root(cfg: RunConfig, ctx: StageContext, launched: bool) -> Path:

@@ -24,7 +24,7 @@ import torch
 
 from enn_core.config import FaultConfig
 from enn_core.fault import FaultInjector
-from enn_core.predict.chunks import PartsPlan, PartStore, parts_of_worker
+from enn_core.predict.chunks import PartsPlan, PartStore, parts_key, parts_of_worker
 from enn_core.progress import Ticker, bar, shows
 from enn_core.runtime.entry import resolve
 from enn_core.runtime.heartbeat import Heartbeat
@@ -73,6 +73,7 @@ class WorkerJob:
     fault: FaultConfig = field(default_factory=FaultConfig)
     fault_marker_dir: str = ""
     progress_every_s: float = 60.0  # rank 0's progress line where no bar shows
+    secret_file: str = ""  # the job secret keying the parts' markers (chunks.parts_key)
 
     def as_record(self) -> dict[str, Any]:
         if not isinstance(self.loader, Loader):
@@ -112,7 +113,7 @@ def predict_parts(
     if beat is not None:
         beat.phase("load_model")
     predictor = predictor if predictor is not None else job.loader()
-    store = PartStore(job.parts_dir, job.plan)
+    store = PartStore(job.parts_dir, job.plan, parts_key(job.secret_file))
     faults = FaultInjector(job.fault, rank=job.rank, marker_dir=job.fault_marker_dir or None)
     features = np.load(job.features_path, mmap_mode="r")
     index = np.load(job.index_path, mmap_mode="r") if job.index_path else None

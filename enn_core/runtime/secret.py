@@ -96,11 +96,18 @@ def read(path: Path) -> bytes:
 
 
 def make(path: Path) -> Path:
-    """A new secret file at `path` (0600, never through a link, never over a file)."""
+    """A new secret file at `path` (0600, never through a link, never over a file: then
+    FileExistsError), whole from its first moment: written aside and linked into place, so
+    that processes starting at once (torchrun's ranks) never read it half written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        os.link(tmp, path)  # never replaces: a file (or link) there is FileExistsError
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # mlflow is imported inside the functions that use it: importing this module has no side
 # effects (`import mlflow` writes its telemetry state and an environment variable unless the
 # entry point contained the environment first, tasks/env.py).
-from enn_core.errors import NoSpaceError, StoreError, TransientError
+from enn_core.errors import ConfigError, NoSpaceError, StoreError, TransientError
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, StageSpec
@@ -126,6 +126,13 @@ class Tracker:
                 exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
                 if exp is None:
                     raise
+        if exp is not None and exp.lifecycle_stage == "deleted":  # MLflow refuses runs in it
+            raise ConfigError(
+                f"MLflow experiment {cfg.tracking.experiment!r} (tracking.experiment) was "
+                f"deleted; restore it (mlflow experiments restore -x {exp.experiment_id}, with "
+                "MLFLOW_TRACKING_URI set to tracking.uri), set another tracking.experiment, or "
+                f"delete it for good (mlflow gc --experiment-ids {exp.experiment_id})"
+            )
         if exp is not None:
             self.experiment_id = exp.experiment_id
             for k, v in EXPERIMENT_KIND.items():

@@ -1,8 +1,10 @@
 """One trial as one launch: the objective `study.optimize` calls in each of its threads.
 
-It counts the study first (complete + pruned + running trials numbered below its own, every
-host's): when full, the trial asked ends as not run (`enn.not_run`, out of tables) once the
-study is done or another trial ended. A queued point outside `tune.space` or queued twice ends
+Before each ask it waits while the study is full (complete + pruned + running trials, every
+host's), reading it, so a full study gains no row (`room`); the study done or stopped ends the
+asking. A trial counts the study again (trials numbered below its own): one asked at the same
+moment as another host's, that finds it full, ends as not run (`enn.not_run`, out of tables).
+A queued point outside `tune.space`, queued twice, or a second retry of one trial's point ends
 the same way; the host goes on. Else it starts `tasks.tuning.trial` as its own process group,
 follows its `epoch/<metric>` events, reports them and prunes (SIGKILL to the group, then
 `TrialPruned`), and sweeps stale trials and orphans every `tune.heartbeat_s` (Optuna's thread
@@ -183,7 +185,7 @@ class Objective:
             self.halt()
             raise Ended("the study stops")
         folder = st.trial_folder(self.plan, trial.number)
-        # an owner from its first moment: a RUNNING trial without one is an orphan
+        # an owner from its first moment: a restarted study of this host finds what it left
         owner = shared.TrialOwner.of(0, shared.trial_command(folder / "trial.json"))
         self.storage(lambda: trial.set_user_attr(shared.OWNER_ATTR, owner.to_json()))
         trials = self.trials()
@@ -192,7 +194,7 @@ class Objective:
         done, running = shared.counts(trials, below=trial.number)
         if done + len(running) >= self.tune.n_trials:
             self.storage(lambda: trial.set_user_attr(shared.NOT_RUN_ATTR, True))
-            self.wait_full(mine, done, running)
+            self.not_run(mine)
         for dim in self.dims:
             dim.suggest(trial)
         slot = self.slots.get()
@@ -217,20 +219,30 @@ class Objective:
             log.warning("%s", e)
             raise Ended(str(e)) from e
 
-    def wait_full(self, mine: FrozenTrial, done: int, seen: set[int]) -> None:
-        """The study is full: done (stop), or wait until one of the running trials `seen`
-        ends; then not run (a queued point it popped is queued again)."""
-        if done < self.tune.n_trials:
-            log.info("study %s: full while trials %s run; waiting", self.plan.name, sorted(seen))
-        while done < self.tune.n_trials and not self.stopping():
-            time.sleep(1.0)
-            self.sweep()
+    def room(self) -> None:
+        """Before each ask (store.TuneStudy's gate): while complete, pruned and running trials
+        fill `tune.n_trials`, wait by reading the study (sweeping stale trials), adding no row;
+        StudyEnds once it is done or stops."""
+        said = False
+        while not self.stopping():
             done, running = shared.counts(self.trials())
-            if running != seen:
+            if done >= self.tune.n_trials:
                 break
-        if done >= self.tune.n_trials or self.stop.is_set():
-            self.halt()
-        elif fixed := mine.system_attrs.get("fixed_params"):
+            if done + len(running) < self.tune.n_trials:
+                return
+            if not said:
+                log.info(
+                    "study %s: full while trials %s run; waiting", self.plan.name, sorted(running)
+                )
+                said = True
+            self.sweep()
+            time.sleep(1.0)
+        raise store.StudyEnds("done" if not self.stop.is_set() else "stopped")
+
+    def not_run(self, mine: FrozenTrial) -> None:
+        """Asked while the study was full (another host asked at the same moment): not run, a
+        queued point it popped queued again; the next ask waits for room (`room`)."""
+        if fixed := mine.system_attrs.get("fixed_params"):
             attrs = {k: v for k, v in mine.user_attrs.items() if k == shared.RETRY_ATTR}
             self.storage(lambda: self.study.enqueue_trial(fixed, user_attrs=attrs or None))
         raise Ended("the study was full")
@@ -281,8 +293,7 @@ class Objective:
             if not (folder / "end.json").exists():
                 self.end(running, "interrupted", None, *kill_trial(proc))
                 if not self.lost:
-                    again = {shared.RETRY_ATTR: trial.number}
-                    self.quietly(lambda: self.study.enqueue_trial(trial.params, user_attrs=again))
+                    self.quietly(lambda: shared.queue_again(self.study, trial.number, trial.params))
             raise
 
     def follow(self, running: RunningTrial, proc: subprocess.Popen[bytes]) -> float:

@@ -68,6 +68,7 @@ def tune(
     dims = dimensions(cfg.tune)
     optuna_logs_as_enn_does()
     with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
+        tracker = StudyTracker(cfg, layout, plan.name)  # first: a deleted experiment is one line
         on_stale = StaleTrials(dims, plan.shown)
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
         st.stage_study_data(plan, cfg, study)
@@ -87,7 +88,6 @@ def tune(
             plan.runtime[0],
             plan.shown,
         )
-        tracker = StudyTracker(cfg, layout, plan.name)
         parent = tracker.start({"enn.config": str(config)})
         on_stale.listeners.append(tracker.stale)
         objective = Objective(study, cfg, plan, tracker, on_stale, should_stop)
@@ -126,6 +126,8 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
     """`study.optimize` until the study is done or stopped; again when a trial of this host
     was failed elsewhere (Optuna's own tell of it then raises, after the others ended)."""
     done = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    if isinstance(study, store.TuneStudy):
+        study.gate = objective.room  # a full study is waited on by reading it
     while True:
         objective.lost = False
         try:
@@ -136,6 +138,8 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
                     catch=(Ended,),
                     callbacks=[done],
                 )
+        except store.StudyEnds:  # done or stopped, asked for no trial
+            pass
         except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
             if objective.stop.is_set():  # Ctrl-C or SIGTERM came while Optuna told a trial
                 raise KeyboardInterrupt from None  # that ended with it: the stop stands

@@ -4,9 +4,10 @@ Optuna numbers trials, pops each queued one to one caller, beats for each runnin
 `study.optimize` and fails one silent for the storage's `grace_period` (the database's clock).
 On top: each trial's owner record (`TrialOwner`, user attribute `enn.owner`: host, pid, start
 time, command line, the `enn tune` that started it), read as data and never signalled;
-`StaleTrials` queues a failed trial's point again (only a point of `tune.space`); `Orphans`
-fails a RUNNING trial with no heartbeat and no owner, which Optuna's sweep skips;
-`duplicate_of` runs a point queued twice once; `counts` is what a trial counts before it runs.
+`StaleTrials` queues a failed trial's point again (only a point of `tune.space`, and once:
+`queue_again`); `Orphans` fails a RUNNING trial that never beat, whatever its attributes
+claim, which Optuna's sweep skips; `duplicate_of` runs a point queued twice, or retried twice,
+once; `counts` is what a trial counts before it runs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from enn_core.config.tune import Dimension, space_values
 from enn_core.errors import DataError
+from tasks.tuning.store import Storage
 
 log = logging.getLogger("enn.tune")
 OWNER_ATTR = "enn.owner"
@@ -115,13 +117,34 @@ def fail(study: Study, number: int) -> bool:
 
 
 def requeue(study: Study, trial: FrozenTrial, dims: Sequence[Dimension], where: str) -> None:
-    """`trial`'s point queued again, when it is a point of the space."""
+    """`trial`'s point queued again, when it is a point of the space (`queue_again`)."""
     try:
         values = space_values(trial.params, dims, f"{where}: trial {trial.number}", "not run again")
     except DataError as e:
         log.warning("%s", e)
         return
-    study.enqueue_trial(values, user_attrs={RETRY_ATTR: trial.number})
+    queue_again(study, trial.number, values)
+
+
+def queue_again(study: Study, number: int, values: dict[str, Any]) -> bool:
+    """Trial `number`'s point queued again, once: not when a retry of it is queued or ran
+    already (a cancelled trial's host queued it, then another host's sweep failed it as
+    stale). Two hosts queueing at the same moment both may: the later retry is then not run
+    (`duplicate_of`)."""
+    if any(retry_of(t) == number for t in study.get_trials(deepcopy=False)):
+        log.info("trial %d: its point is queued again already", number)
+        return False
+    study.enqueue_trial(values, user_attrs={RETRY_ATTR: number})
+    return True
+
+
+def retry_of(trial: FrozenTrial) -> Any:
+    """The trial number `trial` runs again (None: none), unless it never ran (asked when the
+    study was full, or a duplicate): its point is queued again or ran elsewhere."""
+    attrs = trial.user_attrs
+    if NOT_RUN_ATTR in attrs or DUPLICATE_ATTR in attrs:
+        return None
+    return attrs.get(RETRY_ATTR)
 
 
 class StaleTrials:
@@ -149,9 +172,11 @@ class StaleTrials:
 
 
 class Orphans:
-    """RUNNING trials with no owner (so no heartbeat: a client asked and died), failed once
-    older than the stale bound plus `CLOCK_SKEW_S` by their start, or than the stale bound
-    since this host first saw them."""
+    """RUNNING trials without a heartbeat (a client asked and died before Optuna's thread beat,
+    or a row someone wrote), whatever their attributes hold (an owner record is data: a row
+    that only claims one must not hold the study), failed once older than the stale bound plus
+    `CLOCK_SKEW_S` by their start, or than the stale bound since this host first saw them.
+    Optuna's sweep judges the trials that beat."""
 
     def __init__(self, stale_after_s: float, on_stale: StaleTrials) -> None:
         self.stale_after_s, self.on_stale = stale_after_s, on_stale
@@ -159,8 +184,9 @@ class Orphans:
 
     def fail(self, study: Study, running: Sequence[FrozenTrial]) -> None:
         now, wall = time.monotonic(), datetime.datetime.now()
+        beating = beating_trials(study)
         for t in running:
-            if OWNER_ATTR in t.user_attrs:
+            if t._trial_id in beating:
                 continue
             first = self.seen.setdefault(t.number, now)
             age = (wall - t.datetime_start).total_seconds() if t.datetime_start else 0.0
@@ -170,13 +196,24 @@ class Orphans:
                 self.on_stale(study, t)
 
 
+def beating_trials(study: Study) -> set[int]:
+    """The ids of the study's RUNNING trials that have a heartbeat (store.Storage.beating)."""
+    storage = getattr(study._storage, "_backend", study._storage)  # Optuna's cache wraps it
+    return storage.beating(study._study_id) if isinstance(storage, Storage) else set()
+
+
 def duplicate_of(trials: Sequence[FrozenTrial], number: int) -> int | None:
-    """The lower number of a queued trial of the same point as trial `number` (just popped),
-    not FAIL, else None. Only queued points compare (a sampler may repeat one on purpose), and
-    a rerun of an interrupted trial is not a duplicate."""
+    """The lower number of a trial that runs the same as trial `number` (just popped), else
+    None: a queued point queued twice (not FAIL), or a second retry of one trial's point.
+    Only queued points compare (a sampler may repeat one on purpose), and a rerun of an
+    interrupted trial is not a duplicate of it."""
     mine = next(t for t in trials if t.number == number)
     point = mine.system_attrs.get("fixed_params")
-    if point is None or RETRY_ATTR in mine.user_attrs:
+    retry = retry_of(mine)
+    if retry is not None:
+        earlier = [t.number for t in trials if t.number < number and retry_of(t) == retry]
+        return int(earlier[0]) if earlier else None
+    if point is None:
         return None
     for other in trials:
         if other.number < number and other.state != TrialState.FAIL:

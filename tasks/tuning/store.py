@@ -29,6 +29,7 @@ from typing import Any
 import optuna
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
+from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
@@ -192,6 +193,21 @@ class Storage(RDBStorage):
         with self._claim:
             return super().set_trial_state_values(trial_id, state, values)
 
+    def beating(self, study_id: int) -> set[int]:
+        """The ids of the study's RUNNING trials that have a heartbeat (fresh or not): Optuna's
+        own sweep judges those; a RUNNING trial without one is an orphan (shared.Orphans)."""
+        from optuna.storages._rdb import models
+
+        with _create_scoped_session(self.scoped_session) as session:
+            rows = (
+                session.query(models.TrialHeartbeatModel.trial_id)
+                .join(models.TrialModel)
+                .filter(models.TrialModel.study_id == study_id)
+                .filter(models.TrialModel.state == TrialState.RUNNING)
+                .all()
+            )
+        return {int(r[0]) for r in rows}
+
     def record_heartbeat(self, trial_id: int) -> None:
         from sqlalchemy.exc import SQLAlchemyError
 
@@ -199,6 +215,30 @@ class Storage(RDBStorage):
             super().record_heartbeat(trial_id)
         except (SQLAlchemyError, StorageInternalError) as e:
             log.debug("heartbeat of trial id %d not recorded: %s", trial_id, e)
+
+
+class StudyEnds(Exception):
+    """Raised by a `TuneStudy`'s gate instead of asking: the study is done, or stops."""
+
+
+class TuneStudy(optuna.Study):
+    """Optuna's study whose `ask` first passes `gate` (one thread of this process at a time):
+    `enn tune`'s objective waits there while the study is full, by reading it, so that a host
+    asking a full study adds no row (a trial asked is a row, RUNNING then FAIL); the gate
+    raises StudyEnds when the study is done or stops, which ends `study.optimize`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate: Callable[[], None] | None = None
+        self._asking = threading.Lock()
+
+    def ask(
+        self, fixed_distributions: dict[str, optuna.distributions.BaseDistribution] | None = None
+    ) -> optuna.Trial:
+        with self._asking:
+            if self.gate is not None:
+                self.gate()
+            return super().ask(fixed_distributions)
 
 
 def rdb_storage(
@@ -228,7 +268,7 @@ def rdb_storage(
 
 def open_study(
     cfg: RunConfig, name: str, url: str, identity: str = "", on_stale: StaleHook | None = None
-) -> Study:
+) -> TuneStudy:
     """Study `name` (an SQLite file created 0600), checked, heartbeat on; its sampler seeded
     with `tune.seed`, the trials it has (a resumed study draws new points) and on a shared
     storage this host's `identity` (hosts draw different points); `tune.enqueue` queued once."""
@@ -241,13 +281,14 @@ def open_study(
     if t.pruner == "median":
         pruner = optuna.pruners.MedianPruner(t.n_startup_trials, t.n_warmup_steps)
     with reading(url):
-        study = optuna.create_study(
+        created = optuna.create_study(
             study_name=name,
             storage=rdb_storage(url, t, on_stale),
             pruner=pruner,
             direction="minimize",
             load_if_exists=True,
         )
+        study = TuneStudy(study_name=name, storage=created._storage, pruner=pruner)
         check_trials(study, shown(url))
         check_data(study, cfg, shown(url))
         seed = sampler_seed(t.seed, len(study.get_trials(deepcopy=False)), identity)

@@ -172,7 +172,9 @@ def shown(values: dict[str, Any]) -> str:
     )
 
 
-def open_study(cfg: RunConfig, plan: StudyPlan, on_stale: store.StaleHook | None = None) -> Study:
+def open_study(
+    cfg: RunConfig, plan: StudyPlan, on_stale: store.StaleHook | None = None
+) -> store.TuneStudy:
     plan.folder.mkdir(parents=True, exist_ok=True)
     return store.open_study(cfg, plan.name, plan.storage, plan.identity, on_stale)
 

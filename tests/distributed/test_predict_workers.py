@@ -16,11 +16,11 @@ import pytest
 from enn_core.config import FaultConfig
 from enn_core.errors import OutOfMemory, WorkerError
 from enn_core.predict.assemble import assemble
-from enn_core.predict.chunks import PartsPlan, PartStore
+from enn_core.predict.chunks import PartsPlan
 from enn_core.predict.ranks import Limits, RankJob, launch_ranks
 from enn_core.predict.workers import Loader, WorkerJob, predict_parts
 from enn_core.runtime.network import InterfaceChoice
-from tests.fixtures.predict import OUT_SHAPE, make_features
+from tests.fixtures.predict import OUT_SHAPE, job_secret, make_features, parts_store
 from tests.fixtures.project import ROOT
 
 LIMITS = Limits(hang_timeout_s=60.0, spawn_s=90.0, timeout_s=300.0)
@@ -38,7 +38,7 @@ def _setup(tmp_path, name, world, fault=None):
         model_fingerprint="m",
         input_fingerprint="i",
     )
-    store = PartStore(tmp_path / name, plan)
+    store = parts_store(tmp_path / name, plan, tmp_path / "work")
     store.prepare()
     job = WorkerJob(
         rank=0,
@@ -51,6 +51,7 @@ def _setup(tmp_path, name, world, fault=None):
         loader=Loader("tests.fixtures.predict:load_tiny", (3, 0)),
         fault=fault or FaultConfig(),
         fault_marker_dir=str(tmp_path / f"faults-{name}"),
+        secret_file=job_secret(tmp_path / "work"),
     )
     return store, job
 

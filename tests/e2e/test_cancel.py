@@ -332,14 +332,15 @@ def test_cancel_event_kills_prediction_workers(tmp_path):
 
     from enn_core.config import FaultConfig
     from enn_core.errors import WorkerError
-    from enn_core.predict.chunks import PartsPlan, PartStore
+    from enn_core.predict.chunks import PartsPlan
     from enn_core.predict.ranks import Limits, RankJob, launch_ranks
     from enn_core.predict.workers import Loader, WorkerJob
     from enn_core.runtime.network import InterfaceChoice
+    from tests.fixtures.predict import job_secret, parts_store
 
     np.save(tmp_path / "features.npy", np.zeros((40, 3), np.float32))
     plan = PartsPlan(40, 8, (3,), "float32", "m", "i")
-    store = PartStore(tmp_path / "parts", plan)
+    store = parts_store(tmp_path / "parts", plan, tmp_path)
     store.prepare()
     markers = tmp_path / "faults"
     hang = FaultConfig(kind="hang", phase="predict_chunk", times=2)  # both workers stall
@@ -354,6 +355,7 @@ def test_cancel_event_kills_prediction_workers(tmp_path):
         loader=Loader("torch.nn:Identity"),
         fault=hang,
         fault_marker_dir=str(markers),
+        secret_file=job_secret(tmp_path),
     )
     spec = RankJob(job, str(tmp_path / "run"), InterfaceChoice("lo", "one node"), 600.0, "cpu")
     cancel = threading.Event()

@@ -60,8 +60,8 @@ print(json.dumps({
 DUMP_TRIALS = """
 import json, sys, optuna
 study = optuna.load_study(study_name=sys.argv[2], storage=sys.argv[1])
-print(json.dumps([{"number": t.number, "state": t.state.name, "user_attrs": t.user_attrs}
-                  for t in study.get_trials()]))
+print(json.dumps([{"number": t.number, "state": t.state.name, "user_attrs": t.user_attrs,
+                   "params": t.params} for t in study.get_trials()]))
 """
 # rank 1 (node2) pauses at step 6 (epoch 1, step 1). The newest periodic checkpoint then is step
 # 6 (every 2 steps; epoch ends at 5, 10); the save the workers agree on after a warning is at
@@ -346,6 +346,8 @@ def test_a_job_array_shares_one_study_on_postgres(testbed, slurm, postgres, mlfl
     ended = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED")]
     assert ARRAY_TRIALS <= len(ended) <= ARRAY_TRIALS + 1, trials  # + tasks - 1
     assert len({t["number"] for t in trials}) == len(trials)
+    points = [t["params"].get("train.lr") for t in trials if t["state"] == "COMPLETE"]
+    assert len(points) == len(set(points)), trials  # no point counted twice (issue 52.5)
     hosts = {json.loads(t["user_attrs"]["enn.owner"])["host"] for t in ended}
     assert hosts == {node1.name, node2.name}, hosts
     say(f"tuning array {job}: {len(ended)} trials complete or pruned, on {sorted(hosts)}")

@@ -12,9 +12,9 @@ from enn_core.config import FaultConfig
 from enn_core.errors import DataError, StaleOutputError
 from enn_core.fault import InjectedFault
 from enn_core.predict.assemble import assemble, check_coverage
-from enn_core.predict.chunks import PartsPlan, PartStore, parts_of_worker
+from enn_core.predict.chunks import PartsPlan, parts_of_worker
 from enn_core.predict.workers import WorkerJob, predict_parts
-from tests.fixtures.predict import OUT_SHAPE, load_tiny, make_features
+from tests.fixtures.predict import OUT_SHAPE, job_secret, load_tiny, make_features, parts_store
 
 
 def _plan(n=50, rows=16, model="m1", inp="i1") -> PartsPlan:
@@ -47,6 +47,7 @@ def _job(tmp_path, plan, index=None, fault=None, batch=5) -> WorkerJob:
         loader=functools.partial(load_tiny, 3, 0),
         fault=fault or FaultConfig(),
         fault_marker_dir=str(tmp_path / "faults"),
+        secret_file=job_secret(tmp_path),
     )
 
 
@@ -67,7 +68,7 @@ def test_plan_ranges_and_worker_blocks_cover_every_part_once():
 def test_parts_assemble_to_the_model_output(tmp_path):
     index = np.arange(5, 55, dtype=np.int64)[::-1].copy()
     plan = _plan()
-    store = PartStore(tmp_path / "parts", plan)
+    store = parts_store(tmp_path / "parts", plan, tmp_path)
     assert store.prepare() is None
     stats = predict_parts(_job(tmp_path, plan, index))
     assert stats["computed_parts"] == [0, 1, 2, 3] and stats["rows_computed"] == 50
@@ -79,11 +80,13 @@ def test_resume_after_injected_failure_skips_done_parts_and_is_bit_identical(tmp
     plan = _plan()
     clean_dir = tmp_path / "clean"
     clean_dir.mkdir()
-    PartStore(clean_dir / "parts", plan).prepare()
+    parts_store(clean_dir / "parts", plan, clean_dir).prepare()
     predict_parts(_job(clean_dir, plan))
-    clean = np.array(assemble(PartStore(clean_dir / "parts", plan), clean_dir / "p.npy"))
+    clean = np.array(
+        assemble(parts_store(clean_dir / "parts", plan, clean_dir), clean_dir / "p.npy")
+    )
 
-    store = PartStore(tmp_path / "parts", plan)
+    store = parts_store(tmp_path / "parts", plan, tmp_path)
     store.prepare()
     fault = FaultConfig(kind="raise", phase="predict_chunk", step=1)
     with pytest.raises(InjectedFault):
@@ -101,10 +104,10 @@ def test_resume_after_injected_failure_skips_done_parts_and_is_bit_identical(tmp
 
 def test_parts_from_another_model_or_input_are_discarded(tmp_path):
     plan = _plan()
-    PartStore(tmp_path / "parts", plan).prepare()
+    parts_store(tmp_path / "parts", plan, tmp_path).prepare()
     predict_parts(_job(tmp_path, plan))
     for other in (_plan(model="m2"), _plan(inp="i2"), _plan(rows=8)):
-        store = PartStore(tmp_path / "parts", other)
+        store = parts_store(tmp_path / "parts", other, tmp_path)
         reason = store.prepare()
         assert reason is not None and "recomputing every part" in reason
         assert not any(store.is_done(k) for k in range(other.n_parts))
@@ -114,7 +117,7 @@ def test_parts_from_another_model_or_input_are_discarded(tmp_path):
 
 def test_corrupted_part_fails_its_checksum_and_is_recomputed(tmp_path):
     plan = _plan()
-    store = PartStore(tmp_path / "parts", plan)
+    store = parts_store(tmp_path / "parts", plan, tmp_path)
     store.prepare()
     predict_parts(_job(tmp_path, plan))
     good = np.array(assemble(store, tmp_path / "a.npy"))
@@ -134,7 +137,7 @@ def test_assembly_names_missing_and_duplicated_rows(tmp_path):
     with pytest.raises(DataError, match=r"1 rows \(2\) appear in more than one part"):
         check_coverage([np.array([0, 1, 2]), np.array([2, 3])], 4, tmp_path)
     plan = _plan()
-    store = PartStore(tmp_path / "parts", plan)
+    store = parts_store(tmp_path / "parts", plan, tmp_path)
     store.prepare()
     predict_parts(_job(tmp_path, plan))
     store.marker_path(1).unlink()

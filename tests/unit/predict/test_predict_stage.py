@@ -102,6 +102,42 @@ def test_parts_of_another_model_are_discarded_with_a_message(project, caplog):
     )
 
 
+def test_a_part_forged_on_the_one_worker_path_is_recomputed_not_published(
+    project, monkeypatch, caplog
+):
+    """One node, one worker, no job secret exported: the parts' markers still carry an HMAC
+    (the work directory's own secret, made 0600). A part rewritten by anyone who can write the
+    parts folder, its marker's sha256 recomputed, is recomputed: it was published (exit 0,
+    every cell 12345.0)."""
+    import hashlib
+    import io
+    import stat
+
+    monkeypatch.delenv("ENN_JOB_SECRET_FILE", raising=False)
+    parts = project / "work/predict-parts/predict"
+    layout = Layout.for_root(project)
+    fault = ["fault.kind=raise", "fault.phase=predict_chunk", "fault.step=1"]
+    cfg = load_config(None, [*PREDICT_BASE, "predict.split=all", *fault], allow_faults=True)
+    with pytest.raises(InjectedFault):
+        PREDICT.work(cfg, make_context(cfg, layout, PREDICT, "r1"))
+    part, marker = parts / "part-00000.npy", parts / "part-00000.done"
+    forged = np.full_like(np.load(part), 12345.0)
+    raw = io.BytesIO()
+    np.save(raw, forged)
+    part.write_bytes(raw.getvalue())
+    record = json.loads(marker.read_text())
+    record["sha256"] = hashlib.sha256(raw.getvalue()).hexdigest()
+    marker.write_text(json.dumps(record))
+    caplog.set_level(logging.WARNING, logger="enn.predict")
+    s = run_predict(project, "predict.split=all")
+    assert 0 in s.computed_parts and s.reused_parts == (1,)
+    assert "part 0" in caplog.text and "fails its MAC" in caplog.text
+    pred = np.load(project / "outputs/predict/predictions.npy")
+    assert not (pred == 12345.0).any()
+    np.testing.assert_allclose(pred, _model_predict(project), rtol=1e-5, atol=1e-4)
+    assert stat.S_IMODE((project / "work/job-secret").stat().st_mode) == 0o600
+
+
 def test_calibration_applies_only_to_its_model(project):
     model_path = project / "outputs/prepare-checkpoint/init.pt"
     raw = _model_predict(project)

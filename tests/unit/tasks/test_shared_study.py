@@ -11,6 +11,7 @@ the trials other hosts run, and the URL's user and password kept out of what is 
 - two hosts' samplers draw different points from the same study; a point queued twice (two
   hosts enqueueing at once) runs once;
 - hosts that both create the study's MLflow parent end with one.
+- a study whose MLflow experiment was deleted is one line saying what to do.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -212,12 +214,12 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_pat
 
 
 @pytest.mark.timeout(60)
-def test_a_running_trial_with_no_heartbeat_and_no_owner_is_failed_within_the_stale_bound(
-    tmp_path,
-):
+def test_a_running_trial_with_no_heartbeat_is_failed_whatever_its_attributes_hold(tmp_path):
     """Optuna's sweep skips a trial that never beat (a client asked for it and died before
-    running it): it blocked every host's count. The study's own sweep fails it, and queues its
-    point again (none here), once the stale bound passed since a host first saw it."""
+    running it, or a row someone wrote): it blocked every host's count ("full while trials [3]
+    run; waiting", for ever). The study's own sweep fails it once the stale bound passed since a
+    host first saw it, whatever its `enn.owner` holds: nothing, a string that is no record, or
+    a record of a dead host. A trial that beats is left to its heartbeat."""
     from tests.fixtures.study import objective
 
     cfg = load_config(None, [LR, "tune.heartbeat_s=1", "tune.stale_after_s=2"])
@@ -225,13 +227,29 @@ def test_a_running_trial_with_no_heartbeat_and_no_owner_is_failed_within_the_sta
     study = st.open_study(cfg, plan)
     space = {d.key: d.distribution() for d in dimensions(cfg.tune)}
     with pytest.warns(UserWarning, match="Heartbeat of storage is supposed to be used"):
-        orphan = study.ask(space)  # asked outside optimize: no heartbeat, no owner
-    mine = study.ask(space)
-    mine.set_user_attr(OWNER_ATTR, record("node2", plan.folder / "trial-1" / "trial.json", 0))
-    took = sweep_until(objective(study, cfg, plan), study, orphan.number, 30)
+        orphans = [study.ask(space) for _ in range(3)]  # asked outside optimize: no heartbeat
+    orphans[1].set_user_attr(OWNER_ATTR, "x")  # any string that is not a record
+    orphans[2].set_user_attr(OWNER_ATTR, record("node2", plan.folder / "t" / "trial.json", 0))
+    beats = study.ask(space)
+    beats.set_user_attr(OWNER_ATTR, "x")
+    stop = threading.Event()
+
+    def its_host_beats() -> None:
+        while not stop.is_set():
+            study._storage.record_heartbeat(beats._trial_id)
+            stop.wait(0.3)
+
+    beating = threading.Thread(target=its_host_beats)
+    beating.start()
+    try:
+        node1 = objective(study, cfg, plan)
+        took = max(sweep_until(node1, study, t.number, 30) for t in orphans)
+    finally:
+        stop.set()
+        beating.join()
     assert took <= cfg.tune.stale_after_s + 2 * cfg.tune.heartbeat_s
     states = [t.state.name for t in study.get_trials()]
-    assert states[:2] == ["FAIL", "RUNNING"], states  # a trial with an owner: its heartbeat decides
+    assert states[:4] == ["FAIL", "FAIL", "FAIL", "RUNNING"], states
 
 
 def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_path):
@@ -322,6 +340,29 @@ def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, ca
         tracker.finish(None, [], None)
     said = [r.getMessage() for r in caplog.records if r.name == "enn.tune"]
     assert len(said) == 1 and "the study goes on untracked" in said[0], said
+
+
+def test_tune_after_its_experiment_was_deleted_is_one_line(tmp_path, mlflow_uri):
+    """`enn tune` whose MLflow experiment was deleted (MLflow keeps its name, and refuses runs
+    in it): one line naming it and what to do, before anything is staged or run (it was 100
+    lines and 2 tracebacks). `enn` prints a ConfigError as that line, exit 2."""
+    from mlflow.tracking import MlflowClient
+
+    from enn_core.errors import ConfigError
+    from enn_core.paths import Layout
+    from tasks.tuning.run import tune
+
+    uri = mlflow_uri
+    (tmp_path / "params.yaml").write_text("{}\n")
+    cfg = load_config(None, [LR, f"tracking.uri={uri}", "tracking.experiment=deleted"])
+    client = MlflowClient(uri)
+    client.delete_experiment(client.create_experiment("deleted"))
+    with pytest.raises(ConfigError) as e:
+        tune(cfg, tmp_path / "params.yaml", [], Layout.for_root(tmp_path))
+    said = str(e.value)
+    assert "\n" not in said and "experiment 'deleted' (tracking.experiment) was deleted" in said
+    assert "mlflow experiments restore" in said and "another tracking.experiment" in said
+    assert not (tmp_path / "work" / "tune" / "params").exists()  # nothing staged or run
 
 
 def test_threads_asking_at_once_each_claim_a_different_queued_trial(tmp_path):
