@@ -7,20 +7,31 @@ loopback with SQLite stores, and two users of it.
   validated and predicted for minutes, then failed at export with a 403 in 281 lines.
 - A wrong password is one line naming MLFLOW_TRACKING_USERNAME/PASSWORD; before, the server
   that answered 401 was said to have "not answered".
+- Prefect's API with an auth string (as `enn run` starts it, PREFECT_SERVER_API_AUTH_STRING):
+  a wrong PREFECT_API_AUTH_STRING is one line naming it; before, a 67-line traceback.
+- PostgreSQL (a study's storage) refusing the login is one line naming PGPASSWORD; before, it
+  "cannot be reached".
+
+The three servers start at once in one module fixture (their start-ups overlap).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +42,12 @@ from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from enn_core.stages import FLOWS
 from flows.servers import free_port
+from tests.fixtures.postgres import bindir, missing
+from tests.fixtures.project import ROOT, clean_env
 
 pytestmark = pytest.mark.e2e
 
+PG_PASSWORD = secrets.token_hex(12)
 AUTH_INI = """[mlflow]
 default_permission = READ
 database_uri = sqlite:///{db}
@@ -62,15 +76,11 @@ class AuthServer:
             return e.code, {"body": e.read().decode(errors="replace")}
 
 
-@pytest.fixture(scope="module")
-def auth_server(tmp_path_factory) -> Iterator[AuthServer]:
-    """MLflow's basic-auth app on a loopback port, its users alice and bob."""
-    where = tmp_path_factory.mktemp("mlflow-auth")
+def _start_mlflow(where: Path, passwords: dict[str, str]) -> tuple[str, subprocess.Popen]:
     ini = where / "auth.ini"
     ini.write_text(AUTH_INI.format(db=where / "users.db"))
     ini.chmod(0o600)
     port = free_port()
-    passwords = {u: secrets.token_urlsafe(12) for u in ("admin", "alice", "bob")}
     env = {
         **os.environ,
         "MLFLOW_AUTH_CONFIG_PATH": str(ini),
@@ -84,30 +94,140 @@ def auth_server(tmp_path_factory) -> Iterator[AuthServer]:
     cmd += ["--port", str(port), "--workers", "1"]
     cmd += ["--backend-store-uri", f"sqlite:///{where / 'mlflow.db'}"]
     cmd += ["--artifacts-destination", str(where / "artifacts")]
-    log = open(where / "server.log", "w")  # noqa: SIM115 - the server's, closed below
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=where)
-    url = f"http://127.0.0.1:{port}"
-    server = AuthServer(url, passwords)
+    return f"http://127.0.0.1:{port}", _spawn(cmd, env, where / "mlflow.log")
+
+
+def _start_prefect(where: Path, auth: str) -> tuple[str, subprocess.Popen]:
+    """Prefect's API as `enn run` starts it (flows.servers), with an API auth string."""
+    code = (
+        "import sys, time; from pathlib import Path; from flows.servers import "
+        "temporary_prefect_api as t; print(t(Path(sys.argv[1]), 180), flush=True); time.sleep(3600)"
+    )
+    env = clean_env(
+        PREFECT_SERVER_API_AUTH_STRING=auth,
+        PREFECT_API_AUTH_STRING=auth,
+        PREFECT_HOME=str(where / "prefect-home"),
+        PYTHONPATH=str(ROOT),
+    )
+    out = where / "prefect.out"
+    proc = _spawn([sys.executable, "-c", code, str(where / "prefect.log")], env, out)
+    return "", proc
+
+
+def _start_postgres(where: Path) -> tuple[str, subprocess.Popen | None]:
+    """A PostgreSQL on loopback (password logins), as tests/fixtures/postgres.py makes one."""
+    if missing() is not None or os.geteuid() != 0:
+        return "", None
+    bins = bindir()
+    assert bins is not None
+    folder = Path(tempfile.mkdtemp(prefix="enn-pg-"))  # postgres must reach it: not under 0700
+    folder.chmod(0o755)
+    shutil.chown(folder, "postgres", "postgres")
+    pwfile = folder / "pwfile"
+    pwfile.write_text(PG_PASSWORD + "\n")
+    shutil.chown(pwfile, "postgres", "postgres")
+    port = free_port()
+    data = folder / "data"
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    init = [str(bins / "initdb"), "-D", str(data), "-U", "enn", "--auth-local=trust"]
+    init += ["--auth-host=scram-sha-256", f"--pwfile={pwfile}", "--locale=C"]
+    start = [str(bins / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w"]
+    start += ["-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"]
+    script = f"{shlex.join(as_pg + init)} >/dev/null && {shlex.join(as_pg + start)} >/dev/null"
+    proc = _spawn(["bash", "-c", script], dict(os.environ), where / "postgres.log")
+    (where / "postgres.folder").write_text(str(folder))
+    return f"postgresql://enn@127.0.0.1:{port}/postgres", proc
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} did not start:\n{log.read_text()[-3000:]}"
+        assert proc.poll() in (None, 0), f"{what} failed:\n{log.read_text()[-3000:]}"
+        time.sleep(0.5)
+
+
+def _answers(url: str) -> bool:
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (where / "server.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2).read()  # noqa: S310
-                break
-            except OSError:
-                assert time.monotonic() < deadline, (where / "server.log").read_text()[-3000:]
-                time.sleep(0.5)
+        urllib.request.urlopen(url, timeout=2).read()  # noqa: S310 - loopback
+        return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Servers:
+    mlflow: AuthServer
+    prefect_api: str
+    prefect_auth: str
+    postgres: str  # '' where this machine cannot make one
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory) -> Iterator[Servers]:
+    """The three servers with users, started at once (their start-ups overlap)."""
+    where = tmp_path_factory.mktemp("servers")
+    passwords = {u: secrets.token_urlsafe(12) for u in ("admin", "alice", "bob")}
+    auth = f"enn:{secrets.token_urlsafe(12)}"
+    mlflow_url, mlflow = _start_mlflow(where, passwords)
+    _, prefect = _start_prefect(where, auth)
+    pg_url, postgres = _start_postgres(where)
+    procs = [p for p in (mlflow, prefect, postgres) if p is not None]
+    try:
+        _wait(
+            "mlflow server", lambda: _answers(f"{mlflow_url}/health"), mlflow, where / "mlflow.log"
+        )
+        server = AuthServer(mlflow_url, passwords)
         for user in ("alice", "bob"):
             made = server.call(
                 "admin", "users/create", {"username": user, "password": passwords[user]}
             )
             assert made[0] == 200, made
-        yield server
+        out = where / "prefect.out"
+        _wait("Prefect API", lambda: "/api" in out.read_text(), prefect, out)
+        api = out.read_text().strip().splitlines()[-1]
+        if postgres is not None:
+            _wait(
+                "PostgreSQL", lambda: postgres.poll() is not None, postgres, where / "postgres.log"
+            )
+        yield Servers(server, api, auth, pg_url)
     finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+        if (where / "postgres.folder").exists():
+            folder = Path((where / "postgres.folder").read_text())
+            bins = bindir()
+            subprocess.run(
+                [
+                    "runuser",
+                    "-u",
+                    "postgres",
+                    "--",
+                    str(bins / "pg_ctl"),
+                    "-D",
+                    str(folder / "data"),
+                    "-m",
+                    "immediate",
+                    "stop",
+                ],
+                capture_output=True,
+            )
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def auth_server(servers) -> AuthServer:
+    return servers.mlflow
 
 
 def _as(monkeypatch, server: AuthServer, user: str, password: str | None = None) -> None:
@@ -164,3 +284,49 @@ def test_a_wrong_mlflow_password_is_one_line_naming_the_variables(
     assert "\n" not in msg and "did not answer" not in msg and "401" in msg
     assert "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD" in msg
     assert "not-alices-password" not in msg
+
+
+def test_a_wrong_prefect_auth_string_is_one_line_naming_it(servers, tmp_path):
+    """Before: a 67-line traceback (PrefectHTTPStatusError, 401 on /api/admin/version)."""
+    env = clean_env(
+        PREFECT_API_URL=servers.prefect_api,
+        PREFECT_API_AUTH_STRING="enn:not-the-password",
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PYTHONPATH=str(ROOT),
+    )
+    (tmp_path / "params.yaml").write_text("tracking: {enabled: false}\n")
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "enn"), "run", "--until", "stage-data"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "not-the-password" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the Prefect API at {servers.prefect_api} refused this client")
+    assert "PREFECT_API_AUTH_STRING" in last and "401" in last
+
+
+def test_a_wrong_or_missing_postgres_password_is_one_line_naming_pgpassword(servers, monkeypatch):
+    """Before: "the study storage cannot be reached ... check that the database server runs"
+    for a server that answered and refused the login."""
+    if not servers.postgres:
+        pytest.skip(missing() or "PostgreSQL runs as the postgres user: needs root")
+    from tasks.tuning.store import check_storage
+
+    monkeypatch.setenv("PGPASSWORD", PG_PASSWORD)
+    check_storage(servers.postgres)  # the right one: an empty database passes
+    for wrong in ("not-the-password", None):
+        if wrong is None:
+            monkeypatch.delenv("PGPASSWORD")
+            monkeypatch.setenv("PGPASSFILE", "/nonexistent")
+        else:
+            monkeypatch.setenv("PGPASSWORD", wrong)
+        with pytest.raises(ConfigError) as e:
+            check_storage(servers.postgres)
+        msg = str(e.value)
+        assert "\n" not in msg and "refused the login" in msg and "PGPASSWORD" in msg, msg
+        assert "cannot be reached" not in msg
