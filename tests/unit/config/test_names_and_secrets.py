@@ -75,3 +75,20 @@ def test_a_store_error_never_shows_the_credentials_in_a_url():
     uri = "http://alice%3As3cret-pw@127.0.0.1:9/"
     msg = str(store_error(uri, OSError(f"cannot reach {uri}?token=s3cret-pw")))
     assert "s3cret-pw" not in msg and "alice" not in msg and "did not answer" in msg
+
+
+def test_what_enn_prints_never_shows_a_urls_credentials():
+    """Issue 52.6: an error line (whatever library wrote its text) and `enn deploy`'s banner
+    redact the user info and token-like query values of every URL in them."""
+    from types import SimpleNamespace
+
+    from enn_core.errors import StoreError
+    from flows.console import one_line
+    from flows.deploy import banner
+
+    error = StoreError("GET http://bob%3As3cret-pw@node3:4200/api/x?token=s3cret-pw failed")
+    line = one_line(error)
+    assert "s3cret-pw" not in line and "bob" not in line and "node3:4200/api/x" in line
+    deployment = SimpleNamespace(flow_name="prediction", name="nightly", schedules=[])
+    shown = "\n".join(banner([deployment], "http://s3cret-pw@node3:4200/api"))
+    assert "s3cret-pw" not in shown and "***@node3:4200/api" in shown
