@@ -34,8 +34,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from enn_core.atomic import private_file
 from enn_core.config import RunConfig, all_config_keys, redact_url, to_plain
-from enn_core.config.urls import pg_refused
 from enn_core.config.tune import SEARCHABLE, TuneConfig
+from enn_core.config.urls import pg_refused
 from enn_core.errors import ConfigError, DataError, NoSpaceError, StoreError
 
 log = logging.getLogger("enn.tune")
