@@ -330,3 +330,18 @@ def test_a_wrong_or_missing_postgres_password_is_one_line_naming_pgpassword(serv
         msg = str(e.value)
         assert "\n" not in msg and "refused the login" in msg and "PGPASSWORD" in msg, msg
         assert "cannot be reached" not in msg
+
+
+def test_a_wrong_mlflow_password_for_a_registered_model_is_the_same_line(
+    auth_server, tmp_path, monkeypatch
+):
+    """`enn predict --model models:/...` from the server: before, "no such registered model
+    version" for a server that answered 401."""
+    from tasks.tracking.models import resolve_model_uri
+
+    _as(monkeypatch, auth_server, "alice", "not-alices-password")
+    with pytest.raises(ConfigError) as e:
+        resolve_model_uri("models:/enn-synthetic@champion", tmp_path, auth_server.url)
+    msg = str(e.value)
+    assert "\n" not in msg and "no such registered model" not in msg and "401" in msg
+    assert "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD" in msg
