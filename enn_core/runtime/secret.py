@@ -20,8 +20,9 @@ Interface for the launcher (the one call it makes before it starts a job):
 
     extra = launch_env(work_dir, nnodes)   # -> {} or {ENV: path}; add to the torchrun child's env
 
-- ENV already set: the file is checked (one line if it is missing, a link, readable by others,
-  not this user's, too short or too uniform) and `{}` is returned: the child inherits it;
+- ENV already set: the file is checked (one line if it is missing, a link out of its folder,
+  readable by others, not this user's, too short or too uniform) and `{}` is returned: the
+  child inherits it;
 - one node and none set: `<work_dir>/job-secret` is made once (0600, 32 random bytes, hex)
   and reused by later launches, so kept prediction parts stay valid for a resumed run; a
   local user who can reach the loopback rendezvous port cannot read it;
