@@ -92,3 +92,14 @@ def test_what_enn_prints_never_shows_a_urls_credentials():
     deployment = SimpleNamespace(flow_name="prediction", name="nightly", schedules=[])
     shown = "\n".join(banner([deployment], "http://s3cret-pw@node3:4200/api"))
     assert "s3cret-pw" not in shown and "***@node3:4200/api" in shown
+
+
+def test_credentials_in_mlflow_tracking_uri_are_refused_as_in_tracking_uri(tmp_path, monkeypatch):
+    from enn_core.paths import Layout
+    from tasks.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://s3cret-tok@127.0.0.1:9")
+    (tmp_path / "params.yaml").write_text("{}\n")
+    with pytest.raises(ConfigError, match="MLFLOW_TRACKING_URI=.* holds credentials") as e:
+        Tracker(load_config(None, []), Layout.for_root(tmp_path))
+    assert "s3cret-tok" not in str(e.value)
