@@ -41,13 +41,14 @@ from enn_core.config import load_config
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from enn_core.stages import FLOWS
-from flows.servers import free_port
+from flows.servers import _die_with_parent, free_port
 from tests.fixtures.postgres import bindir, missing
 from tests.fixtures.project import ROOT, clean_env
 
 pytestmark = pytest.mark.e2e
 
 PG_PASSWORD = secrets.token_hex(12)
+PG_PREFIX = "enn-test-users-pg-"
 AUTH_INI = """[mlflow]
 default_permission = READ
 database_uri = sqlite:///{db}
@@ -120,7 +121,9 @@ def _start_postgres(where: Path) -> tuple[str, subprocess.Popen | None]:
         return "", None
     bins = bindir()
     assert bins is not None
-    folder = Path(tempfile.mkdtemp(prefix="enn-pg-"))  # postgres must reach it: not under 0700
+    _sweep_postgres()
+    folder = Path(tempfile.mkdtemp(prefix=PG_PREFIX))  # postgres must reach it: not under 0700
+    (folder / "owner").write_text(str(os.getpid()))
     folder.chmod(0o755)
     shutil.chown(folder, "postgres", "postgres")
     pwfile = folder / "pwfile"
@@ -140,10 +143,34 @@ def _start_postgres(where: Path) -> tuple[str, subprocess.Popen | None]:
 
 
 def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """A server in its own session that the kernel stops when this process dies."""
     with open(log, "w") as out:
         return subprocess.Popen(
-            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, before exec
         )
+
+
+def _stop_postgres(folder: Path) -> None:
+    bins = bindir()
+    if bins is not None and (folder / "data" / "postmaster.pid").exists():
+        stop = [str(bins / "pg_ctl"), "-D", str(folder / "data"), "-m", "immediate", "stop"]
+        subprocess.run(["runuser", "-u", "postgres", "--", *stop], capture_output=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep_postgres() -> None:
+    """PostgreSQL detaches from pg_ctl: one a killed session left (its owner gone) is stopped."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{PG_PREFIX}*"):
+        try:
+            owner = int((folder / "owner").read_text())
+            os.kill(owner, 0)
+        except (OSError, ValueError):
+            _stop_postgres(folder)
 
 
 def _wait(what: str, ready: Callable[[], bool], proc: subprocess.Popen, log: Path) -> None:
@@ -205,24 +232,7 @@ def servers(tmp_path_factory) -> Iterator[Servers]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(30)
         if (where / "postgres.folder").exists():
-            folder = Path((where / "postgres.folder").read_text())
-            bins = bindir()
-            subprocess.run(
-                [
-                    "runuser",
-                    "-u",
-                    "postgres",
-                    "--",
-                    str(bins / "pg_ctl"),
-                    "-D",
-                    str(folder / "data"),
-                    "-m",
-                    "immediate",
-                    "stop",
-                ],
-                capture_output=True,
-            )
-            shutil.rmtree(folder, ignore_errors=True)
+            _stop_postgres(Path((where / "postgres.folder").read_text()))
 
 
 @pytest.fixture
