@@ -29,6 +29,7 @@ from flows.commands import run_flow_command, run_stage_command, tune_command, ui
 from flows.exits import Terminated, exit_with, sigterm_as_interrupt, terminating
 from flows.params_file import is_pipeline_params
 from flows.parser import build_parser
+from flows.refusals import refused
 from flows.report import stopped
 
 TERMINATED = "terminated (SIGTERM): workers stopped, lock released"
@@ -137,8 +138,8 @@ def _main(argv: list[str] | None) -> int:
             e = no_space_behind(e, disks) or e
         print(console.one_line(e), file=sys.stderr)
         return e.exit_code
-    except Exception as e:  # a full disk, whichever library it struck first: its one line
-        full = no_space_behind(e, disks)
+    except Exception as e:  # a full disk, refused credentials, whichever library met it first
+        full = no_space_behind(e, disks) or refused(e)
         if full is None:
             raise
         print(console.one_line(full), file=sys.stderr)

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from enn_core.atomic import open_own
+from enn_core.config.urls import redact_text
 from enn_core.errors import EnnError
 
 # (logger, what it says, why nobody needs to see it): these loggers (and their children) are kept
@@ -256,6 +257,6 @@ def for_flow_run(log_dir: Path, name: str) -> bool:
 def one_line(error: BaseException) -> str:
     """`error: ... (docs/<page>.md)`: how `enn` reports an EnnError (one line, whatever a
     library put in it), ending with the page that covers its kind unless it names one."""
-    text = " ".join(str(error).split())
+    text = redact_text(" ".join(str(error).split()))  # a library's message may hold a URL
     page = getattr(error, "docs", "")
     return f"error: {text} ({page})" if page and "docs/" not in text else f"error: {text}"

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from enn_core.config import RunConfig
+from enn_core.config import RunConfig, redact_url
 from enn_core.paths import Layout, project_root
 from flows.servers import prefect_server
 
@@ -71,6 +71,7 @@ def banner(deployments: list, api_url: str) -> list[str]:
     """What `enn deploy` serves, each deployment's schedule (its next runs) or "on demand",
     a trigger command that works as printed from any shell, and the UI's page."""
     exe = Path(sys.executable).parent / "prefect"
+    api_url = redact_url(api_url)  # shown: a user or token in PREFECT_API_URL stays out
     lines = [
         f"serving {len(deployments)} deployments against {api_url}, one run at a time "
         "(Ctrl-C stops):"

@@ -8,7 +8,7 @@ import textwrap
 import time
 from typing import TYPE_CHECKING
 
-from enn_core.config import RunConfig
+from enn_core.config import RunConfig, redact_url
 from enn_core.errors import EnnError
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, VALIDATE, Flow, up_to
@@ -114,10 +114,11 @@ class Summary:
         mlflow = mlflow_ui(self.cfg, self.layout.work) if record.mlflow_run_id else None
         if mlflow and record.mlflow_experiment_id and record.mlflow_run_id:
             url = mlflow_run_url(mlflow, record.mlflow_experiment_id, record.mlflow_run_id)
-            out.append(f"look: MLflow run {url}")
+            out.append(f"look: MLflow run {redact_url(url)}")
         prefect = prefect_ui(self.prefect_api) if record.flow_run_id else None
         if prefect:
-            out.append(f"look: Prefect flow run {prefect}/runs/flow-run/{record.flow_run_id}")
+            shown = redact_url(prefect)
+            out.append(f"look: Prefect flow run {shown}/runs/flow-run/{record.flow_run_id}")
         hints = [] if out else ["enn ui (MLflow and Prefect)"]
         if self.flow == "training":  # the prediction pipeline publishes no DVC metrics
             hints.append("dvc metrics show")

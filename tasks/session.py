@@ -138,6 +138,7 @@ def pipeline_session(  # noqa: PLR0913  keyword options of the session every run
             from tasks.tracking import Tracker, git_commit
 
             tracker = Tracker(cfg, layout)
+            tracker.check_model_name(cfg, specs)  # another user's model: before any training
             lineage = {"enn.git_commit": git_commit(root), "enn.pipeline": name}
             tags = {**lineage, **(tags or {})}
         run_id = run_id or (group.key if group and group.run_dirs else new_run_id())

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from enn_core.config.fields import frozen
-from enn_core.config.urls import TRACKING_FIX, check_no_password
+from enn_core.config.urls import TRACKING_FIX, check_no_credentials
 from enn_core.errors import ConfigError
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -36,7 +36,7 @@ class TrackingConfig:
     def __post_init__(self) -> None:
         if not self.experiment.strip():
             raise ConfigError("tracking.experiment is empty; give the MLflow experiment a name")
-        check_no_password(self.uri, "tracking.uri", TRACKING_FIX)
+        check_no_credentials(self.uri, "tracking.uri", TRACKING_FIX)
 
     def model_name(self, source: str, path: str | None) -> str:
         """The registered model's name: `registered_model`, or `enn-<data>` derived from the

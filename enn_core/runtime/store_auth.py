@@ -4,9 +4,10 @@ The rendezvous store (a TCPStore) has no authentication: anyone who reaches its 
 and write any key, and the job id is no secret (it is on every node's command line). torch's
 dynamic rendezvous keeps its state there as a pickle that every agent unpickles, and the
 agents read the workers' MASTER_ADDR/MASTER_PORT and their rank assignment from it. Here
-every such value is sealed with an HMAC over (what it is, the job id, the key, the value)
-and opened only when the MAC matches; a value that does not is never used: the agent stops
-with `UnauthenticatedWrite`, one line naming the store's address.
+every such value is sealed with an HMAC over (what it is, the job id and the launch's nonce,
+the key, the value) and opened only when the MAC matches (a value an earlier job with the same
+id and secret sealed fails: enn_core.runtime.stores.launch_nonce); a value that does not is
+never used: the agent stops with `UnauthenticatedWrite`, one line naming the store's address.
 
 A MAC stops forged values, not a denial of service: whoever reaches the port can still
 delete or overwrite keys (the job then stops), replay a value this job wrote earlier under the

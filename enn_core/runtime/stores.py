@@ -14,7 +14,9 @@ torchrun finds the same backend by name (`torchrun --rdzv-backend enn-c10d ...`)
 entry point `torchrun.handlers` -> `torchrun_handler` (pyproject.toml).
 
 Authenticated (enn_core.runtime.store_auth): the rendezvous state is stored with an HMAC keyed
-by the job secret (enn_core.runtime.secret) and bound to the run id, checked before torch
+by the job secret (enn_core.runtime.secret) and bound to the run id and the launch (a nonce the
+store's host draws, `launch_nonce`: a state replayed from an earlier job with the same id and
+secret fails), checked before torch
 unpickles it; the store the handler gives the agent (the workers' MASTER_ADDR/MASTER_PORT, the
 rank assignment) seals and checks every value the same way. A job of several nodes needs a
 secret (one line without); a one-node job without one makes a fresh key in memory per launch
@@ -133,11 +135,14 @@ def _backend_class() -> type:
     from enn_core.runtime.store_auth import seal, unseal
 
     class Backend(C10dRendezvousBackend):
-        """torch's c10d backend whose state carries an HMAC bound to the run id, checked
-        before the state (a pickle) reaches torch's unpickling state holder."""
+        """torch's c10d backend whose state carries an HMAC bound to the run id and the
+        launch, checked before the state (a pickle) reaches torch's unpickling state holder."""
 
-        def __init__(self, store: Any, run_id: str, key: bytes, where: str) -> None:
-            self._mac_key, self._run_id, self._where = key, run_id, where
+        def __init__(
+            self, store: Any, run_id: str, key: bytes, where: str, launch: str = ""
+        ) -> None:
+            # the MAC's context: the run id and this launch's nonce (`launch_nonce`)
+            self._mac_key, self._run_id, self._where = key, f"{run_id}/{launch}", where
             super().__init__(store, run_id)
 
         @property
@@ -203,10 +208,11 @@ def _create_handler(params: Any) -> Any:
         def _get_store(self) -> Any:
             # what the agent reads MASTER_ADDR/PORT, the rank assignment and its barrier from
             round_ = self._state_holder.state.round
-            return MacStore(super()._get_store(), key, f"{params.run_id}/{round_}", params.endpoint)
+            context = f"{params.run_id}/{launch}/{round_}"
+            return MacStore(super()._get_store(), key, context, params.endpoint)
 
         def next_rendezvous(self) -> Any:
-            agree_on_nodes(store, key, params)
+            agree_on_nodes(store, key, params, launch)
             waiting = Waiting(self, params, WAITING_EVERY_S)
             threading.Thread(target=waiting.run, name="enn-rdzv-waiting", daemon=True).start()
             beat = getattr(self, "_enn_liveness", None)
@@ -253,23 +259,41 @@ def _create_handler(params: Any) -> Any:
         params.get_as_int("read_timeout", 60) or 60,
         params.get_as_int("join_timeout", 600) or 600,
     )
-    backend = _backend_class()(store, params.run_id, key, params.endpoint)
+    launch = launch_nonce(store, key, params.run_id, hosting, params.endpoint)
+    backend = _backend_class()(store, params.run_id, key, params.endpoint, launch)
     handler = create_handler(store, backend, params)
     handler.__class__ = Handler  # the same handler, with the bound workers' store
     return handler
 
 
-def agree_on_nodes(store: Any, key: bytes, params: Any) -> None:
+def launch_nonce(store: Any, key: bytes, run_id: str, hosting: bool, endpoint: str) -> str:
+    """This launch's nonce, which every MAC of the rendezvous binds beside the run id: the
+    agent that hosts the (fresh) store draws it and stores it sealed; the others wait for it.
+    A state, a value or a node count sealed by an earlier job with the same id and secret
+    (replayed into this one's store) fails its MAC: that job had another nonce."""
+    from enn_core.runtime.store_auth import seal, unseal
+
+    where = f"enn/{run_id}/launch"
+    if hosting:
+        nonce = secrets.token_hex(16)
+        store.set(where, seal(key, "the launch", run_id, nonce.encode()))
+        return nonce
+    store.wait([where])  # the host sets it right after it made the store
+    return unseal(key, "the launch", run_id, store.get(where), endpoint).decode()
+
+
+def agree_on_nodes(store: Any, key: bytes, params: Any, launch: str = "") -> None:
     """The first node to arrive records its node count (min, max) in the store (sealed);
     a node that counts otherwise is one line naming both (runtime.nnodes, torchrun's
     --nnodes), instead of waiting for a job that can never form."""
     from enn_core.runtime.store_auth import RendezvousNodesDiffer, seal, unseal
 
     mine = {"min": params.min_nodes, "max": params.max_nodes, "host": socket.gethostname()}
-    sealed = seal(key, "the node count", params.run_id, json.dumps(mine).encode())
+    context = f"{params.run_id}/{launch}"
+    sealed = seal(key, "the node count", context, json.dumps(mine).encode())
     where = f"enn/{params.run_id}/nodes"
     first = store.compare_set(where, "", sealed)
-    theirs = json.loads(unseal(key, "the node count", params.run_id, first, params.endpoint))
+    theirs = json.loads(unseal(key, "the node count", context, first, params.endpoint))
     if (theirs["min"], theirs["max"]) != (mine["min"], mine["max"]):
         raise RendezvousNodesDiffer(params.run_id, theirs, mine)
 

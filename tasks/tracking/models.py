@@ -20,8 +20,10 @@ from pathlib import Path
 
 from enn_core.atomic import atomic_dir
 from enn_core.config import RunConfig
+from enn_core.config.urls import redact_text, redact_url
 from enn_core.data.manifest import read_manifest
 from enn_core.errors import ConfigError
+from tasks.tracking.auth import CREDENTIALS, refused_credentials
 
 CHAMPION_REF = "champion"  # --model / checkpoint.init_from shorthand for this task's champion
 LOCAL_COPY = "model/model.pt"  # the prediction pipeline's local copy of its registered model
@@ -120,7 +122,14 @@ def resolve_model_uri(uri: str, dest: Path, tracking_uri: str | None = None) -> 
     try:
         local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest))
     except MlflowException as e:
-        first = str(e).strip().splitlines()[0][:200]
+        refused = refused_credentials(e)
+        if refused:  # the server knows no such user, or this one may not read the model
+            shown = redact_url(tracking_uri or mlflow.get_tracking_uri())
+            raise ConfigError(
+                f"{uri}: the MLflow tracking server {shown} refused this user ({refused}); "
+                f"check {CREDENTIALS}"
+            ) from None
+        first = redact_text(str(e).strip().splitlines()[0][:200])
         hint = (
             "train first (enn run), or give --model a checkpoint path"
             if uri.endswith("@champion")

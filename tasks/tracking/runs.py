@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from enn_core.config import RunConfig, to_logged
+from enn_core.config.urls import TRACKING_FIX, check_no_credentials, redact_text, redact_url
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -41,6 +42,7 @@ from enn_core.errors import ConfigError, NoSpaceError, StoreError, TransientErro
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, StageSpec
+from tasks.tracking.auth import CREDENTIALS, check_model_name, model_held, refused_credentials
 
 TAG_PID = "enn.pid"
 TAG_PID_CREATED = "enn.pid_created"
@@ -101,6 +103,8 @@ class Tracker:
         if not self.enabled:
             return
         uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or layout.mlflow_uri
+        if not cfg.tracking.uri:  # the environment's, checked as tracking.uri is
+            check_no_credentials(uri, "MLFLOW_TRACKING_URI", TRACKING_FIX)
         self.uri = uri
         layout.mlflow_dir.mkdir(parents=True, exist_ok=True)
         import mlflow
@@ -346,6 +350,8 @@ class Tracker:
         """Artifacts, plots, lineage and (after export) the registered model of one stage."""
         if not self.enabled or run_id is None:
             return None
+        from mlflow.exceptions import MlflowException
+
         from tasks.tracking import models, plots, registry
 
         out = spec.output_dir(layout)
@@ -360,10 +366,24 @@ class Tracker:
                 self.log_artifact(run_id, png, "plots")
         if spec.registers_model:
             name = models.model_name(cfg, layout.root)
-            result = registry.register(self.client, run_id, layout, name, tags, cfg.validate)
+            try:
+                result = registry.register(self.client, run_id, layout, name, tags, cfg.validate)
+            except MlflowException as e:  # registered by another user since the run started
+                if refused_credentials(e).startswith("403"):
+                    raise model_held(name, self.uri) from None
+                raise
             self.set_tags(run_id, {f"enn.registry.{k}": v for k, v in result.as_tags().items()})
             return result
         return None
+
+    def check_model_name(self, cfg: RunConfig, specs: tuple[StageSpec, ...]) -> None:
+        """Before any stage runs, when one of `specs` registers a model: that this user may
+        add versions to its registered model (tasks.tracking.auth.check_model_name)."""
+        if not self.enabled or not any(s.registers_model for s in specs):
+            return
+        from tasks.tracking import models
+
+        check_model_name(self.client, models.model_name(cfg, self.layout.root), self.uri)
 
     def summarize(
         self,
@@ -451,10 +471,18 @@ def probe_server(uri: str, timeout_s: float = 10.0) -> None:
         raise store_error(uri, e) from e
 
 
-def store_error(uri: str, error: Exception) -> StoreError | NoSpaceError:
+def store_error(uri: str, error: Exception) -> StoreError | NoSpaceError | ConfigError:
     """The MLflow store at `uri` cannot be opened: one line naming the file (or server),
-    the cause and the fix."""
+    the cause and the fix (a server that refused the credentials: the variables to check)."""
+    shown = redact_url(uri)
+    refused = refused_credentials(error)
+    if refused:
+        return ConfigError(
+            f"{shown}: the MLflow tracking server refused this user ({refused}); check "
+            f"{CREDENTIALS}: a user it knows, with its password"
+        )
     cause = str(getattr(error, "orig", None) or error).strip().splitlines()[0][:200]
+    cause = redact_text(cause)
     if uri.startswith("sqlite:///") and "disk is full" in cause:
         return NoSpaceError.at(uri.removeprefix("sqlite:///"), "the MLflow store")
     if uri.startswith("sqlite:///"):
@@ -465,7 +493,7 @@ def store_error(uri: str, error: Exception) -> StoreError | NoSpaceError:
             "from a backup"
         )
     return StoreError(
-        f"{uri}: the MLflow tracking store did not answer ({cause}); check tracking.uri and "
+        f"{shown}: the MLflow tracking store did not answer ({cause}); check tracking.uri and "
         "that the server runs"
     )
 

@@ -28,6 +28,7 @@ from optuna.trial import TrialState
 
 from enn_core.config import RunConfig
 from enn_core.config.tune import dimensions, points
+from enn_core.config.urls import redact_text, redact_url
 from enn_core.paths import Layout
 from tasks.tracking import Tracker
 from tasks.tracking.runs import TAG_KIND, ended_status
@@ -66,7 +67,9 @@ class StudyTracker:
                 self.on = False
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                 log.warning(
-                    "MLflow (%s) failed: %s; the study goes on untracked", self.tracker.uri, first
+                    "MLflow (%s) failed: %s; the study goes on untracked",
+                    redact_url(self.tracker.uri),
+                    redact_text(first),
                 )
 
     def start(self, tags: dict[str, str]) -> str | None:

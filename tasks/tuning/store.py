@@ -36,6 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 from enn_core.atomic import private_file
 from enn_core.config import RunConfig, all_config_keys, redact_url, to_plain
 from enn_core.config.tune import SEARCHABLE, TuneConfig
+from enn_core.config.urls import pg_refused
 from enn_core.errors import ConfigError, DataError, NoSpaceError, StoreError
 
 log = logging.getLogger("enn.tune")
@@ -140,10 +141,15 @@ def connection_lost(e: BaseException) -> BaseException | None:
     return None
 
 
-def unreachable(url: str, e: BaseException) -> StoreError:
+def unreachable(url: str, e: BaseException) -> StoreError | ConfigError:
     first = (str(connection_lost(e) or e).strip().splitlines() or [""])[0][:200]
     if sqlite_file(url) is not None:
         return StoreError(f"{shown(url)}: the study database cannot be written ({first})")
+    if pg_refused(first):
+        return ConfigError(
+            f"{shown(url)}: the database server refused the login ({first}); check PGPASSWORD "
+            "(or ~/.pgpass) for the user the URL names"
+        )
     return StoreError(
         f"{shown(url)}: the study storage cannot be reached ({first}); check that the database "
         "server runs and answers from this host, and the password in PGPASSWORD or ~/.pgpass"

@@ -21,6 +21,7 @@ from enn_core.runtime.stores import (
     _backend_class,
     agree_on_nodes,
     job_key,
+    launch_nonce,
     tcp_store,
 )
 from tests.fixtures.distributed import forged_state
@@ -50,6 +51,32 @@ def test_state_round_trips_and_a_forged_pickle_is_refused_unread(store, tmp_path
         other.get_state()
 
 
+def test_a_state_sealed_by_an_earlier_launch_of_the_same_job_is_refused(store):
+    """Issue 52.7: the MAC binds the launch (a nonce the store's host draws), not only the run
+    id: an earlier job's sealed state, replayed into a later job with the same id and secret,
+    fails; the nodes of one launch agree on its nonce."""
+    key, where = b"k" * 32, "127.0.0.1:1"
+    first = launch_nonce(store, key, "job-r", True, where)
+    assert launch_nonce(store, key, "job-r", False, where) == first  # another node
+    earlier = _backend_class()(store, "job-r", key, where, first)
+    earlier.set_state(b"the first job's state")
+    agree_on_nodes(store, key, _params("job-r", 2), first)
+    recorded = {k: store.get(k) for k in ("torch.rendezvous.job-r", "enn/job-r/nodes")}
+    later_store = tcp_store("127.0.0.1", free_port(), is_master=True, timeout=dt.timedelta(5))
+    second = launch_nonce(later_store, key, "job-r", True, where)
+    assert second != first
+    for k, v in recorded.items():  # what an attacker who kept the first job's values writes
+        later_store.set(k, v)
+    later = _backend_class()(later_store, "job-r", key, where, second)
+    with pytest.raises(UnauthenticatedWrite, match="the rendezvous state of job job-r"):
+        later.get_state()
+    with pytest.raises(UnauthenticatedWrite, match="the node count"):
+        agree_on_nodes(later_store, key, _params("job-r", 2), second)
+    later_store.set("enn/job-r/launch", b"forged")
+    with pytest.raises(UnauthenticatedWrite, match="the launch"):
+        launch_nonce(later_store, key, "job-r", False, where)
+
+
 def test_the_agents_store_seals_what_it_sets_and_refuses_what_it_did_not(store):
     mac = MacStore(store, b"k" * 32, "job-a/0", "127.0.0.1:1")
     mac.set("MASTER_ADDR", b"node1")
@@ -77,9 +104,13 @@ def test_secret_file_checks(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="readable by others .*chmod 600"):
         secret.load()
     path.chmod(0o600)
-    link = tmp_path / "link"
-    link.symlink_to(path)
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "elsewhere" / "link"
+    link.symlink_to(path)  # out of its own folder (a link inside it: test_secret_volume.py)
     monkeypatch.setenv(secret.ENV, str(link))
+    with pytest.raises(ConfigError, match="link leading out of its folder"):
+        secret.load()
+    monkeypatch.setenv(secret.ENV, str(tmp_path))
     with pytest.raises(ConfigError, match="not a regular file"):
         secret.load()
     short = tmp_path / "short"
