@@ -33,6 +33,7 @@ MEDIAN_RATIO_MIN = 0.5
 P10_RATIO_MIN = 0.3
 STATISTICS = ("mean", "median")
 READ_CELLS = 2_000_000  # label numbers read at once when a statistic streams over the rows
+RADIX_MAX = 1 << 24  # key combinations numbered by counting (beyond: by sorting)
 STAT_BYTES = 256 * 2**20  # a median's values held at once (a block of cells, every row)
 
 
@@ -74,15 +75,29 @@ def _factorized(column: np.ndarray) -> np.ndarray:
 
 def group_codes(codes: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, int]:
     """Each row's group, 0 .. groups - 1, from each key column's codes (-1: missing, a value of
-    its own); and the number of groups. Memory: a few integers a row."""
+    its own); and the number of groups. Memory: an integer or two a row (no sort while the
+    key combinations number at most RADIX_MAX)."""
     combined = np.zeros(n, dtype=np.int64)
+    span = 1  # the combined codes lie in [0, span)
     for c in codes:
-        c = np.asarray(c, dtype=np.int64) + 1  # -1 (missing) -> 0
-        combined = combined * (int(c.max(initial=0)) + 1) + c
-        combined = np.unique(combined, return_inverse=True)[1].reshape(-1)  # stays small
-    if not codes:
-        return combined, 1
-    return combined, int(combined.max(initial=-1)) + 1
+        size = int(np.max(c, initial=-1)) + 2  # -1 (missing) .. max
+        if span * size > RADIX_MAX:  # renumber the combinations seen so far: 0 .. k - 1
+            combined, span = _renumbered(combined, span)
+        combined *= size
+        combined += c
+        combined += 1
+        span *= size
+    return _renumbered(combined, span)
+
+
+def _renumbered(codes: np.ndarray, span: int) -> tuple[np.ndarray, int]:
+    """`codes` in [0, span) as 0 .. k - 1 (k: the values present), in the same order."""
+    if span <= RADIX_MAX:
+        present = np.bincount(codes, minlength=span) > 0
+        number = np.cumsum(present) - 1
+        return number[codes], int(present.sum())
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    return inverse.reshape(-1), len(uniq)
 
 
 def group_statistic(

@@ -23,6 +23,10 @@ predictions): gbt adds trees in steps sized by the pace it measures, stopping wh
 step and the predictions would pass the cap; ridge stops reweighting. When even the least a
 fit can do passes the cap by more than a tenth, the detail says so and why. The fits run on
 one thread: OpenMP's waiting threads made a 25-tree step 10-30x slower on a busy machine.
+Memory does not grow with the rows: the fits hold their subsample (ridge at most
+ENCODED_CELLS encoded numbers; its absolute-error fit outputs x features^2 more, which
+L1_CELLS bounds, never a row's outer product), and the predictions are made a chunk of rows
+at a time into the cache's files, read back mapped (docs/design.md, issue 51).
 While fitting, validate says which baseline it fits and a bar (on a terminal) counts the
 trees or reweighting steps. The champion rule does not look at them (it keeps its
 naive-predictor gate); validate reports them.
