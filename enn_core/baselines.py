@@ -101,11 +101,15 @@ def _renumbered(codes: np.ndarray, span: int) -> tuple[np.ndarray, int]:
 
 
 def group_statistic(
-    labels: np.ndarray, rows: np.ndarray, groups: np.ndarray, n_groups: int, statistic: str
+    labels: np.ndarray,
+    rows: np.ndarray,
+    groups: np.ndarray | None,
+    n_groups: int,
+    statistic: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The mean or the median of `labels[rows]` ([N, *shape], e.g. the staged memmap) per
-    group (`groups`: the group of each of `rows`, 0 .. n_groups - 1) and per cell:
-    ([n_groups, cells] float64, NaN for a group without rows; each group's row count).
+    group (`groups`: the group of each of `rows`, 0 .. n_groups - 1; None: one group) and per
+    cell: ([n_groups, cells] float64, NaN for a group without rows; each group's row count).
 
     Read in chunks of rows: the mean keeps a sum per group and cell; the median (exact, as
     np.median) holds the values of a block of cells at a time, STAT_BYTES of them at most
@@ -115,15 +119,18 @@ def group_statistic(
     if statistic not in STATISTICS:
         raise ValueError(f"statistic={statistic!r}; use one of {sorted(STATISTICS)}")
     cells = int(np.prod(labels.shape[1:]))
-    groups = np.asarray(groups, dtype=np.int64)
-    counts = np.bincount(groups, minlength=n_groups)
+    if groups is None:  # one group: every row
+        n_groups, counts = 1, np.array([len(rows)])
+    else:
+        groups = np.asarray(groups)
+        counts = np.bincount(groups, minlength=n_groups)
     step = max(1, READ_CELLS // max(cells, 1))
     out = np.full((n_groups, cells), np.nan)
     if statistic == "mean":
         sums = np.zeros((n_groups, cells))
         for a in range(0, len(rows), step):
             part = _read(labels, rows[a : a + step], cells)
-            if n_groups == 1:
+            if groups is None or n_groups == 1:
                 sums[0] += part.sum(axis=0)
             else:  # a [groups, rows] indicator times the rows' values: every group's sums
                 member = groups[a : a + step]
@@ -136,9 +143,13 @@ def group_statistic(
         out[seen] = sums[seen] / counts[seen, None]
         return out, counts
     dtype = np.float32 if labels.dtype == np.float32 else np.float64  # exact either way
-    order = np.argsort(groups, kind="stable")
-    where = np.empty_like(order)
-    where[order] = np.arange(len(order))  # each row's place among its group's values
+    where: np.ndarray | None = None  # each row's place among its group's values
+    if groups is not None and n_groups > 1:
+        index = np.int32 if len(rows) < 2**31 else np.int64
+        order = np.argsort(groups, kind="stable").astype(index)
+        where = np.empty_like(order)
+        where[order] = np.arange(len(order), dtype=index)
+        del order
     starts = np.concatenate([[0], np.cumsum(counts)])
     block = max(1, STAT_BYTES // (np.dtype(dtype).itemsize * max(len(rows), 1)))
     for c0 in range(0, cells, block):
@@ -146,7 +157,8 @@ def group_statistic(
         values = np.empty((c1 - c0, len(rows)), dtype=dtype)
         for a in range(0, len(rows), step):
             part = _read(labels, rows[a : a + step], cells, dtype)
-            values[:, where[a : a + step]] = part[:, c0:c1].T
+            at = slice(a, a + len(part)) if where is None else where[a : a + step]
+            values[:, at] = part[:, c0:c1].T
         for g in np.flatnonzero(counts):
             lane = values[:, starts[g] : starts[g + 1]]
             lo, hi = (counts[g] - 1) // 2, counts[g] // 2
@@ -164,7 +176,7 @@ def _whole(labels: np.ndarray, statistic: str) -> np.ndarray:
     """The statistic of every row, per cell: [N, *shape] -> [*shape] (float64)."""
     labels = np.asarray(labels)
     n = len(labels)
-    one = group_statistic(labels, np.arange(n), np.zeros(n, np.int64), 1, statistic)[0]
+    one = group_statistic(labels, np.arange(n), None, 1, statistic)[0]
     return one[0].reshape(labels.shape[1:])
 
 
