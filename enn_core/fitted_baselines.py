@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 
 from enn_core.atomic import atomic_dir, write_json
+from enn_core.baselines import L1_ITERATIONS, Tick, l1_ridge
 from enn_core.config.stages import ValidateConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
-from enn_core.l1_ridge import L1_ITERATIONS, Tick, l1_ridge
 from enn_core.model.encoding import FeatureLayout, parse_feature_specs
 
 FORMAT = 3  # bump when a baseline's definition changes: the cache keys change with it

@@ -37,7 +37,6 @@ VALIDATE = StageSpec(
         "enn_core/inference.py",
         "enn_core/baselines.py",
         "enn_core/fitted_baselines.py",
-        "enn_core/l1_ridge.py",
     ),
     outputs=("metrics.json", "breakdown.json"),
     artifacts=("metrics.json", "breakdown.json"),

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from enn_core import l1_ridge as l1_ridge_module
+from enn_core import baselines as l1_ridge_module
 from enn_core.baselines import regression_errors
 from enn_core.config import DataConfig, ValidateConfig, load_config
 from enn_core.data.dataset import StagedDataset
@@ -281,7 +281,7 @@ def test_the_absolute_error_ridge_matches_its_dense_definition(monkeypatch, chun
 CAPPED_RIDGE = """
 import resource, sys
 import numpy as np
-import enn_core.l1_ridge as fit
+import enn_core.baselines as fit
 from enn_core.fitted_baselines import ENCODED_CELLS, L1_CELLS
 
 width = 1 + 500 + 7 + 2
