@@ -23,6 +23,10 @@ predictions): gbt adds trees in steps sized by the pace it measures, stopping wh
 step and the predictions would pass the cap; ridge stops reweighting. When even the least a
 fit can do passes the cap by more than a tenth, the detail says so and why. The fits run on
 one thread: OpenMP's waiting threads made a 25-tree step 10-30x slower on a busy machine.
+Memory does not grow with the rows: the fits hold their subsample (ridge at most
+ENCODED_CELLS encoded numbers; its absolute-error fit outputs x features^2 more, which
+L1_CELLS bounds, never a row's outer product), and the predictions are made a chunk of rows
+at a time into the cache's files, read back mapped (docs/design.md, issue 51).
 While fitting, validate says which baseline it fits and a bar (on a terminal) counts the
 trees or reweighting steps. The champion rule does not look at them (it keeps its
 naive-predictor gate); validate reports them.
@@ -43,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from enn_core.atomic import atomic_dir, write_json
+from enn_core.baselines import L1_ITERATIONS, Tick, l1_ridge
 from enn_core.config.stages import ValidateConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
@@ -50,10 +55,7 @@ from enn_core.model.encoding import FeatureLayout, parse_feature_specs
 
 FORMAT = 3  # bump when a baseline's definition changes: the cache keys change with it
 LOSSES = ("absolute_error", "squared_error")  # the metric's loss first: kept on a tie
-L1_ITERATIONS = 30  # ridge's reweighting steps towards least absolute deviations
 L1_CELLS = 50_000_000  # ridge's L1 variant: at most outputs x features^2 normal-equation numbers
-OUTER_CELLS = 4_000_000  # ridge's L1 variant: the rows' products held at once (numbers)
-SPARSE_SHARE = 0.25  # ridge's L1 variant: a column non-zero in at most this share of rows is sparse
 SEED = 0
 GBT_FIRST = 5  # trees of the first step: it measures the pace
 GBT_STEP = 25  # near the cap, a step of fewer trees than twice this is the last
@@ -64,9 +66,6 @@ OVER = 1.1  # a fit's whole time may pass the cap by this factor before the deta
 ENCODED_CELLS = 20_000_000  # ridge: at most this many encoded numbers in memory (float32)
 CATEGORY_LIMIT = 254  # HistGradientBoosting's categories must stay below max_bins (255)
 THREADS = 1  # see the module docstring
-
-# (done, total) of the fit in progress: the caller draws it (validate: a bar on a terminal)
-Tick = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,7 @@ def fit_ridge(
     note = ""
     if loss == "absolute_error":
         if flat.shape[1] * (width + 1) ** 2 <= L1_CELLS:
-            coef, steps = _l1_ridge(x, flat, alpha, coef, deadline - floor_s / 2, tick)
+            coef, steps = l1_ridge(x, flat, alpha, coef, deadline - floor_s / 2, tick)
             if steps < L1_ITERATIONS:
                 note = (
                     f", stopped after {steps} of {L1_ITERATIONS} reweighting steps by the time "
@@ -166,138 +165,6 @@ def fit_ridge(
     detail = f"alpha {alpha:.3g}, {width} encoded features, {_words(loss)} loss{note}"
     fit = BaselineFit("ridge", seconds, len(rows), len(train), detail, False, loss, floor_s)
     return preds, fit
-
-
-def _l1_ridge(
-    x: np.ndarray, y: np.ndarray, alpha: float, start: np.ndarray, deadline: float, tick: Tick
-) -> tuple[np.ndarray, int]:
-    """Ridge towards least absolute deviations, one per output column: iteratively reweighted
-    least squares (weights 1 / |residual|, floored), the intercept unpenalized, the penalty
-    rescaled from squared to absolute error by the least-squares fit's median |residual|.
-    Returns ([1 + features, outputs] like `start`, the least-squares fit it starts from; the
-    reweighting steps run: fewer than L1_ITERATIONS when the next would pass `deadline`).
-
-    Each output's normal equations X' W_k X are built without any row's outer product
-    [d, d] (39,215 rows x 511 x 511 asked for 76 GiB): `_Design` keeps the dense columns as
-    an array and the one-hot ones sparse, so the memory is the rows' features once and
-    outputs x features^2 numbers, what L1_CELLS bounds."""
-    design = _Design(x)
-    coef = start.copy()
-    resid = np.abs(y - design.predict(coef))
-    scale = max(float(np.median(resid)), 1e-12)
-    penalty = np.eye(design.d) * alpha / scale
-    penalty[0, 0] = 0.0
-    step_s = 0.0
-    for done in range(L1_ITERATIONS):
-        if time.perf_counter() + step_s > deadline:
-            return coef, done
-        s0 = time.perf_counter()
-        w = 1.0 / np.maximum(resid, 1e-3 * scale)  # [n, outputs]
-        gram = design.gram(w)  # [d * d, outputs]
-        rhs = design.rhs(w * y)  # [d, outputs]
-        for k in range(y.shape[1]):
-            coef[:, k] = np.linalg.solve(
-                gram[:, k].reshape(design.d, design.d) + penalty, rhs[:, k]
-            )
-        del gram
-        resid = np.abs(y - design.predict(coef))
-        step_s = time.perf_counter() - s0
-        tick(done + 1, L1_ITERATIONS)
-    return coef, L1_ITERATIONS
-
-
-class _Design:
-    """The design [1, x] of the absolute-error ridge, split by columns: `dense` (the intercept
-    and every column that is mostly non-zero: z-scored numbers, sin and cos) as an array,
-    `onehot` (the mostly-zero columns: one-hot categoricals) as a CSR matrix."""
-
-    def __init__(self, x: np.ndarray) -> None:
-        from scipy import sparse  # type: ignore[import-untyped]  # scipy ships no type stubs
-
-        n = len(x)
-        self.n, self.d = n, x.shape[1] + 1
-        share = np.count_nonzero(x, axis=0) / max(n, 1)
-        self.scols = np.flatnonzero(share <= SPARSE_SHARE) + 1  # positions in [1, x]
-        self.dcols = np.concatenate([[0], np.flatnonzero(share > SPARSE_SHARE) + 1])
-        self.dense = np.column_stack([np.ones(n), x[:, self.dcols[1:] - 1]])
-        step = max(1, OUTER_CELLS // max(len(self.scols), 1))
-        self.onehot = sparse.vstack(
-            [sparse.csr_matrix(x[a : a + step, self.scols - 1]) for a in range(0, max(n, 1), step)],
-            format="csr",
-        )
-        nd, per_row = len(self.dcols), int(np.diff(self.onehot.indptr).max(initial=0))
-        # rows whose products are held at once: a row adds nd^2 dense products and, per
-        # non-zero of its sparse columns, one with each dense column (twice) and each non-zero
-        self.chunk = max(1, OUTER_CELLS // (nd * nd + per_row * (2 * nd + per_row)))
-        self.dd = (self.dcols[:, None] * self.d + self.dcols[None, :]).reshape(-1)
-        self._kept: list[tuple[np.ndarray, Any]] | None = None
-
-    def predict(self, coef: np.ndarray) -> np.ndarray:
-        """[n, outputs]: the design times `coef` [1 + features, outputs]."""
-        return self.dense @ coef[self.dcols] + self.onehot @ coef[self.scols]
-
-    def rhs(self, wy: np.ndarray) -> np.ndarray:
-        """[d, outputs]: X' (w * y), a column per output."""
-        out = np.empty((self.d, wy.shape[1]))
-        out[self.dcols] = self.dense.T @ wy
-        out[self.scols] = self.onehot.T @ wy
-        return out
-
-    def gram(self, w: np.ndarray) -> np.ndarray:
-        """[d * d, outputs]: X' diag(w[:, k]) X flattened, a column per output k, summed over
-        row chunks of the rows' products (kept when one chunk holds every row)."""
-        flat: np.ndarray | None = None
-        for a, (outer, pairs) in self._chunks():
-            part = w[a : a + len(outer)]
-            if flat is None:
-                flat = np.asarray(pairs @ part)
-            else:
-                flat += pairs @ part
-            flat[self.dd] += (part.T @ outer).T
-        assert flat is not None  # at least one row
-        return flat
-
-    def _chunks(self) -> Iterator[tuple[int, tuple[np.ndarray, Any]]]:
-        if self._kept is not None:
-            yield 0, self._kept[0]
-            return
-        for a in range(0, self.n, self.chunk):
-            made = self._products(a, min(a + self.chunk, self.n))
-            if self.chunk >= self.n:
-                self._kept = [made]
-            yield a, made
-
-    def _products(self, a: int, b: int) -> tuple[np.ndarray, Any]:
-        """Rows a..b's products: the dense columns' [rows, nd*nd], and the sparse columns' (with
-        each other and with the dense ones) as a sparse [d*d, rows] matrix."""
-        from scipy import sparse
-
-        dense, part = self.dense[a:b], self.onehot[a:b]
-        rows, nd = b - a, len(self.dcols)
-        outer = (dense[:, :, None] * dense[:, None, :]).reshape(rows, nd * nd)
-        counts = np.diff(part.indptr)
-        row = np.repeat(np.arange(rows), counts)  # each non-zero's row
-        col = self.scols[part.indices]  # and its position in [1, x]
-        # every pair of non-zeros of a row
-        reps = counts[row]
-        left = np.repeat(np.arange(len(row)), reps)
-        within = np.arange(len(left)) - np.repeat(np.cumsum(reps) - reps, reps)
-        right = part.indptr[row[left]] + within
-        # each non-zero with each dense column, both ways round
-        e = np.repeat(np.arange(len(row)), nd)
-        k = np.tile(np.arange(nd), len(row))
-        cross = part.data[e] * dense[row[e], k]
-        index = np.concatenate(
-            [
-                col[left] * self.d + col[right],
-                col[e] * self.d + self.dcols[k],
-                self.dcols[k] * self.d + col[e],
-            ]
-        )
-        value = np.concatenate([part.data[left] * part.data[right], cross, cross])
-        which = np.concatenate([row[left], row[e], row[e]])
-        pairs = sparse.csr_matrix((value, (index, which)), shape=(self.d * self.d, rows))
-        return outer, pairs
 
 
 def _long(ds: StagedDataset, rows: np.ndarray, cells: np.ndarray) -> np.ndarray:

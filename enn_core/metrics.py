@@ -300,16 +300,17 @@ class NaiveModel:
         names = list(ds.manifest.naive_keys)
         self.groups: np.ndarray | None = None
         self.tables: dict[str, np.ndarray] = {}
-        whole = np.zeros(len(train), np.int64)
         cell = {
-            stat: group_statistic(ds.targets, train, whole, 1, stat)[0][0]
+            stat: group_statistic(ds.targets, train, None, 1, stat)[0][0]
             for stat in ("mean", "median")
         }
         if names:
             groups, n_groups = group_codes(_key_codes(ds, names), ds.n_rows)
             self.groups = groups.astype(np.int32 if n_groups < 2**31 else np.int64)
+            del groups
+            of_train = self.groups[train]
             for name, stat in CONDITIONAL.items():
-                table, counts = group_statistic(ds.targets, train, groups[train], n_groups, stat)
+                table, counts = group_statistic(ds.targets, train, of_train, n_groups, stat)
                 table[counts == 0] = cell[stat]  # a key combination training never had
                 self.tables[name] = table
         self.tables["naive_cell_mean"] = cell["mean"][None]
@@ -350,7 +351,7 @@ def _key_codes(ds: StagedDataset, names: Sequence[str]) -> list[np.ndarray]:
     out = []
     for name in names:
         coded = pc.dictionary_encode(table.column(name)).combine_chunks()
-        out.append(np.asarray(pc.fill_null(coded.indices, -1), dtype=np.int64))
+        out.append(np.asarray(pc.fill_null(coded.indices, -1)))
     return out
 
 

@@ -6,14 +6,16 @@ MLflow child run both show) and `breakdown.json` (per label-axis value, e.g. per
 section, and the flags in words) into its output folder.
 
 The naive predictors of `enn_core.baselines` (per key and cell, per cell; means and medians)
-are scored on the same rows (enn_core.metrics); a flag says, in words, which one the model
-does not beat, and is logged and written as an event. The best of them for MAE on the
-validation rows is `naive_best` (`<split>/naive_best_mae`, `<split>/skill_vs_naive_best`); its
-name is in `metrics.json` (`"naive_best"`, the one string there), the run's parameter
-`resolved.validate.naive_best` and the console's skill line. The fitted baselines of
-`enn_core.fitted_baselines` (ridge regression, gradient-boosted trees; `validate.baselines`)
-are scored the same way and reported, not flagged: a table of every predictor (the Prefect
-table `validate-baselines`, the log) and `breakdown.json`'s `baselines` say how each was fitted.
+are scored on the same rows (enn_core.metrics), every predictor a chunk of rows at a time
+(memory does not grow with the rows beyond a statistic per column, docs/design.md); a flag
+says, in words, which one the model does not beat, and is logged and written as an event.
+The best of them for MAE on the validation rows is `naive_best` (`<split>/naive_best_mae`,
+`<split>/skill_vs_naive_best`); its name is in `metrics.json` (`"naive_best"`, the one
+string there), the run's parameter `resolved.validate.naive_best` and the console's skill
+line. The fitted baselines of `enn_core.fitted_baselines` (ridge regression, gradient-boosted
+trees; `validate.baselines`) are scored the same way and reported, not flagged: a table of
+every predictor (the Prefect table `validate-baselines`, the log) and `breakdown.json`'s
+`baselines` say how each was fitted.
 
 The model runs its plain `predict` in fp32 (collapse-check compares precisions and paths).
 Run: `enn validate`.

@@ -36,6 +36,7 @@ REFERENCE_FILE = "reference.npy"  # training's collapse-check output: validation
 BESIDE_FILE = "reference_predictions.npz"  # predict's output: the reference rows predicted
 REFERENCE_ROWS = 64
 MIN_ROWS = 32  # rows below which a batch's own spread and broadcast are not evidence
+RANGE_CHUNK_CELLS = 2_000_000  # predicted numbers judged at once
 RANGE_MARGIN = 1.0  # out of range: beyond the training targets' range by more than this x range
 
 
@@ -109,13 +110,19 @@ def range_measures(
     """Non-finite values and values beyond the training targets' per-output range [low, high]
     by more than RANGE_MARGIN times that range (at least the label std): both hold for any
     number of rows."""
-    p = np.asarray(pred, dtype=np.float64).reshape(len(pred), -1)
-    finite = np.isfinite(p)
     width = np.maximum(high - low, label_std) * RANGE_MARGIN
-    outside = finite & ((p < low - width) | (p > high + width))
+    cells = int(np.prod(pred.shape[1:]))
+    step = max(1, RANGE_CHUNK_CELLS // max(cells, 1))  # a memmap of 10^7 rows: in chunks
+    non_finite, outside = 0, 0
+    for a in range(0, len(pred), step):
+        p = np.asarray(pred[a : a + step], dtype=np.float64).reshape(-1, cells)
+        finite = np.isfinite(p)
+        non_finite += int(p.size - np.count_nonzero(finite))
+        outside += int(np.count_nonzero(finite & ((p < low - width) | (p > high + width))))
+    size = len(pred) * cells
     return {
-        "non_finite_fraction": float(1.0 - finite.mean()) if p.size else 0.0,
-        "out_of_range_fraction": float(outside.mean()) if p.size else 0.0,
+        "non_finite_fraction": non_finite / size if size else 0.0,
+        "out_of_range_fraction": outside / size if size else 0.0,
     }
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from enn_core import fitted_baselines as fitted_baselines_module
+from enn_core import baselines as l1_ridge_module
 from enn_core.baselines import regression_errors
 from enn_core.config import DataConfig, ValidateConfig, load_config
 from enn_core.data.dataset import StagedDataset
@@ -270,10 +270,10 @@ def test_the_absolute_error_ridge_matches_its_dense_definition(monkeypatch, chun
     """The normal equations built from the dense and sparse columns (all rows' products at
     once, or a chunk of rows at a time) are the dense definition's, to rounding."""
     if chunked:
-        monkeypatch.setattr(fitted_baselines_module, "OUTER_CELLS", 5_000)
+        monkeypatch.setattr(l1_ridge_module, "OUTER_CELLS", 5_000)
     x, y, start = _onehot_rows(1500, 30, 5)
-    got, steps = fitted_baselines_module._l1_ridge(x, y, 1.0, start, np.inf, lambda *_: None)
-    assert steps == fitted_baselines_module.L1_ITERATIONS
+    got, steps = l1_ridge_module.l1_ridge(x, y, 1.0, start, np.inf, lambda *_: None)
+    assert steps == l1_ridge_module.L1_ITERATIONS
     want = _dense_l1_reference(x, y, 1.0, start, steps)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
@@ -281,8 +281,8 @@ def test_the_absolute_error_ridge_matches_its_dense_definition(monkeypatch, chun
 CAPPED_RIDGE = """
 import resource, sys
 import numpy as np
-import enn_core.fitted_baselines as fb
-from enn_core.fitted_baselines import ENCODED_CELLS, L1_CELLS, _l1_ridge
+import enn_core.baselines as fit
+from enn_core.fitted_baselines import ENCODED_CELLS, L1_CELLS
 
 width = 1 + 500 + 7 + 2
 outputs = 24
@@ -291,8 +291,8 @@ x, y, start = _onehot_rows(ENCODED_CELLS // width, 500, outputs)  # the rows rid
 data_kb = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmData:"))
 limit = data_kb * 1024 + int(sys.argv[1])  # what this process holds, and the budget
 resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-fb.L1_ITERATIONS = 2  # enough to show it reweights; each step is seconds on one core
-coef, steps = _l1_ridge(x, y, 1.0, start, float("inf"), lambda *_: None)
+fit.L1_ITERATIONS = 2  # enough to show it reweights; each step is seconds on one core
+coef, steps = fit.l1_ridge(x, y, 1.0, start, float("inf"), lambda *_: None)
 xi = np.column_stack([np.ones(len(x)), x])
 before, after = np.abs(y - xi @ start).mean(), np.abs(y - xi @ coef).mean()
 print(len(x), steps, before, after)
