@@ -1,0 +1,88 @@
+"""A table's size in bounded memory (issue 51): every stage of `enn run` on 10^5 rows holds,
+in every process (the `enn` process, its workers, torchrun, Prefect's temporary API, export's
+helper), what it holds on 2 x 10^4 rows, with small chunks so that a stage that reads the
+table whole would show it. The table is a user's (docs/your-data.md: a 500-level categorical,
+a cyclic weekday, numeric features, 24 labels) written with pyarrow. Anonymous memory only
+(RssAnon): a memmap's file pages are the page cache's, not the process's. The full sizes
+(10^7 rows) are bench/bench_scale.py's."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import pytest
+
+from enn_core.stages import TRAINING
+from tests.fixtures.project import make_project
+from tests.fixtures.scale import TreePeaks, table_keys, write_table
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+SMALL, LARGE = 20_000, 100_000
+MIB = 1024  # kB
+# what a process may hold more at 5x the rows: allocator and sampling noise (measured: a few
+# MiB between two runs of one size), far below one float32 copy of the larger table's labels
+# and features (10^5 x 29 x 4 bytes = 11 MiB) in every chunk-free stage that keeps several
+SLACK_KB = 8 * MIB
+SETTINGS = [
+    "data.chunk_rows=2000",  # staging reads 2,000 rows at a time
+    "predict.chunk_rows=2000",
+    "validate.baseline_max_rows=4000",  # the fitted baselines' stated subsample
+    "validate.baseline_time_s=20",
+    "train.epochs=1",
+    "train.max_steps=8",
+    "train.batch_size=256",
+    "runtime.world_size=1",
+    "runtime.progress=false",
+]
+
+
+def _run(tmp_path, prefect_home_shared, rows: int) -> dict[tuple[str, str], int]:
+    project = make_project(tmp_path / f"rows-{rows}", prefect_home_shared)
+    table = write_table(project.root / "data" / "table.csv", rows, seed=1)
+    sets = [a for o in [*table_keys(table), *SETTINGS] for a in ("--set", o)]
+    proc = subprocess.Popen(
+        ["enn", "run", *sets],
+        cwd=project.root,
+        env=project.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said: list[str] = []
+    with TreePeaks(proc.pid, [s.name for s in TRAINING]) as peaks:
+
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                said.append(line)
+                for spec in TRAINING:
+                    if f" {spec.name}: ran in " in line:
+                        peaks.ended(spec.name)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        rc = proc.wait(timeout=600)
+        reader.join(timeout=10)
+    assert rc == 0, "".join(said[-40:])
+    return peaks.peaks
+
+
+def test_every_stage_holds_as_much_on_5x_the_rows(tmp_path, prefect_home_shared):
+    small = _run(tmp_path, prefect_home_shared, SMALL)
+    large = _run(tmp_path, prefect_home_shared, LARGE)
+    table = "\n".join(
+        f"  {stage:20} {who:14} {small.get((stage, who), 0) / MIB:7.1f} "
+        f"{large.get((stage, who), 0) / MIB:7.1f} MiB"
+        for stage, who in sorted(set(small) | set(large))
+    )
+    grown = [
+        f"{stage} ({who}): {small.get((stage, who), 0) / MIB:.1f} -> {kb / MIB:.1f} MiB"
+        for (stage, who), kb in large.items()
+        if kb > small.get((stage, who), 0) + SLACK_KB and small.get((stage, who))
+    ]
+    assert not grown, f"grew with the rows: {grown}\npeaks at {SMALL} and {LARGE} rows:\n{table}"
+    print(f"peak anonymous memory per process at {SMALL} and {LARGE} rows:\n{table}")
+    stages = {stage for stage, _ in large}
+    assert stages == {s.name for s in TRAINING}, stages  # every stage ran and was sampled
