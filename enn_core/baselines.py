@@ -118,10 +118,12 @@ def group_statistic(
     groups: np.ndarray | None,
     n_groups: int,
     statistic: str,
+    chunk_rows: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The mean or the median of `labels[rows]` ([N, *shape], e.g. the staged memmap) per
     group (`groups`: the group of each of `rows`, 0 .. n_groups - 1; None: one group) and per
     cell: ([n_groups, cells] float64, NaN for a group without rows; each group's row count).
+    `chunk_rows` (data.chunk_rows) caps the rows read at once.
 
     Read in chunks of rows: the mean keeps a sum per group and cell; the median (exact, as
     np.median) holds the values of a block of cells at a time, STAT_BYTES of them at most
@@ -136,7 +138,7 @@ def group_statistic(
     else:
         groups = np.asarray(groups)
         counts = np.bincount(groups, minlength=n_groups)
-    step = max(1, READ_CELLS // max(cells, 1))
+    step = max(1, min(READ_CELLS // max(cells, 1), chunk_rows or len(rows) or 1))
     out = np.full((n_groups, cells), np.nan)
     if statistic == "mean":
         sums = np.zeros((n_groups, cells))

@@ -292,7 +292,7 @@ class NaiveModel:
     The conditional ones need the manifest's `naive_keys` (absent: only the per-cell ones); the
     key columns are read from row_keys.parquet as codes (no Python object per value)."""
 
-    def __init__(self, ds: StagedDataset) -> None:
+    def __init__(self, ds: StagedDataset, chunk_rows: int | None = None) -> None:
         self.shape = tuple(ds.targets.shape[1:])
         train = np.asarray(ds.split("train"))
         if len(train) == 0:
@@ -301,7 +301,7 @@ class NaiveModel:
         self.groups: np.ndarray | None = None
         self.tables: dict[str, np.ndarray] = {}
         cell = {
-            stat: group_statistic(ds.targets, train, None, 1, stat)[0][0]
+            stat: group_statistic(ds.targets, train, None, 1, stat, chunk_rows)[0][0]
             for stat in ("mean", "median")
         }
         if names:
@@ -310,7 +310,9 @@ class NaiveModel:
             del groups
             of_train = self.groups[train]
             for name, stat in CONDITIONAL.items():
-                table, counts = group_statistic(ds.targets, train, of_train, n_groups, stat)
+                table, counts = group_statistic(
+                    ds.targets, train, of_train, n_groups, stat, chunk_rows
+                )
                 table[counts == 0] = cell[stat]  # a key combination training never had
                 self.tables[name] = table
         self.tables["naive_cell_mean"] = cell["mean"][None]

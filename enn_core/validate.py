@@ -82,9 +82,10 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         ctx.events.param(f"validate.{name}", res.fit.detail)
         if not res.fit.cached:
             ctx.logger.info("%s: %s baseline: %s", ctx.stage, name, _how(res))
-    naive = NaiveModel(ds)
+    naive = NaiveModel(ds, cfg.data.chunk_rows)
     shape = tuple(ds.targets.shape[1:])
-    step = max(1, EVAL_CELLS // max(int(np.prod(shape)), 1))
+    # rows scored at once: EVAL_CELLS label numbers, at most data.chunk_rows rows
+    step = max(1, min(EVAL_CELLS // max(int(np.prod(shape)), 1), cfg.data.chunk_rows))
     for split in SPLITS:
         rows = np.asarray(ds.split(split))
         if len(rows) == 0:

@@ -66,13 +66,13 @@ def _rows_per_chunk(a: np.ndarray) -> int:
     return max(1, STD_CHUNK_CELLS // max(int(np.prod(a.shape[1:])), 1))
 
 
-def training_label_std(ds: StagedDataset) -> float:
+def training_label_std(ds: StagedDataset, chunk_rows: int | None = None) -> float:
     """The standard deviation of the training rows' labels, every cell pooled (float64): the
     scale that the broadcast check's tolerance is relative to (inference.label_std's value),
     read in chunks of rows, shifted by the first value for accuracy."""
     train = np.asarray(ds.split("train"))
     shift, s1, s2, count = 0.0, 0.0, 0.0, 0
-    chunk_rows = _rows_per_chunk(ds.targets)
+    chunk_rows = min(_rows_per_chunk(ds.targets), chunk_rows or len(train) or 1)
     for start in range(0, len(train), chunk_rows):
         v = np.asarray(ds.targets[train[start : start + chunk_rows]], dtype=np.float64).ravel()
         if count == 0 and v.size:

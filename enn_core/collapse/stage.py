@@ -98,8 +98,13 @@ def candidate_rows(report: CollapseReport) -> list[dict[str, str | float | None]
     return rows
 
 
-def check_rows(
-    ds_path: Path, trained: Path, stage: str, max_rows: int, code: ModelCode = BUILTIN
+def check_rows(  # noqa: PLR0913
+    ds_path: Path,
+    trained: Path,
+    stage: str,
+    max_rows: int,
+    code: ModelCode = BUILTIN,
+    chunk_rows: int | None = None,
 ) -> tuple[StagedDataset, ENN, Checkpoint, CheckRows]:
     """(dataset, model, checkpoint, CheckRows) of the validation rows (sampled to max_rows)."""
     ds, model, ckpt = load_trained(ds_path, trained, stage, code)
@@ -115,8 +120,8 @@ def check_rows(
     rows = CheckRows(
         features=np.asarray(ds.features[val], dtype=np.float32),
         target=np.asarray(ds.targets[val]),
-        naive=NaiveModel(ds).predict(val),
-        label_std=training_label_std(ds),
+        naive=NaiveModel(ds, chunk_rows).predict(val),
+        label_std=training_label_std(ds, chunk_rows),
         axes=manifest.label_axes,
         axis_values=manifest.label_axis_values,
     )
@@ -127,7 +132,12 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Co
     """The collapse-check stage; raises CollapseError (after writing the report) when all
     candidates collapse."""
     ds, model, ckpt, rows = check_rows(
-        staged, trained, ctx.stage, cfg.collapse.max_rows, ModelCode.of(cfg.model, ctx.layout.root)
+        staged,
+        trained,
+        ctx.stage,
+        cfg.collapse.max_rows,
+        ModelCode.of(cfg.model, ctx.layout.root),
+        cfg.data.chunk_rows,
     )
     device, dev_reason = resolve_device(cfg.runtime.device)
     model.to(device)

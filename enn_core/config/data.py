@@ -163,7 +163,9 @@ class DataConfig:
     """Training manifest to stage against in features-only mode."""
 
     chunk_rows: int = 65536
-    """Rows per read/write chunk."""
+    """Rows read at once: staging's chunks of the table, and validate's passes over the staged
+    rows (the naive predictors' statistics, every predictor's scores), each of which also caps
+    the numbers it holds at once. Lower it when a stage runs out of memory."""
 
     val_fraction: float = 0.15
     """Validation share of the training rows (seeded)."""

@@ -28,6 +28,7 @@ from enn_core.predict.chunks import PartsPlan, PartStore, parts_key, parts_of_wo
 from enn_core.progress import Ticker, bar, shows
 from enn_core.runtime.entry import resolve
 from enn_core.runtime.heartbeat import Heartbeat
+from enn_core.stages.predict import PREDICT
 
 Predictor = Callable[[torch.Tensor], torch.Tensor]
 
@@ -124,7 +125,7 @@ def predict_parts(
     t_loop = time.perf_counter()
     mine = parts_of_worker(job.plan.n_parts, job.rank, job.world_size)
     tick = Ticker(
-        "predict",
+        PREDICT.name,
         sum(job.plan.part_range(k)[1] - job.plan.part_range(k)[0] for k in mine),
         every_s=job.progress_every_s,
         logger=logging.getLogger("enn.predict"),

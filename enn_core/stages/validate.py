@@ -41,5 +41,5 @@ VALIDATE = StageSpec(
     outputs=("metrics.json", "breakdown.json"),
     artifacts=("metrics.json", "breakdown.json"),
     metrics=DVC_VALIDATE,
-    memory=("validate.baseline_max_rows", "predict.batch_size"),
+    memory=("validate.baseline_max_rows", "predict.batch_size", "data.chunk_rows"),
 )

@@ -30,6 +30,7 @@ SETTINGS = [
     "predict.chunk_rows=2000",
     "validate.baseline_max_rows=4000",  # the fitted baselines' stated subsample
     "validate.baseline_time_s=20",
+    "collapse.max_rows=2000",  # collapse-check's stated subsample of the validation rows
     "train.epochs=1",
     "train.max_steps=8",
     "train.batch_size=256",
