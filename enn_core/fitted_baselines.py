@@ -124,6 +124,7 @@ def fit_ridge(
     deadline: float,
     tick: Tick,
     out: Path,
+    chunk_rows: int | None = None,
 ) -> tuple[dict[str, np.ndarray], BaselineFit]:
     from sklearn.linear_model import RidgeCV
 
@@ -155,6 +156,7 @@ def fit_ridge(
             note = "; its least-absolute-deviation fit skipped (too many outputs x features)"
     preds = {}
     step = max(1, ENCODED_CELLS // 4 // max(width, 1))  # the rows encoded at once
+    step = min(step, chunk_rows or step)  # data.chunk_rows
     for split in splits:
         idx = np.asarray(ds.split(split))
         preds[split] = arr = _written(out, split, (len(idx), *y.shape[1:]))
@@ -193,6 +195,7 @@ def fit_gbt(
     deadline: float,
     tick: Tick,
     out_dir: Path,
+    chunk_rows: int | None = None,
 ) -> tuple[dict[str, np.ndarray], BaselineFit]:
     t0 = time.perf_counter()
     layout = parse_feature_specs(ds.feature_specs)
@@ -218,6 +221,7 @@ def fit_gbt(
         preds[split] = written = _written(out_dir, split, (len(idx), *shape))
         out = written.reshape(len(idx), n_cells)
         chunk = max(1, 1_000_000 // n_cells)
+        chunk = min(chunk, chunk_rows or chunk)  # data.chunk_rows
         for a in range(0, len(idx), chunk):
             part = idx[a : a + chunk]
             r = np.repeat(part, n_cells)
@@ -351,6 +355,7 @@ def fitted_baselines(
     say: Callable[[str], None] | None = None,
     bar_enabled: bool = False,
     say_after_s: float = 0.0,
+    chunk_rows: int | None = None,
 ) -> dict[str, BaselineResult]:
     """Each baseline of `cfg.baselines`: its predictions on `splits`, each loss of
     `cfg.baseline_losses` from the cache or fitted (and cached) now, the better kept. `say`
@@ -393,7 +398,14 @@ def fitted_baselines(
 
                     with threadpool_limits(THREADS):
                         preds, fit = FITTERS[name](
-                            ds, splits, cfg, loss, time.perf_counter() + share, tick, tmp
+                            ds,
+                            splits,
+                            cfg,
+                            loss,
+                            time.perf_counter() + share,
+                            tick,
+                            tmp,
+                            chunk_rows,
                         )
                     for arr in preds.values():
                         arr.flush()  # type: ignore[attr-defined]  # a memmap

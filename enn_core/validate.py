@@ -77,6 +77,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Va
         say=lambda line: ctx.logger.info("%s: %s", ctx.stage, line),
         bar_enabled=cfg.runtime.progress,
         say_after_s=SAY_FITTING_AFTER_S,
+        chunk_rows=cfg.data.chunk_rows,
     )
     for name, res in fitted.items():
         ctx.events.param(f"validate.{name}", res.fit.detail)

@@ -21,10 +21,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SMALL, LARGE = 20_000, 100_000
 MIB = 1024  # kB
-# what a process may hold more at 5x the rows: allocator and sampling noise (measured: a few
-# MiB between two runs of one size), far below one float32 copy of the larger table's labels
-# and features (10^5 x 29 x 4 bytes = 11 MiB) in every chunk-free stage that keeps several
-SLACK_KB = 8 * MIB
+# What a process may hold more at 5x the rows: allocator and sampling noise (seen: up to 15
+# MiB between two runs of one size), below two float32 copies of the larger table's features
+# and labels (10^5 x 29 x 4 bytes = 11 MiB each): a stage that reads the table whole, as
+# pandas' strings, float64 or a per-row outer product, holds several.
+SLACK_KB = 24 * MIB
+# the `enn` process runs every stage but training's workers: compared stage by stage; the
+# others (the workers, torchrun, Prefect's temporary API, export's helper) over the whole run
+# (the spare worker warms its imports during stage-data: what it holds then follows the clock)
+PARENT = "enn"
 SETTINGS = [
     "data.chunk_rows=2000",  # staging reads 2,000 rows at a time
     "predict.chunk_rows=2000",
@@ -39,7 +44,7 @@ SETTINGS = [
 ]
 
 
-def _run(tmp_path, prefect_home_shared, rows: int) -> dict[tuple[str, str], int]:
+def _run(tmp_path, prefect_home_shared, rows: int) -> TreePeaks:
     project = make_project(tmp_path / f"rows-{rows}", prefect_home_shared)
     table = write_table(project.root / "data" / "table.csv", rows, seed=1)
     sets = [a for o in [*table_keys(table), *SETTINGS] for a in ("--set", o)]
@@ -67,23 +72,23 @@ def _run(tmp_path, prefect_home_shared, rows: int) -> dict[tuple[str, str], int]
         rc = proc.wait(timeout=600)
         reader.join(timeout=10)
     assert rc == 0, "".join(said[-40:])
-    return peaks.peaks
+    return peaks
 
 
 def test_every_stage_holds_as_much_on_5x_the_rows(tmp_path, prefect_home_shared):
     small = _run(tmp_path, prefect_home_shared, SMALL)
     large = _run(tmp_path, prefect_home_shared, LARGE)
-    table = "\n".join(
-        f"  {stage:20} {who:14} {small.get((stage, who), 0) / MIB:7.1f} "
-        f"{large.get((stage, who), 0) / MIB:7.1f} MiB"
-        for stage, who in sorted(set(small) | set(large))
-    )
-    grown = [
-        f"{stage} ({who}): {small.get((stage, who), 0) / MIB:.1f} -> {kb / MIB:.1f} MiB"
-        for (stage, who), kb in large.items()
-        if kb > small.get((stage, who), 0) + SLACK_KB and small.get((stage, who))
+    rows = [
+        (f"{stage} ({PARENT})", small.peaks.get((stage, PARENT), 0), kb)
+        for (stage, who), kb in sorted(large.peaks.items())
+        if who == PARENT
     ]
+    others = {who for _, who in large.peaks} - {PARENT, "gone", "other"}
+    rows += [(f"{who} (whole run)", small.over(who), large.over(who)) for who in sorted(others)]
+    table = "\n".join(f"  {what:40} {a / MIB:7.1f} {b / MIB:7.1f} MiB" for what, a, b in rows)
+    grown = [what for what, a, b in rows if a and b > a + SLACK_KB]
     assert not grown, f"grew with the rows: {grown}\npeaks at {SMALL} and {LARGE} rows:\n{table}"
     print(f"peak anonymous memory per process at {SMALL} and {LARGE} rows:\n{table}")
-    stages = {stage for stage, _ in large}
+    stages = {stage for stage, who in large.peaks if who == PARENT}
     assert stages == {s.name for s in TRAINING}, stages  # every stage ran and was sampled
+    assert {"worker", "prefect-api", "export-helper"} <= others, others
