@@ -24,7 +24,7 @@ from enn_core.config import DataConfig
 from enn_core.data import splits
 from enn_core.data.encode import Encoder, value_key
 from enn_core.data.npyio import NpyWriter
-from enn_core.data.sources import Chunk, Source, SourceInfo
+from enn_core.data.sources import Chunk, Coded, Column, Source, SourceInfo
 from enn_core.errors import DataError
 
 NARROW_KINDS = {
@@ -85,7 +85,10 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _key_strings(col: np.ndarray) -> pa.Array:
+def _key_strings(col: Column) -> pa.Array:
+    if isinstance(col, Coded):  # each level spelled once; a missing value reads "nan"
+        spelled = pa.array([value_key(v) for v in col.levels] + ["nan"], pa.string())
+        return spelled.take(pa.array(np.where(col.codes < 0, len(col.levels), col.codes)))
     if col.dtype.kind in "biu" or (col.dtype.kind == "f" and np.all(np.mod(col, 1) == 0)):
         return pa.array(col.astype(np.int64).astype(str))
     return pa.array([value_key(v) for v in col], pa.string())
