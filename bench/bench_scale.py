@@ -368,8 +368,10 @@ def _plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    names = list(dict.fromkeys(r["stage"] for r in results))
+    colors = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}  # one per stage
     for fmt, style in (("csv", "-"), ("parquet", "--")):
-        for name in dict.fromkeys(r["stage"] for r in results):
+        for name in names:
             pts = sorted(
                 (r["rows"], r["seconds"], max(r["parent_mb"], r["worker_mb"]))
                 for r in results
@@ -378,8 +380,9 @@ def _plot(results: list[dict], path: Path) -> None:
             if not pts:
                 continue
             n, s, m = zip(*pts, strict=True)
-            axes[0].plot(n, s, style, marker="o", label=f"{name} ({fmt})")
-            axes[1].plot(n, m, style, marker="o", label=f"{name} ({fmt})")
+            kw = {"color": colors[name], "marker": "o", "label": f"{name} ({fmt})"}
+            axes[0].plot(n, s, style, **kw)
+            axes[1].plot(n, m, style, **kw)
     for ax, what in zip(axes, ("seconds", "peak anonymous memory, MiB"), strict=True):
         ax.set_xscale("log")
         ax.set_yscale("log")
