@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 from enn_core.config import DataConfig
-from enn_core.data.sources import Chunk
+from enn_core.data.sources import Chunk, Coded, Column
 from enn_core.errors import DataError
 
 
@@ -77,11 +78,11 @@ class Encoder:
             return chunk.x
         n = chunk.rows
         out = np.empty((n, len(self.specs)), np.float64)
-        cols = cast("dict[str, np.ndarray]", chunk.cols)  # a chunk without x has named columns
+        cols = cast("Mapping[str, Column]", chunk.cols)  # a chunk without x has named columns
         for j, spec in enumerate(self.specs):
             col = chunk.x[:, j] if chunk.x is not None else cols[spec["name"]]
-            if spec["kind"] == "continuous":
-                out[:, j] = self._continuous(spec, col, chunk, file)
+            if spec["kind"] == "continuous":  # never coded: tables code only keys and cycles
+                out[:, j] = self._continuous(spec, cast(np.ndarray, col), chunk, file)
             elif "cyclic_period" in spec:
                 out[:, j] = self._cyclic(spec, col, chunk, file)
             else:
@@ -104,60 +105,74 @@ class Encoder:
             )
         return num
 
-    def _missing(self, spec: dict[str, Any], col: np.ndarray, chunk: Chunk, file: str) -> None:
-        bad = np.flatnonzero(pd.isna(col))
+    def _missing(self, spec: dict[str, Any], missing: np.ndarray, chunk: Chunk, file: str) -> None:
+        bad = np.flatnonzero(missing)
         if bad.size:
             raise DataError(
                 f"{file} {chunk.where(int(bad[0]))} column {spec['name']!r}: empty or NaN value; "
                 "fill it (or set data.nonfinite=drop for numeric features)"
             )
 
-    def _cyclic(self, spec: dict[str, Any], col: np.ndarray, chunk: Chunk, file: str) -> np.ndarray:
-        self._missing(spec, col, chunk, file)
-        if col.dtype.kind in "OUS":
+    def _cyclic(self, spec: dict[str, Any], col: Column, chunk: Chunk, file: str) -> np.ndarray:
+        if not isinstance(col, Coded):  # each row its own level: checked as it stands
+            col = Coded(np.where(pd.isna(col), -1, np.arange(len(col))), col)
+        self._missing(spec, col.codes < 0, chunk, file)
+        present = col.present()
+        values = col.levels[present]
+        if values.dtype.kind in "OUS" and len(values):
             self.width[spec["name"]] = max(
-                self.width[spec["name"]], max(len(str(v).strip()) for v in col)
+                self.width[spec["name"]], max(len(str(v).strip()) for v in values)
             )
-        num = pd.to_numeric(pd.Series(col), errors="coerce").to_numpy(np.float64)
+        num = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(np.float64)
         start, period = spec["cyclic_start"], spec["cyclic_period"]
-        bad = np.flatnonzero(~((num >= start) & (num < start + period)))
-        if bad.size:
-            i = int(bad[0])
+        bad = ~((num >= start) & (num < start + period))
+        if bad.any():
+            i = col.first_row_in(present[bad])
             raise DataError(
                 f"{file} {chunk.where(i)} column {spec['name']!r}: "
-                f"value {col[i]!r} is outside its period "
+                f"value {col.value(i)!r} is outside its period "
                 f"[{start}, {start + period - 1}]; fix the value or data.cyclic_periods"
             )
         if spec["kind"] == "categorical":
-            if not np.all(num == np.round(num)):
-                i = int(np.flatnonzero(num != np.round(num))[0])
+            odd = num != np.round(num)
+            if odd.any():
+                i = col.first_row_in(present[odd])
                 raise DataError(
                     f"{file} {chunk.where(i)} column {spec['name']!r}: "
-                    f"{col[i]!r} is not a whole value"
+                    f"{col.value(i)!r} is not a whole value"
                 )
-            return num - start
-        return num
+            num = num - start
+        lut = np.zeros(len(col.levels), np.float64)
+        lut[present] = num
+        return lut[col.codes]
 
-    def _codes(self, spec: dict[str, Any], col: np.ndarray, chunk: Chunk, file: str) -> np.ndarray:
-        if col.dtype.kind in "fc" or col.dtype == object:
-            self._missing(spec, col, chunk, file)
-        uniq, first, inv = np.unique(col, return_index=True, return_inverse=True)
+    def _codes(self, spec: dict[str, Any], col: Column, chunk: Chunk, file: str) -> np.ndarray:
+        if not isinstance(col, Coded):
+            if col.dtype.kind in "fc" or col.dtype == object:
+                self._missing(spec, pd.isna(col), chunk, file)
+            col = Coded.of(col)
+        self._missing(spec, col.codes < 0, chunk, file)
         index = self.index[spec["name"]]
-        codes = np.empty(len(uniq), np.float64)
-        for u in np.argsort(first, kind="stable"):  # new values in order of first appearance
-            key = value_key(uniq[u])
-            if key not in index:
+        present = col.present()
+        keys = {int(u): value_key(col.levels[u]) for u in present}
+        new = [u for u, key in keys.items() if key not in index]
+        if new:
+            first = col.first_rows()
+            for u in sorted(new, key=lambda u: first[u]):  # in order of first appearance
+                key = keys[u]
+                if key in index:  # another spelling of a value added just before
+                    continue
                 if self.fixed:
-                    i = int(first[u])
                     raise DataError(
-                        f"{file} {chunk.where(i)} column {spec['name']!r}: "
+                        f"{file} {chunk.where(int(first[u]))} column {spec['name']!r}: "
                         f"value {key!r} is not in the training vocabulary {spec['vocab'][:12]}; "
                         "use values the model was trained on, or retrain"
                     )
                 index[key] = len(index)
                 spec["vocab"].append(key)
-            codes[u] = index[key]
-        return codes[inv.reshape(-1)]
+        lut = np.zeros(len(col.levels), np.float64)
+        lut[present] = [index[keys[int(u)]] for u in present]
+        return lut[col.codes]
 
     def final_specs(self) -> list[dict[str, Any]]:
         """Feature specs for the manifest (continuous stats are added by the caller)."""

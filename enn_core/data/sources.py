@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import csv
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol, cast
+from typing import IO, Protocol, TypeAlias, cast
 
 import numpy as np
 
@@ -22,13 +22,62 @@ from enn_core.data.npyio import npz_member, read_header, read_rows
 from enn_core.errors import DataError
 
 
+@dataclass(frozen=True)
+class Coded:
+    """A column as codes into its distinct values, as a dictionary-encoded Arrow column holds
+    it: row i is `levels[codes[i]]`, missing where `codes[i] < 0`. Tables pass categorical
+    and cyclic columns so, and each distinct value is looked at once a chunk, not once a row.
+    `levels` may hold values no row of the chunk uses (a slice of a larger batch)."""
+
+    codes: np.ndarray  # [rows] integers
+    levels: np.ndarray  # [k] the values: str objects or numbers
+
+    @staticmethod
+    def of(values: np.ndarray) -> Coded:
+        """A plain column, coded by its distinct values (np.unique: sorted levels)."""
+        levels, codes = np.unique(values, return_inverse=True)
+        return Coded(codes.reshape(-1), levels)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, rows: np.ndarray) -> Coded:
+        return Coded(self.codes[rows], self.levels)
+
+    def present(self) -> np.ndarray:
+        """Indices of the levels some row holds, ascending."""
+        valid = self.codes[self.codes >= 0]
+        return np.flatnonzero(np.bincount(valid, minlength=len(self.levels)))
+
+    def first_rows(self) -> np.ndarray:
+        """The first row holding each level (len(self) for a level no row holds)."""
+        first = np.full(len(self.levels), len(self.codes), np.int64)
+        valid = np.flatnonzero(self.codes >= 0)
+        levels, at = np.unique(self.codes[valid], return_index=True)
+        first[levels] = valid[at]
+        return first
+
+    def first_row_in(self, levels: np.ndarray) -> int:
+        """The first row whose level is one of `levels` (indices into self.levels)."""
+        hit = np.zeros(len(self.levels) + 1, bool)  # the last slot: missing rows (code -1)
+        hit[levels] = True
+        return int(np.flatnonzero(hit[self.codes])[0])
+
+    def value(self, row: int) -> object:
+        code = int(self.codes[row])
+        return self.levels[code] if code >= 0 else None
+
+
+Column: TypeAlias = np.ndarray | Coded  # a table column as a chunk carries it
+
+
 @dataclass
 class Chunk:
     start: int  # index of the chunk's first row in the input
     x: np.ndarray | None = None  # [c, F] numeric features (array sources)
-    cols: dict[str, np.ndarray] | None = None  # features by name (tables, workbook)
+    cols: Mapping[str, Column] | None = None  # features by name (tables, workbook)
     y: np.ndarray | None = None  # [c, *label_shape]
-    keys: dict[str, np.ndarray] = field(default_factory=dict)  # row-key columns
+    keys: Mapping[str, Column] = field(default_factory=dict)  # row-key columns
     where: Callable[[int], str] = lambda i: f"row {i}"  # names chunk row i in the input
     # text inputs: what is malformed about chunk rows (e.g. a short CSV row), by row index
     malformed: Callable[[Sequence[int]], dict[int, str]] | None = None

@@ -12,6 +12,7 @@ a pass after staging does it. A last pass writes `splits/<name>.npy`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
@@ -20,6 +21,7 @@ import numpy as np
 from enn_core.config import DataConfig
 from enn_core.data.encode import value_key
 from enn_core.data.npyio import NpyWriter
+from enn_core.data.sources import Coded, Column
 from enn_core.errors import DataError
 
 TRAIN, VAL, TEST = 0, 1, 2
@@ -27,7 +29,7 @@ NAMES = ("train", "val", "test")
 BLOCK = 1 << 16  # rows per sampling block: fixed so splits do not depend on chunk_rows
 
 
-def fold_codes(cfg: DataConfig, keys: dict[str, np.ndarray], n: int, file: str) -> np.ndarray:
+def fold_codes(cfg: DataConfig, keys: Mapping[str, Column], n: int, file: str) -> np.ndarray:
     """Split code per row from the declared folds (TRAIN = pool for random sampling)."""
     codes = np.zeros(n, np.int8)
     if not cfg.folds:
@@ -39,7 +41,12 @@ def fold_codes(cfg: DataConfig, keys: dict[str, np.ndarray], n: int, file: str) 
         )
     test = {value_key(v) for v in cfg.folds[cfg.test_fold]}
     val = val_values(cfg)
-    vals = np.array([value_key(v) for v in keys[cfg.fold_key]], dtype=object)
+    col = keys[cfg.fold_key]
+    if isinstance(col, Coded):  # each level spelled once; a missing value reads "nan"
+        spelled = np.array([value_key(v) for v in col.levels] + ["nan"], dtype=object)
+        vals = spelled[np.where(col.codes < 0, len(col.levels), col.codes)]
+    else:
+        vals = np.array([value_key(v) for v in col], dtype=object)
     codes[np.isin(vals, list(test))] = TEST
     codes[np.isin(vals, list(val))] = VAL
     return codes

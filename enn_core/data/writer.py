@@ -24,7 +24,7 @@ from enn_core.config import DataConfig
 from enn_core.data import splits
 from enn_core.data.encode import Encoder, value_key
 from enn_core.data.npyio import NpyWriter
-from enn_core.data.sources import Chunk, Source, SourceInfo
+from enn_core.data.sources import Chunk, Coded, Column, Source, SourceInfo
 from enn_core.errors import DataError
 
 NARROW_KINDS = {
@@ -56,6 +56,8 @@ def _beyond_float32(a: np.ndarray) -> tuple[int, int] | None:
     computes in (a float64 input passes through staging but not through the model)."""
     if a.dtype.kind in "biu" or a.dtype == np.float32 or a.size == 0:
         return None
+    if max(float(a.max()), -float(a.min())) <= F32_MAX:  # two reductions, no temporaries
+        return None  # (a NaN fails the test: the exact search below skips it)
     flat = np.abs(a.reshape(a.shape[0], -1))
     big = np.isfinite(flat) & (flat > F32_MAX)
     if not big.any():
@@ -85,7 +87,10 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _key_strings(col: np.ndarray) -> pa.Array:
+def _key_strings(col: Column) -> pa.Array:
+    if isinstance(col, Coded):  # each level spelled once; a missing value reads "nan"
+        spelled = pa.array([value_key(v) for v in col.levels] + ["nan"], pa.string())
+        return spelled.take(pa.array(np.where(col.codes < 0, len(col.levels), col.codes)))
     if col.dtype.kind in "biu" or (col.dtype.kind == "f" and np.all(np.mod(col, 1) == 0)):
         return pa.array(col.astype(np.int64).astype(str))
     return pa.array([value_key(v) for v in col], pa.string())
