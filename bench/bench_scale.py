@@ -10,15 +10,17 @@ For each size and format it generates a table with pyarrow's writers (a categori
 runs every stage of the training flow as its own `enn <stage> --config` command, in a project
 folder of its own (a params.yaml in a temporary folder, outside any dvc.yaml: the checkout's
 params.yaml and outputs/ are untouched; `--keep` keeps it), with the settings
-docs/your-data.md gives for a table plus `large_table` below (edit it, or add `--set`, when
-`train.batch_size: auto` and `train.max_steps` land). Per stage it prints seconds, rows per
-second and the peak anonymous memory (RssAnon, sampled every 50 ms: pages of a memmap read
-do not count) of the stage's process and of its largest worker process.
+docs/your-data.md gives for a table and for large tables (`train.batch_size: auto`, and
+`train.max_steps` to try one quickly: `large_table` below; `--set` adds to them). Per stage it
+prints seconds, rows per second and the peak anonymous memory (RssAnon, sampled every 20 ms:
+pages of a memmap read do not count) of the stage's process and of its largest other process
+(workers, torchrun, export's helper). The table and the sampler are tests/fixtures/scale.py's,
+which the suite's scale test (tests/e2e/test_table_scale.py) uses too.
 
 Beside them, in the same run, each in a process of its own (its peak memory its own):
 - pandas' read_csv / read_parquet and pyarrow's read of the file into float32 arrays;
 - a hand-written PyTorch loop (forward, L1 loss, backward, AdamW step) over the staged
-  memmaps' training rows, at the training batch, with the prepared model;
+  memmaps' training rows, at the training batch and for as many steps, with the prepared model;
 - `model(x)` over every staged row at the same batch (no grad);
 - scikit-learn's HistGradientBoostingRegressor fitted on the training rows for one label.
 
@@ -36,11 +38,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from enn_core.train.batch import choose_batch  # noqa: E402
+from flows.params_file import apply_overrides  # noqa: E402
+from tests.fixtures.scale import LABELS, TreePeaks, features, table_keys, write_table  # noqa: E402
+
 PY = sys.executable
 STAGES = [
     "stage-data",
@@ -51,70 +58,30 @@ STAGES = [
     "collapse-check",
     "export",
 ]
-LABELS = [f"h{h:02d}" for h in range(24)]
-EPOCHS = 2
+MAX_STEPS = 300  # train.max_steps: what docs/your-data.md gives to try a large table quickly
 
 
-def batch_for(rows: int) -> int:
-    """The training and prediction batch: 4096 from 400,000 rows, a hundredth of the rows
-    below that (at least 64), so a small table still takes ~150 steps in its two epochs."""
-    return max(64, min(4096, rows // 100))
-
-
-def large_table(rows: int) -> list[str]:
-    """The settings for a large table, until `train.batch_size: auto` and `train.max_steps`
-    land (then: "train.batch_size=auto", "train.max_steps=..."); `--set` adds to them."""
-    batch = batch_for(rows)
+def large_table() -> list[str]:
+    """docs/your-data.md's settings for a large table: the batches auto (the defaults), the
+    optimizer steps capped; no tracking (the bench measures the stages, not the store)."""
     return [
-        f"train.batch_size={batch}",
-        f"train.epochs={EPOCHS}",
-        f"train.patience={EPOCHS}",
-        f"predict.batch_size={batch}",
+        "train.epochs=1",
+        f"train.max_steps={MAX_STEPS}",
         "tracking.enabled=false",
         "runtime.progress=false",
     ]
 
 
-def features(n_numeric: int) -> list[str]:
-    return ["store", "weekday", *(f"x{i}" for i in range(n_numeric))]
+def batch_for(rows: int) -> int:
+    """The batch `train.batch_size: auto` takes for this table (its training rows: 70%)."""
+    return choose_batch("auto", int(rows * 0.7), 1).value
+
+
+def steps_for(train_rows: int, batch: int) -> int:
+    return min(-(-train_rows // batch), MAX_STEPS)
 
 
 # -- the table ---------------------------------------------------------------------------------
-
-
-def make_table(path: Path, rows: int, n_numeric: int) -> None:
-    """`rows` rows written in blocks with pyarrow's CSV or Parquet writer (a 10^7-row CSV is
-    2-4 GB; pandas' to_csv would take many minutes)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    rng = np.random.default_rng(0)
-    effect = rng.normal(0, 2, 500)
-    tmp = path.with_name(path.name + ".tmp")
-    writer = None
-    for s in range(0, rows, 1 << 18):
-        c = min(1 << 18, rows - s)
-        store = rng.integers(0, 500, c)
-        weekday = rng.integers(0, 7, c)
-        cols = {"store": pa.array([f"s{v:03d}" for v in store]), "weekday": pa.array(weekday)}
-        xs = rng.normal(0, 1, (n_numeric, c))
-        for i in range(n_numeric):
-            cols[f"x{i}"] = pa.array(np.round(xs[i], 4))
-        base = 10 + effect[store] + np.sin(weekday) + xs[: min(3, n_numeric)].sum(axis=0)
-        for h, name in enumerate(LABELS):
-            cols[name] = pa.array(np.round(base + np.sin(h / 4) + rng.normal(0, 1, c), 3))
-        table = pa.table(cols)
-        if writer is None:
-            writer = (
-                pacsv.CSVWriter(tmp, table.schema)
-                if path.suffix == ".csv"
-                else pq.ParquetWriter(tmp, table.schema)
-            )
-        writer.write_table(table)
-    writer.close()
-    tmp.rename(path)
 
 
 def project(folder: Path, data: Path, fmt: str, n_numeric: int) -> Path:
@@ -124,74 +91,32 @@ def project(folder: Path, data: Path, fmt: str, n_numeric: int) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["data"].update(
-        source=fmt,
-        path=str(data),
-        feature_columns=features(n_numeric),
-        categorical=["store", "weekday"],
-        cyclic=["weekday"],
-        cyclic_periods=[7],
-        cyclic_starts=[0],
-        label_columns=LABELS,
-        label_shape=[24],
-        label_axes=["hour"],
-        naive_keys=["weekday"],
-    )
-    params["model"]["preset"] = "tabular"
-    params["train"].update(loss="l1", lr=0.001, weight_decay=0.1)
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    tabular = ["train.loss=l1", "train.lr=0.001", "train.weight_decay=0.1"]  # configs/tabular
+    apply_overrides(folder / "params.yaml", [*table_keys(data, n_numeric), *tabular])
     return folder / "params.yaml"
 
 
 # -- measuring a process tree ------------------------------------------------------------------
 
 
-def _anon_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def run_tree(argv: list[str], cwd: Path, env: dict[str, str]) -> dict:
     """Run `argv`; its seconds, exit code, output tail and the peak RssAnon (MiB) of the
-    process itself and of its largest descendant (workers), sampled every 50 ms."""
-    import psutil
-
+    process itself and of its largest other process (TreePeaks: sampled every 20 ms)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    peaks: dict[int, int] = {}
-    done = threading.Event()
-
-    def sample() -> None:
-        root = psutil.Process(proc.pid)
-        while not done.wait(0.05):
-            try:
-                pids = [proc.pid, *(c.pid for c in root.children(recursive=True))]
-            except psutil.Error:
-                continue
-            for pid in pids:
-                peaks[pid] = max(peaks.get(pid, 0), _anon_kb(pid))
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    out, _ = proc.communicate()
-    done.set()
-    t.join()
-    workers = [kb for pid, kb in peaks.items() if pid != proc.pid]
+    with TreePeaks(proc.pid, ["all"]) as peaks:
+        out, _ = proc.communicate()
+    others = [w for _, w in peaks.peaks if w not in ("enn", "prefect-api", "gone")]
     return {
         "seconds": time.perf_counter() - t0,
         "rc": proc.returncode,
         "tail": out[-2000:],
-        "parent_mb": peaks.get(proc.pid, 0) / 1024,
-        "worker_mb": max(workers, default=0) / 1024,
-        "workers": len(workers),
+        "parent_mb": peaks.over("enn") / 1024,
+        "worker_mb": max((peaks.over(w) for w in others), default=0) / 1024,
+        "workers": len(set(others)),
     }
 
 
@@ -265,17 +190,16 @@ def _torch(name: str, out: Path, batch: int) -> dict:
     train = np.load(out / "stage-data" / "splits" / "train.npy")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    rng = np.random.default_rng(0)
-    for _ in range(EPOCHS):  # as many epochs as the pipeline trains
-        order = rng.permutation(train)
-        for s in range(0, len(order), batch):
-            idx = np.sort(order[s : s + batch])
-            xb, yb = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
-            loss = torch.nn.functional.l1_loss(model(xb).reshape(yb.shape), yb)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-    return {"rows": EPOCHS * len(train)}
+    order = np.random.default_rng(0).permutation(train)
+    steps = steps_for(len(train), batch)  # as many steps as the pipeline trains
+    for s in range(0, steps * batch, batch):
+        idx = np.sort(order[s : s + batch])
+        xb, yb = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+        loss = torch.nn.functional.l1_loss(model(xb).reshape(yb.shape), yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return {"rows": steps * batch}
 
 
 # -- one table ---------------------------------------------------------------------------------
@@ -285,14 +209,14 @@ def one_table(rows: int, fmt: str, args: argparse.Namespace) -> list[dict]:
     data = args.dir / f"t{rows}-{args.features}f.{fmt}"
     if not data.exists():
         t = time.perf_counter()
-        make_table(data, rows, args.features)
+        write_table(data, rows, numeric=args.features)
         size = data.stat().st_size / 2**20
         print(f"  wrote {data} ({size:.0f} MiB) in {time.perf_counter() - t:.0f} s", flush=True)
     # outside any dvc.yaml, so that it is a project of its own (not the checkout's outputs/)
     folder = Path(tempfile.mkdtemp(prefix=f"enn-bench-scale-{fmt}-{rows}-"))
     config = project(folder, data, fmt, args.features)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    sets = [f"--set={s}" for s in [*large_table(rows), *args.set]]
+    sets = [f"--set={s}" for s in [*large_table(), *args.set]]
     out = []
     for stage in STAGES:
         argv = [PY, "-c", "from flows.cli import entry; entry()", stage, "--config", str(config)]
@@ -413,7 +337,7 @@ def main() -> None:
     args.dir.mkdir(parents=True, exist_ok=True)
     sizes = [int(float(s)) for s in args.rows.split(",")]
     formats = [f.strip() for f in args.formats.split(",")]
-    settings = large_table(max(sizes)) + args.set
+    settings = large_table() + args.set
     print(
         f"bench_scale: rows {sizes}, formats {formats}, {args.features} numeric features, "
         f"settings {settings}; load average {os.getloadavg()[0]:.1f}"
