@@ -19,7 +19,6 @@ import torch
 from enn_core.baselines import collapse_stats
 from enn_core.collapse.report import Criterion
 from enn_core.config import CollapseConfig
-from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
 
 BROADCAST_SAMPLE_ROWS = 512
@@ -64,24 +63,6 @@ def column_std(a: np.ndarray, chunk_rows: int | None = None) -> np.ndarray:
 
 def _rows_per_chunk(a: np.ndarray) -> int:
     return max(1, STD_CHUNK_CELLS // max(int(np.prod(a.shape[1:])), 1))
-
-
-def training_label_std(ds: StagedDataset) -> float:
-    """The standard deviation of the training rows' labels, every cell pooled (float64): the
-    scale that the broadcast check's tolerance is relative to (inference.label_std's value),
-    read in chunks of rows, shifted by the first value for accuracy."""
-    train = np.asarray(ds.split("train"))
-    shift, s1, s2, count = 0.0, 0.0, 0.0, 0
-    chunk_rows = _rows_per_chunk(ds.targets)
-    for start in range(0, len(train), chunk_rows):
-        v = np.asarray(ds.targets[train[start : start + chunk_rows]], dtype=np.float64).ravel()
-        if count == 0 and v.size:
-            shift = float(v[0])
-        d = v - shift
-        s1, s2, count = s1 + float(d.sum()), s2 + float((d**2).sum()), count + d.size
-    if count == 0:
-        raise DataError("splits/train.npy is empty; re-run stage-data with training rows")
-    return math.sqrt(max(s2 / count - (s1 / count) ** 2, 0.0))
 
 
 def target_spread(labels: np.ndarray) -> np.ndarray:
