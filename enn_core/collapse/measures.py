@@ -41,21 +41,25 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64).reshape(len(a), -1)
 
 
-def column_std(a: np.ndarray, chunk_rows: int | None = None) -> np.ndarray:
-    """Per-output std across rows of [N, ...] (e.g. a memmap of millions of predictions) in
-    float64, read in chunks so memory stays bounded; shifted by the first row for accuracy."""
-    n = len(a)
+def column_std(
+    a: np.ndarray, chunk_rows: int | None = None, rows: np.ndarray | None = None
+) -> np.ndarray:
+    """Per-output std across rows of [N, ...] (e.g. a memmap of millions of predictions), or
+    across its rows `rows` (indices, sorted for a memmap), in float64, read in chunks so memory
+    stays bounded; shifted by the first row for accuracy."""
+    n = len(a) if rows is None else len(rows)
     if n == 0:
         raise DataError("no rows to measure; predict at least one row")
     chunk_rows = chunk_rows or _rows_per_chunk(a)
-    shift = np.asarray(a[:1], dtype=np.float64).reshape(1, -1)
+
+    def part(start: int, stop: int) -> np.ndarray:
+        return np.asarray(a[start:stop] if rows is None else a[rows[start:stop]], np.float64)
+
+    shift = part(0, 1).reshape(1, -1)
     s1 = np.zeros(shift.shape[1])
     s2 = np.zeros(shift.shape[1])
     for start in range(0, n, chunk_rows):
-        d = (
-            np.asarray(a[start : start + chunk_rows], dtype=np.float64).reshape(-1, shift.shape[1])
-            - shift
-        )
+        d = part(start, start + chunk_rows).reshape(-1, shift.shape[1]) - shift
         s1 += d.sum(axis=0)
         s2 += (d**2).sum(axis=0)
     return np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
@@ -65,9 +69,10 @@ def _rows_per_chunk(a: np.ndarray) -> int:
     return max(1, STD_CHUNK_CELLS // max(int(np.prod(a.shape[1:])), 1))
 
 
-def target_spread(labels: np.ndarray) -> np.ndarray:
-    """Per-output standard deviation across rows (the reference spread; e.g. training targets)."""
-    return column_std(labels)
+def target_spread(labels: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """Per-output standard deviation across rows, or across the rows `rows` of `labels` (the
+    reference spread; e.g. training targets)."""
+    return column_std(labels, rows=rows)
 
 
 def spread_measures(
