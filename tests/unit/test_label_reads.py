@@ -1,6 +1,7 @@
-"""What export, collapse-check and the prediction flow's check read of every training row's
-labels: chunks, not the rows at once (issue 51: at 10^7 rows a float64 copy of the training
-labels is 1.5 GB). The values are the ones the whole arrays give."""
+"""What export, predict's collapse check and the registry read of every training or validation
+row's labels: chunks, not the rows at once (issue 51: at 10^7 rows a float64 copy of the
+training labels is 1.5 GB, of the validation rows' errors per predictor 1.7 GB). The values
+are the ones the whole arrays give."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pytest
 from enn_core import inference
 from enn_core.collapse import measures, reference
 from enn_core.data.dataset import StagedDataset
+from enn_core.paths import Layout
 from enn_core.predict.flow_steps import training_targets
+from tasks.tracking import registry
+from tasks.tracking.champion_rule import row_errors
 
 N, LABELS = 200_000, 24  # the training rows' labels: 13 MB as float32, 27 MB as float64
 CHUNK = LABELS * 4096  # label numbers a chunk (float64: 0.8 MB)
@@ -79,3 +83,27 @@ def test_predict_check_reads_the_training_targets_in_chunks(staged, monkeypatch)
     np.testing.assert_allclose(got.spread, y.std(axis=0), rtol=1e-9)
     np.testing.assert_array_equal(got.low, y.min(axis=0))
     np.testing.assert_array_equal(got.high, y.max(axis=0))
+
+
+def test_registry_baseline_errors_are_made_in_chunks(staged, tmp_path, monkeypatch):
+    """The champion rule's per-row errors of each naive predictor on the validation rows:
+    a float64 a row each, the numbers of the whole arrays."""
+    from enn_core.metrics import naive_predictions
+
+    ds = StagedDataset(staged)
+    rows = np.sort(np.asarray(ds.split("val")))
+    from enn_core import baselines
+
+    monkeypatch.setattr(registry, "ERROR_CHUNK_CELLS", CHUNK, raising=False)
+    monkeypatch.setattr(baselines, "STAT_BYTES", 2**20)  # a median's block: 1 MB
+    monkeypatch.setattr(baselines, "READ_CELLS", CHUNK)
+    layout = Layout.for_root(tmp_path)
+    got, peak = _peak(lambda: registry.baseline_errors(layout, staged, rows, None))
+    # the naive predictors' fit (a group number a row and its chunks: under 12 MB, as
+    # test_metrics bounds it) and a float64 a row per predictor; the whole arrays held 43 MB
+    assert peak < 20 * 2**20, peak
+    target = np.asarray(ds.targets[rows], np.float64)
+    want = {n: row_errors(p, target) for n, p in naive_predictions(ds, rows).items()}
+    assert list(got) == list(want)
+    for n in want:
+        np.testing.assert_array_equal(got[n], want[n])
