@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from enn_core.challenge import row_errors
 from enn_core.metric_names import four
 
 MIN_ROWS = 30
 RESAMPLES = 2000
 LEVEL = 0.95  # one-sided: the upper bound of the mean difference
 SEED = 0
+__all__ = ["Comparison", "beats", "judge", "row_errors", "rule_text", "verdict"]
 BLOCK_CELLS = 2**22  # row indices drawn at once (with what they pick: 64 MB), whatever the rows
 
 
@@ -46,14 +48,6 @@ class Comparison:
     def beats_model(self) -> bool:
         """The predictor's MAE is at or below the model's (it beat the model, by any margin)."""
         return not self.model_mae < self.mae
-
-
-def row_errors(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Each row's absolute error, the mean over its label cells (missing targets left out)."""
-    diff = np.abs(np.asarray(pred, dtype=np.float64) - np.asarray(target, dtype=np.float64))
-    flat = diff.reshape(len(diff), -1)
-    with np.errstate(invalid="ignore"):
-        return np.nanmean(flat, axis=1) if flat.shape[1] else np.zeros(len(diff))
 
 
 def beats(name: str, model: np.ndarray, other: np.ndarray) -> Comparison:

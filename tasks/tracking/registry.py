@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from enn_core.challenge import SchemaClash, Score, schema, score_split, split_predictions
+from enn_core.challenge import SchemaClash, Score, schema, score_split, split_errors
 from enn_core.checkpoint import DataSpec
 from enn_core.collapse.report import read_report
 from enn_core.data.dataset import StagedDataset
@@ -183,8 +183,8 @@ def register(
     staged = STAGE_DATA.output_dir(layout)
     with tempfile.TemporaryDirectory() as tmp:
         enn_dir = bundle(layout, Path(tmp))
-        rows, kept, pred, target = split_predictions(enn_dir, staged, "val")
-        errors = row_errors(pred, target)
+        own_errors = split_errors(enn_dir, staged, "val")
+        rows, kept, errors = own_errors.rows, own_errors.kept, own_errors.errors
         own = Score(mae=float(np.mean(errors)), rows=len(kept), skipped=len(rows) - len(kept))
         against = judge(errors, baseline_errors(layout, staged, rows[kept], validate))
         info = log_model(client, run_id, name, enn_dir, layout, tags)
