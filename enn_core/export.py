@@ -7,7 +7,8 @@ included: raw feature vector in, real units out) chosen by collapse-check:
 - `onnx` -> `model.onnx` (dynamo exporter from the same ExportedProgram, dynamic batch),
   run under onnxruntime for parity.
 
-Parity is part of every export: on all held-out rows (validation + test), at each of
+Parity is part of every export: on a fixed, seeded sample of at most `export.parity_rows`
+held-out rows (validation + test; all of them when there are fewer), at each of
 `export.parity_batch_sizes` (batches filled by cycling the rows, so every batch has exactly
 that size), the exported program and the ONNX model agree with the eager path within
 max |diff| <= export.parity_rel_tol x max(max |reference|, label std), or the export fails.
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from enn_core.inference import Checkpoint
 
 SIDECAR_VERSION = 1
+PARITY_SEED = 0  # the held-out rows parity runs on are the same in every run of the same data
 INPUT_NAME, OUTPUT_NAME = "features", "prediction"
 FILES = {"torch_export": "model.pt2", "onnx": "model.onnx"}
 # Python modules each format needs at export and parity time.
@@ -78,13 +80,15 @@ Runner = Callable[[np.ndarray], np.ndarray]
 
 class Parity(TypedDict):
     """One format's parity (`parity.json`): max |exported - eager| per batch size, the worst,
-    the tolerance, whether it holds, and the rows compared."""
+    the tolerance, whether it holds, the rows compared and the held-out rows they were drawn
+    from."""
 
     max_abs_diff: dict[str, float]
     worst: float
     tolerance: float
     ok: bool
     rows: int
+    heldout_rows: int
 
 
 def missing_dependencies(fmt: str) -> list[str]:
@@ -157,6 +161,17 @@ def explain_failure(fmt: str, exc: BaseException) -> str:
 # ---------------------------------------------------------------- export + parity
 
 
+def parity_sample(heldout: np.ndarray, limit: int, seed: int = PARITY_SEED) -> np.ndarray:
+    """At most `limit` of the held-out row indices `heldout` (sorted), drawn uniformly without
+    replacement with a fixed seed (so spread over validation and test in proportion), sorted;
+    all of them when there are no more than `limit`."""
+    heldout = np.asarray(heldout)
+    if len(heldout) <= limit:
+        return heldout
+    pick = np.random.default_rng(seed).choice(len(heldout), size=limit, replace=False)
+    return heldout[np.sort(pick)]
+
+
 def _batches(rows: int, size: int) -> list[np.ndarray]:
     """Row indices cycled so that every batch has exactly `size` rows and every row is used."""
     n_batches = max(1, math.ceil(rows / size))
@@ -177,10 +192,16 @@ def reference(eager: torch.nn.Module, x: np.ndarray, batch: int = 64) -> np.ndar
 
 
 def check_parity(
-    run: Runner, ref: np.ndarray, x: np.ndarray, batch_sizes: Sequence[int], tol: float
+    run: Runner,
+    ref: np.ndarray,
+    x: np.ndarray,
+    batch_sizes: Sequence[int],
+    tol: float,
+    heldout_rows: int | None = None,
 ) -> Parity:
     """max |exported - eager| at each batch size over all rows of `x` (`ref`: the eager
-    outputs of those rows, `reference`)."""
+    outputs of those rows, `reference`; `heldout_rows`: the held-out rows `x` was drawn from,
+    default all of `x`)."""
     per_size: dict[str, float] = {}
     for size in batch_sizes:
         worst = 0.0
@@ -202,6 +223,7 @@ def check_parity(
         "tolerance": tol,
         "ok": bool(worst <= tol),
         "rows": int(len(x)),
+        "heldout_rows": int(len(x) if heldout_rows is None else heldout_rows),
     }
 
 
@@ -261,9 +283,12 @@ def export_all(
     cfg: ExportConfig,
     label_std: float,
     say: Callable[[str], None] | None = None,
+    heldout_rows: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Export each configured format into `out_dir` and check its parity (`cfg`: export
-    section); `say` gets a line as each part starts (each takes seconds)."""
+    """Export each configured format into `out_dir` and check its parity on the rows of
+    `heldout` (`cfg`: export section; `heldout_rows`: the held-out rows they were sampled from,
+    `parity_sample`, default all of them); `say` gets a line as each part starts (each takes
+    seconds)."""
     say = say or (lambda line: None)
     if path.per_sample:
         refuse_batch_dependent(Calibration("per_sample"))
@@ -274,6 +299,7 @@ def export_all(
             "export: no held-out rows for the parity check; re-run stage-data with non-empty "
             "val/test splits"
         )
+    total = len(x) if heldout_rows is None else heldout_rows
     example = torch.from_numpy(x[np.arange(cfg.example_batch) % len(x)])
     results: dict[str, dict[str, Any]] = {}
     # (program, eager outputs, max |reference|, tolerance): made once, at the first format
@@ -302,14 +328,17 @@ def export_all(
         ep, ref, ref_max, tol = exported
         target = out_dir / FILES[fmt]
         sizes = ", ".join(str(b) for b in cfg.parity_batch_sizes)
-        say(f"{FILES[fmt]}: writing it, then parity on {len(x)} held-out rows at batch {sizes}")
+        say(
+            f"{FILES[fmt]}: writing it, then parity on {len(x):,} of {total:,} held-out rows "
+            f"at batch {sizes}"
+        )
         if fmt == "torch_export":
             torch.export.save(ep, str(target))
             run = _program_runner(target)
         else:
             export_onnx(ep, example, target, cfg.opset)
             run = ort_runner(target)
-        parity = check_parity(run, ref, x, cfg.parity_batch_sizes, tol)
+        parity = check_parity(run, ref, x, cfg.parity_batch_sizes, tol, total)
         if not parity["ok"]:
             raise ExportError(
                 f"export {fmt}: parity failed: max |diff| {parity['worst']:.3g} > {tol:.3g} "
@@ -417,7 +446,8 @@ def build_sidecar(
 @dataclass(frozen=True)
 class Inputs:
     """What export reads: the staged data, the trained checkpoint, the chosen calibration, the
-    prediction path they make (fp32) and its held-out rows."""
+    prediction path they make (fp32), the held-out rows parity runs on (`parity_sample`) and
+    how many held-out rows there are."""
 
     ds: StagedDataset
     ckpt: Checkpoint
@@ -426,6 +456,7 @@ class Inputs:
     heldout: np.ndarray
     std: float
     model_path: Path
+    heldout_rows: int
 
 
 def prediction_inputs(
@@ -444,8 +475,9 @@ def prediction_inputs(
     heldout_rows = np.sort(
         np.concatenate([np.asarray(ds.split("val")), np.asarray(ds.split("test"))])
     )
-    heldout = np.asarray(ds.features[heldout_rows], dtype=np.float32)
-    return Inputs(ds, ckpt, cal, path, heldout, label_std(ds), model_path)
+    sample = parity_sample(heldout_rows, cfg.export.parity_rows)
+    heldout = np.asarray(ds.features[sample], dtype=np.float32)
+    return Inputs(ds, ckpt, cal, path, heldout, label_std(ds), model_path, len(heldout_rows))
 
 
 def programs(
@@ -463,7 +495,9 @@ def programs(
         export_helper.stop(helper)
         helper = None
     if helper is None:
-        return export_all(inputs.path, inputs.heldout, out, ex, inputs.std, say)
+        return export_all(
+            inputs.path, inputs.heldout, out, ex, inputs.std, say, inputs.heldout_rows
+        )
     results: dict[str, dict[str, Any]] = {}
     try:  # from here on the helper is this stage's: stopped on any way out
         (Path(ctx.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
@@ -481,7 +515,9 @@ def programs(
         )
         if here:
             mine = replace(ex, formats=here, required=tuple(f for f in ex.required if f in here))
-            results = export_all(inputs.path, inputs.heldout, out, mine, inputs.std, say)
+            results = export_all(
+                inputs.path, inputs.heldout, out, mine, inputs.std, say, inputs.heldout_rows
+            )
     except BaseException:
         export_helper.stop(helper)
         raise
@@ -500,7 +536,8 @@ def run(
     ident = {
         "data_fingerprint": ds.fingerprint,
         "model_sha256": sha256_file(inputs.model_path),
-        "heldout_rows": int(len(heldout)),
+        "heldout_rows": inputs.heldout_rows,
+        "parity_rows": int(len(heldout)),
     }
     cache: Path | None = None
     if cfg.model.preset != "custom":  # a custom model's code is not in the key

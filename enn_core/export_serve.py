@@ -46,7 +46,11 @@ def serve(request: dict[str, Any], reply: TextIO) -> dict[str, Any]:
         required = tuple(f for f in cfg.export.required if f in formats)
         ex = replace(cfg.export, formats=formats, required=required)
         out = Path(request["out"])
-        return {"results": export_all(inputs.path, inputs.heldout, out, ex, inputs.std, say)}
+        return {
+            "results": export_all(
+                inputs.path, inputs.heldout, out, ex, inputs.std, say, inputs.heldout_rows
+            )
+        }
     except EnnError as e:
         return {"error": str(e), "type": type(e).__name__}
     except Exception as e:  # noqa: BLE001 - one line for the parent, the trace in the log

@@ -17,6 +17,7 @@ Below validate, collapse-check, predict and export; above the model and the data
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from enn_core.model.enn import ENN
 
 CANDIDATES: tuple[str, ...] = ("raw", "calibrated", "fp32", "per_sample")
+STD_CHUNK_CELLS = 2_000_000  # label numbers label_std reads at once (float64: 16 MB)
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FAILED_MARKER = "FAILED"
 CALIBRATION_FILE = "calibration.json"
@@ -126,11 +128,24 @@ def predict_rows(
     return np.concatenate(outs, axis=0)
 
 
-def label_std(ds: StagedDataset) -> float:
-    """The standard deviation of the training rows' labels (float64): the scale that parity
-    tolerances and the broadcast check are relative to."""
+def label_std(ds: StagedDataset, chunk_rows: int | None = None) -> float:
+    """The standard deviation of the training rows' labels, every cell pooled (float64): the
+    scale that parity tolerances and the broadcast check are relative to. Read in chunks of
+    rows (STD_CHUNK_CELLS numbers at a time, whatever the rows; at most `chunk_rows` rows,
+    data.chunk_rows), shifted by the first value for accuracy."""
     train = np.asarray(ds.split("train"))
-    return float(np.std(np.asarray(ds.targets[train], dtype=np.float64)))
+    shift, s1, s2, count = 0.0, 0.0, 0.0, 0
+    cap = max(1, STD_CHUNK_CELLS // max(int(np.prod(ds.targets.shape[1:])), 1))
+    chunk_rows = min(cap, chunk_rows or cap)
+    for start in range(0, len(train), chunk_rows):
+        v = np.asarray(ds.targets[train[start : start + chunk_rows]], dtype=np.float64).ravel()
+        if count == 0 and v.size:
+            shift = float(v[0])
+        d = v - shift
+        s1, s2, count = s1 + float(d.sum()), s2 + float((d**2).sum()), count + d.size
+    if count == 0:
+        raise DataError("splits/train.npy is empty; re-run stage-data with training rows")
+    return math.sqrt(max(s2 / count - (s1 / count) ** 2, 0.0))
 
 
 def load_trained(

@@ -19,7 +19,6 @@ import torch
 from enn_core.baselines import collapse_stats
 from enn_core.collapse.report import Criterion
 from enn_core.config import CollapseConfig
-from enn_core.data.dataset import StagedDataset
 from enn_core.errors import DataError
 
 BROADCAST_SAMPLE_ROWS = 512
@@ -42,21 +41,25 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64).reshape(len(a), -1)
 
 
-def column_std(a: np.ndarray, chunk_rows: int | None = None) -> np.ndarray:
-    """Per-output std across rows of [N, ...] (e.g. a memmap of millions of predictions) in
-    float64, read in chunks so memory stays bounded; shifted by the first row for accuracy."""
-    n = len(a)
+def column_std(
+    a: np.ndarray, chunk_rows: int | None = None, rows: np.ndarray | None = None
+) -> np.ndarray:
+    """Per-output std across rows of [N, ...] (e.g. a memmap of millions of predictions), or
+    across its rows `rows` (indices, sorted for a memmap), in float64, read in chunks so memory
+    stays bounded; shifted by the first row for accuracy."""
+    n = len(a) if rows is None else len(rows)
     if n == 0:
         raise DataError("no rows to measure; predict at least one row")
     chunk_rows = chunk_rows or _rows_per_chunk(a)
-    shift = np.asarray(a[:1], dtype=np.float64).reshape(1, -1)
+
+    def part(start: int, stop: int) -> np.ndarray:
+        return np.asarray(a[start:stop] if rows is None else a[rows[start:stop]], np.float64)
+
+    shift = part(0, 1).reshape(1, -1)
     s1 = np.zeros(shift.shape[1])
     s2 = np.zeros(shift.shape[1])
     for start in range(0, n, chunk_rows):
-        d = (
-            np.asarray(a[start : start + chunk_rows], dtype=np.float64).reshape(-1, shift.shape[1])
-            - shift
-        )
+        d = part(start, start + chunk_rows).reshape(-1, shift.shape[1]) - shift
         s1 += d.sum(axis=0)
         s2 += (d**2).sum(axis=0)
     return np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
@@ -66,27 +69,10 @@ def _rows_per_chunk(a: np.ndarray) -> int:
     return max(1, STD_CHUNK_CELLS // max(int(np.prod(a.shape[1:])), 1))
 
 
-def training_label_std(ds: StagedDataset, chunk_rows: int | None = None) -> float:
-    """The standard deviation of the training rows' labels, every cell pooled (float64): the
-    scale that the broadcast check's tolerance is relative to (inference.label_std's value),
-    read in chunks of rows, shifted by the first value for accuracy."""
-    train = np.asarray(ds.split("train"))
-    shift, s1, s2, count = 0.0, 0.0, 0.0, 0
-    chunk_rows = min(_rows_per_chunk(ds.targets), chunk_rows or len(train) or 1)
-    for start in range(0, len(train), chunk_rows):
-        v = np.asarray(ds.targets[train[start : start + chunk_rows]], dtype=np.float64).ravel()
-        if count == 0 and v.size:
-            shift = float(v[0])
-        d = v - shift
-        s1, s2, count = s1 + float(d.sum()), s2 + float((d**2).sum()), count + d.size
-    if count == 0:
-        raise DataError("splits/train.npy is empty; re-run stage-data with training rows")
-    return math.sqrt(max(s2 / count - (s1 / count) ** 2, 0.0))
-
-
-def target_spread(labels: np.ndarray) -> np.ndarray:
-    """Per-output standard deviation across rows (the reference spread; e.g. training targets)."""
-    return column_std(labels)
+def target_spread(labels: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    """Per-output standard deviation across rows, or across the rows `rows` of `labels` (the
+    reference spread; e.g. training targets)."""
+    return column_std(labels, rows=rows)
 
 
 def spread_measures(

@@ -126,13 +126,19 @@ def range_measures(
     }
 
 
-def target_range(labels: np.ndarray, chunk_rows: int = 65536) -> tuple[np.ndarray, np.ndarray]:
-    """Per-output minimum and maximum of [N, ...] targets, read in chunks."""
-    n = len(labels)
+def target_range(
+    labels: np.ndarray, chunk_rows: int | None = None, rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output minimum and maximum of [N, ...] targets, or of its rows `rows` (indices,
+    sorted for a memmap), read in chunks (of RANGE_CHUNK_CELLS numbers unless `chunk_rows`)."""
+    n = len(labels) if rows is None else len(rows)
     low = np.full(int(np.prod(labels.shape[1:])), np.inf)
     high = np.full_like(low, -np.inf)
+    chunk_rows = chunk_rows or max(1, RANGE_CHUNK_CELLS // max(low.size, 1))
     for start in range(0, n, chunk_rows):
-        part = np.asarray(labels[start : start + chunk_rows], np.float64).reshape(-1, low.size)
+        at = slice(start, start + chunk_rows)
+        chunk = labels[at] if rows is None else labels[rows[at]]
+        part = np.asarray(chunk, np.float64).reshape(-1, low.size)
         low = np.minimum(low, np.nanmin(part, axis=0))
         high = np.maximum(high, np.nanmax(part, axis=0))
     return low, high

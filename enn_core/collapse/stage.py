@@ -29,7 +29,6 @@ import numpy as np
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.checkpoint import Checkpoint
 from enn_core.collapse.candidates import CheckRows, check_candidates, run_precision
-from enn_core.collapse.measures import training_label_std
 from enn_core.collapse.reference import write_reference
 from enn_core.collapse.report import REPORT_FILE, CollapseReport, verdict_lines
 from enn_core.config import RunConfig
@@ -39,6 +38,7 @@ from enn_core.inference import (
     CALIBRATION_FILE,
     FAILED_MARKER,
     MODEL_FILE,
+    label_std,
     load_trained,
     resolve_device,
     sha256_file,
@@ -121,7 +121,7 @@ def check_rows(  # noqa: PLR0913
         features=np.asarray(ds.features[val], dtype=np.float32),
         target=np.asarray(ds.targets[val]),
         naive=NaiveModel(ds, chunk_rows).predict(val),
-        label_std=training_label_std(ds, chunk_rows),
+        label_std=label_std(ds, chunk_rows),
         axes=manifest.label_axes,
         axis_values=manifest.label_axis_values,
     )

@@ -245,6 +245,10 @@ class ExportConfig:
     parity_rel_tol: float = 1e-4
     """Parity: max |diff| <= tol x max(max |reference|, label std)."""
 
+    parity_rows: int = 4096
+    """Held-out rows parity is checked on: a fixed (seeded) sample of the validation and test
+    rows, all of them when there are fewer (each is run at every batch size, batch 1 included)."""
+
     example_batch: int = 8
     """Rows of the example input used to trace the model (>= 2, so the batch dimension stays
     dynamic)."""
@@ -273,3 +277,5 @@ class ExportConfig:
             )
         if self.parity_rel_tol <= 0:
             raise ConfigError("export.parity_rel_tol must be > 0")
+        if self.parity_rows < 1:
+            raise ConfigError("export.parity_rows must be >= 1 (held-out rows checked for parity)")

@@ -109,10 +109,9 @@ def training_targets(training_data_dir: str | Path, split: str = "train") -> Tra
             f"{training_data_dir}: has no labels; give the training staged dataset, "
             "not a features-only one"
         )
-    idx = np.sort(np.asarray(ds.split(split)))
-    labels = ds.labels[idx]
-    spread = target_spread(labels)
-    low, high = target_range(labels)
+    idx = np.sort(np.asarray(ds.split(split)))  # the memmap is read in chunks of these rows
+    spread = target_spread(ds.labels, idx)
+    low, high = target_range(ds.labels, rows=idx)
     std = float(ds.manifest.label_stats.std or float(np.mean(spread)))
     return TrainingTargets(spread, low, high, std)
 

@@ -48,5 +48,5 @@ EXPORT = StageSpec(
     artifacts=("sidecar.json", "parity.json"),
     bundle=("sidecar.json", "parity.json", "model.pt2"),
     registers_model=True,
-    memory=("export.example_batch", "export.parity_batch_sizes"),
+    memory=("export.example_batch", "export.parity_batch_sizes", "export.parity_rows"),
 )

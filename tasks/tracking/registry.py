@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from enn_core.challenge import SchemaClash, Score, schema, score_split, split_predictions
+from enn_core.challenge import SchemaClash, Score, schema, score_split, split_errors
 from enn_core.checkpoint import DataSpec
 from enn_core.collapse.report import read_report
 from enn_core.data.dataset import StagedDataset
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from enn_core.config import ValidateConfig
 
 CHAMPION, CANDIDATE = "champion", "candidate"
+ERROR_CHUNK_CELLS = 2_000_000  # label numbers baseline_errors reads at once (float64: 16 MB)
 DESCRIPTION = (
     "The prediction path in real units. pyfunc: a DataFrame of the training features' raw "
     "columns in, one named column per label cell out (a built-in ENN preset runs eagerly; "
@@ -182,8 +183,8 @@ def register(
     staged = STAGE_DATA.output_dir(layout)
     with tempfile.TemporaryDirectory() as tmp:
         enn_dir = bundle(layout, Path(tmp))
-        rows, kept, pred, target = split_predictions(enn_dir, staged, "val")
-        errors = row_errors(pred, target)
+        own_errors = split_errors(enn_dir, staged, "val")
+        rows, kept, errors = own_errors.rows, own_errors.kept, own_errors.errors
         own = Score(mae=float(np.mean(errors)), rows=len(kept), skipped=len(rows) - len(kept))
         against = judge(errors, baseline_errors(layout, staged, rows[kept], validate))
         info = log_model(client, run_id, name, enn_dir, layout, tags)
@@ -239,21 +240,32 @@ def baseline_errors(
     layout: Layout, staged: Path, rows: np.ndarray, validate: ValidateConfig | None
 ) -> dict[str, np.ndarray]:
     """Each naive predictor's and (with `validate`, from validate's cache) each fitted
-    baseline's per-row absolute errors at `rows` (validation rows, sorted)."""
-    from enn_core.metrics import naive_predictions
+    baseline's per-row absolute errors at `rows` (validation rows, sorted): a float64 a row
+    each, made ERROR_CHUNK_CELLS label numbers at a time (10^7 rows' targets and predictions
+    in float64 at once are gigabytes)."""
+    from enn_core.metrics import NaiveModel
 
     ds = StagedDataset(staged)
-    target = np.asarray(ds.targets[rows], dtype=np.float64)
-    out = {n: row_errors(p, target) for n, p in naive_predictions(ds, rows).items()}
+    naive = NaiveModel(ds)
+    fitted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if validate is not None and validate.baselines:
         from enn_core.fitted_baselines import fitted_baselines
 
-        split = np.asarray(ds.split("val"))
-        where = {int(r): i for i, r in enumerate(split)}
-        at = np.asarray([where[int(r)] for r in rows], dtype=np.int64)
+        split = np.asarray(ds.split("val"))  # `rows`' positions in it (no dict of a 10^6 rows)
+        order = np.argsort(split, kind="stable")
+        at = order[np.searchsorted(split[order], rows)]
         cache = layout.work / "cache" / "baselines"
         for n, res in fitted_baselines(ds, validate, ("val",), cache).items():
-            out[n] = row_errors(np.asarray(res.predictions["val"])[at], target)
+            fitted[n] = (res.predictions["val"], at)
+    out = {n: np.empty(len(rows)) for n in [*naive.tables, *fitted]}
+    step = max(1, ERROR_CHUNK_CELLS // max(int(np.prod(ds.targets.shape[1:])), 1))
+    for start in range(0, len(rows), step):
+        part = slice(start, start + step)
+        target = np.asarray(ds.targets[rows[part]], dtype=np.float64)
+        for n, p in naive.predict(rows[part]).items():
+            out[n][part] = row_errors(p, target)
+        for n, (pred, at) in fitted.items():
+            out[n][part] = row_errors(np.asarray(pred[at[part]]), target)
     return out
 
 

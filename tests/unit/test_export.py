@@ -14,7 +14,7 @@ import torch
 from enn_core import export as export_mod
 from enn_core.collapse.measures import fit_affine
 from enn_core.config import ExportConfig
-from enn_core.errors import ExportError
+from enn_core.errors import ConfigError, ExportError
 from enn_core.inference import Calibration, PredictionPath
 from tests.fixtures.evaluate import BatchBroadcast, Compressed, Generator, check_rows, dataset
 
@@ -253,3 +253,35 @@ def test_a_cached_record_naming_another_path_is_ignored(tmp_path):
         (cache / "results.json").write_text(json.dumps(record))
         assert export_cache.load(cache, out) is None, name
         assert list(out.iterdir()) == [] and not (tmp_path / "a" / "secret.txt").exists()
+
+
+def test_parity_runs_on_a_fixed_sample_of_at_most_parity_rows_held_out_rows():
+    """At 10^7 rows the held-out rows are 3 x 10^6: parity at batch 1 on each of them took
+    hours. It runs on a seeded sample, spread over validation and test, the same every run."""
+    val, test = np.arange(0, 1_500_000, 2), np.arange(2_000_000, 3_500_000, 2)
+    heldout = np.concatenate([val, test])
+    sample = export_mod.parity_sample(heldout, 4096)
+    assert len(sample) == 4096 and len(np.unique(sample)) == 4096
+    assert np.all(np.diff(sample) > 0) and np.isin(sample, heldout).all()
+    assert 1500 < np.isin(sample, val).sum() < 2600 and 1500 < np.isin(sample, test).sum() < 2600
+    np.testing.assert_array_equal(sample, export_mod.parity_sample(heldout, 4096))
+    np.testing.assert_array_equal(export_mod.parity_sample(val[:100], 4096), val[:100])
+    with pytest.raises(ConfigError, match=r"export\.parity_rows must be >= 1"):
+        ExportConfig(parity_rows=0)
+
+
+def test_parity_says_how_many_of_the_held_out_rows_it_ran_on(tmp_path):
+    cfg = ExportConfig(formats=("torch_export",), required=("torch_export",))
+    lines: list[str] = []
+    results = export_mod.export_all(
+        PredictionPath(Generator(), Calibration()),
+        _heldout(),
+        tmp_path,
+        cfg,
+        label_std=5.0,
+        say=lines.append,
+        heldout_rows=3_000_000,
+    )
+    parity = results["torch_export"]["parity"]
+    assert parity["ok"] and parity["rows"] == 30 and parity["heldout_rows"] == 3_000_000
+    assert any("parity on 30 of 3,000,000 held-out rows at batch 1, 37, 64" in ln for ln in lines)

@@ -148,13 +148,14 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path, caplog):
 
     # ONNX parity is covered by test_export.py; one ONNX export costs ~5 s of this tier's budget
     cfg = dataclasses.replace(
-        cfg, export=ExportConfig(formats=("torch_export",), required=("torch_export",))
+        cfg,
+        export=ExportConfig(formats=("torch_export",), required=("torch_export",), parity_rows=25),
     )
     with caplog.at_level(logging.INFO, logger="enn"):
         EXPORT.work(cfg, _ctx(cfg, tmp_path, EXPORT))
     # it says what it does as each part starts (issue 39: no stage silent for long)
     assert "export: tracing the prediction path" in caplog.text
-    assert "export: model.pt2: writing it, then parity on 40 held-out rows" in caplog.text
+    assert "export: model.pt2: writing it, then parity on 25 of 40 held-out rows" in caplog.text
     caplog.clear()
     out = tmp_path / "outputs" / "export"
     side = json.loads((out / "sidecar.json").read_text())
@@ -168,7 +169,10 @@ def test_trained_model_passes_and_exports_in_real_units(tmp_path, caplog):
         "tue",
     ]
     parity = json.loads((out / "parity.json").read_text())
-    assert parity["torch_export"]["ok"] and parity["torch_export"]["rows"] == 40
+    # parity ran on a sample of export.parity_rows of the held-out rows, and says so
+    assert parity["torch_export"]["ok"] and parity["torch_export"]["rows"] == 25
+    assert parity["torch_export"]["heldout_rows"] == 40
+    assert side["parity_rows"] == 25 and side["heldout_rows"] == 40
     assert set(parity["torch_export"]["max_abs_diff"]) == {"1", "37", "64"}
     assert (out / "model.pt2").exists() and not (out / "model.onnx").exists()
     # the exported program answers in real units, like the model's predict

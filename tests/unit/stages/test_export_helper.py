@@ -60,7 +60,7 @@ def test_the_helper_makes_the_programs_the_stage_makes_here(tmp_path, caplog, ex
     assert helper.proc.poll() is not None, "the helper answered and is gone"
     # its lines reach the stage's log as it works; its own output went to its log file
     assert "export: tracing the prediction path" in caplog.text
-    assert "export: model.pt2: writing it, then parity on 40 held-out rows" in caplog.text
+    assert "export: model.pt2: writing it, then parity on 40 of 40 held-out rows" in caplog.text
     assert ("model.onnx: writing it" in caplog.text) == ("onnx" in export.formats)
     log = tmp_path / "work" / "runs" / "test" / "export" / "logs" / "export-helper.log"
     assert log.is_file()
