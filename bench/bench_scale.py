@@ -61,6 +61,9 @@ STAGES = [
 MAX_STEPS = 300  # train.max_steps: what docs/your-data.md gives to try a large table quickly
 
 
+BASELINES = ("pandas-read", "pyarrow-read", "torch-loop", "model(x)", "hist-gbr")
+
+
 def large_table() -> list[str]:
     """docs/your-data.md's settings for a large table: the batches auto (the defaults), the
     optimizer steps capped; no tracking (the bench measures the stages, not the store)."""
@@ -229,7 +232,7 @@ def one_table(rows: int, fmt: str, args: argparse.Namespace) -> list[dict]:
             print(f"  {stage} failed (exit {r['rc']}): {r['tail'][-600:]}", flush=True)
             return out
     me = [PY, str(Path(__file__).resolve()), "--baseline"]
-    for name in ("pandas-read", "pyarrow-read", "torch-loop", "model(x)", "hist-gbr"):
+    for name in args.baselines.split(","):
         at = [name, str(data), str(folder / "outputs"), str(args.features), str(batch_for(rows))]
         r = run_tree([*me, *at], ROOT, env)
         if r["rc"] != 0:
@@ -346,6 +349,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="report folder (default: --dir)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--keep", action="store_true", help="keep each table's project folder")
+    ap.add_argument(
+        "--baselines",
+        default=",".join(BASELINES),
+        help="which (torch-loop, model(x) and hist-gbr read the staged arrays: the same for "
+        "both formats of a size)",
+    )
     args = ap.parse_args()
     args.dir = args.dir.resolve()
     args.dir.mkdir(parents=True, exist_ok=True)
