@@ -21,12 +21,14 @@ torchrun (torch.distributed.run, the enn-c10d rendezvous backend by its entry po
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
 from pathlib import Path
 
-from enn_core.errors import Preempted
+from enn_core.atomic import open_own
+from enn_core.errors import DataError, Preempted
 
 PREEMPTED = Preempted.exit_code
 # the signals a scheduler sends to stop a job that should resume
@@ -46,7 +48,9 @@ def _to_file(handler: logging.Handler) -> None:
     for logger in loggers:
         if not isinstance(logger, logging.Logger):
             continue
-        streams = [h for h in logger.handlers if type(h) is logging.StreamHandler]
+        streams = [
+            h for h in logger.handlers if type(h) is logging.StreamHandler and h is not handler
+        ]
         for h in streams:
             logger.removeHandler(h)
         if streams or logger is root:
@@ -61,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log_path = Path(argv[0].split("=", 1)[1].replace("{host}", socket.gethostname()))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(log_path)
+    try:  # a shared folder: never through a link planted there (atomic.open_own)
+        stream = os.fdopen(open_own(log_path), "a", buffering=1)
+    except DataError as e:
+        _say(str(e))
+        return e.exit_code
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -86,3 +87,18 @@ def test_a_failed_worker_is_one_line_naming_its_rank_and_exit_code(tmp_path):
     assert lines == [
         f"torchrun: workers failed (rank 0 exit 3); torchrun's log: {next(logs.glob('*.log'))}"
     ], err
+
+
+def test_a_link_planted_where_its_log_goes_is_one_line_and_its_target_unchanged(tmp_path):
+    """The log folder is on the shared file system ($ENN_SHARED/.enn-jobs/<job>/logs): a link
+    planted there never makes the job append to another file."""
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / f"torchrun-a0-{socket.gethostname()}.log").symlink_to(victim)
+    proc, _, _ = _start(tmp_path, "fail")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err  # DataError
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is a link or not a plain file" in lines[0], err
+    assert victim.read_text() == "mine\n"
