@@ -26,6 +26,7 @@ from enn_core.config.urls import redact_url
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from flows.servers import free_port, local_server
+from tasks.tracking.uris import client_for, use_store
 
 DEFAULT_PORT = 5001  # beside `enn ui`'s MLflow UI on 5000
 
@@ -85,7 +86,7 @@ def input_example(ref: str, tracking: str) -> dict:
         )
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            mlflow.set_tracking_uri(tracking)
+            use_store(tracking)
             path = mlflow.artifacts.download_artifacts(f"{ref}/input_example.json", dst_path=tmp)
         except (MlflowException, OSError) as e:
             first = str(e).strip().splitlines()[0][:200]
@@ -99,10 +100,8 @@ def input_example(ref: str, tracking: str) -> dict:
 
 def registered_names(tracking: str) -> list[str]:
     """The store's registered model names (at most 10), [] when it cannot say."""
-    from mlflow.tracking import MlflowClient
-
     try:
-        return sorted(m.name for m in MlflowClient(tracking).search_registered_models())[:10]
+        return sorted(m.name for m in client_for(tracking).search_registered_models())[:10]
     except Exception:  # noqa: BLE001 - only a hint in an error line already being raised
         return []
 

@@ -37,6 +37,7 @@ from enn_core.errors import EnnError, LockError
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA
 from tasks.lock import pipeline_lock
+from tasks.tracking.uris import client_for
 
 log = logging.getLogger("enn.gc")
 DAY_S = 86400.0
@@ -188,9 +189,8 @@ def failed_run_artifacts(cfg: RunConfig, layout: Layout, now: float, plan: Plan)
     if not cfg.tracking.enabled or not layout.mlflow_dir.is_dir():
         return
     from mlflow.entities import ViewType
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(cfg.tracking.uri or layout.mlflow_uri)
+    client = client_for(cfg.tracking.uri or layout.mlflow_uri)
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     if exp is None:
         return
@@ -250,9 +250,7 @@ def remove(cfg: RunConfig, layout: Layout, removals: list[Removal]) -> dict[Path
             continue
         if r.run_id:
             if client is None:
-                from mlflow.tracking import MlflowClient
-
-                client = MlflowClient(cfg.tracking.uri or layout.mlflow_uri)
+                client = client_for(cfg.tracking.uri or layout.mlflow_uri)
             if client.get_run(r.run_id).info.lifecycle_stage == "active":
                 client.set_tag(r.run_id, "enn.gc", "artifacts removed")
     return failed

@@ -24,6 +24,7 @@ from enn_core.config.urls import redact_text, redact_url
 from enn_core.data.manifest import read_manifest
 from enn_core.errors import ConfigError
 from tasks.tracking.auth import CREDENTIALS, refused_credentials
+from tasks.tracking.uris import client_for, use_store
 
 CHAMPION_REF = "champion"  # --model / checkpoint.init_from shorthand for this task's champion
 LOCAL_COPY = "model/model.pt"  # the prediction pipeline's local copy of its registered model
@@ -82,7 +83,7 @@ def stored_model_dir(uri: str, tracking_uri: str | None = None) -> Path | None:
     `runs:/` reference, no such version: the download then says what is wrong)."""
     from urllib.parse import unquote, urlparse
 
-    from mlflow import MlflowClient
+    import mlflow
     from mlflow.exceptions import MlflowException
 
     from tasks.tracking.registry import enn_folder
@@ -92,7 +93,7 @@ def stored_model_dir(uri: str, tracking_uri: str | None = None) -> Path | None:
     ref = uri.removeprefix("models:/")
     name, alias = ref.split("@", 1) if "@" in ref else (ref.rsplit("/", 1) + [""])[:2]
     try:
-        client = MlflowClient(tracking_uri) if tracking_uri else MlflowClient()
+        client = client_for(tracking_uri or mlflow.get_tracking_uri())
         if "@" in ref:
             version = client.get_model_version_by_alias(name, alias)
         else:
@@ -118,7 +119,7 @@ def resolve_model_uri(uri: str, dest: Path, tracking_uri: str | None = None) -> 
     from tasks.tracking.registry import enn_folder
 
     if tracking_uri:  # global, as the Tracker sets it: MLflow resolves models:/ by it
-        mlflow.set_tracking_uri(tracking_uri)
+        use_store(tracking_uri)
     try:
         local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest))
     except MlflowException as e:

@@ -43,6 +43,7 @@ from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, StageSpec
 from tasks.tracking.auth import CREDENTIALS, check_model_name, model_held, refused_credentials
+from tasks.tracking.uris import client_for, use_store
 
 TAG_PID = "enn.pid"
 TAG_PID_CREATED = "enn.pid_created"
@@ -107,14 +108,12 @@ class Tracker:
             check_no_credentials(uri, "MLFLOW_TRACKING_URI", TRACKING_FIX)
         self.uri = uri
         layout.mlflow_dir.mkdir(parents=True, exist_ok=True)
-        import mlflow
         from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
 
-        mlflow.set_tracking_uri(uri)
+        use_store(uri)
         probe_server(uri)
         try:
-            self.client = MlflowClient(tracking_uri=uri)
+            self.client = client_for(uri)
             exp = self.client.get_experiment_by_name(cfg.tracking.experiment)
         except Exception as e:  # noqa: BLE001 - any failure to open the store, named below
             raise store_error(uri, e) from e

@@ -240,13 +240,25 @@ def auth_server(servers) -> AuthServer:
     return servers.mlflow
 
 
+@pytest.fixture
+def registry_elsewhere(tmp_path) -> Iterator[None]:
+    """MLflow's process-wide registry URI left on another store, as an earlier caller in the
+    same process (a notebook, another test) leaves it: before, the name check and `models:/`
+    lookups went there (CI: a model "free" on the server, a wrong password that downloaded)."""
+    import mlflow
+
+    mlflow.set_registry_uri(f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    yield
+    mlflow.set_registry_uri(None)
+
+
 def _as(monkeypatch, server: AuthServer, user: str, password: str | None = None) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password or server.passwords[user])
 
 
 def test_a_model_name_another_user_holds_stops_the_run_before_training(
-    auth_server, tmp_path, monkeypatch
+    auth_server, tmp_path, monkeypatch, registry_elsewhere
 ):
     from tasks.session import pipeline_session
 
@@ -343,7 +355,7 @@ def test_a_wrong_or_missing_postgres_password_is_one_line_naming_pgpassword(serv
 
 
 def test_a_wrong_mlflow_password_for_a_registered_model_is_the_same_line(
-    auth_server, tmp_path, monkeypatch
+    auth_server, tmp_path, monkeypatch, registry_elsewhere
 ):
     """`enn predict --model models:/...` from the server: before, "no such registered model
     version" for a server that answered 401."""
