@@ -13,6 +13,9 @@ multi-node one.
 torchrun finds the same backend by name (`torchrun --rdzv-backend enn-c10d ...`) through the
 entry point `torchrun.handlers` -> `torchrun_handler` (pyproject.toml).
 
+What this adds to torch's handler and backend (`Hooks`, `rendezvous_backend`) reaches torch
+through enn_core.runtime.torch_private, the one module that names torch's private members.
+
 Authenticated (enn_core.runtime.store_auth): the rendezvous state is stored with an HMAC keyed
 by the job secret (enn_core.runtime.secret) and bound to the run id and the launch (a nonce the
 store's host draws, `launch_nonce`: a state replayed from an earlier job with the same id and
