@@ -157,10 +157,10 @@ class Objective:
             try:
                 return call()
             except Exception as e:
-                if store.connection_lost(e) is None:
+                if store.lost(e) is None:
                     raise
                 if time.monotonic() - first > self.tune.stale_after_s or self.stop.is_set():
-                    self.halt(store.unreachable(self.plan.storage, e))
+                    self.halt(store.failure(self.plan.storage, e, records=False))
                     raise Ended(str(e)) from e
                 time.sleep(1.0)
 

@@ -131,13 +131,7 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
     while True:
         objective.lost = False
         try:
-            with store.reading(plan.storage, records=False):
-                study.optimize(
-                    objective,
-                    n_jobs=plan.parallel,
-                    catch=(Ended,),
-                    callbacks=[done],
-                )
+            study.optimize(objective, n_jobs=plan.parallel, catch=(Ended,), callbacks=[done])
         except store.StudyEnds:  # done or stopped, asked for no trial
             pass
         except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
@@ -147,11 +141,10 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
                 raise
             continue
         except Exception as e:  # Optuna's own call (ask, tell) when the storage went
-            if objective.error is not None:
-                raise objective.error from e
-            if store.connection_lost(e) is not None:
-                raise store.unreachable(plan.storage, e) from e
-            raise
+            error = objective.error or store.failure(plan.storage, e, records=False)
+            if error is None:
+                raise
+            raise error from e
         if objective.error is not None:
             raise objective.error
         return

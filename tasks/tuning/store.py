@@ -37,7 +37,7 @@ from enn_core.atomic import private_file
 from enn_core.config import RunConfig, all_config_keys, redact_url, to_plain
 from enn_core.config.tune import SEARCHABLE, TuneConfig
 from enn_core.config.urls import pg_refused
-from enn_core.errors import ConfigError, DataError, NoSpaceError, StoreError
+from enn_core.errors import ConfigError, DataError, EnnError, NoSpaceError, StoreError
 
 log = logging.getLogger("enn.tune")
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -127,10 +127,9 @@ def engine_options(url: str) -> dict[str, Any]:
     return {"pool_pre_ping": True, "connect_args": connect}
 
 
-def connection_lost(e: BaseException) -> BaseException | None:
+def lost(e: BaseException) -> BaseException | None:
     """The database connection's error behind `e` (SQLAlchemy's OperationalError, which
-    Optuna wraps as StorageInternalError on a commit, and its own tell may hide behind another
-    exception), else None."""
+    Optuna wraps as StorageInternalError, or hides behind its own tell's error), else None."""
     from sqlalchemy.exc import OperationalError
 
     seen: BaseException | None = e
@@ -141,41 +140,53 @@ def connection_lost(e: BaseException) -> BaseException | None:
     return None
 
 
-def unreachable(url: str, e: BaseException) -> StoreError | ConfigError:
-    first = (str(connection_lost(e) or e).strip().splitlines() or [""])[0][:200]
-    if sqlite_file(url) is not None:
-        return StoreError(f"{shown(url)}: the study database cannot be written ({first})")
-    if pg_refused(first):
-        return ConfigError(
-            f"{shown(url)}: the database server refused the login ({first}); check PGPASSWORD "
-            "(or ~/.pgpass) for the user the URL names"
+def failure(url: str, e: BaseException, records: bool = True) -> EnnError | None:
+    """The one translator of a storage failure: `e` as one line naming the storage (a server's
+    URL without its user), or None when `e` is not one. A full disk is NoSpaceError; a lost
+    connection (a refused login names PGPASSWORD); what SQLAlchemy raises, and with `records`
+    what Optuna raises on a damaged record, is a database that cannot be read."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    file, cause = sqlite_file(url), lost(e)
+    if "database or disk is full" in str(cause or e):
+        return NoSpaceError.at(file or Path("."), "the study database")
+    if cause is not None and (file is None or not records):
+        first = first_line(cause)
+        if file is not None:
+            return StoreError(f"{shown(url)}: the study database cannot be written ({first})")
+        if pg_refused(first):
+            return ConfigError(
+                f"{shown(url)}: the database server refused the login ({first}); check "
+                "PGPASSWORD (or ~/.pgpass) for the user the URL names"
+            )
+        return StoreError(
+            f"{shown(url)}: the study storage cannot be reached ({first}); check that the "
+            "database server runs and answers from this host, and the password in PGPASSWORD "
+            "or ~/.pgpass"
         )
+    damaged = (ValueError, KeyError, IndexError, TypeError, RuntimeError) if records else ()
+    if not isinstance(e, (SQLAlchemyError, *damaged)):
+        return None
     return StoreError(
-        f"{shown(url)}: the study storage cannot be reached ({first}); check that the database "
-        "server runs and answers from this host, and the password in PGPASSWORD or ~/.pgpass"
+        f"{shown(url)}: the study database cannot be read ({type(e).__name__}: "
+        f"{first_line(e)}); {ANOTHER}"
     )
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 @contextlib.contextmanager
 def reading(url: str, records: bool = True) -> Iterator[None]:
-    """What SQLAlchemy raises (and with `records`, what Optuna raises on a damaged record) as
-    one StoreError naming the storage; a full disk is NoSpaceError."""
-    from sqlalchemy.exc import OperationalError, SQLAlchemyError
-
-    damaged = (ValueError, KeyError, IndexError, TypeError, RuntimeError) if records else ()
+    """A storage failure inside as one line (`failure`)."""
     try:
         yield
-    except (SQLAlchemyError, *damaged) as e:
-        file = sqlite_file(url)
-        if "database or disk is full" in str(e):
-            raise NoSpaceError.at(file or Path("."), "the study database") from e
-        if file is None and isinstance(e, OperationalError):
-            raise unreachable(url, e) from e
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise StoreError(
-            f"{shown(url)}: the study database cannot be read ({type(e).__name__}: {first}); "
-            f"{ANOTHER}"
-        ) from e
+    except Exception as e:
+        error = failure(url, e, records)
+        if error is None:
+            raise
+        raise error from e
 
 
 class Storage(RDBStorage):
