@@ -58,19 +58,15 @@ class Ended(Exception):
 class RunningTrial:
     """A trial process the objective follows."""
 
-    trial: Trial | None
+    number: int
+    params: dict[str, Any]
     folder: Path
-    proc: subprocess.Popen[bytes] | None
     started: float
     values: list[tuple[int, float]] = field(default_factory=list)
     events: EventTail = field(init=False)
 
     def __post_init__(self) -> None:
         self.events = EventTail(events_file(self.folder))
-
-    @property
-    def number(self) -> int:
-        return self.trial.number if self.trial is not None else -1
 
     def new_values(self, metric: str) -> list[tuple[int, float]]:
         """The `epoch/<metric>` values appended to the trial's events since the last call."""
@@ -185,8 +181,8 @@ class Objective:
             self.halt()
             raise Ended("the study stops")
         folder = st.trial_folder(self.plan, trial.number)
-        # an owner from its first moment: a restarted study of this host finds what it left
-        owner = shared.TrialOwner.of(0, shared.trial_command(folder / "trial.json"))
+        # its owner from its first moment: a restarted study of this host finds what it left
+        owner = shared.TrialOwner.of(shared.trial_command(folder / "trial.json"))
         self.storage(lambda: trial.set_user_attr(shared.OWNER_ATTR, owner.to_json()))
         trials = self.trials()
         mine = next(t for t in trials if t.number == trial.number)
@@ -281,14 +277,11 @@ class Objective:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        running = RunningTrial(trial, folder, proc, time.monotonic())
+        running = RunningTrial(trial.number, trial.params, folder, time.monotonic())
         try:
-            trial.set_user_attr(
-                shared.OWNER_ATTR, shared.TrialOwner.of(proc.pid, command).to_json()
-            )
             log.info("trial %d: %s", trial.number, st.shown(trial.params))
             self.hooks.started(running)
-            return self.follow(running, proc)
+            return self.follow(running, trial, proc)
         except BaseException:  # stopped: Ctrl-C in this thread, the stop event, the storage gone
             if not (folder / "end.json").exists():
                 self.end(running, "interrupted", None, *kill_trial(proc))
@@ -296,9 +289,8 @@ class Objective:
                     self.quietly(lambda: shared.queue_again(self.study, trial.number, trial.params))
             raise
 
-    def follow(self, running: RunningTrial, proc: subprocess.Popen[bytes]) -> float:
-        assert running.trial is not None
-        trial, metric = running.trial, self.tune.metric
+    def follow(self, running: RunningTrial, trial: Trial, proc: subprocess.Popen[bytes]) -> float:
+        metric = self.tune.metric
         while not self.stopping():
             for epoch, value in running.new_values(metric):
                 try:
@@ -351,13 +343,12 @@ class Objective:
         gone: float | None = None,
     ) -> None:
         st.remove_checkpoints(running.folder)
-        params = running.trial.params if running.trial else {}
         seconds = time.monotonic() - running.started
         end = TrialEnd(
             running.number,
             state,
             value,
-            params,
+            running.params,
             len(running.values),
             seconds,
             tuple(pids or ()),

@@ -12,7 +12,6 @@ once; `counts` is what a trial counts before it runs.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import datetime
 import json
@@ -46,23 +45,18 @@ START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agr
 
 @dataclass(frozen=True)
 class TrialOwner:
+    """A trial's `enn.owner`, written once as it starts: what `left_here` reads."""
+
     host: str
-    pid: int
-    started: float  # the trial process's start time (seconds since the epoch)
-    cmdline: tuple[str, ...]
-    study_pid: int = 0  # the `enn tune` process that started it
+    cmdline: tuple[str, ...]  # as the study ran it: its job file names the study and trial
+    study_pid: int = 0  # the `enn tune` process that started it (0: an older record)
     study_started: float = 0.0
 
     @classmethod
-    def of(cls, pid: int, command: list[str]) -> TrialOwner:
-        """The record of trial process `pid` (0: none yet) started with `command` (as the
-        study ran it: the process may not have exec'd yet)."""
-        started = 0.0
-        if pid > 0:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                started = psutil.Process(pid).create_time()
+    def of(cls, command: list[str]) -> TrialOwner:
+        """The record of the trial this process starts with `command`."""
         me = psutil.Process()
-        return cls(socket.gethostname(), pid, started, tuple(command), me.pid, me.create_time())
+        return cls(socket.gethostname(), tuple(command), me.pid, me.create_time())
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -73,13 +67,7 @@ class TrialOwner:
         try:
             d = json.loads(raw) if isinstance(raw, str) else {}
             study = (int(d.get("study_pid", 0)), float(d.get("study_started", 0.0)))
-            owner = cls(
-                str(d["host"]),
-                int(d["pid"]),
-                float(d["started"]),
-                tuple(d["cmdline"]),
-                *study,
-            )
+            owner = cls(str(d["host"]), tuple(d["cmdline"]), *study)
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
             return None
         return owner if all(isinstance(a, str) for a in owner.cmdline) else None

@@ -331,11 +331,11 @@ def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, ca
     assert tracker.start({}) is not None
     client = MlflowClient(uri)
     client.delete_experiment(client.get_experiment_by_name("gone").experiment_id)
-    trial = RunningTrial(None, tmp_path, None, time.monotonic())
+    trial = RunningTrial(0, {}, tmp_path, time.monotonic())
     with caplog.at_level("WARNING", logger="enn.tune"):
         tracker.started(trial)
         tracker.reported(trial, 0, 0.5)
-        tracker.ended(trial, TrialEnd(-1, "complete", 0.5, {}, 1, 1.0))
+        tracker.ended(trial, TrialEnd(0, "complete", 0.5, {}, 1, 1.0))
         tracker.stale(3)
         tracker.finish(None, [], None)
     said = [r.getMessage() for r in caplog.records if r.name == "enn.tune"]

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sqlite3
 import subprocess
@@ -29,7 +30,7 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from enn_core.errors import DataError, StoreError
 from tasks.tuning import study as st
-from tasks.tuning.shared import OWNER_ATTR, TrialOwner
+from tasks.tuning.shared import OWNER_ATTR
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 
@@ -53,6 +54,7 @@ def alive(proc: subprocess.Popen) -> bool:
 
 
 def record(proc: subprocess.Popen, **change) -> str:
+    """An owner record naming `proc` (its pid and start too, as records of older studies did)."""
     p = psutil.Process(proc.pid)
     owner = {
         "host": socket.gethostname(),
@@ -61,7 +63,7 @@ def record(proc: subprocess.Popen, **change) -> str:
         "cmdline": p.cmdline(),
         **change,
     }
-    return TrialOwner(**owner).to_json()
+    return json.dumps(owner)
 
 
 def stale_trial(tmp_path: Path, attrs: dict[str, str]) -> tuple[object, st.StudyPlan]:

@@ -44,8 +44,8 @@ def test_slots_one_trial_per_gpu():
     assert st.slots(cfg, 16, gpus=4) == (4, 4)
 
 
-def _running(tmp_path, proc=None):
-    return RunningTrial(trial=None, folder=tmp_path, proc=proc, started=time.monotonic())
+def _running(tmp_path):
+    return RunningTrial(number=0, params={}, folder=tmp_path, started=time.monotonic())
 
 
 def test_watcher_reads_epoch_values_as_appended(tmp_path):
@@ -90,7 +90,7 @@ def test_stale_running_trial_is_failed_and_enqueued_again(tmp_path):
     plan = study_plan(tmp_path)
     study = st.open_study(cfg, plan)
     left = study.ask({"train.lr": optuna.distributions.FloatDistribution(0.001, 0.1, log=True)})
-    gone = TrialOwner("here", 999999999, 0.0, ("python", "-m", "tasks.tuning.trial", "x"))
+    gone = TrialOwner("here", ("python", "-m", "tasks.tuning.trial", "x"))
     left.set_user_attr(OWNER_ATTR, gone.to_json())  # its process is gone
     again = st.open_study(cfg, plan)  # the next `enn tune`
     assert st.end_stale_trials(again, plan, dimensions(cfg.tune)) == [left.number]
