@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 from optuna.exceptions import TrialPruned, UpdateFinishedTrialError
 from optuna.storages import fail_stale_trials
 from optuna.study import Study
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
 from enn_core.atomic import write_json
 from enn_core.config import RunConfig, load_config
@@ -192,7 +192,8 @@ class Objective:
             self.storage(lambda: trial.set_user_attr(shared.NOT_RUN_ATTR, True))
             self.not_run(mine)
         for dim in self.dims:
-            dim.suggest(trial)
+            if dim.key not in trial.params:  # a retry has its values (as they were checked)
+                dim.suggest(trial)
         slot = self.slots.get()
         try:
             return self.run(trial, folder, slot)
@@ -237,10 +238,15 @@ class Objective:
 
     def not_run(self, mine: FrozenTrial) -> None:
         """Asked while the study was full (another host asked at the same moment): not run, a
-        queued point it popped queued again; the next ask waits for room (`room`)."""
-        if fixed := mine.system_attrs.get("fixed_params"):
-            attrs = {k: v for k, v in mine.user_attrs.items() if k == shared.RETRY_ATTR}
-            self.storage(lambda: self.study.enqueue_trial(fixed, user_attrs=attrs or None))
+        queued point or retry it popped put back as it was; the next ask waits for room."""
+        if {"fixed_params", "failed_trial"} & set(mine.system_attrs):  # queued, or a retry
+            back = create_trial(
+                state=TrialState.WAITING,
+                params=mine.params,
+                distributions=mine.distributions,
+                system_attrs=mine.system_attrs,
+            )
+            self.storage(lambda: self.study.add_trial(back))
         raise Ended("the study was full")
 
     def run(self, trial: Trial, folder: Path, slot: int) -> float:
@@ -286,7 +292,7 @@ class Objective:
             if not (folder / "end.json").exists():
                 self.end(running, "interrupted", None, *kill_trial(proc))
                 if not self.lost:
-                    self.quietly(lambda: shared.queue_again(self.study, trial.number, trial.params))
+                    self.quietly(lambda: shared.retry(self.study, trial.number, stopped=True))
             raise
 
     def follow(self, running: RunningTrial, trial: Trial, proc: subprocess.Popen[bytes]) -> float:

@@ -69,11 +69,11 @@ def tune(
     optuna_logs_as_enn_does()
     with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
         tracker = StudyTracker(cfg, layout, plan.name)  # first: a deleted experiment is one line
-        on_stale = StaleTrials(dims, plan.shown)
+        on_stale = StaleTrials()
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
         st.stage_study_data(plan, cfg, study)
         with store.reading(plan.storage):
-            stale = st.end_stale_trials(study, plan, dims)
+            stale = st.end_stale_trials(study, plan)
             done = len(
                 study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
             )

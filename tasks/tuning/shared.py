@@ -13,6 +13,7 @@ once; `counts` is what a trial counts before it runs.
 from __future__ import annotations
 
 import contextvars
+import copy
 import datetime
 import json
 import logging
@@ -26,16 +27,14 @@ from typing import Any
 
 import psutil
 from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from enn_core.config.tune import Dimension, space_values
-from enn_core.errors import DataError
 from tasks.tuning.store import Storage
 
 log = logging.getLogger("enn.tune")
 OWNER_ATTR = "enn.owner"
-RETRY_ATTR = "enn.retry_of"  # a queued trial's user attribute: the trial it runs again
 DUPLICATE_ATTR = "enn.duplicate_of"
 SETS_ATTR = "enn.sets"  # a trial's user attribute: the --set values it trained under
 NOT_RUN_ATTR = "enn.not_run"  # asked when the study was full: never ran, left out of tables
@@ -104,44 +103,38 @@ def fail(study: Study, number: int) -> bool:
     return True
 
 
-def requeue(study: Study, trial: FrozenTrial, dims: Sequence[Dimension], where: str) -> None:
-    """`trial`'s point queued again, when it is a point of the space (`queue_again`)."""
-    try:
-        values = space_values(trial.params, dims, f"{where}: trial {trial.number}", "not run again")
-    except DataError as e:
-        log.warning("%s", e)
+def never_ran(trial: FrozenTrial) -> bool:
+    """Asked while the study was full, or a duplicate: its point is queued again or ran
+    elsewhere."""
+    return NOT_RUN_ATTR in trial.user_attrs or DUPLICATE_ATTR in trial.user_attrs
+
+
+def retry_of(trial: FrozenTrial) -> int | None:
+    """The trial whose point `trial` runs again (Optuna's retry record), unless it never ran."""
+    return None if never_ran(trial) else Retry.retried_trial_number(trial)
+
+
+def retry(study: Study, number: int, stopped: bool = False) -> None:
+    """Trial `number`'s point queued again by Optuna's RetryHeartbeatStaleTrialCallback: once
+    when it failed (max_retry=1), each time the study stopped it; not when a retry of it is
+    queued or ran already, nor when it never ran. Its point is checked when popped."""
+    trials = study.get_trials(deepcopy=False)
+    trial = next(t for t in trials if t.number == number)
+    if never_ran(trial) or any(retry_of(t) == number for t in trials):
         return
-    queue_again(study, trial.number, values)
-
-
-def queue_again(study: Study, number: int, values: dict[str, Any]) -> bool:
-    """Trial `number`'s point queued again, once: not when a retry of it is queued or ran
-    already (a cancelled trial's host queued it, then another host's sweep failed it as
-    stale). Two hosts queueing at the same moment both may: the later retry is then not run
-    (`duplicate_of`)."""
-    if any(retry_of(t) == number for t in study.get_trials(deepcopy=False)):
-        log.info("trial %d: its point is queued again already", number)
-        return False
-    study.enqueue_trial(values, user_attrs={RETRY_ATTR: number})
-    return True
-
-
-def retry_of(trial: FrozenTrial) -> Any:
-    """The trial number `trial` runs again (None: none), unless it never ran (asked when the
-    study was full, or a duplicate): its point is queued again or ran elsewhere."""
-    attrs = trial.user_attrs
-    if NOT_RUN_ATTR in attrs or DUPLICATE_ATTR in attrs:
-        return None
-    return attrs.get(RETRY_ATTR)
+    trial = copy.copy(trial)
+    trial.user_attrs = {}  # its owner record and --set values are its own, not its retry's
+    Retry(max_retry=None if stopped else 1)(study, trial)
 
 
 class StaleTrials:
-    """Optuna's `heartbeat_stale_trial_callback`: runs on the one host that failed the trial."""
+    """The storage's `heartbeat_stale_trial_callback`, on the one host that failed the trial:
+    `retry`, then the listeners (the tracker), in the flow run's context (Optuna's threads
+    lack it)."""
 
-    def __init__(self, dims: Sequence[Dimension], where: str) -> None:
-        self.dims, self.where = dims, where
+    def __init__(self) -> None:
         self.listeners: list[Callable[[int], None]] = []
-        self.context = contextvars.copy_context()  # the flow run's: Optuna's threads lack it
+        self.context = contextvars.copy_context()
 
     def __call__(self, study: Study, trial: FrozenTrial) -> None:
         self.context.copy().run(self.failed, study, trial)
@@ -150,11 +143,11 @@ class StaleTrials:
         owner = TrialOwner.parse(trial.user_attrs.get(OWNER_ATTR))
         host = owner.host if owner else "an unknown host"
         log.warning(
-            "trial %d (on %s) missed its heartbeats: failed, its values queued again",
+            "trial %d (on %s) missed its heartbeats: failed, its point queued again",
             trial.number,
             host,
         )
-        requeue(study, trial, self.dims, self.where)
+        retry(study, trial.number)
         for listener in self.listeners:
             listener(trial.number)
 

@@ -26,7 +26,7 @@ from optuna.study import Study
 from optuna.trial import TrialState
 
 from enn_core.config import RunConfig, sections_of
-from enn_core.config.tune import Dimension, check_study_name
+from enn_core.config.tune import check_study_name
 from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout
 from enn_core.runtime.device import usable_cores
@@ -179,7 +179,7 @@ def open_study(
     return store.open_study(cfg, plan.name, plan.storage, plan.identity, on_stale)
 
 
-def end_stale_trials(study: Study, plan: StudyPlan, dims: tuple[Dimension, ...]) -> list[int]:
+def end_stale_trials(study: Study, plan: StudyPlan) -> list[int]:
     """Trials a killed study of this checkout left RUNNING: failed, their points queued again,
     their checkpoints deleted; nothing signalled. Returns their numbers."""
     ended = []
@@ -188,8 +188,8 @@ def end_stale_trials(study: Study, plan: StudyPlan, dims: tuple[Dimension, ...])
         owner = shared.TrialOwner.parse(t.user_attrs.get(shared.OWNER_ATTR))
         if plan.shared and not shared.left_here(owner, folder / "trial.json"):
             continue
-        if shared.fail(study, t.number) and shared.NOT_RUN_ATTR not in t.user_attrs:
-            shared.requeue(study, t, dims, plan.shown)
+        if shared.fail(study, t.number):
+            shared.retry(study, t.number)
         remove_checkpoints(folder)
         ended.append(t.number)
     return ended

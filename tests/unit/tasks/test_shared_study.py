@@ -142,12 +142,11 @@ def test_a_starting_study_leaves_other_hosts_trials_to_their_heartbeat(tmp_path)
     ]
     for raw in owners:
         study.ask(space).set_user_attr(OWNER_ATTR, raw)
-    assert st.end_stale_trials(study, plan, dimensions(cfg.tune)) == [3]
+    assert st.end_stale_trials(study, plan) == [3]
     states = [t.state.name for t in study.get_trials()]
     assert states == ["RUNNING", "RUNNING", "RUNNING", "FAIL", "WAITING"]
     retry = study.get_trials()[4]
-    assert retry.user_attrs[shared.RETRY_ATTR] == 3
-    assert retry.system_attrs["fixed_params"] == study.get_trials()[3].params
+    assert shared.retry_of(retry) == 3 and retry.params == study.get_trials()[3].params
     assert TrialOwner.parse(owners[3]).study_pid == 0  # an older record's form parses too
 
 
@@ -186,7 +185,7 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_pat
     cfg = load_config(None, [LR, "tune.heartbeat_s=1", "tune.stale_after_s=2"])
     plan = shared_plan(tmp_path, identity="node1")
     heard: list[int] = []
-    on_stale = shared.StaleTrials(dimensions(cfg.tune), plan.shown)
+    on_stale = shared.StaleTrials()
     on_stale.listeners.append(heard.append)
     study = st.open_study(cfg, plan, on_stale)
     marker = tmp_path / "running"
@@ -205,8 +204,8 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_pat
     trials = study.get_trials()
     assert trials[dead.number].state.name == "FAIL"
     waiting = [t for t in trials if t.state.name == "WAITING"]
-    assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == dead.params
-    assert waiting[0].user_attrs[shared.RETRY_ATTR] == dead.number
+    assert len(waiting) == 1 and waiting[0].params == dead.params
+    assert shared.retry_of(waiting[0]) == dead.number
     assert heard == [dead.number]
     node1.last_sweep = 0.0
     node1.sweep()  # a second sweep finds nothing left to fail

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from enn_core.config import load_config
@@ -26,7 +27,7 @@ POINT = {"train.lr": 0.02}
 def _study(tmp_path, *sets: str):
     cfg = load_config(None, [LR, *sets])
     plan = shared_plan(tmp_path)
-    return cfg, plan, st.open_study(cfg, plan)
+    return cfg, plan, st.open_study(cfg, plan, shared.StaleTrials())  # as `enn tune` opens it
 
 
 def _rows(study) -> list[tuple[int, str]]:
@@ -70,7 +71,7 @@ def test_a_cancelled_trial_swept_as_stale_elsewhere_has_its_point_queued_once(tm
         cancelled = study.ask(space)
     study._storage.record_heartbeat(cancelled._trial_id)  # then its host died
     # what its stop did: the point queued again, as a retry of the cancelled trial
-    study.enqueue_trial(cancelled.params, user_attrs={shared.RETRY_ATTR: cancelled.number})
+    shared.retry(study, cancelled.number, stopped=True)
     node2 = objective(study, cfg, plan)
     t0 = time.monotonic()
     while study.get_trials()[cancelled.number].state.name == "RUNNING":
@@ -90,8 +91,8 @@ def test_a_second_retry_of_one_point_queued_at_the_same_moment_is_not_run(tmp_pa
     study.enqueue_trial(POINT)
     first = study.ask(space)
     study.tell(first, state=TrialState.FAIL)
-    for _ in range(2):
-        study.enqueue_trial(POINT, user_attrs={shared.RETRY_ATTR: first.number})
+    for _ in range(2):  # each host's Optuna callback, before it saw the other's retry
+        RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study.get_trials()[first.number])
     retry = study.ask(space)
     study.tell(retry, 0.5)
     study.optimize(objective(study, cfg, plan), n_trials=1, catch=(Ended,))

@@ -79,7 +79,6 @@ def stale_trial(tmp_path: Path, attrs: dict[str, str]) -> tuple[object, st.Study
 
 def test_a_record_naming_another_process_leaves_it_alone(tmp_path):
     """Each record names a live process that is not this study's trial: none is signalled."""
-    cfg = load_config(None, [LR])
     job = tmp_path / "s" / "trial-0" / "trial.json"
     bystander = spawn()  # someone's process, nothing to do with the study
     other_study = spawn("-m", "tasks.tuning.trial", str(tmp_path / "t" / "trial-0" / "trial.json"))
@@ -100,7 +99,7 @@ def test_a_record_naming_another_process_leaves_it_alone(tmp_path):
             folder.mkdir()
             study, pl = stale_trial(folder, attrs)
             pl = st.StudyPlan(**{**pl.__dict__, "folder": tmp_path / "s"})
-            assert st.end_stale_trials(study, pl, dimensions(cfg.tune)) == [0]
+            assert st.end_stale_trials(study, pl) == [0]
             assert study.get_trials()[0].state.name == "FAIL"
             survivors = [alive(bystander), alive(other_study), alive(looks_like)]
             assert survivors == [True, True, True], attrs
@@ -113,12 +112,11 @@ def test_a_record_naming_another_process_leaves_it_alone(tmp_path):
 def test_the_trial_this_study_started_is_not_signalled_either(tmp_path):
     """Its process group dies with its study (the trial's parent watch); a resumed study marks
     it failed and queues its point again, and signals nothing."""
-    cfg = load_config(None, [LR])
     p = study_plan(tmp_path)
     trial = spawn("-m", "tasks.tuning.trial", str(p.folder / "trial-0" / "trial.json"))
     try:
         study, _ = stale_trial(tmp_path, {OWNER_ATTR: record(trial)})
-        assert st.end_stale_trials(study, p, dimensions(cfg.tune)) == [0]
+        assert st.end_stale_trials(study, p) == [0]
         assert alive(trial)
         assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
     finally:

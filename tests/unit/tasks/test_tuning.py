@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 from enn_core.config import load_config
-from enn_core.config.tune import dimensions
 from enn_core.runtime.parent import descendants
 from tasks.tuning import study as st
 from tasks.tuning.objective import RunningTrial, kill_trial
@@ -93,13 +92,10 @@ def test_stale_running_trial_is_failed_and_enqueued_again(tmp_path):
     gone = TrialOwner("here", ("python", "-m", "tasks.tuning.trial", "x"))
     left.set_user_attr(OWNER_ATTR, gone.to_json())  # its process is gone
     again = st.open_study(cfg, plan)  # the next `enn tune`
-    assert st.end_stale_trials(again, plan, dimensions(cfg.tune)) == [left.number]
+    assert st.end_stale_trials(again, plan) == [left.number]
     states = [t.state.name for t in again.get_trials()]
     assert states == ["FAIL", "WAITING"]
-    assert (
-        again.get_trials()[1].params == {}
-        and again.get_trials()[1].system_attrs["fixed_params"] == left.params
-    )
+    assert again.get_trials()[1].params == left.params
 
 
 @pytest.mark.parametrize("value", [1e-06, 0.02, 3, "huber", True])
