@@ -182,14 +182,14 @@ class Objective:
             raise Ended("the study stops")
         folder = st.trial_folder(self.plan, trial.number)
         # its owner from its first moment: a restarted study of this host finds what it left
-        owner = shared.TrialOwner.of(shared.trial_command(folder / "trial.json"))
-        self.storage(lambda: trial.set_user_attr(shared.OWNER_ATTR, owner.to_json()))
+        owner = store.TrialOwner.of(shared.trial_command(folder / "trial.json"))
+        self.storage(lambda: trial.set_user_attr(store.OWNER_ATTR, owner.to_json()))
         trials = self.trials()
         mine = next(t for t in trials if t.number == trial.number)
         self.check_point(trial, trials, mine)
         done, running = shared.counts(trials, below=trial.number)
         if done + len(running) >= self.tune.n_trials:
-            self.storage(lambda: trial.set_user_attr(shared.NOT_RUN_ATTR, True))
+            self.storage(lambda: trial.set_user_attr(store.NOT_RUN_ATTR, True))
             self.not_run(mine)
         for dim in self.dims:
             if dim.key not in trial.params:  # a retry has its values (as they were checked)
@@ -204,7 +204,7 @@ class Objective:
         """A queued point runs once, and only as a point of `tune.space`."""
         twin = shared.duplicate_of(trials, trial.number)
         if twin is not None:
-            trial.set_user_attr(shared.DUPLICATE_ATTR, twin)
+            trial.set_user_attr(store.DUPLICATE_ATTR, twin)
             log.info("trial %d: the point of trial %d (queued twice); not run", trial.number, twin)
             raise Ended(f"the point of trial {twin}")
         fixed = {**mine.params, **(mine.system_attrs.get("fixed_params") or {})}
@@ -212,7 +212,7 @@ class Objective:
             where = f"{self.plan.shown}: trial {trial.number}"
             space_values(fixed, self.dims, where, "not run; the study goes on")
         except DataError as e:
-            trial.set_user_attr(shared.NOT_RUN_ATTR, True)
+            trial.set_user_attr(store.NOT_RUN_ATTR, True)
             log.warning("%s", e)
             raise Ended(str(e)) from e
 
@@ -272,7 +272,7 @@ class Objective:
         if plan.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
         # what it trains under besides its point, in the study: `--apply` on any host reads it
-        self.storage(lambda: trial.set_user_attr(shared.SETS_ATTR, list(sets)))
+        self.storage(lambda: trial.set_user_attr(store.SETS_ATTR, list(sets)))
         command = shared.trial_command(job.write())
         with open(folder / "trial.log", "wb") as out:  # its own group: pruning kills the group
             proc = subprocess.Popen(

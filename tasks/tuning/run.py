@@ -71,7 +71,7 @@ def tune(
         tracker = StudyTracker(cfg, layout, plan.name)  # first: a deleted experiment is one line
         on_stale = StaleTrials()
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
-        st.stage_study_data(plan, cfg, study)
+        st.stage_study_data(plan, cfg)
         with store.reading(plan.storage):
             stale = st.end_stale_trials(study, plan)
             done = len(
@@ -194,7 +194,7 @@ def best_values(
     study = store.load_study(plan.name, plan.storage)
     with store.reading(plan.storage):
         top = st.best(study)
-        sets = st.sets_of(study, top[2]) if top is not None else []
+        sets = store.sets_of(study, top[2]) if top is not None else []
     if top is None:
         raise ConfigError(
             f"{plan.shown}: study {plan.name!r} has no complete trial yet; run `enn tune` to "

@@ -15,15 +15,12 @@ from __future__ import annotations
 import contextvars
 import copy
 import datetime
-import json
 import logging
 import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 from optuna.exceptions import UpdateFinishedTrialError
@@ -31,45 +28,11 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from tasks.tuning.store import Storage
+from tasks.tuning.store import DUPLICATE_ATTR, NOT_RUN_ATTR, OWNER_ATTR, Storage, TrialOwner
 
 log = logging.getLogger("enn.tune")
-OWNER_ATTR = "enn.owner"
-DUPLICATE_ATTR = "enn.duplicate_of"
-SETS_ATTR = "enn.sets"  # a trial's user attribute: the --set values it trained under
-NOT_RUN_ATTR = "enn.not_run"  # asked when the study was full: never ran, left out of tables
 CLOCK_SKEW_S = 60  # between a trial's start (its client's clock) and this host's
 START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
-
-
-@dataclass(frozen=True)
-class TrialOwner:
-    """A trial's `enn.owner`, written once as it starts: what `left_here` reads."""
-
-    host: str
-    cmdline: tuple[str, ...]  # as the study ran it: its job file names the study and trial
-    study_pid: int = 0  # the `enn tune` process that started it (0: an older record)
-    study_started: float = 0.0
-
-    @classmethod
-    def of(cls, command: list[str]) -> TrialOwner:
-        """The record of the trial this process starts with `command`."""
-        me = psutil.Process()
-        return cls(socket.gethostname(), tuple(command), me.pid, me.create_time())
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def parse(cls, raw: Any) -> TrialOwner | None:
-        """The record as stored, or None when it is not one (missing, malformed, foreign)."""
-        try:
-            d = json.loads(raw) if isinstance(raw, str) else {}
-            study = (int(d.get("study_pid", 0)), float(d.get("study_started", 0.0)))
-            owner = cls(str(d["host"]), tuple(d["cmdline"]), *study)
-        except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
-            return None
-        return owner if all(isinstance(a, str) for a in owner.cmdline) else None
 
 
 def trial_command(job_file: Path) -> list[str]:

@@ -1,14 +1,6 @@
-"""A study's storage, read as data (docs/security.md).
-
-`work/tune/<study>.db` or the database `tune.storage` names (shared by hosts) may be damaged,
-another program's, or written by another host; nothing it holds reaches a trial or the params
-file unchecked. `check_storage`: Optuna's tables or none, else StoreError (exit 10).
-`reading`: what SQLAlchemy or Optuna raise on a damaged record or an unreachable server, one
-StoreError naming the storage (a server's URL without its user). `open_study`/`load_study`:
-`check_trials` (one minimized objective, numbered trials of searchable keys and plain values,
-else DataError, exit 3) and `check_data` (every host trains on the same data settings).
-(`enn_core.config.tune.space_values`: a record's values are points of `tune.space`.) An SQLite
-database is created 0600 and waits `SQLITE_BUSY_S` for a lock held by another writer.
+"""A study's storage, read as data: the one place that opens it and reads and checks its
+records (docs/design.md, "The trust boundary on the newer surfaces": study records and
+contents). Every failure of the storage is one line (`failure`).
 """
 
 from __future__ import annotations
@@ -19,14 +11,17 @@ import json
 import logging
 import math
 import random
+import socket
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.storages._rdb.storage import _create_scoped_session
@@ -50,6 +45,10 @@ OPTUNA_SCHEMA = OPTUNA_TABLES | {
 }
 ANOTHER = "move it away, or name another study (--set tune.study=NAME)"
 DATA_ATTR = "enn.data"  # the study's user attribute: the data section its trials train on
+OWNER_ATTR = "enn.owner"  # a trial's user attributes: TrialOwner, ...
+SETS_ATTR = "enn.sets"  # the --set values it trained under
+NOT_RUN_ATTR = "enn.not_run"  # asked when the study was full: never ran, left out of tables
+DUPLICATE_ATTR = "enn.duplicate_of"  # a point queued twice: never ran
 CONNECT_TIMEOUT_S = 10
 SQLITE_BUSY_S = 30
 TABLE_RACE_TRIES = 3
@@ -190,15 +189,9 @@ def reading(url: str, records: bool = True) -> Iterator[None]:
 
 
 class Storage(RDBStorage):
-    """Optuna's RDBStorage whose heartbeat thread outlives a storage that stops answering: a
-    beat that fails is tried again at the next interval, and the study decides when the
-    storage is gone (tasks/tuning/objective.py), not a traceback of Optuna's thread.
-
-    A queued trial is claimed by one thread of this process at a time: Optuna checks that a
-    WAITING trial is still waiting under a row lock (SELECT ... FOR UPDATE) that SQLite does
-    not have, so `tune.parallel` threads asking at once popped one queued point several times
-    (each ran it: one removed the trial folder under the other, or told a trial another had
-    already told). PostgreSQL's row lock covers other processes too."""
+    """Optuna's RDBStorage whose heartbeat thread outlives a storage that stops answering (a
+    failed beat is logged), and whose queued trials are claimed by one thread of this process
+    at a time (Optuna's row lock is none on SQLite: threads popped one point several times)."""
 
     _claim = threading.Lock()
 
@@ -211,8 +204,7 @@ class Storage(RDBStorage):
             return super().set_trial_state_values(trial_id, state, values)
 
     def beating(self, study_id: int) -> set[int]:
-        """The ids of the study's RUNNING trials that have a heartbeat (fresh or not): Optuna's
-        own sweep judges those; a RUNNING trial without one is an orphan (shared.Orphans)."""
+        """The ids of the study's RUNNING trials that have a heartbeat (shared.Orphans)."""
         from optuna.storages._rdb import models
 
         with _create_scoped_session(self.scoped_session) as session:
@@ -239,10 +231,7 @@ class StudyEnds(Exception):
 
 
 class TuneStudy(optuna.Study):
-    """Optuna's study whose `ask` first passes `gate` (one thread of this process at a time):
-    `enn tune`'s objective waits there while the study is full, by reading it, so that a host
-    asking a full study adds no row (a trial asked is a row, RUNNING then FAIL); the gate
-    raises StudyEnds when the study is done or stops, which ends `study.optimize`."""
+    """Optuna's study whose `ask` first passes `gate` (objective.room), one thread at a time."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -261,9 +250,8 @@ class TuneStudy(optuna.Study):
 def rdb_storage(
     url: str, tune: TuneConfig | None = None, on_stale: StaleHook | None = None
 ) -> Storage:
-    """The storage; with `tune`, Optuna's trial heartbeat every `tune.heartbeat_s`, a trial
-    silent for `tune.stale_after_s` failed (`on_stale` called for it). Two hosts creating
-    Optuna's tables at once may collide: retried."""
+    """The storage; with `tune`, Optuna's heartbeat, a silent trial failed and `on_stale`
+    called for it. Two hosts creating Optuna's tables at once collide: retried."""
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     beat: dict[str, Any] = {}
@@ -286,9 +274,8 @@ def rdb_storage(
 def open_study(
     cfg: RunConfig, name: str, url: str, identity: str = "", on_stale: StaleHook | None = None
 ) -> TuneStudy:
-    """Study `name` (an SQLite file created 0600), checked, heartbeat on; its sampler seeded
-    with `tune.seed`, the trials it has (a resumed study draws new points) and on a shared
-    storage this host's `identity` (hosts draw different points); `tune.enqueue` queued once."""
+    """Study `name` (an SQLite file created 0600), checked; its sampler seeded by `tune.seed`,
+    its trials and this host's `identity` (docs/design.md); `tune.enqueue` queued once."""
     check_storage(url)
     file = sqlite_file(url)
     if file is not None:
@@ -368,11 +355,7 @@ def check_trials(study: Study, path: str) -> None:
         )
     keys = all_config_keys()
     for t in study.get_trials(deepcopy=False):
-        if type(t.number) is not int or t.number < 0:  # SQLite stores text in any column
-            raise DataError(
-                f"{path}: a trial numbered {t.number!r}, which Optuna never writes (it names the "
-                f"trial's folder): not this project's study; {ANOTHER}"
-            )
+        trial_number(t.number, path)
         for key, value in t.params.items():
             if not (key.startswith(SEARCHABLE) and key in keys) or not plain(value):
                 raise DataError(
@@ -386,3 +369,53 @@ def plain(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     return value is None or isinstance(value, (str, int, bool))
+
+
+def trial_number(number: Any, where: str) -> int:
+    """A trial's number as Optuna writes it (it names the trial's folder), else DataError."""
+    if type(number) is not int or number < 0:  # SQLite stores text in any column
+        raise DataError(
+            f"{where}: a trial numbered {number!r}, which Optuna never writes (it names the "
+            f"trial's folder): not this project's study; {ANOTHER}"
+        )
+    return number
+
+
+def sets_of(study: Study, number: int) -> list[str]:
+    """The --set values trial `number` trained under (`enn.sets`: a list of strings, else [],
+    as for a trial of an older study)."""
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    sets = found[0].user_attrs.get(SETS_ATTR) if found else None
+    if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
+        return []
+    return list(sets)
+
+
+@dataclass(frozen=True)
+class TrialOwner:
+    """A trial's `enn.owner`, written once as it starts: what `shared.left_here` reads."""
+
+    host: str
+    cmdline: tuple[str, ...]  # as the study ran it: its job file names the study and trial
+    study_pid: int = 0  # the `enn tune` process that started it (0: an older record)
+    study_started: float = 0.0
+
+    @classmethod
+    def of(cls, command: list[str]) -> TrialOwner:
+        """The record of the trial this process starts with `command`."""
+        me = psutil.Process()
+        return cls(socket.gethostname(), tuple(command), me.pid, me.create_time())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: Any) -> TrialOwner | None:
+        """The record as stored, or None when it is not one (missing, malformed, foreign)."""
+        try:
+            d = json.loads(raw) if isinstance(raw, str) else {}
+            study = (int(d.get("study_pid", 0)), float(d.get("study_started", 0.0)))
+            owner = cls(str(d["host"]), tuple(d["cmdline"]), *study)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+            return None
+        return owner if all(isinstance(a, str) for a in owner.cmdline) else None

@@ -124,35 +124,20 @@ def storage_url(configured: str, root: Path, default: Path) -> str:
     return f"sqlite:///{root / file}" + (f"?{query}" if query else "")
 
 
-def stage_study_data(plan: StudyPlan, cfg: RunConfig, study: Study | None = None) -> Path:
-    """The study's staged data, staged once into its folder; a study whose trials ran on other
-    data settings is refused (on a shared storage `store.check_data` did, and this host's copy
-    is only a cache, staged again when it differs)."""
-    layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
+def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
+    """The study's staged data, staged into its folder once, and again when this host's copy
+    was staged with other data settings (a study that ran on others: `store.check_data`)."""
     params = plan.staged / "params.json"
     want = json.loads(json.dumps(sections_of(cfg, STAGE_DATA.sections)))
     if params.is_file():
         try:
-            had = json.loads(params.read_text())
+            if json.loads(params.read_text()) == want:
+                return plan.staged
         except (ValueError, OSError) as e:
             raise DataError(
                 f"{params}: damaged ({e}); delete {plan.staged} to stage the study's data again"
             ) from e
-        if had == want:
-            return plan.staged
-        if study is None:
-            ran = plan.database is not None and plan.database.is_file()
-        else:
-            ran = not plan.shared and bool(study.get_trials(deepcopy=False))
-        if ran:
-            changed = sorted(
-                k for k in want["data"] if had.get("data", {}).get(k) != want["data"][k]
-            )
-            raise ConfigError(
-                f"study {plan.name} ({plan.shown}) ran on other data settings "
-                f"(data.{changed[0] if changed else '?'} differs); name a new study "
-                "(--set tune.study=NAME) or delete its database"
-            )
+    layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
     execute_stage(
         STAGE_DATA, PipelineSession(cfg=cfg, config=plan.config, layout=layout, run_id="study")
     )
@@ -185,7 +170,7 @@ def end_stale_trials(study: Study, plan: StudyPlan) -> list[int]:
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         folder = trial_folder(plan, t.number)
-        owner = shared.TrialOwner.parse(t.user_attrs.get(shared.OWNER_ATTR))
+        owner = store.TrialOwner.parse(t.user_attrs.get(store.OWNER_ATTR))
         if plan.shared and not shared.left_here(owner, folder / "trial.json"):
             continue
         if shared.fail(study, t.number):
@@ -196,10 +181,8 @@ def end_stale_trials(study: Study, plan: StudyPlan) -> list[int]:
 
 
 def trial_folder(plan: StudyPlan, number: Any) -> Path:
-    """`work/tune/<study>/trial-<N>/`; a number that is not one is the database's fault."""
-    if type(number) is not int or number < 0:
-        raise DataError(f"{plan.shown}: a trial numbered {number!r}: not this project's study")
-    return plan.folder / f"trial-{number}"
+    """`work/tune/<study>/trial-<N>/`."""
+    return plan.folder / f"trial-{store.trial_number(number, plan.shown)}"
 
 
 def remove_checkpoints(folder: Path) -> int:
@@ -230,7 +213,7 @@ def table(study: Study) -> list[dict[str, Any]]:
             **t.params,
         }
         for t in study.get_trials(deepcopy=False)
-        if shared.NOT_RUN_ATTR not in t.user_attrs
+        if store.NOT_RUN_ATTR not in t.user_attrs
     ]
 
 
@@ -240,13 +223,3 @@ def best(study: Study) -> tuple[dict[str, Any], float, int] | None:
         return None
     t = study.best_trial
     return dict(t.params), float(t.value or 0.0), int(t.number)
-
-
-def sets_of(study: Study, number: int) -> list[str]:
-    """The --set values trial `number` trained under (`enn.sets`; the database is data: only a
-    list of strings counts, [] otherwise, as for a trial of an older study)."""
-    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
-    sets = found[0].user_attrs.get(shared.SETS_ATTR) if found else None
-    if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
-        return []
-    return list(sets)

@@ -31,9 +31,10 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
-from tasks.tuning import shared
+from tasks.tuning import shared, store
 from tasks.tuning import study as st
-from tasks.tuning.shared import OWNER_ATTR, TrialOwner, trial_command
+from tasks.tuning.shared import trial_command
+from tasks.tuning.store import OWNER_ATTR, TrialOwner
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 
@@ -272,7 +273,7 @@ def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_
     study.tell(first, 1.0)
     study.optimize(objective(study, cfg, shared_plan(tmp_path)), n_trials=1, catch=(Ended,))
     twin = study.get_trials()[-1]  # ...the twin is not run
-    assert twin.state.name == "FAIL" and twin.user_attrs[shared.DUPLICATE_ATTR] == first.number
+    assert twin.state.name == "FAIL" and twin.user_attrs[store.DUPLICATE_ATTR] == first.number
     assert not list((tmp_path / "s").glob("trial-*"))
 
 

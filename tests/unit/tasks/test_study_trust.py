@@ -30,7 +30,7 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from enn_core.errors import DataError, StoreError
 from tasks.tuning import study as st
-from tasks.tuning.shared import OWNER_ATTR
+from tasks.tuning.store import OWNER_ATTR
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 
@@ -132,7 +132,7 @@ def test_a_waiting_trial_of_foreign_keys_runs_nothing_and_the_host_goes_on(tmp_p
     from optuna.trial import TrialState, create_trial
 
     from tasks.tuning.objective import Ended
-    from tasks.tuning.shared import NOT_RUN_ATTR
+    from tasks.tuning.store import NOT_RUN_ATTR
     from tests.fixtures.study import objective
 
     cfg = load_config(None, [LR])

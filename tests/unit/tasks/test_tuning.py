@@ -16,7 +16,7 @@ from enn_core.config import load_config
 from enn_core.runtime.parent import descendants
 from tasks.tuning import study as st
 from tasks.tuning.objective import RunningTrial, kill_trial
-from tasks.tuning.shared import OWNER_ATTR, TrialOwner
+from tasks.tuning.store import OWNER_ATTR, TrialOwner
 from tasks.tuning.trial import events_file
 from tests.fixtures.study import study_plan
 
@@ -106,17 +106,13 @@ def test_a_trial_value_reaches_the_config_as_itself(value):
 
 
 def test_a_study_refuses_other_data_settings(tmp_path):
-    from enn_core.atomic import write_json
-    from enn_core.config import ConfigError, sections_of
-    from enn_core.stages import STAGE_DATA
+    from enn_core.config import ConfigError
 
     cfg = load_config(None, [LR])
     plan = study_plan(tmp_path)
-    other = load_config(None, [LR, "data.split_seed=7"])  # the study ran on other splits
-    write_json(plan.staged / "params.json", sections_of(other, STAGE_DATA.sections))
-    plan.database.write_bytes(b"")
+    st.open_study(load_config(None, [LR, "data.split_seed=7"]), plan)  # it ran on other splits
     with pytest.raises(ConfigError, match=r"data.split_seed differs\); name a new study"):
-        st.stage_study_data(plan, cfg)
+        st.open_study(cfg, plan)
 
 
 def test_a_resumed_study_draws_new_points_not_its_first_runs_again(tmp_path):
