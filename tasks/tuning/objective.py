@@ -1,17 +1,7 @@
-"""One trial as one launch: the objective `study.optimize` calls in each of its threads.
-
-Before each ask it waits while the study is full (complete + pruned + running trials, every
-host's), reading it, so a full study gains no row (`room`); the study done or stopped ends the
-asking. A trial counts the study again (trials numbered below its own): one asked at the same
-moment as another host's, that finds it full, ends as not run (`enn.not_run`, out of tables).
-A queued point outside `tune.space`, queued twice, or a second retry of one trial's point ends
-the same way; the host goes on. Else it starts `tasks.tuning.trial` as its own process group,
-follows its `epoch/<metric>` events, reports them and prunes (SIGKILL to the group, then
-`TrialPruned`), and sweeps stale trials and orphans every `tune.heartbeat_s` (Optuna's thread
-beats for the trial). `stop` (Ctrl-C, SIGTERM, a cancelled flow run, a fatal error) ends each
-trial within a second, its point queued again. A storage that does not answer is retried for
-`tune.stale_after_s` (other hosts fail the trial then anyway); then one StoreError.
-"""
+"""One trial as one launch: the objective `study.optimize` calls in each of its threads. It
+waits for room before each ask (`room`), runs a popped point once and only as a point of
+`tune.space`, starts `tasks.tuning.trial` as its own process group, reports and prunes it, and
+sweeps stale trials (docs/design.md, "Tuning" and "A study across hosts")."""
 
 from __future__ import annotations
 
@@ -99,8 +89,7 @@ class TrialEnd:
 
 
 class Hooks(Protocol):
-    """What the study tells its tracker (tasks/tracking/study.py: MLflow) as trials start,
-    report and end."""
+    """What the study tells its tracker (tasks/tracking/study.py)."""
 
     def started(self, trial: RunningTrial) -> None: ...
 
@@ -217,9 +206,8 @@ class Objective:
             raise Ended(str(e)) from e
 
     def room(self) -> None:
-        """Before each ask (store.TuneStudy's gate): while complete, pruned and running trials
-        fill `tune.n_trials`, wait by reading the study (sweeping stale trials), adding no row;
-        StudyEnds once it is done or stops."""
+        """Before each ask (store.TuneStudy's gate): wait by reading the study while complete,
+        pruned and running trials fill it; StudyEnds once it is done or stops."""
         said = False
         while not self.stopping():
             done, running = shared.counts(self.trials())
@@ -237,8 +225,7 @@ class Objective:
         raise store.StudyEnds("done" if not self.stop.is_set() else "stopped")
 
     def not_run(self, mine: FrozenTrial) -> None:
-        """Asked while the study was full (another host asked at the same moment): not run, a
-        queued point or retry it popped put back as it was; the next ask waits for room."""
+        """Asked while the study was full: not run, a queued point or retry put back as it was."""
         if {"fixed_params", "failed_trial"} & set(mine.system_attrs):  # queued, or a retry
             back = create_trial(
                 state=TrialState.WAITING,
@@ -369,7 +356,7 @@ class Objective:
         self.quietly(lambda: self.hooks.ended(running, end))
 
     def quietly(self, call: Callable[[], object]) -> None:
-        """`call` while the study stops: a storage that is gone was said once."""
+        """`call` while the study stops (a storage that is gone was said once)."""
         try:
             call()
         except Exception as e:  # noqa: BLE001 - the study's own error is what is reported

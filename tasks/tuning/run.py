@@ -1,13 +1,5 @@
-"""Run a study end to end (the tuning flow calls `tune`); read its best values (`--apply`).
-
-One `enn tune` per study and checkout at a time (a lock on `work/tune/<study>.lock`); on a
-shared storage one per host joins. `study.optimize` runs `tune.parallel` trials side by side
-(`Objective`) until `tune.n_trials` are complete or pruned (`MaxTrialsCallback`, and the count
-at the top of each trial: at most n_trials + hosts - 1 when hosts start trials at once).
-Ctrl-C and SIGTERM set the objective's stop event before the caller's handler runs, so the
-running trials end in seconds; Optuna's log lines and warnings go to the log file only
-(flows/console.py).
-"""
+"""Run a study end to end (the tuning flow calls `tune`) under one lock per study and checkout;
+read its best values (`--apply`) (docs/design.md, "Tuning")."""
 
 from __future__ import annotations
 
@@ -32,10 +24,9 @@ from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
 from tasks.tracking.study import StudyTracker
-from tasks.tuning import store
+from tasks.tuning import shared, store
 from tasks.tuning import study as st
 from tasks.tuning.objective import Ended, Objective
-from tasks.tuning.shared import StaleTrials
 
 log = logging.getLogger("enn.tune")
 
@@ -69,25 +60,16 @@ def tune(
     optuna_logs_as_enn_does()
     with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
         tracker = StudyTracker(cfg, layout, plan.name)  # first: a deleted experiment is one line
-        on_stale = StaleTrials()
+        on_stale = shared.StaleTrials()
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
         st.stage_study_data(plan, cfg)
         with store.reading(plan.storage):
             stale = st.end_stale_trials(study, plan)
-            done = len(
-                study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-            )
+            done, _ = shared.counts(study.get_trials(deepcopy=False))
         if stale:
             log.info("study %s: trials %s were interrupted; ran again", plan.name, stale)
-        log.info(
-            "study %s: %d of %d trials done; %d side by side (%s); storage %s",
-            plan.name,
-            done,
-            cfg.tune.n_trials,
-            plan.parallel,
-            plan.runtime[0],
-            plan.shown,
-        )
+        said = (plan.name, done, cfg.tune.n_trials, plan.parallel, plan.runtime[0], plan.shown)
+        log.info("study %s: %d of %d trials done; %d side by side (%s); storage %s", *said)
         parent = tracker.start({"enn.config": str(config)})
         on_stale.listeners.append(tracker.stale)
         objective = Objective(study, cfg, plan, tracker, on_stale, should_stop)
@@ -124,7 +106,7 @@ def tune(
 
 def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPlan) -> None:
     """`study.optimize` until the study is done or stopped; again when a trial of this host
-    was failed elsewhere (Optuna's own tell of it then raises, after the others ended)."""
+    was failed elsewhere (Optuna's tell of it raises)."""
     done = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
     if isinstance(study, store.TuneStudy):
         study.gate = objective.room  # a full study is waited on by reading it
@@ -176,9 +158,8 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def optuna_logs_as_enn_does() -> None:
-    """Optuna's lines (a trial's start and end, a failed one's traceback) without its own
-    stderr handler: where `enn` set up its logging, the log file only (flows/console.py NOISE);
-    elsewhere, to the root logger like any library's."""
+    """Optuna's lines without its own stderr handler: to `enn`'s log file (flows/console.py)
+    where `enn` set up its logging, else to the root logger."""
     optuna.logging.disable_default_handler()
     if not logging.getLogger("optuna").handlers:
         optuna.logging.enable_propagation()
@@ -187,9 +168,8 @@ def optuna_logs_as_enn_does() -> None:
 def best_values(
     cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
 ) -> tuple[dict[str, Any], float, int, list[str]]:
-    """The study's best complete trial: its values (keys of the config's `tune.space` only,
-    each a point of it: the database is data), objective, number and the --set values it
-    trained under (whichever host ran it)."""
+    """The study's best complete trial: its values (points of the config's `tune.space`: the
+    database is data), objective, number and the --set values it trained under."""
     plan = st.make_plan(cfg, config, overrides, layout)
     study = store.load_study(plan.name, plan.storage)
     with store.reading(plan.storage):

@@ -1,14 +1,7 @@
-"""What a study shared by several hosts needs on top of Optuna's storage.
-
-Optuna numbers trials, pops each queued one to one caller, beats for each running trial inside
-`study.optimize` and fails one silent for the storage's `grace_period` (the database's clock).
-On top: each trial's owner record (`TrialOwner`, user attribute `enn.owner`: host, pid, start
-time, command line, the `enn tune` that started it), read as data and never signalled;
-`StaleTrials` queues a failed trial's point again (only a point of `tune.space`, and once:
-`queue_again`); `Orphans` fails a RUNNING trial that never beat, whatever its attributes
-claim, which Optuna's sweep skips; `duplicate_of` runs a point queued twice, or retried twice,
-once; `counts` is what a trial counts before it runs.
-"""
+"""What a study shared by hosts needs on top of Optuna's storage: which trials a killed study
+of this host left (`left_here`), a failed or stopped trial's point queued again (`retry`), the
+RUNNING trials that never beat failed (`Orphans`), a point popped twice run once
+(`duplicate_of`), the count before a trial runs (docs/design.md, "A study across hosts")."""
 
 from __future__ import annotations
 
@@ -41,8 +34,8 @@ def trial_command(job_file: Path) -> list[str]:
 
 
 def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
-    """Whether `owner` is a trial of this host for this checkout's study (`job_file`: its job
-    file for the trial's number) whose `enn tune` is gone."""
+    """Whether `owner` is a trial of this host for this checkout's study (`job_file`: the
+    trial's job file) whose `enn tune` is gone."""
     if owner is None or owner.host != socket.gethostname():
         return False
     if tuple(owner.cmdline[-3:]) != tuple(trial_command(job_file)[-3:]):
@@ -67,20 +60,20 @@ def fail(study: Study, number: int) -> bool:
 
 
 def never_ran(trial: FrozenTrial) -> bool:
-    """Asked while the study was full, or a duplicate: its point is queued again or ran
-    elsewhere."""
+    """Asked while the study was full, or a duplicate: its point is queued or ran elsewhere."""
     return NOT_RUN_ATTR in trial.user_attrs or DUPLICATE_ATTR in trial.user_attrs
 
 
 def retry_of(trial: FrozenTrial) -> int | None:
-    """The trial whose point `trial` runs again (Optuna's retry record), unless it never ran."""
-    return None if never_ran(trial) else Retry.retried_trial_number(trial)
+    """The trial `trial` runs again (the last of Optuna's retry history), unless it never ran."""
+    history = [] if never_ran(trial) else Retry.retry_history(trial)
+    return history[-1] if history else None
 
 
 def retry(study: Study, number: int, stopped: bool = False) -> None:
     """Trial `number`'s point queued again by Optuna's RetryHeartbeatStaleTrialCallback: once
-    when it failed (max_retry=1), each time the study stopped it; not when a retry of it is
-    queued or ran already, nor when it never ran. Its point is checked when popped."""
+    when it failed (max_retry=1), each time the study stopped it; not when a retry of it
+    exists, nor when it never ran. The point is checked when popped (objective.check_point)."""
     trials = study.get_trials(deepcopy=False)
     trial = next(t for t in trials if t.number == number)
     if never_ran(trial) or any(retry_of(t) == number for t in trials):
@@ -105,22 +98,16 @@ class StaleTrials:
     def failed(self, study: Study, trial: FrozenTrial) -> None:
         owner = TrialOwner.parse(trial.user_attrs.get(OWNER_ATTR))
         host = owner.host if owner else "an unknown host"
-        log.warning(
-            "trial %d (on %s) missed its heartbeats: failed, its point queued again",
-            trial.number,
-            host,
-        )
+        log.warning("trial %d (on %s) missed its heartbeats: failed, run again", trial.number, host)
         retry(study, trial.number)
         for listener in self.listeners:
             listener(trial.number)
 
 
 class Orphans:
-    """RUNNING trials without a heartbeat (a client asked and died before Optuna's thread beat,
-    or a row someone wrote), whatever their attributes hold (an owner record is data: a row
-    that only claims one must not hold the study), failed once older than the stale bound plus
-    `CLOCK_SKEW_S` by their start, or than the stale bound since this host first saw them.
-    Optuna's sweep judges the trials that beat."""
+    """RUNNING trials that never beat (Optuna's sweep skips them), whatever their attributes
+    hold, failed once older than the stale bound plus `CLOCK_SKEW_S` by their start, or than
+    the stale bound since this host first saw them."""
 
     def __init__(self, stale_after_s: float, on_stale: StaleTrials) -> None:
         self.stale_after_s, self.on_stale = stale_after_s, on_stale
@@ -147,29 +134,25 @@ def beating_trials(study: Study) -> set[int]:
 
 
 def duplicate_of(trials: Sequence[FrozenTrial], number: int) -> int | None:
-    """The lower number of a trial that runs the same as trial `number` (just popped), else
-    None: a queued point queued twice (not FAIL), or a second retry of one trial's point.
-    Only queued points compare (a sampler may repeat one on purpose), and a rerun of an
-    interrupted trial is not a duplicate of it."""
+    """The lower number of a trial that runs what trial `number` (just popped) runs, else None:
+    a queued point queued twice (not FAIL), or a retry of one trial queued twice. Only queued
+    points compare (a sampler may repeat one on purpose)."""
     mine = next(t for t in trials if t.number == number)
-    point = mine.system_attrs.get("fixed_params")
-    retry = retry_of(mine)
-    if retry is not None:
-        earlier = [t.number for t in trials if t.number < number and retry_of(t) == retry]
-        return int(earlier[0]) if earlier else None
-    if point is None:
-        return None
-    for other in trials:
-        if other.number < number and other.state != TrialState.FAIL:
-            if other.system_attrs.get("fixed_params", other.params) == point:
-                return int(other.number)
+    point, retry = mine.system_attrs.get("fixed_params"), retry_of(mine)
+    for t in trials:
+        if t.number >= number:
+            continue
+        if retry is not None and retry_of(t) == retry:
+            return int(t.number)
+        queued = t.system_attrs.get("fixed_params", t.params)
+        if retry is None and point is not None and t.state != TrialState.FAIL and queued == point:
+            return int(t.number)
     return None
 
 
 def counts(trials: Sequence[FrozenTrial], below: int | None = None) -> tuple[int, set[int]]:
-    """Complete or pruned trials, and the running ones that run (not those asked while the
-    study was full); with `below`, only those numbered below it (of two trials asked at once
-    the lower runs: a count never waits on itself)."""
+    """Complete or pruned trials, and the running ones that run; with `below`, only those
+    numbered below it (of two trials asked at once the lower runs)."""
     done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
     running = {
         t.number

@@ -49,9 +49,7 @@ OWNER_ATTR = "enn.owner"  # a trial's user attributes: TrialOwner, ...
 SETS_ATTR = "enn.sets"  # the --set values it trained under
 NOT_RUN_ATTR = "enn.not_run"  # asked when the study was full: never ran, left out of tables
 DUPLICATE_ATTR = "enn.duplicate_of"  # a point queued twice: never ran
-CONNECT_TIMEOUT_S = 10
-SQLITE_BUSY_S = 30
-TABLE_RACE_TRIES = 3
+CONNECT_TIMEOUT_S, SQLITE_BUSY_S, TABLE_RACE_TRIES = 10, 30, 3
 StaleHook = Callable[[Study, FrozenTrial], None]
 
 
@@ -68,53 +66,46 @@ def shown(url: str) -> str:
     return str(file) if file is not None else redact_url(url)
 
 
-def check_database(path: Path) -> None:
-    """An Optuna SQLite database, an empty file or none; else one StoreError."""
-    if not path.exists():
-        return
-    if not path.is_file():
-        raise StoreError(f"{path}: not a file, so not a study database; {ANOTHER}")
-    with open(path, "rb") as f:
-        head = f.read(len(SQLITE_HEADER))
-    if not head:
-        return
-    if head != SQLITE_HEADER:
-        raise StoreError(f"{path}: not an SQLite database (a damaged or foreign file); {ANOTHER}")
-    try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+def check_storage(url: str) -> None:
+    """Before Optuna opens (and adds its tables to) a storage: an SQLite file, empty or none,
+    or a database, empty or Optuna's; else one StoreError."""
+    file = sqlite_file(url)
+    if file is None:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url, **engine_options(url))
         try:
-            rows = con.execute("select name from sqlite_master where type = 'table'").fetchall()
+            with reading(url, records=False):
+                tables = set(sqlalchemy.inspect(engine).get_table_names())
         finally:
-            con.close()
-    except sqlite3.Error as e:
-        raise StoreError(f"{path}: cannot be read as SQLite ({e}); {ANOTHER}") from e
-    check_tables({r[0] for r in rows}, str(path))
-
-
-def check_tables(tables: set[str], where: str) -> None:
+            engine.dispose()
+    elif not file.exists():
+        return
+    elif not file.is_file():
+        raise StoreError(f"{file}: not a file, so not a study database; {ANOTHER}")
+    else:
+        with open(file, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+        if not head:
+            return
+        if head != SQLITE_HEADER:
+            raise StoreError(
+                f"{file}: not an SQLite database (a damaged or foreign file); {ANOTHER}"
+            )
+        try:
+            with contextlib.closing(
+                sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
+            ) as db:
+                tables = {
+                    r[0] for r in db.execute("select name from sqlite_master where type = 'table'")
+                }
+        except sqlite3.Error as e:
+            raise StoreError(f"{file}: cannot be read as SQLite ({e}); {ANOTHER}") from e
     if tables and not OPTUNA_TABLES <= tables and not tables <= OPTUNA_SCHEMA:
         raise StoreError(
-            f"{where}: another program's database (tables {sorted(tables)[:4]}), not an Optuna "
-            f"study; {ANOTHER}"
+            f"{shown(url)}: another program's database (tables {sorted(tables)[:4]}), not an "
+            f"Optuna study; {ANOTHER}"
         )
-
-
-def check_storage(url: str) -> None:
-    """Before Optuna opens (and adds its tables to) a storage: an SQLite file as
-    `check_database` reads it; a database server's database empty or Optuna's."""
-    file = sqlite_file(url)
-    if file is not None:
-        check_database(file)
-        return
-    import sqlalchemy
-
-    engine = sqlalchemy.create_engine(url, **engine_options(url))
-    try:
-        with reading(url, records=False):
-            tables = set(sqlalchemy.inspect(engine).get_table_names())
-    finally:
-        engine.dispose()
-    check_tables(tables, shown(url))
 
 
 def engine_options(url: str) -> dict[str, Any]:
@@ -141,25 +132,25 @@ def lost(e: BaseException) -> BaseException | None:
 
 def failure(url: str, e: BaseException, records: bool = True) -> EnnError | None:
     """The one translator of a storage failure: `e` as one line naming the storage (a server's
-    URL without its user), or None when `e` is not one. A full disk is NoSpaceError; a lost
-    connection (a refused login names PGPASSWORD); what SQLAlchemy raises, and with `records`
-    what Optuna raises on a damaged record, is a database that cannot be read."""
+    URL without its user), or None when it is none. A full disk; a lost connection; what
+    SQLAlchemy raises, and with `records` what Optuna raises on a damaged record."""
     from sqlalchemy.exc import SQLAlchemyError
 
     file, cause = sqlite_file(url), lost(e)
+    gone = cause is not None and (file is None or not records)  # else: read, not reached
+    said = (str(cause if gone else e).strip().splitlines() or [""])[0][:200]
     if "database or disk is full" in str(cause or e):
         return NoSpaceError.at(file or Path("."), "the study database")
-    if cause is not None and (file is None or not records):
-        first = first_line(cause)
-        if file is not None:
-            return StoreError(f"{shown(url)}: the study database cannot be written ({first})")
-        if pg_refused(first):
-            return ConfigError(
-                f"{shown(url)}: the database server refused the login ({first}); check "
-                "PGPASSWORD (or ~/.pgpass) for the user the URL names"
-            )
+    if gone and file is not None:
+        return StoreError(f"{shown(url)}: the study database cannot be written ({said})")
+    if gone and pg_refused(said):
+        return ConfigError(
+            f"{shown(url)}: the database server refused the login ({said}); check PGPASSWORD "
+            "(or ~/.pgpass) for the user the URL names"
+        )
+    if gone:
         return StoreError(
-            f"{shown(url)}: the study storage cannot be reached ({first}); check that the "
+            f"{shown(url)}: the study storage cannot be reached ({said}); check that the "
             "database server runs and answers from this host, and the password in PGPASSWORD "
             "or ~/.pgpass"
         )
@@ -167,13 +158,8 @@ def failure(url: str, e: BaseException, records: bool = True) -> EnnError | None
     if not isinstance(e, (SQLAlchemyError, *damaged)):
         return None
     return StoreError(
-        f"{shown(url)}: the study database cannot be read ({type(e).__name__}: "
-        f"{first_line(e)}); {ANOTHER}"
+        f"{shown(url)}: the study database cannot be read ({type(e).__name__}: {said}); {ANOTHER}"
     )
-
-
-def first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 @contextlib.contextmanager
@@ -261,14 +247,11 @@ def rdb_storage(
             "grace_period": tune.stale_after_s,
             "heartbeat_stale_trial_callback": on_stale,
         }
-    for attempt in range(TABLE_RACE_TRIES):
-        try:
+    for _ in range(TABLE_RACE_TRIES - 1):
+        with contextlib.suppress(IntegrityError, ProgrammingError, OperationalError, RuntimeError):
             return Storage(url, engine_kwargs=engine_options(url), **beat)
-        except (IntegrityError, ProgrammingError, OperationalError, RuntimeError):  # mid-creation
-            if attempt == TABLE_RACE_TRIES - 1:
-                raise
-            time.sleep(0.5 + random.random())
-    raise AssertionError("unreachable")
+        time.sleep(0.5 + random.random())  # another host is creating the tables
+    return Storage(url, engine_kwargs=engine_options(url), **beat)
 
 
 def open_study(
@@ -277,25 +260,25 @@ def open_study(
     """Study `name` (an SQLite file created 0600), checked; its sampler seeded by `tune.seed`,
     its trials and this host's `identity` (docs/design.md); `tune.enqueue` queued once."""
     check_storage(url)
-    file = sqlite_file(url)
-    if file is not None:
+    if (file := sqlite_file(url)) is not None:
         private_file(file)
     t = cfg.tune
     pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
     if t.pruner == "median":
         pruner = optuna.pruners.MedianPruner(t.n_startup_trials, t.n_warmup_steps)
     with reading(url):
+        storage = rdb_storage(url, t, on_stale)
         created = optuna.create_study(
-            study_name=name,
-            storage=rdb_storage(url, t, on_stale),
-            pruner=pruner,
-            direction="minimize",
-            load_if_exists=True,
+            study_name=name, storage=storage, direction="minimize", load_if_exists=True
         )
         study = TuneStudy(study_name=name, storage=created._storage, pruner=pruner)
         check_trials(study, shown(url))
         check_data(study, cfg, shown(url))
-        seed = sampler_seed(t.seed, len(study.get_trials(deepcopy=False)), identity)
+        trials = len(study.get_trials(deepcopy=False))  # a resumed study draws new points
+        seed = t.seed + trials
+        if identity:  # a shared study: each host draws its own points
+            digest = hashlib.sha256(f"{t.seed}:{trials}:{identity}".encode()).digest()
+            seed = int.from_bytes(digest[:4], "big")
         study.sampler = (
             optuna.samplers.TPESampler(seed=seed)
             if t.sampler == "tpe"
@@ -304,13 +287,6 @@ def open_study(
         for values in t.enqueue:
             study.enqueue_trial(dict(values), skip_if_exists=True)
     return study
-
-
-def sampler_seed(seed: int, trials: int, identity: str) -> int:
-    if not identity:
-        return seed + trials
-    digest = hashlib.sha256(f"{seed}:{trials}:{identity}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
 
 
 def check_data(study: Study, cfg: RunConfig, where: str) -> None:
@@ -382,13 +358,10 @@ def trial_number(number: Any, where: str) -> int:
 
 
 def sets_of(study: Study, number: int) -> list[str]:
-    """The --set values trial `number` trained under (`enn.sets`: a list of strings, else [],
-    as for a trial of an older study)."""
+    """The --set values trial `number` trained under (`enn.sets`: a list of strings, else [])."""
     found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
     sets = found[0].user_attrs.get(SETS_ATTR) if found else None
-    if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
-        return []
-    return list(sets)
+    return list(sets) if isinstance(sets, list) and all(isinstance(x, str) for x in sets) else []
 
 
 @dataclass(frozen=True)

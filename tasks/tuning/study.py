@@ -1,15 +1,6 @@
-"""`enn tune`'s study: where it lives, how many trials run side by side, its table.
-
-    work/tune/<study>.db                     Optuna's storage (SQLite; or tune.storage's URL)
-    work/tune/<study>/outputs/stage-data/    the study's staged data (its config's data section)
-    work/tune/<study>/trial-<N>/             one trial: trial.json, trial.log, end.json, work/
-
-`study.optimize` runs the trials (tasks/tuning/objective.py, tasks/tuning/run.py). A trial's
-checkpoints are deleted when it ends. A restarted study marks failed (and queues again) the
-RUNNING trials it left: every one on this checkout's own SQLite file (`enn tune` holds its
-lock), on a shared storage those `left_here`; it signals nothing (a trial's processes died
-with its study). The database is data (tasks/tuning/store.py).
-"""
+"""`enn tune`'s study: where it lives (`work/tune/<study>.db`, `work/tune/<study>/`: staged
+data, `trial-<N>/`), how many trials run side by side, what a restart ends, its table
+(docs/design.md, "Tuning" and "A study across hosts")."""
 
 from __future__ import annotations
 
@@ -31,7 +22,6 @@ from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout
 from enn_core.runtime.device import usable_cores
 from enn_core.stages import STAGE_DATA
-from tasks.gc import size_of
 from tasks.runner import PipelineSession, execute_stage
 from tasks.tuning import shared, store
 from tasks.tuning.trial import checkpoint_files
@@ -56,10 +46,6 @@ class StudyPlan:
     identity: str = ""  # this host and checkout, in a shared study's sampler seed
 
     @property
-    def database(self) -> Path | None:
-        return store.sqlite_file(self.storage)
-
-    @property
     def shown(self) -> str:
         return store.shown(self.storage)
 
@@ -69,8 +55,8 @@ class StudyPlan:
 
 
 def slots(cfg: RunConfig, cores: int, gpus: int) -> tuple[int, int]:
-    """(trials side by side, threads per worker): one GPU per trial, or on CPU the cores
-    shared so that trials x workers x threads never exceeds them."""
+    """(trials side by side, threads per worker): one GPU per trial, or on CPU trials x
+    workers x threads within the cores."""
     want = cfg.tune.parallel
     if gpus and cfg.runtime.device != "cpu":
         threads = cfg.runtime.threads_per_worker or max(1, cores // gpus)
@@ -165,8 +151,8 @@ def open_study(
 
 
 def end_stale_trials(study: Study, plan: StudyPlan) -> list[int]:
-    """Trials a killed study of this checkout left RUNNING: failed, their points queued again,
-    their checkpoints deleted; nothing signalled. Returns their numbers."""
+    """The RUNNING trials a killed study of this checkout left (all of them on its own SQLite
+    file): failed, their points queued again, their checkpoints deleted; nothing signalled."""
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         folder = trial_folder(plan, t.number)
@@ -185,24 +171,19 @@ def trial_folder(plan: StudyPlan, number: Any) -> Path:
     return plan.folder / f"trial-{store.trial_number(number, plan.shown)}"
 
 
-def remove_checkpoints(folder: Path) -> int:
+def remove_checkpoints(folder: Path) -> None:
     """Delete a finished trial's checkpoints (a link leading out of its folder is left)."""
-    freed, inside = 0, folder.resolve()
     for p in checkpoint_files(folder):
-        if not p.resolve().is_relative_to(inside):
+        if not p.resolve().is_relative_to(folder.resolve()):
             log.warning("trial folder %s: %s leads outside it; left alone", folder, p)
-            continue
-        freed += size_of(p)
-        if p.is_dir():
+        elif p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
-    return freed
 
 
 def table(study: Study) -> list[dict[str, Any]]:
-    """The study's trials (not those asked while it was full): number, state, objective,
-    epochs, seconds, values."""
+    """The study's trials, but those that never ran (asked while it was full)."""
     return [
         {
             "trial": t.number,

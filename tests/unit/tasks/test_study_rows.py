@@ -99,3 +99,23 @@ def test_a_second_retry_of_one_point_queued_at_the_same_moment_is_not_run(tmp_pa
     complete = [t.params for t in study.get_trials() if t.state.name == "COMPLETE"]
     assert complete == [POINT] and _rows(study)[-1] == (2, "FAIL")
     assert not list((tmp_path / "s").glob("trial-*"))
+
+
+def test_a_retry_the_study_stopped_runs_again_and_a_failure_then_is_not_retried(tmp_path):
+    """A retry cut short by the study's stop (Ctrl-C) is queued again and runs: it is not a
+    second retry of the first trial's point. Failed after that, the point is not retried: a
+    point is run again once after a failure (Optuna's retry history, max_retry=1)."""
+    cfg, plan, study = _study(tmp_path)
+    space = {d.key: d.distribution() for d in dimensions(cfg.tune)}
+    study.enqueue_trial(POINT)
+    first = study.ask(space)
+    study.tell(first, state=TrialState.FAIL)
+    shared.retry(study, first.number)  # failed: its point queued again
+    retry = study.ask(space)
+    shared.retry(study, retry.number, stopped=True)  # what the stop does, then Optuna's tell
+    study.tell(retry, state=TrialState.FAIL)
+    again = study.ask(space)
+    assert again.params == POINT and shared.duplicate_of(study.get_trials(), again.number) is None
+    study.tell(again, state=TrialState.FAIL)
+    shared.retry(study, again.number)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL"] * 3
