@@ -107,7 +107,6 @@ class Objective:
         cfg: RunConfig,
         plan: st.StudyPlan,
         hooks: Hooks,
-        on_stale: shared.StaleTrials,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         self.study, self.cfg, self.plan, self.hooks = study, cfg, plan, hooks
@@ -116,7 +115,6 @@ class Objective:
         self.error: BaseException | None = None  # what stopped the study, raised after optimize
         self.lost = False  # a trial of this host was failed elsewhere (its tell will fail)
         self.failed_in_a_row, self.last_sweep = 0, 0.0
-        self.orphans = shared.Orphans(cfg.tune.stale_after_s, on_stale)
         self.context = contextvars.copy_context()  # Prefect's flow run, for the trial threads
         self.slots: queue.SimpleQueue[int] = queue.SimpleQueue()
         for slot in range(plan.parallel):
@@ -153,14 +151,13 @@ class Objective:
         return self.storage(lambda: self.study.get_trials(deepcopy=False))
 
     def sweep(self) -> None:
-        """Stale trials (Optuna's sweep) and orphans failed, once per `tune.heartbeat_s`."""
+        """Stale trials failed (Optuna's sweep; orphans adopted first), once per heartbeat_s."""
         with self.lock:
             if time.monotonic() - self.last_sweep < self.tune.heartbeat_s:
                 return
             self.last_sweep = time.monotonic()
+        self.storage(lambda: shared.adopt_orphans(self.study))
         self.storage(lambda: fail_stale_trials(self.study))
-        running = [t for t in self.trials() if t.state == TrialState.RUNNING]
-        self.storage(lambda: self.orphans.fail(self.study, running))
 
     def __call__(self, trial: Trial) -> float:
         return self.context.copy().run(self.objective, trial)

@@ -72,7 +72,7 @@ def tune(
         log.info("study %s: %d of %d trials done; %d side by side (%s); storage %s", *said)
         parent = tracker.start({"enn.config": str(config)})
         on_stale.listeners.append(tracker.stale)
-        objective = Objective(study, cfg, plan, tracker, on_stale, should_stop)
+        objective = Objective(study, cfg, plan, tracker, should_stop)
         error: BaseException | None = None
         rows: list[dict[str, Any]] = []
         try:

@@ -1,17 +1,15 @@
 """What a study shared by hosts needs on top of Optuna's storage: which trials a killed study
 of this host left (`left_here`), a failed or stopped trial's point queued again (`retry`), the
-RUNNING trials that never beat failed (`Orphans`), a point popped twice run once
+RUNNING trials that never beat given one beat (`adopt_orphans`), a point popped twice run once
 (`duplicate_of`), the count before a trial runs (docs/design.md, "A study across hosts")."""
 
 from __future__ import annotations
 
 import contextvars
 import copy
-import datetime
 import logging
 import socket
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,7 +22,6 @@ from optuna.trial import FrozenTrial, TrialState
 from tasks.tuning.store import DUPLICATE_ATTR, NOT_RUN_ATTR, OWNER_ATTR, Storage, TrialOwner
 
 log = logging.getLogger("enn.tune")
-CLOCK_SKEW_S = 60  # between a trial's start (its client's clock) and this host's
 START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
 
 
@@ -104,33 +101,11 @@ class StaleTrials:
             listener(trial.number)
 
 
-class Orphans:
-    """RUNNING trials that never beat (Optuna's sweep skips them), whatever their attributes
-    hold, failed once older than the stale bound plus `CLOCK_SKEW_S` by their start, or than
-    the stale bound since this host first saw them."""
-
-    def __init__(self, stale_after_s: float, on_stale: StaleTrials) -> None:
-        self.stale_after_s, self.on_stale = stale_after_s, on_stale
-        self.seen: dict[int, float] = {}  # number -> when this host first saw it
-
-    def fail(self, study: Study, running: Sequence[FrozenTrial]) -> None:
-        now, wall = time.monotonic(), datetime.datetime.now()
-        beating = beating_trials(study)
-        for t in running:
-            if t._trial_id in beating:
-                continue
-            first = self.seen.setdefault(t.number, now)
-            age = (wall - t.datetime_start).total_seconds() if t.datetime_start else 0.0
-            if now - first < self.stale_after_s and age < self.stale_after_s + CLOCK_SKEW_S:
-                continue
-            if fail(study, t.number):  # its point queued again, as a stale trial's
-                self.on_stale(study, t)
-
-
-def beating_trials(study: Study) -> set[int]:
-    """The ids of the study's RUNNING trials that have a heartbeat (store.Storage.beating)."""
-    storage = getattr(study._storage, "_backend", study._storage)  # Optuna's cache wraps it
-    return storage.beating(study._study_id) if isinstance(storage, Storage) else set()
+def adopt_orphans(study: Study) -> None:
+    """store.Storage.adopt_orphans for the study's storage (Optuna's cache wraps it)."""
+    storage = getattr(study._storage, "_backend", study._storage)
+    if isinstance(storage, Storage):
+        storage.adopt_orphans(study._study_id)
 
 
 def duplicate_of(trials: Sequence[FrozenTrial], number: int) -> int | None:

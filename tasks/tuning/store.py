@@ -189,19 +189,23 @@ class Storage(RDBStorage):
         with self._claim:
             return super().set_trial_state_values(trial_id, state, values)
 
-    def beating(self, study_id: int) -> set[int]:
-        """The ids of the study's RUNNING trials that have a heartbeat (shared.Orphans)."""
+    def adopt_orphans(self, study_id: int) -> None:
+        """One heartbeat for each RUNNING trial of the study that never beat (a client asked and
+        died, or a row someone wrote; Optuna's sweep skips those): the sweep then fails it once
+        that beat is stale, whatever the trial holds."""
         from optuna.storages._rdb import models
 
         with _create_scoped_session(self.scoped_session) as session:
             rows = (
-                session.query(models.TrialHeartbeatModel.trial_id)
-                .join(models.TrialModel)
+                session.query(models.TrialModel.trial_id)
+                .outerjoin(models.TrialHeartbeatModel)
                 .filter(models.TrialModel.study_id == study_id)
                 .filter(models.TrialModel.state == TrialState.RUNNING)
+                .filter(models.TrialHeartbeatModel.trial_heartbeat_id.is_(None))
                 .all()
             )
-        return {int(r[0]) for r in rows}
+        for (trial_id,) in rows:
+            self.record_heartbeat(trial_id)
 
     def record_heartbeat(self, trial_id: int) -> None:
         from sqlalchemy.exc import SQLAlchemyError

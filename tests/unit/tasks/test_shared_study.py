@@ -200,7 +200,6 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_pat
         node2.wait()
     dead = study.get_trials()[-1]
     node1 = objective(study, cfg, plan)
-    node1.orphans = shared.Orphans(600, on_stale)  # only Optuna's own sweep here
     sweep_until(node1, study, dead.number, 30)
     trials = study.get_trials()
     assert trials[dead.number].state.name == "FAIL"
