@@ -1,7 +1,5 @@
-"""One trial as one launch: the objective `study.optimize` calls in each of its threads. It
-waits for room before each ask (`room`), runs a popped point once and only as a point of
-`tune.space`, starts `tasks.tuning.trial` as its own process group, reports and prunes it, and
-sweeps stale trials (docs/design.md, "Tuning" and "A study across hosts")."""
+"""The objective `study.optimize` calls in each of its threads: one trial as one process group
+(docs/design.md, "Tuning" and "A study across hosts")."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -30,7 +28,7 @@ from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
 from enn_core.runtime.parent import descendants, kill_tree, spawned_env
-from tasks.tuning import shared, store
+from tasks.tuning import store
 from tasks.tuning import study as st
 from tasks.tuning.trial import TrialJob, events_file
 
@@ -41,13 +39,11 @@ T = TypeVar("T")
 
 
 class Ended(Exception):
-    """The trial ended without a value: not run, failed, or stopped (Optuna marks it FAIL)."""
+    """The trial ended without a value (Optuna marks it FAIL)."""
 
 
 @dataclass
 class RunningTrial:
-    """A trial process the objective follows."""
-
     number: int
     params: dict[str, Any]
     folder: Path
@@ -79,7 +75,7 @@ class TrialEnd:
     params: dict[str, Any]
     epochs: int
     seconds: float
-    pids: tuple[int, ...] = ()
+    pids: Sequence[int] = ()
     gone_s: float | None = None
 
     def __str__(self) -> str:
@@ -121,7 +117,7 @@ class Objective:
             self.slots.put(slot)
 
     def halt(self, error: BaseException | None = None) -> None:
-        """Stop the study (in an objective's thread: `study.stop` needs Optuna's loop)."""
+        """Stop the study (`study.stop` needs Optuna's loop: in an objective's thread)."""
         with self.lock:
             self.error = self.error or error
         self.stop.set()
@@ -156,7 +152,7 @@ class Objective:
             if time.monotonic() - self.last_sweep < self.tune.heartbeat_s:
                 return
             self.last_sweep = time.monotonic()
-        self.storage(lambda: shared.adopt_orphans(self.study))
+        self.storage(lambda: st.adopt_orphans(self.study))
         self.storage(lambda: fail_stale_trials(self.study))
 
     def __call__(self, trial: Trial) -> float:
@@ -168,12 +164,12 @@ class Objective:
             raise Ended("the study stops")
         folder = st.trial_folder(self.plan, trial.number)
         # its owner from its first moment: a restarted study of this host finds what it left
-        owner = store.TrialOwner.of(shared.trial_command(folder / "trial.json"))
+        owner = store.TrialOwner.of(st.trial_command(folder / "trial.json"))
         self.storage(lambda: trial.set_user_attr(store.OWNER_ATTR, owner.to_json()))
         trials = self.trials()
         mine = next(t for t in trials if t.number == trial.number)
         self.check_point(trial, trials, mine)
-        done, running = shared.counts(trials, below=trial.number)
+        done, running = st.counts(trials, below=trial.number)
         if done + len(running) >= self.tune.n_trials:
             self.storage(lambda: trial.set_user_attr(store.NOT_RUN_ATTR, True))
             self.not_run(mine)
@@ -187,15 +183,15 @@ class Objective:
             self.slots.put(slot)
 
     def check_point(self, trial: Trial, trials: list[FrozenTrial], mine: FrozenTrial) -> None:
-        """A queued point runs once, and only as a point of `tune.space`."""
-        twin = shared.duplicate_of(trials, trial.number)
+        """A popped point runs once, and only as a point of `tune.space`."""
+        twin = st.duplicate_of(trials, trial.number)
         if twin is not None:
             trial.set_user_attr(store.DUPLICATE_ATTR, twin)
             log.info("trial %d: the point of trial %d (queued twice); not run", trial.number, twin)
             raise Ended(f"the point of trial {twin}")
         fixed = {**mine.params, **(mine.system_attrs.get("fixed_params") or {})}
+        where = f"{self.plan.shown}: trial {trial.number}"
         try:
-            where = f"{self.plan.shown}: trial {trial.number}"
             space_values(fixed, self.dims, where, "not run; the study goes on")
         except DataError as e:
             trial.set_user_attr(store.NOT_RUN_ATTR, True)
@@ -204,10 +200,10 @@ class Objective:
 
     def room(self) -> None:
         """Before each ask (store.TuneStudy's gate): wait by reading the study while complete,
-        pruned and running trials fill it; StudyEnds once it is done or stops."""
+        pruned and running trials fill it; Ended once it is done or stops."""
         said = False
         while not self.stopping():
-            done, running = shared.counts(self.trials())
+            done, running = st.counts(self.trials())
             if done >= self.tune.n_trials:
                 break
             if done + len(running) < self.tune.n_trials:
@@ -219,7 +215,7 @@ class Objective:
                 said = True
             self.sweep()
             time.sleep(1.0)
-        raise store.StudyEnds("done" if not self.stop.is_set() else "stopped")
+        raise Ended("done" if not self.stop.is_set() else "stopped")
 
     def not_run(self, mine: FrozenTrial) -> None:
         """Asked while the study was full: not run, a queued point or retry put back as it was."""
@@ -257,7 +253,7 @@ class Objective:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
         # what it trains under besides its point, in the study: `--apply` on any host reads it
         self.storage(lambda: trial.set_user_attr(store.SETS_ATTR, list(sets)))
-        command = shared.trial_command(job.write())
+        command = st.trial_command(job.write())
         with open(folder / "trial.log", "wb") as out:  # its own group: pruning kills the group
             proc = subprocess.Popen(
                 command,
@@ -276,7 +272,7 @@ class Objective:
             if not (folder / "end.json").exists():
                 self.end(running, "interrupted", None, *kill_trial(proc))
                 if not self.lost:
-                    self.quietly(lambda: shared.retry(self.study, trial.number, stopped=True))
+                    self.quietly(lambda: st.retry(self.study, trial.number, stopped=True))
             raise
 
     def follow(self, running: RunningTrial, trial: Trial, proc: subprocess.Popen[bytes]) -> float:
@@ -317,11 +313,8 @@ class Objective:
             self.failed_in_a_row += 1
             many = self.failed_in_a_row >= MAX_FAILED_IN_A_ROW
         if many:
-            self.halt(
-                TrainingError(
-                    f"{MAX_FAILED_IN_A_ROW} trials failed in a row; the last one's log: {log_file}"
-                )
-            )
+            why = f"{MAX_FAILED_IN_A_ROW} trials failed in a row; the last one's log: {log_file}"
+            self.halt(TrainingError(why))
         raise Ended(f"exit {rc}")
 
     def end(
@@ -333,17 +326,8 @@ class Objective:
         gone: float | None = None,
     ) -> None:
         st.remove_checkpoints(running.folder)
-        seconds = time.monotonic() - running.started
-        end = TrialEnd(
-            running.number,
-            state,
-            value,
-            running.params,
-            len(running.values),
-            seconds,
-            tuple(pids or ()),
-            gone,
-        )
+        took, epochs = time.monotonic() - running.started, len(running.values)
+        end = TrialEnd(running.number, state, value, running.params, epochs, took, pids or [], gone)
         write_json(running.folder / "end.json", end.__dict__)
         if state in ("complete", "pruned"):
             with self.lock:

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from enn_core.errors import ConfigError
 from enn_core.paths import Layout
 from tasks.lock import pipeline_lock
 from tasks.tracking.study import StudyTracker
-from tasks.tuning import shared, store
+from tasks.tuning import store
 from tasks.tuning import study as st
 from tasks.tuning.objective import Ended, Objective
 
@@ -33,7 +32,7 @@ log = logging.getLogger("enn.tune")
 
 @dataclass(frozen=True)
 class StudyResult:
-    """What a study run gave: its table, best trial, where it lives."""
+    """A study run's table and best trial."""
 
     name: str
     storage: str
@@ -41,9 +40,6 @@ class StudyResult:
     best: dict[str, Any] | None = None
     best_value: float | None = None
     best_trial: int | None = None
-    ended_stale: tuple[int, ...] = ()
-    parallel: int = 1
-    seconds: float = 0.0
     mlflow_run_id: str | None = None
 
 
@@ -54,18 +50,19 @@ def tune(
     layout: Layout,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> StudyResult:
-    t0 = time.monotonic()
     plan = st.make_plan(cfg, config, overrides, layout)
     dims = dimensions(cfg.tune)
-    optuna_logs_as_enn_does()
+    optuna.logging.disable_default_handler()  # its lines to enn's log file (flows/console.py)
+    if not logging.getLogger("optuna").handlers:  # or, where enn set up no logging, the root's
+        optuna.logging.enable_propagation()
     with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
         tracker = StudyTracker(cfg, layout, plan.name)  # first: a deleted experiment is one line
-        on_stale = shared.StaleTrials()
+        on_stale = st.StaleTrials()
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
         st.stage_study_data(plan, cfg)
         with store.reading(plan.storage):
             stale = st.end_stale_trials(study, plan)
-            done, _ = shared.counts(study.get_trials(deepcopy=False))
+            done, _ = st.counts(study.get_trials(deepcopy=False))
         if stale:
             log.info("study %s: trials %s were interrupted; ran again", plan.name, stale)
         said = (plan.name, done, cfg.tune.n_trials, plan.parallel, plan.runtime[0], plan.shown)
@@ -90,23 +87,13 @@ def tune(
             raise objective.error from None
         finally:
             tracker.finish(study, rows, error)
-    return StudyResult(
-        name=plan.name,
-        storage=plan.shown,
-        rows=rows,
-        best=points(top[0], dims) if top else None,  # as its trial ran them
-        best_value=top[1] if top else None,
-        best_trial=top[2] if top else None,
-        ended_stale=tuple(stale),
-        parallel=plan.parallel,
-        seconds=time.monotonic() - t0,
-        mlflow_run_id=parent,
-    )
+    values, value, number = top if top else ({}, None, None)
+    ran = points(values, dims) if top else None  # the values as its trial ran them
+    return StudyResult(plan.name, plan.shown, rows, ran, value, number, parent)
 
 
 def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPlan) -> None:
-    """`study.optimize` until the study is done or stopped; again when a trial of this host
-    was failed elsewhere (Optuna's tell of it raises)."""
+    """`study.optimize`, again when a trial of this host was failed elsewhere."""
     done = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
     if isinstance(study, store.TuneStudy):
         study.gate = objective.room  # a full study is waited on by reading it
@@ -114,7 +101,7 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
         objective.lost = False
         try:
             study.optimize(objective, n_jobs=plan.parallel, catch=(Ended,), callbacks=[done])
-        except store.StudyEnds:  # done or stopped, asked for no trial
+        except Ended:  # the gate: done or stopped, asked for no trial
             pass
         except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
             if objective.stop.is_set():  # Ctrl-C or SIGTERM came while Optuna told a trial
@@ -157,19 +144,10 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(s, previous)
 
 
-def optuna_logs_as_enn_does() -> None:
-    """Optuna's lines without its own stderr handler: to `enn`'s log file (flows/console.py)
-    where `enn` set up its logging, else to the root logger."""
-    optuna.logging.disable_default_handler()
-    if not logging.getLogger("optuna").handlers:
-        optuna.logging.enable_propagation()
-
-
 def best_values(
     cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
 ) -> tuple[dict[str, Any], float, int, list[str]]:
-    """The study's best complete trial: its values (points of the config's `tune.space`: the
-    database is data), objective, number and the --set values it trained under."""
+    """The best complete trial's values (points of `tune.space`), objective, number, --set."""
     plan = st.make_plan(cfg, config, overrides, layout)
     study = store.load_study(plan.name, plan.storage)
     with store.reading(plan.storage):

@@ -12,7 +12,6 @@ import logging
 import math
 import random
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +42,7 @@ OPTUNA_SCHEMA = OPTUNA_TABLES | {
     *("trial_heartbeats", "trial_intermediate_values", "trial_system_attributes"),
     *("trial_user_attributes", "trial_values"),
 }
+PLAIN = (type(None), str, int, bool)  # a searched value's types (a float: a finite one)
 ANOTHER = "move it away, or name another study (--set tune.study=NAME)"
 DATA_ATTR = "enn.data"  # the study's user attribute: the data section its trials train on
 OWNER_ATTR = "enn.owner"  # a trial's user attributes: TrialOwner, ...
@@ -54,53 +54,36 @@ StaleHook = Callable[[Study, FrozenTrial], None]
 
 
 def sqlite_file(url: str) -> Path | None:
-    """The file of an SQLite storage URL (`sqlite:///<path>`), else None (a database server)."""
     if not url.startswith("sqlite:///"):
         return None
     return Path(url.removeprefix("sqlite:///").partition("?")[0])
 
 
 def shown(url: str) -> str:
-    """How a storage is named in messages: its file, or its URL without user info."""
     file = sqlite_file(url)
     return str(file) if file is not None else redact_url(url)
 
 
 def check_storage(url: str) -> None:
-    """Before Optuna opens (and adds its tables to) a storage: an SQLite file, empty or none,
-    or a database, empty or Optuna's; else one StoreError."""
+    """Before Optuna opens (and adds its tables to) it: empty or Optuna's, else StoreError."""
     file = sqlite_file(url)
-    if file is None:
-        import sqlalchemy
-
-        engine = sqlalchemy.create_engine(url, **engine_options(url))
-        try:
-            with reading(url, records=False):
-                tables = set(sqlalchemy.inspect(engine).get_table_names())
-        finally:
-            engine.dispose()
-    elif not file.exists():
-        return
-    elif not file.is_file():
-        raise StoreError(f"{file}: not a file, so not a study database; {ANOTHER}")
-    else:
+    if file is not None and file.exists():
+        if not file.is_file():
+            raise StoreError(f"{file}: not a file, so not a study database; {ANOTHER}")
         with open(file, "rb") as f:
             head = f.read(len(SQLITE_HEADER))
-        if not head:
-            return
-        if head != SQLITE_HEADER:
-            raise StoreError(
-                f"{file}: not an SQLite database (a damaged or foreign file); {ANOTHER}"
-            )
-        try:
-            with contextlib.closing(
-                sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
-            ) as db:
-                tables = {
-                    r[0] for r in db.execute("select name from sqlite_master where type = 'table'")
-                }
-        except sqlite3.Error as e:
-            raise StoreError(f"{file}: cannot be read as SQLite ({e}); {ANOTHER}") from e
+        if head and head != SQLITE_HEADER:
+            raise StoreError(f"{file}: not an SQLite database (damaged or foreign); {ANOTHER}")
+    if file is not None and not (file.exists() and file.stat().st_size):
+        return  # none yet, or an empty file
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, **engine_options(url))
+    try:
+        with reading(url):
+            tables = set(sqlalchemy.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
     if tables and not OPTUNA_TABLES <= tables and not tables <= OPTUNA_SCHEMA:
         raise StoreError(
             f"{shown(url)}: another program's database (tables {sorted(tables)[:4]}), not an "
@@ -109,8 +92,7 @@ def check_storage(url: str) -> None:
 
 
 def engine_options(url: str) -> dict[str, Any]:
-    """SQLite waits for another writer's lock; a server that does not answer fails in seconds,
-    and a connection it dropped between two calls is replaced, not raised."""
+    """SQLite waits for another writer; a silent server fails fast, a dropped link is replaced."""
     if sqlite_file(url) is not None:
         return {"connect_args": {"timeout": SQLITE_BUSY_S}}
     connect = {"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
@@ -118,22 +100,18 @@ def engine_options(url: str) -> dict[str, Any]:
 
 
 def lost(e: BaseException) -> BaseException | None:
-    """The database connection's error behind `e` (SQLAlchemy's OperationalError, which
-    Optuna wraps as StorageInternalError, or hides behind its own tell's error), else None."""
+    """The database connection's error (OperationalError) behind `e`, as Optuna wraps it."""
     from sqlalchemy.exc import OperationalError
 
     seen: BaseException | None = e
-    while seen is not None:
-        if isinstance(seen, OperationalError):
-            return seen
+    while seen is not None and not isinstance(seen, OperationalError):
         seen = seen.__cause__ or seen.__context__
-    return None
+    return seen
 
 
 def failure(url: str, e: BaseException, records: bool = True) -> EnnError | None:
     """The one translator of a storage failure: `e` as one line naming the storage (a server's
-    URL without its user), or None when it is none. A full disk; a lost connection; what
-    SQLAlchemy raises, and with `records` what Optuna raises on a damaged record."""
+    URL without its user), or None; `records`: a damaged record's error too."""
     from sqlalchemy.exc import SQLAlchemyError
 
     file, cause = sqlite_file(url), lost(e)
@@ -175,9 +153,8 @@ def reading(url: str, records: bool = True) -> Iterator[None]:
 
 
 class Storage(RDBStorage):
-    """Optuna's RDBStorage whose heartbeat thread outlives a storage that stops answering (a
-    failed beat is logged), and whose queued trials are claimed by one thread of this process
-    at a time (Optuna's row lock is none on SQLite: threads popped one point several times)."""
+    """Optuna's RDBStorage whose failed heartbeat is logged (its thread lives on), and whose
+    queued trials are claimed by one thread at a time (Optuna's row lock is none on SQLite)."""
 
     _claim = threading.Lock()
 
@@ -190,9 +167,8 @@ class Storage(RDBStorage):
             return super().set_trial_state_values(trial_id, state, values)
 
     def adopt_orphans(self, study_id: int) -> None:
-        """One heartbeat for each RUNNING trial of the study that never beat (a client asked and
-        died, or a row someone wrote; Optuna's sweep skips those): the sweep then fails it once
-        that beat is stale, whatever the trial holds."""
+        """One beat for each RUNNING trial that never beat (Optuna's sweep skips those): the
+        sweep then fails it once that beat is stale, whatever the trial holds."""
         from optuna.storages._rdb import models
 
         with _create_scoped_session(self.scoped_session) as session:
@@ -216,10 +192,6 @@ class Storage(RDBStorage):
             log.debug("heartbeat of trial id %d not recorded: %s", trial_id, e)
 
 
-class StudyEnds(Exception):
-    """Raised by a `TuneStudy`'s gate instead of asking: the study is done, or stops."""
-
-
 class TuneStudy(optuna.Study):
     """Optuna's study whose `ask` first passes `gate` (objective.room), one thread at a time."""
 
@@ -240,8 +212,7 @@ class TuneStudy(optuna.Study):
 def rdb_storage(
     url: str, tune: TuneConfig | None = None, on_stale: StaleHook | None = None
 ) -> Storage:
-    """The storage; with `tune`, Optuna's heartbeat, a silent trial failed and `on_stale`
-    called for it. Two hosts creating Optuna's tables at once collide: retried."""
+    """The storage; with `tune`, Optuna's heartbeat and `on_stale` for a silent trial."""
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     beat: dict[str, Any] = {}
@@ -261,8 +232,7 @@ def rdb_storage(
 def open_study(
     cfg: RunConfig, name: str, url: str, identity: str = "", on_stale: StaleHook | None = None
 ) -> TuneStudy:
-    """Study `name` (an SQLite file created 0600), checked; its sampler seeded by `tune.seed`,
-    its trials and this host's `identity` (docs/design.md); `tune.enqueue` queued once."""
+    """Study `name` (an SQLite file created 0600), checked; `tune.enqueue` queued once."""
     check_storage(url)
     if (file := sqlite_file(url)) is not None:
         private_file(file)
@@ -346,9 +316,7 @@ def check_trials(study: Study, path: str) -> None:
 
 
 def plain(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return value is None or isinstance(value, (str, int, bool))
+    return math.isfinite(value) if isinstance(value, float) else isinstance(value, PLAIN)
 
 
 def trial_number(number: Any, where: str) -> int:
@@ -379,7 +347,6 @@ class TrialOwner:
 
     @classmethod
     def of(cls, command: list[str]) -> TrialOwner:
-        """The record of the trial this process starts with `command`."""
         me = psutil.Process()
         return cls(socket.gethostname(), tuple(command), me.pid, me.create_time())
 
@@ -388,7 +355,6 @@ class TrialOwner:
 
     @classmethod
     def parse(cls, raw: Any) -> TrialOwner | None:
-        """The record as stored, or None when it is not one (missing, malformed, foreign)."""
         try:
             d = json.loads(raw) if isinstance(raw, str) else {}
             study = (int(d.get("study_pid", 0)), float(d.get("study_started", 0.0)))

@@ -1,20 +1,29 @@
 """`enn tune`'s study: where it lives (`work/tune/<study>.db`, `work/tune/<study>/`: staged
-data, `trial-<N>/`), how many trials run side by side, what a restart ends, its table
-(docs/design.md, "Tuning" and "A study across hosts")."""
+data, `trial-<N>/`), how its trials run side by side, and what hosts sharing it need on top of
+Optuna's storage: the trials a killed study of this host left, a point queued again, orphans,
+a point popped twice run once, the count before a trial runs (docs/design.md, "Tuning" and "A
+study across hosts")."""
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import json
 import logging
 import shutil
 import socket
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 from optuna.study import Study
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from enn_core.config import RunConfig, sections_of
 from enn_core.config.tune import check_study_name
@@ -23,10 +32,12 @@ from enn_core.paths import Layout
 from enn_core.runtime.device import usable_cores
 from enn_core.stages import STAGE_DATA
 from tasks.runner import PipelineSession, execute_stage
-from tasks.tuning import shared, store
+from tasks.tuning import store
+from tasks.tuning.store import DUPLICATE_ATTR, NOT_RUN_ATTR, OWNER_ATTR, Storage, TrialOwner
 from tasks.tuning.trial import checkpoint_files
 
 log = logging.getLogger("enn.tune")
+START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
 
 
 @dataclass(frozen=True)
@@ -55,8 +66,7 @@ class StudyPlan:
 
 
 def slots(cfg: RunConfig, cores: int, gpus: int) -> tuple[int, int]:
-    """(trials side by side, threads per worker): one GPU per trial, or on CPU trials x
-    workers x threads within the cores."""
+    """(trials side by side, threads per worker) within the GPUs, or the cores."""
     want = cfg.tune.parallel
     if gpus and cfg.runtime.device != "cpu":
         threads = cfg.runtime.threads_per_worker or max(1, cores // gpus)
@@ -100,7 +110,7 @@ def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
 
 
 def storage_url(configured: str, root: Path, default: Path) -> str:
-    """`tune.storage` (a relative SQLite path taken from the project root), or `default`."""
+    """`tune.storage` (a relative SQLite path from the project root), or `default`."""
     if not configured:
         return f"sqlite:///{default}"
     file = store.sqlite_file(configured)
@@ -111,8 +121,7 @@ def storage_url(configured: str, root: Path, default: Path) -> str:
 
 
 def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
-    """The study's staged data, staged into its folder once, and again when this host's copy
-    was staged with other data settings (a study that ran on others: `store.check_data`)."""
+    """The study's data, staged again when this host's copy has other settings."""
     params = plan.staged / "params.json"
     want = json.loads(json.dumps(sections_of(cfg, STAGE_DATA.sections)))
     if params.is_file():
@@ -151,23 +160,21 @@ def open_study(
 
 
 def end_stale_trials(study: Study, plan: StudyPlan) -> list[int]:
-    """The RUNNING trials a killed study of this checkout left (all of them on its own SQLite
-    file): failed, their points queued again, their checkpoints deleted; nothing signalled."""
+    """The RUNNING trials a killed study of this checkout left: failed, run again."""
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         folder = trial_folder(plan, t.number)
-        owner = store.TrialOwner.parse(t.user_attrs.get(store.OWNER_ATTR))
-        if plan.shared and not shared.left_here(owner, folder / "trial.json"):
+        owner = TrialOwner.parse(t.user_attrs.get(OWNER_ATTR))
+        if plan.shared and not left_here(owner, folder / "trial.json"):
             continue
-        if shared.fail(study, t.number):
-            shared.retry(study, t.number)
+        if fail(study, t.number):
+            retry(study, t.number)
         remove_checkpoints(folder)
         ended.append(t.number)
     return ended
 
 
 def trial_folder(plan: StudyPlan, number: Any) -> Path:
-    """`work/tune/<study>/trial-<N>/`."""
     return plan.folder / f"trial-{store.trial_number(number, plan.shown)}"
 
 
@@ -194,7 +201,7 @@ def table(study: Study) -> list[dict[str, Any]]:
             **t.params,
         }
         for t in study.get_trials(deepcopy=False)
-        if store.NOT_RUN_ATTR not in t.user_attrs
+        if NOT_RUN_ATTR not in t.user_attrs
     ]
 
 
@@ -204,3 +211,107 @@ def best(study: Study) -> tuple[dict[str, Any], float, int] | None:
         return None
     t = study.best_trial
     return dict(t.params), float(t.value or 0.0), int(t.number)
+
+
+def trial_command(job_file: Path) -> list[str]:
+    return [sys.executable, "-m", "tasks.tuning.trial", str(job_file)]
+
+
+def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
+    """Whether `owner` is this host's trial `job_file` of this checkout, its `enn tune` gone."""
+    if owner is None or owner.host != socket.gethostname():
+        return False
+    if tuple(owner.cmdline[-3:]) != tuple(trial_command(job_file)[-3:]):
+        return False
+    if owner.study_pid <= 0:
+        return True
+    try:
+        p = psutil.Process(owner.study_pid)
+        same = abs(p.create_time() - owner.study_started) <= START_TOLERANCE_S
+        return not (same and p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return True
+
+
+def fail(study: Study, number: int) -> bool:
+    """Trial `number` told FAIL; False when it had ended already (another host did it)."""
+    try:
+        study.tell(number, state=TrialState.FAIL)
+    except (ValueError, UpdateFinishedTrialError):  # "Cannot tell a FAIL trial"
+        return False
+    return True
+
+
+def retry_of(trial: FrozenTrial) -> int | None:
+    """The trial `trial` runs again (the last of Optuna's retry history), if it ran."""
+    ran = NOT_RUN_ATTR not in trial.user_attrs and DUPLICATE_ATTR not in trial.user_attrs
+    history = Retry.retry_history(trial) if ran else []
+    return history[-1] if history else None
+
+
+def retry(study: Study, number: int, stopped: bool = False) -> None:
+    """Trial `number`'s point queued again by Optuna's RetryHeartbeatStaleTrialCallback: once
+    when it failed (max_retry=1), each time the study stopped it; not when a retry of it
+    exists or it never ran. The point is checked when popped (objective.check_point)."""
+    trials = study.get_trials(deepcopy=False)
+    trial = copy.copy(next(t for t in trials if t.number == number))
+    if {NOT_RUN_ATTR, DUPLICATE_ATTR} & set(trial.user_attrs):
+        return
+    if any(retry_of(t) == number for t in trials):
+        return
+    trial.user_attrs = {}  # its owner record and --set values are its own, not its retry's
+    Retry(max_retry=None if stopped else 1)(study, trial)
+
+
+class StaleTrials:
+    """The storage's stale-trial callback, in the flow run's context."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[int], None]] = []
+        self.context = contextvars.copy_context()
+
+    def __call__(self, study: Study, trial: FrozenTrial) -> None:
+        self.context.copy().run(self.failed, study, trial)
+
+    def failed(self, study: Study, trial: FrozenTrial) -> None:
+        owner = TrialOwner.parse(trial.user_attrs.get(OWNER_ATTR))
+        host = owner.host if owner else "an unknown host"
+        log.warning("trial %d (on %s) missed its heartbeats: failed, run again", trial.number, host)
+        retry(study, trial.number)
+        for listener in self.listeners:
+            listener(trial.number)
+
+
+def adopt_orphans(study: Study) -> None:
+    storage = getattr(study._storage, "_backend", study._storage)
+    if isinstance(storage, Storage):
+        storage.adopt_orphans(study._study_id)
+
+
+def duplicate_of(trials: Sequence[FrozenTrial], number: int) -> int | None:
+    """The lower number of a trial that runs what trial `number` (just popped) runs: a point
+    or a retry queued twice (a sampler may repeat a point on purpose)."""
+    mine = next(t for t in trials if t.number == number)
+    point, retry = mine.system_attrs.get("fixed_params"), retry_of(mine)
+    for t in trials:
+        if t.number >= number:
+            continue
+        if retry is not None and retry_of(t) == retry:
+            return int(t.number)
+        queued = t.system_attrs.get("fixed_params", t.params)
+        if retry is None and point is not None and t.state != TrialState.FAIL and queued == point:
+            return int(t.number)
+    return None
+
+
+def counts(trials: Sequence[FrozenTrial], below: int | None = None) -> tuple[int, set[int]]:
+    """Complete or pruned trials, and the running ones (numbered `below`) that run."""
+    done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    running = {
+        t.number
+        for t in trials
+        if t.state == TrialState.RUNNING
+        and NOT_RUN_ATTR not in t.user_attrs
+        and (below is None or t.number < below)
+    }
+    return done, running

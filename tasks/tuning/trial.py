@@ -45,8 +45,7 @@ def events_file(folder: Path) -> Path:
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
-    """What a trial leaves that the study deletes when it ends: the DCP checkpoints and the
-    consolidated init.pt / model.pt (the metrics, history and logs stay)."""
+    """The checkpoints and .pt files a trial leaves, deleted when it ends."""
     out = [folder / "work" / "checkpoints"]
     out += sorted((folder / "outputs").glob("*/*.pt")) if (folder / "outputs").is_dir() else []
     return [p for p in out if p.exists() and not p.is_symlink()]

@@ -31,9 +31,8 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
-from tasks.tuning import shared, store
+from tasks.tuning import store
 from tasks.tuning import study as st
-from tasks.tuning.shared import trial_command
 from tasks.tuning.store import OWNER_ATTR, TrialOwner
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
@@ -115,7 +114,7 @@ def test_a_server_that_cannot_be_reached_is_one_line(tmp_path):
 
 def record(host: str, job: Path, study_pid: int) -> str:
     me = psutil.Process()
-    cmd = trial_command(job)
+    cmd = st.trial_command(job)
     return json.dumps(
         {
             "host": host,
@@ -147,7 +146,7 @@ def test_a_starting_study_leaves_other_hosts_trials_to_their_heartbeat(tmp_path)
     states = [t.state.name for t in study.get_trials()]
     assert states == ["RUNNING", "RUNNING", "RUNNING", "FAIL", "WAITING"]
     retry = study.get_trials()[4]
-    assert shared.retry_of(retry) == 3 and retry.params == study.get_trials()[3].params
+    assert st.retry_of(retry) == 3 and retry.params == study.get_trials()[3].params
     assert TrialOwner.parse(owners[3]).study_pid == 0  # an older record's form parses too
 
 
@@ -186,7 +185,7 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_pat
     cfg = load_config(None, [LR, "tune.heartbeat_s=1", "tune.stale_after_s=2"])
     plan = shared_plan(tmp_path, identity="node1")
     heard: list[int] = []
-    on_stale = shared.StaleTrials()
+    on_stale = st.StaleTrials()
     on_stale.listeners.append(heard.append)
     study = st.open_study(cfg, plan, on_stale)
     marker = tmp_path / "running"
@@ -205,7 +204,7 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_pat
     assert trials[dead.number].state.name == "FAIL"
     waiting = [t for t in trials if t.state.name == "WAITING"]
     assert len(waiting) == 1 and waiting[0].params == dead.params
-    assert shared.retry_of(waiting[0]) == dead.number
+    assert st.retry_of(waiting[0]) == dead.number
     assert heard == [dead.number]
     node1.last_sweep = 0.0
     node1.sweep()  # a second sweep finds nothing left to fail

@@ -14,7 +14,6 @@ from optuna.trial import TrialState
 
 from enn_core.config import load_config
 from enn_core.config.tune import dimensions
-from tasks.tuning import shared
 from tasks.tuning import study as st
 from tasks.tuning.objective import Ended
 from tasks.tuning.run import optimize
@@ -27,7 +26,7 @@ POINT = {"train.lr": 0.02}
 def _study(tmp_path, *sets: str):
     cfg = load_config(None, [LR, *sets])
     plan = shared_plan(tmp_path)
-    return cfg, plan, st.open_study(cfg, plan, shared.StaleTrials())  # as `enn tune` opens it
+    return cfg, plan, st.open_study(cfg, plan, st.StaleTrials())  # as `enn tune` opens it
 
 
 def _rows(study) -> list[tuple[int, str]]:
@@ -71,7 +70,7 @@ def test_a_cancelled_trial_swept_as_stale_elsewhere_has_its_point_queued_once(tm
         cancelled = study.ask(space)
     study._storage.record_heartbeat(cancelled._trial_id)  # then its host died
     # what its stop did: the point queued again, as a retry of the cancelled trial
-    shared.retry(study, cancelled.number, stopped=True)
+    st.retry(study, cancelled.number, stopped=True)
     node2 = objective(study, cfg, plan)
     t0 = time.monotonic()
     while study.get_trials()[cancelled.number].state.name == "RUNNING":
@@ -110,12 +109,12 @@ def test_a_retry_the_study_stopped_runs_again_and_a_failure_then_is_not_retried(
     study.enqueue_trial(POINT)
     first = study.ask(space)
     study.tell(first, state=TrialState.FAIL)
-    shared.retry(study, first.number)  # failed: its point queued again
+    st.retry(study, first.number)  # failed: its point queued again
     retry = study.ask(space)
-    shared.retry(study, retry.number, stopped=True)  # what the stop does, then Optuna's tell
+    st.retry(study, retry.number, stopped=True)  # what the stop does, then Optuna's tell
     study.tell(retry, state=TrialState.FAIL)
     again = study.ask(space)
-    assert again.params == POINT and shared.duplicate_of(study.get_trials(), again.number) is None
+    assert again.params == POINT and st.duplicate_of(study.get_trials(), again.number) is None
     study.tell(again, state=TrialState.FAIL)
-    shared.retry(study, again.number)
+    st.retry(study, again.number)
     assert [t.state.name for t in study.get_trials()] == ["FAIL"] * 3
