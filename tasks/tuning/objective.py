@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import logging
 import os
@@ -20,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 from optuna.exceptions import TrialPruned, UpdateFinishedTrialError
 from optuna.storages import fail_stale_trials
 from optuna.study import Study
-from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
+from optuna.trial import FrozenTrial, Trial, TrialState
 
 from enn_core.atomic import write_json
 from enn_core.config import RunConfig, load_config
@@ -220,12 +221,8 @@ class Objective:
     def not_run(self, mine: FrozenTrial) -> None:
         """Asked while the study was full: not run, a queued point or retry put back as it was."""
         if {"fixed_params", "failed_trial"} & set(mine.system_attrs):  # queued, or a retry
-            back = create_trial(
-                state=TrialState.WAITING,
-                params=mine.params,
-                distributions=mine.distributions,
-                system_attrs=mine.system_attrs,
-            )
+            back = copy.copy(mine)  # as it was: its point, its retry record; not its attributes
+            back.state, back.datetime_start, back.user_attrs = TrialState.WAITING, None, {}
             self.storage(lambda: self.study.add_trial(back))
         raise Ended("the study was full")
 

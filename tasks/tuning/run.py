@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 import optuna
-from optuna.study import MaxTrialsCallback, Study
+from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from enn_core.config import RunConfig
@@ -26,6 +26,7 @@ from tasks.tracking.study import StudyTracker
 from tasks.tuning import store
 from tasks.tuning import study as st
 from tasks.tuning.objective import Ended, Objective
+from tasks.tuning.store import TuneStudy
 
 log = logging.getLogger("enn.tune")
 
@@ -51,7 +52,6 @@ def tune(
     should_stop: Callable[[], bool] = lambda: False,
 ) -> StudyResult:
     plan = st.make_plan(cfg, config, overrides, layout)
-    dims = dimensions(cfg.tune)
     optuna.logging.disable_default_handler()  # its lines to enn's log file (flows/console.py)
     if not logging.getLogger("optuna").handlers:  # or, where enn set up no logging, the root's
         optuna.logging.enable_propagation()
@@ -73,9 +73,8 @@ def tune(
         error: BaseException | None = None
         rows: list[dict[str, Any]] = []
         try:
-            if done < cfg.tune.n_trials or plan.shared:  # a finished local study asks none
-                with stop_on_signals(objective.stop):
-                    optimize(study, objective, cfg.tune.n_trials, plan)
+            with stop_on_signals(objective.stop):  # a finished study: the gate asks none
+                optimize(study, objective, cfg.tune.n_trials, plan)
             with store.reading(plan.storage):
                 rows, top = st.table(study), st.best(study)
         except BaseException as e:
@@ -88,15 +87,14 @@ def tune(
         finally:
             tracker.finish(study, rows, error)
     values, value, number = top if top else ({}, None, None)
-    ran = points(values, dims) if top else None  # the values as its trial ran them
+    ran = points(values, dimensions(cfg.tune)) if top else None  # as its trial ran them
     return StudyResult(plan.name, plan.shown, rows, ran, value, number, parent)
 
 
-def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPlan) -> None:
+def optimize(study: TuneStudy, objective: Objective, n_trials: int, plan: st.StudyPlan) -> None:
     """`study.optimize`, again when a trial of this host was failed elsewhere."""
     done = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    if isinstance(study, store.TuneStudy):
-        study.gate = objective.room  # a full study is waited on by reading it
+    study.gate = objective.room  # a full study is waited on by reading it
     while True:
         objective.lost = False
         try:

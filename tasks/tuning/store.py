@@ -338,7 +338,7 @@ def sets_of(study: Study, number: int) -> list[str]:
 
 @dataclass(frozen=True)
 class TrialOwner:
-    """A trial's `enn.owner`, written once as it starts: what `shared.left_here` reads."""
+    """A trial's `enn.owner`, written once as it starts: what `study.left_here` reads."""
 
     host: str
     cmdline: tuple[str, ...]  # as the study ran it: its job file names the study and trial

@@ -33,7 +33,15 @@ from enn_core.runtime.device import usable_cores
 from enn_core.stages import STAGE_DATA
 from tasks.runner import PipelineSession, execute_stage
 from tasks.tuning import store
-from tasks.tuning.store import DUPLICATE_ATTR, NOT_RUN_ATTR, OWNER_ATTR, Storage, TrialOwner
+from tasks.tuning.store import (
+    DUPLICATE_ATTR,
+    NOT_RUN_ATTR,
+    OWNER_ATTR,
+    StaleHook,
+    Storage,
+    TrialOwner,
+    TuneStudy,
+)
 from tasks.tuning.trial import checkpoint_files
 
 log = logging.getLogger("enn.tune")
@@ -152,9 +160,7 @@ def shown(values: dict[str, Any]) -> str:
     )
 
 
-def open_study(
-    cfg: RunConfig, plan: StudyPlan, on_stale: store.StaleHook | None = None
-) -> store.TuneStudy:
+def open_study(cfg: RunConfig, plan: StudyPlan, on_stale: StaleHook | None = None) -> TuneStudy:
     plan.folder.mkdir(parents=True, exist_ok=True)
     return store.open_study(cfg, plan.name, plan.storage, plan.identity, on_stale)
 
