@@ -195,10 +195,8 @@ class Storage(RDBStorage):
 class TuneStudy(optuna.Study):
     """Optuna's study whose `ask` first passes `gate` (objective.room), one thread at a time."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.gate: Callable[[], None] | None = None
-        self._asking = threading.Lock()
+    gate: Callable[[], None] | None = None
+    _asking = threading.Lock()  # one per process: its threads ask in turn
 
     def ask(
         self, fixed_distributions: dict[str, optuna.distributions.BaseDistribution] | None = None
