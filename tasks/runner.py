@@ -187,12 +187,12 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             registry = tracker.after_stage(spec, child_id, layout, cfg, lineage, run_dir)
             if registry is not None:
                 session.registration = registry
-                # the reason is on the summary's `model:` line and the version's tags; a first
-                # version made champion without passing the rule is a warning that says why
-                # (`enn export` and `dvc repro` print no summary)
-                log.info("%s: %s", spec.name, registry.headline())
-                if registry.warning:
-                    log.warning("%s: %s", spec.name, registry.warning)
+                # the version and why, one line, in every command that registers (`enn export`
+                # and `dvc repro` print no summary); a version made champion without passing
+                # the rule is a warning
+                (log.warning if registry.warning else log.info)(
+                    "%s: %s", spec.name, registry.line()
+                )
     session.done.append(spec.name)
     return StageResult(
         spec.name,
