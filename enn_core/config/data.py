@@ -135,10 +135,12 @@ class DataConfig:
     """Periodic keys encoded as sine/cosine (may also be categorical)."""
 
     cyclic_periods: tuple[int, ...] = (12,)
-    """Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7)."""
+    """Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7);
+    ignored when data.cyclic is empty."""
 
     cyclic_starts: tuple[int, ...] = (1,)
-    """First value of each cyclic key's period, in the order of data.cyclic (month 1, hour 0)."""
+    """First value of each cyclic key's period, in the order of data.cyclic (month 1, hour 0);
+    ignored when data.cyclic is empty."""
 
     label_columns: tuple[str, ...] = ()
     """Label columns (csv/parquet)."""
@@ -208,6 +210,10 @@ class DataConfig:
     """Spatio-temporal workbook layout."""
 
     def __post_init__(self) -> None:
+        if not self.cyclic:  # no cyclic key: its periods and starts describe nothing (issue 54:
+            # `data.cyclic=[]` alone failed on the default cyclic_starts=[1])
+            object.__setattr__(self, "cyclic_periods", ())
+            object.__setattr__(self, "cyclic_starts", ())
         if self.source != "synthetic" and not self.path:
             raise ConfigError(
                 f"data.path is empty but data.source={self.source}; set data.path to the input file"
