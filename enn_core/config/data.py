@@ -210,10 +210,7 @@ class DataConfig:
     """Spatio-temporal workbook layout."""
 
     def __post_init__(self) -> None:
-        if not self.cyclic:  # no cyclic key: its periods and starts describe nothing (issue 54:
-            # `data.cyclic=[]` alone failed on the default cyclic_starts=[1])
-            object.__setattr__(self, "cyclic_periods", ())
-            object.__setattr__(self, "cyclic_starts", ())
+        self._check_cyclic()
         if self.source != "synthetic" and not self.path:
             raise ConfigError(
                 f"data.path is empty but data.source={self.source}; set data.path to the input file"
@@ -246,6 +243,18 @@ class DataConfig:
                 "data.val_by_key needs data.folds and data.val_fold -1 (it draws the "
                 "validation key values from the training folds); set them or turn it off"
             )
+        if self.features_only and not self.training_manifest:
+            raise ConfigError(
+                "data.features_only=true needs data.training_manifest "
+                "(the staged training manifest.json)"
+            )
+
+    def _check_cyclic(self) -> None:
+        """One period and one first value per cyclic key; none without a cyclic key (issue 54:
+        `data.cyclic=[]` alone failed on the default cyclic_starts=[1])."""
+        if not self.cyclic:  # its periods and starts describe nothing
+            object.__setattr__(self, "cyclic_periods", ())
+            object.__setattr__(self, "cyclic_starts", ())
         if len(self.cyclic_starts) != len(self.cyclic):
             raise ConfigError(
                 f"data.cyclic_starts={list(self.cyclic_starts)} must give one first value per "
@@ -257,9 +266,4 @@ class DataConfig:
             raise ConfigError(
                 f"data.cyclic_periods={list(self.cyclic_periods)} must give one period per "
                 f"data.cyclic key {list(self.cyclic)}, each from 2 to {MAX_PERIOD:.0e}"
-            )
-        if self.features_only and not self.training_manifest:
-            raise ConfigError(
-                "data.features_only=true needs data.training_manifest "
-                "(the staged training manifest.json)"
             )
