@@ -19,6 +19,7 @@ from flows import console
 from flows.exits import ended_by
 from flows.prefect_api import prefect_api
 from flows.summary import Summary, left_to_rank0_node
+from tasks.ui import ML_VIEW
 
 if TYPE_CHECKING:
     from tasks.runner import FlowRecord, StageResult
@@ -67,7 +68,7 @@ def experiment_url(url: str, experiment: str) -> str:
             exp_id = json.loads(r.read())["experiment"]["experiment_id"]
     except (OSError, ValueError, KeyError):
         return url
-    return f"{url}/#/experiments/{exp_id}?workflowType=machine_learning"
+    return f"{url}/#/experiments/{exp_id}?{ML_VIEW}"
 
 
 def run_stage_command(

@@ -44,6 +44,7 @@ from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, StageSpec
 from tasks.tracking.auth import CREDENTIALS, check_model_name, model_held, refused_credentials
 from tasks.tracking.uris import client_for, use_store
+from tasks.ui import mlflow_run_url
 
 TAG_PID = "enn.pid"
 TAG_PID_CREATED = "enn.pid_created"
@@ -294,7 +295,7 @@ class Tracker:
             self.client.set_tag(run_id, TAG_ERROR, error[:5000])
         self.client.set_terminated(run_id, status=status)
         if self.uri.startswith(("http://", "https://")):  # the log file's copy of MLflow's lines
-            url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+            url = mlflow_run_url(self.uri, self.experiment_id, run_id)
             logging.getLogger("tasks.tracking").info("MLflow run %s %s: %s", run_id, status, url)
 
     @contextlib.contextmanager
