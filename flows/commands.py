@@ -86,7 +86,13 @@ def run_stage_command(
     if launched is not None and launched.rank != 0:
         return worker_only(spec, cfg, layout, launched)
     group = job_group()
-    name = f"dvc repro ({spec.name})" if group and group.run_dirs else f"enn {spec.name}"
+    if group and group.run_dirs:
+        name = f"dvc repro ({spec.name})"
+    elif group:  # a batch job's parent, which this stage may be the first to make (a SLURM
+        # job whose stage-data was up to date): named as the job's `enn run` names it
+        name = spec.flow
+    else:
+        name = f"enn {spec.name}"
     sets = plan(config, overrides)
     tags = mlflow_tags(sets)
     with pipeline_session(

@@ -208,8 +208,15 @@ def mlflow_tags(p: Plan) -> dict[str, str]:
     import json
 
     changes = [] if is_pipeline_params(p.config) else [p.config.name]
-    changes += [redact_override(o) for o in p.run]
-    if not changes:  # `dvc repro`, `dvc exp run -S`: what the file holds against its commit
+    # what to compute, as `dvc exp run -S` runs are named: not how to run (runtime.*, which a
+    # launcher sets) nor a path outside the project (a shared checkpoint.dir), which named a
+    # SLURM job's parent `... synthetic checkpoint.dir=/abs/path runtime.launcher=external
+    # (+4)` (issue 54); enn.overrides below keeps every --set
+    tracked, outside = tracked_sections(), set(p.kept_out)
+    changes += [
+        redact_override(o) for o in p.run if o.split(".")[0] in tracked and o not in outside
+    ]
+    if not p.run and not changes:  # `dvc repro`, `dvc exp run -S`: the file against its commit
         changes = committed_changes(p.config)
     tags = {TAG_CHANGES_KEY: json.dumps(changes)} if changes else {}
     if not p.run:

@@ -163,6 +163,8 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             summary = run_work(spec, cfg, ctx)
         except BaseException as e:
             error = e
+            if tracker:  # a stop from outside: the runs ended first (Tracker.stopped)
+                tracker.stopped(spec.name, child_id, session.parent_id, e)
             raise
         finally:  # the diagnostics record names the cause, also (above all) when it failed
             write_diagnostics(run_dir, tracker, child_id, error)

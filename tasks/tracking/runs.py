@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # mlflow is imported inside the functions that use it: importing this module has no side
 # effects (`import mlflow` writes its telemetry state and an environment variable unless the
 # entry point contained the environment first, tasks/env.py).
-from enn_core.errors import ConfigError, NoSpaceError, StoreError, TransientError
+from enn_core.errors import ConfigError, NoSpaceError, Preempted, StoreError, TransientError
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, StageSpec
@@ -298,6 +298,22 @@ class Tracker:
             url = mlflow_run_url(self.uri, self.experiment_id, run_id)
             logging.getLogger("tasks.tracking").info("MLflow run %s %s: %s", run_id, status, url)
 
+    def stopped(
+        self, stage: str, run_id: str | None, parent_id: str | None, e: BaseException
+    ) -> None:
+        """A stage stopped from outside (`ended_status` KILLED: SIGTERM, Ctrl-C, a preempted
+        or cancelled batch job): its run and the parent's KILLED at once, before anything
+        else is logged. The scheduler's SIGKILL (SLURM's KillWait) or the workers' SIGTERM
+        watch may end the process seconds later; a cancelled SLURM job's parent stayed
+        RUNNING until the next job's `sweep_killed` (issue 54). `child` ends them again, with
+        the diagnostics logged, when there is time."""
+        if ended_status(e) != "KILLED":
+            return
+        msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        with contextlib.suppress(Exception):  # the stop is what the process reports
+            self.end(parent_id, "KILLED", f"stage {stage} stopped: {msg}")
+            self.end(run_id, "KILLED", msg)
+
     @contextlib.contextmanager
     def child(
         self, stage: str, parent_id: str | None, run_dir: Path, params: dict, tags: dict[str, str]
@@ -499,9 +515,10 @@ def store_error(uri: str, error: Exception) -> StoreError | NoSpaceError | Confi
 
 
 def ended_status(error: BaseException) -> str:
-    """MLflow's status of a run that `error` ended: KILLED when the user interrupted it (Ctrl-C,
-    SIGTERM, a cancelled flow run), FAILED otherwise."""
-    return "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+    """MLflow's status of a run that `error` ended: KILLED when it was stopped from outside
+    (Ctrl-C, SIGTERM, a cancelled flow run, a preempted or cancelled batch job: `Preempted`,
+    the workers saved), FAILED otherwise."""
+    return "KILLED" if isinstance(error, (KeyboardInterrupt, Preempted)) else "FAILED"
 
 
 def dvc_lineage(root: Path) -> dict[str, str]:
