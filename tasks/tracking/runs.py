@@ -298,22 +298,6 @@ class Tracker:
             url = mlflow_run_url(self.uri, self.experiment_id, run_id)
             logging.getLogger("tasks.tracking").info("MLflow run %s %s: %s", run_id, status, url)
 
-    def stopped(
-        self, stage: str, run_id: str | None, parent_id: str | None, e: BaseException
-    ) -> None:
-        """A stage stopped from outside (`ended_status` KILLED: SIGTERM, Ctrl-C, a preempted
-        or cancelled batch job): its run and the parent's KILLED at once, before anything
-        else is logged. The scheduler's SIGKILL (SLURM's KillWait) or the workers' SIGTERM
-        watch may end the process seconds later; a cancelled SLURM job's parent stayed
-        RUNNING until the next job's `sweep_killed` (issue 54). `child` ends them again, with
-        the diagnostics logged, when there is time."""
-        if ended_status(e) != "KILLED":
-            return
-        msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        with contextlib.suppress(Exception):  # the stop is what the process reports
-            self.end(parent_id, "KILLED", f"stage {stage} stopped: {msg}")
-            self.end(run_id, "KILLED", msg)
-
     @contextlib.contextmanager
     def child(
         self, stage: str, parent_id: str | None, run_dir: Path, params: dict, tags: dict[str, str]
