@@ -19,6 +19,7 @@ from flows import console
 from flows.exits import ended_by
 from flows.prefect_api import prefect_api
 from flows.summary import Summary, left_to_rank0_node
+from tasks.ui import ML_VIEW
 
 if TYPE_CHECKING:
     from tasks.runner import FlowRecord, StageResult
@@ -67,7 +68,7 @@ def experiment_url(url: str, experiment: str) -> str:
             exp_id = json.loads(r.read())["experiment"]["experiment_id"]
     except (OSError, ValueError, KeyError):
         return url
-    return f"{url}/#/experiments/{exp_id}?workflowType=machine_learning"
+    return f"{url}/#/experiments/{exp_id}?{ML_VIEW}"
 
 
 def run_stage_command(
@@ -85,7 +86,13 @@ def run_stage_command(
     if launched is not None and launched.rank != 0:
         return worker_only(spec, cfg, layout, launched)
     group = job_group()
-    name = f"dvc repro ({spec.name})" if group and group.run_dirs else f"enn {spec.name}"
+    if group and group.run_dirs:
+        name = f"dvc repro ({spec.name})"
+    elif group:  # a batch job's parent, which this stage may be the first to make (a SLURM
+        # job whose stage-data was up to date): named as the job's `enn run` names it
+        name = spec.flow
+    else:
+        name = f"enn {spec.name}"
     sets = plan(config, overrides)
     tags = mlflow_tags(sets)
     with pipeline_session(

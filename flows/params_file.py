@@ -107,9 +107,14 @@ class Plan:
         if not self.kept_out:
             return ""
         return (
-            f"{', '.join(self.kept_out)} lies outside the project, so {self.name()} does not "
-            "hold this run's values"
+            f"{self.outside()} lies outside the project, so {self.name()} does not hold this "
+            "run's values"
         )
+
+    def outside(self) -> str:
+        """The keys of the paths outside the project (`checkpoint.dir`): their values, often
+        long absolute paths, are in the run's config.yaml and MLflow, not on the console."""
+        return ", ".join(o.split("=", 1)[0] for o in self.kept_out)
 
 
 def run_overrides(config: Path, overrides: Sequence[str]) -> list[str]:
@@ -172,14 +177,8 @@ def once_lines(p: Plan) -> list[str]:
             f"{p.name()} unchanged: {_shown(p.once, ', ')} for this run only (a deployment's run "
             "never writes a tracked file); DVC neither skips nor records its stages"
         ]
-    if p.kept_out:
-        return [
-            f"{p.name()} unchanged: {', '.join(p.kept_out)} lies outside the project (a tracked "
-            "file holds the project's paths only, the same on every machine); every --set of "
-            "this run is its own (its config.yaml and MLflow hold them), and DVC neither skips "
-            "nor records its stages: `dvc status` shows them changed until `dvc repro`; to "
-            "version that input, copy it into the project"
-        ]
+    if p.kept_out:  # the closing `params:` line says it, once and short (issue 54: 450
+        return []  # characters with absolute paths, said at the start and again at the end)
     if p.once:
         return [f"{_shown(p.once, ', ')} for this run only ({p.why})"]
     return []
@@ -190,6 +189,11 @@ def summary_line(p: Plan, changes: Sequence[str]) -> str | None:
     if changes:
         once = f"; {_shown(p.once, ', ')} for this run only" if p.once else ""
         return f"params: {p.name()} changed ({'; '.join(changes)}{once})"
+    if p.kept_out:  # the paths' keys only: their values are in config.yaml and MLflow
+        return (
+            f"params: {p.name()} unchanged ({p.outside()} lies outside the project: every --set "
+            "is this run's own, and DVC neither skips nor records its stages)"
+        )
     if p.once:
         return f"params: {p.name()} unchanged ({_shown(p.once, ', ')} for this run only)"
     if p.write:
@@ -204,8 +208,15 @@ def mlflow_tags(p: Plan) -> dict[str, str]:
     import json
 
     changes = [] if is_pipeline_params(p.config) else [p.config.name]
-    changes += [redact_override(o) for o in p.run]
-    if not changes:  # `dvc repro`, `dvc exp run -S`: what the file holds against its commit
+    # what to compute, as `dvc exp run -S` runs are named: not how to run (runtime.*, which a
+    # launcher sets) nor a path outside the project (a shared checkpoint.dir), which named a
+    # SLURM job's parent `... synthetic checkpoint.dir=/abs/path runtime.launcher=external
+    # (+4)` (issue 54); enn.overrides below keeps every --set
+    tracked, outside = tracked_sections(), set(p.kept_out)
+    changes += [
+        redact_override(o) for o in p.run if o.split(".")[0] in tracked and o not in outside
+    ]
+    if not p.run and not changes:  # `dvc repro`, `dvc exp run -S`: the file against its commit
         changes = committed_changes(p.config)
     tags = {TAG_CHANGES_KEY: json.dumps(changes)} if changes else {}
     if not p.run:

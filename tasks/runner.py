@@ -14,6 +14,7 @@ tracker, parent run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -163,6 +164,8 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             summary = run_work(spec, cfg, ctx)
         except BaseException as e:
             error = e
+            if tracker:
+                end_stopped(tracker, spec.name, child_id, session.parent_id, e)
             raise
         finally:  # the diagnostics record names the cause, also (above all) when it failed
             after_stage(spec)
@@ -188,12 +191,12 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             registry = tracker.after_stage(spec, child_id, layout, cfg, lineage, run_dir)
             if registry is not None:
                 session.registration = registry
-                # the reason is on the summary's `model:` line and the version's tags; a first
-                # version made champion without passing the rule is a warning that says why
-                # (`enn export` and `dvc repro` print no summary)
-                log.info("%s: %s", spec.name, registry.headline())
-                if registry.warning:
-                    log.warning("%s: %s", spec.name, registry.warning)
+                # the version and why, one line, in every command that registers (`enn export`
+                # and `dvc repro` print no summary); a version made champion without passing
+                # the rule is a warning
+                (log.warning if registry.warning else log.info)(
+                    "%s: %s", spec.name, registry.line()
+                )
     session.done.append(spec.name)
     return StageResult(
         spec.name,
@@ -293,3 +296,21 @@ class _null:
 
     def __exit__(self, *exc: object) -> Literal[False]:
         return False
+
+
+def end_stopped(
+    tracker: Tracker, stage: str, run_id: str | None, parent_id: str | None, e: BaseException
+) -> None:
+    """A stage stopped from outside (`ended_status` KILLED: SIGTERM, Ctrl-C, a preempted or
+    cancelled batch job): its run and the parent KILLED at once, before the diagnostics are
+    logged. The scheduler's SIGKILL (SLURM's KillWait) may end the process seconds later: a
+    cancelled SLURM job's parent stayed RUNNING until the next job's `sweep_killed` (issue
+    54). `Tracker.child` ends them again, with the error, when there is time."""
+    from tasks.tracking.runs import ended_status
+
+    if ended_status(e) != "KILLED":
+        return
+    msg = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    with contextlib.suppress(Exception):  # the stop is what the process reports
+        tracker.end(parent_id, "KILLED", f"stage {stage} stopped: {msg}")
+        tracker.end(run_id, "KILLED", msg)

@@ -100,6 +100,12 @@ def mlflow_ui(cfg: RunConfig, work: Path) -> str | None:
     return ui["mlflow"].rstrip("/") if ui is not None and ui.get("mlflow") else None
 
 
+# MLflow's model-training view; without it the UI opens its GenAI view (a per-browser setting)
+ML_VIEW = "workflowType=machine_learning"
+
+
 def mlflow_run_url(base: str, experiment_id: str, run_id: str) -> str:
-    """`http://127.0.0.1:5000/#/experiments/1/runs/<run id>`: the run's page in the UI."""
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    """`http://127.0.0.1:5000/#/experiments/1/runs/<run id>?workflowType=machine_learning`:
+    the run's page in the UI, in the model-training view as the experiment's link is
+    (issue 54: the run links opened MLflow's GenAI layout)."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{ML_VIEW}"

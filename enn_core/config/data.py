@@ -135,10 +135,12 @@ class DataConfig:
     """Periodic keys encoded as sine/cosine (may also be categorical)."""
 
     cyclic_periods: tuple[int, ...] = (12,)
-    """Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7)."""
+    """Period of each cyclic key, in the order of data.cyclic (month 12, hour 24, weekday 7);
+    ignored when data.cyclic is empty."""
 
     cyclic_starts: tuple[int, ...] = (1,)
-    """First value of each cyclic key's period, in the order of data.cyclic (month 1, hour 0)."""
+    """First value of each cyclic key's period, in the order of data.cyclic (month 1, hour 0);
+    ignored when data.cyclic is empty."""
 
     label_columns: tuple[str, ...] = ()
     """Label columns (csv/parquet)."""
@@ -208,6 +210,7 @@ class DataConfig:
     """Spatio-temporal workbook layout."""
 
     def __post_init__(self) -> None:
+        self._check_cyclic()
         if self.source != "synthetic" and not self.path:
             raise ConfigError(
                 f"data.path is empty but data.source={self.source}; set data.path to the input file"
@@ -240,6 +243,18 @@ class DataConfig:
                 "data.val_by_key needs data.folds and data.val_fold -1 (it draws the "
                 "validation key values from the training folds); set them or turn it off"
             )
+        if self.features_only and not self.training_manifest:
+            raise ConfigError(
+                "data.features_only=true needs data.training_manifest "
+                "(the staged training manifest.json)"
+            )
+
+    def _check_cyclic(self) -> None:
+        """One period and one first value per cyclic key; none without a cyclic key (issue 54:
+        `data.cyclic=[]` alone failed on the default cyclic_starts=[1])."""
+        if not self.cyclic:  # its periods and starts describe nothing
+            object.__setattr__(self, "cyclic_periods", ())
+            object.__setattr__(self, "cyclic_starts", ())
         if len(self.cyclic_starts) != len(self.cyclic):
             raise ConfigError(
                 f"data.cyclic_starts={list(self.cyclic_starts)} must give one first value per "
@@ -251,9 +266,4 @@ class DataConfig:
             raise ConfigError(
                 f"data.cyclic_periods={list(self.cyclic_periods)} must give one period per "
                 f"data.cyclic key {list(self.cyclic)}, each from 2 to {MAX_PERIOD:.0e}"
-            )
-        if self.features_only and not self.training_manifest:
-            raise ConfigError(
-                "data.features_only=true needs data.training_manifest "
-                "(the staged training manifest.json)"
             )

@@ -25,8 +25,15 @@ MIN_ROWS = 30
 RESAMPLES = 2000
 LEVEL = 0.95  # one-sided: the upper bound of the mean difference
 SEED = 0
-__all__ = ["Comparison", "beats", "judge", "row_errors", "rule_text", "verdict"]
+__all__ = ["RULE", "Comparison", "beats", "judge", "row_errors", "rule_text", "verdict"]
 BLOCK_CELLS = 2**22  # row indices drawn at once (with what they pick: 64 MB), whatever the rows
+# the whole rule, one line: the version tag `enn.champion_rule` (docs/serving.md says it too)
+RULE = (
+    "a version becomes champion when it beats the champion on its validation rows (the first "
+    "has none to beat) and passes the rule (every naive predictor and fitted baseline beaten "
+    f"by a paired bootstrap on at least {MIN_ROWS} validation rows), or the champion did not "
+    "pass it either"
+)
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,20 @@ with the `onnx` flavor beside it) as a logged model of the export stage's run, a
 it as a new version of the task's registered model (`TrackingConfig.model_name`):
 
 - alias `candidate`: every registered version (export only runs after collapse-check passed);
-- alias `champion`: moved when the version
-  1. beats every naive predictor (the per-key and per-cell means and medians; the best named
-     in the tags as `enn.naive_predictor`) and every fitted baseline validate scored (ridge,
-     gbt) on its validation rows by the rule of tasks/tracking/champion_rule.py (a paired
-     bootstrap of per-row absolute errors on at least 30 rows), and
-  2. beats the current champion on the same rows: the champion is scored on the candidate's
-     validation rows through its own prediction path (enn_core/challenge.py), so a retrain on
-     refreshed data (another fingerprint, the same columns) can promote.
-  The first version of a model becomes champion even when it does not pass 1 (the prediction
-  flow resolves @champion), with a warning naming what beat it. The version's tags say why,
-  with the numbers (`enn.champion_decision`).
+- alias `champion`: one rule (RULE; docs/serving.md, "Which version is the champion"): a
+  version becomes champion when it beats the champion on its own validation rows (the first
+  version: there is none to beat) and either passes the rule against the baselines or the
+  champion did not pass it either. The rule against the baselines: it beats every naive
+  predictor (the per-key and per-cell means and medians; the best named in the tags as
+  `enn.naive_predictor`) and every fitted baseline validate scored (ridge, gbt) on its
+  validation rows by tasks/tracking/champion_rule.py (a paired bootstrap of per-row absolute
+  errors on at least 30 rows). The champion is scored on the candidate's validation rows
+  through its own prediction path (enn_core/challenge.py), so a retrain on refreshed data
+  (another fingerprint, the same columns) can promote. So a first version that does not pass
+  is champion (the prediction flow resolves @champion) until a better one does or, while none
+  passes, until a better one comes, with a warning naming what beat it. The version's tags
+  say why, with the numbers (`enn.champion_decision`), whether it passes
+  (`enn.passes_rule`), and the rule (`enn.champion_rule`).
 
 A model of another task (other features, label shape; no category in common) is not
 registered under this name: the result says so, naming `tracking.registered_model`.
@@ -49,7 +52,7 @@ from enn_core.paths import Layout
 from enn_core.serving import TableModel
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING
 from tasks.tracking import pyfunc
-from tasks.tracking.champion_rule import Comparison, judge, row_errors
+from tasks.tracking.champion_rule import RULE, Comparison, judge, row_errors
 from tasks.tracking.champion_rule import verdict as rule_verdict
 
 if TYPE_CHECKING:
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     from enn_core.config import ValidateConfig
 
 CHAMPION, CANDIDATE = "champion", "candidate"
+DECISION, PASSES_RULE = "enn.champion_decision", "enn.passes_rule"  # version tags
 ERROR_CHUNK_CELLS = 2_000_000  # label numbers baseline_errors reads at once (float64: 16 MB)
 DESCRIPTION = (
     "The prediction path in real units. pyfunc: a DataFrame of the training features' raw "
@@ -88,15 +92,16 @@ class Registration:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     def headline(self) -> str:
-        """`enn-synthetic version 3: candidate (champion unchanged)`: export's log line (the
-        reason can be 150 characters; the closing summary's `model:` line wraps it)."""
+        """`enn-synthetic version 3: candidate (champion unchanged)`: what `line()` starts
+        with (the reason can be 150 characters; the closing summary's `model:` line wraps it)."""
         if not self.registered:
             return f"{self.model}: not registered"
         role = "champion" if self.champion else "candidate (champion unchanged)"
         return f"{self.model} version {self.version}: {role}"
 
     def line(self) -> str:
-        """The headline and why, for the closing summary (and `enn` commands that print it)."""
+        """The headline and why: export's console line in every command that registers, the
+        closing summary's `model:` line."""
         return f"{self.headline()}: {self.reason}"
 
     def as_tags(self) -> dict[str, Any]:
@@ -196,17 +201,26 @@ def register(
         return Registration(
             name, False, verdict, model_uri=info.model_uri, model_id=info.model_id, val_mae=own.mae
         )
+    passes = _gate(own, naive, naive_name, against)[0]
     promote, why = decide(
-        own, naive, verdict, champion.version if champion else None, naive_name, against
+        own,
+        naive,
+        verdict,
+        champion.version if champion else None,
+        naive_name,
+        against,
+        champion_passed=champion is None or passed_rule(champion.tags),
     )
-    warning = why if promote and champion is None and not rule_verdict(against)[0] else ""
+    warning = why if promote and not passes else ""  # champion without passing the rule
     version_tags = {
         **tags,
         **_identity(layout, ours),
         "enn.val_mae": f"{own.mae:.6g}",
         "enn.val_rows": str(own.rows),
         "enn.candidate": str(report.chosen) if report else "",
-        "enn.champion_decision": why,
+        DECISION: why,
+        PASSES_RULE: "yes" if passes else "no",
+        "enn.champion_rule": RULE,
     }
     if naive is not None:
         version_tags["enn.naive_predictor"] = naive_name
@@ -301,37 +315,56 @@ def decide(
     champion_version: str | None,
     naive_name: str = "naive_conditional",
     against: list[Comparison] | None = None,
+    champion_passed: bool = True,
 ) -> tuple[bool, str]:
-    """(promote, why in words with the numbers). `against`: the model against each baseline
-    by the rule (champion_rule.py); without it (no per-row errors), the best naive predictor's
-    MAE is the bar."""
-    metric = PROMOTION_METRIC
-    which = f"the best naive predictor ({naive_name}: {NAIVE_HOW.get(naive_name, naive_name)})"
-    if against:
-        passed, rule = rule_verdict(against)
-    elif naive is not None and not own.mae < naive:
-        passed, rule = False, f"{metric} {four(own.mae)} does not beat {which}'s {four(naive)}"
-    else:
-        below = "" if naive is None else f" against {which}'s {four(naive)}"
-        passed, rule = True, f"{metric} {four(own.mae)}{below} on {own.rows} validation rows"
+    """(promote, why in words with the numbers), by the one rule of champion_rule.RULE: beat
+    the champion on these rows (the first version has none to beat) and pass the rule against
+    the baselines, or beat a champion that did not pass it either. `against`: the model
+    against each baseline by the rule (champion_rule.py); without it (no per-row errors), the
+    best naive predictor's MAE is the bar. `champion_passed`: whether the champion passed."""
+    passed, rule = _gate(own, naive, naive_name, against)
     if champion is None:
         if passed:
-            return True, f"the first: {rule}"
+            return True, f"the first version, and it passes the rule: {rule}"
         return True, f"the first version, champion until one passes the rule: {rule}"
-    if not passed:
-        return False, rule
     rows = f"on this version's {champion.rows} validation rows"
     if champion.skipped:
         rows += f" ({champion.skipped} with categories the champion never saw left out)"
-    if own.mae < champion.mae:
-        return True, (
-            f"{metric} {four(own.mae)} beats the champion's (version {champion_version}) "
-            f"{four(champion.mae)} {rows}"
-        )
-    return False, (
-        f"{metric} {four(own.mae)} does not beat the champion's (version {champion_version}) "
-        f"{four(champion.mae)} {rows}"
+    better = own.mae < champion.mae
+    than = (
+        f"{PROMOTION_METRIC} {four(own.mae)} {'beats' if better else 'does not beat'} the "
+        f"champion's (version {champion_version}) {four(champion.mae)} {rows}"
     )
+    if not better:
+        return False, f"{than}; it {'passes' if passed else 'does not pass'} the rule: {rule}"
+    if passed:
+        return True, f"{than}, and it passes the rule: {rule}"
+    if champion_passed:
+        return False, f"{than}, but the champion passed the rule and this version does not: {rule}"
+    return True, f"{than}; neither passes the rule, champion until one does: {rule}"
+
+
+def _gate(
+    own: Score, naive: float | None, naive_name: str, against: list[Comparison] | None
+) -> tuple[bool, str]:
+    """(the version passes the rule against the baselines, why with the numbers)."""
+    metric = PROMOTION_METRIC
+    which = f"the best naive predictor ({naive_name}: {NAIVE_HOW.get(naive_name, naive_name)})"
+    if against:
+        return rule_verdict(against)
+    if naive is not None and not own.mae < naive:
+        return False, f"{metric} {four(own.mae)} does not beat {which}'s {four(naive)}"
+    below = "" if naive is None else f" against {which}'s {four(naive)}"
+    return True, f"{metric} {four(own.mae)}{below} on {own.rows} validation rows"
+
+
+def passed_rule(tags: Mapping[str, str]) -> bool:
+    """Whether a registered version passed the rule against the baselines: its tag
+    `enn.passes_rule`; a version registered before that tag passed unless it was a first
+    version made champion without passing."""
+    if PASSES_RULE in tags:
+        return tags[PASSES_RULE] == "yes"
+    return not tags.get(DECISION, "").startswith("the first version, champion until")
 
 
 def _champion(client: MlflowClient, name: str) -> Any:

@@ -38,12 +38,13 @@ if TYPE_CHECKING:
 # mlflow is imported inside the functions that use it: importing this module has no side
 # effects (`import mlflow` writes its telemetry state and an environment variable unless the
 # entry point contained the environment first, tasks/env.py).
-from enn_core.errors import ConfigError, NoSpaceError, StoreError, TransientError
+from enn_core.errors import ConfigError, NoSpaceError, Preempted, StoreError, TransientError
 from enn_core.events import EVENTS_FILE
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, StageSpec
 from tasks.tracking.auth import CREDENTIALS, check_model_name, model_held, refused_credentials
 from tasks.tracking.uris import client_for, use_store
+from tasks.ui import mlflow_run_url
 
 TAG_PID = "enn.pid"
 TAG_PID_CREATED = "enn.pid_created"
@@ -294,7 +295,7 @@ class Tracker:
             self.client.set_tag(run_id, TAG_ERROR, error[:5000])
         self.client.set_terminated(run_id, status=status)
         if self.uri.startswith(("http://", "https://")):  # the log file's copy of MLflow's lines
-            url = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+            url = mlflow_run_url(self.uri, self.experiment_id, run_id)
             logging.getLogger("tasks.tracking").info("MLflow run %s %s: %s", run_id, status, url)
 
     @contextlib.contextmanager
@@ -498,9 +499,10 @@ def store_error(uri: str, error: Exception) -> StoreError | NoSpaceError | Confi
 
 
 def ended_status(error: BaseException) -> str:
-    """MLflow's status of a run that `error` ended: KILLED when the user interrupted it (Ctrl-C,
-    SIGTERM, a cancelled flow run), FAILED otherwise."""
-    return "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+    """MLflow's status of a run that `error` ended: KILLED when it was stopped from outside
+    (Ctrl-C, SIGTERM, a cancelled flow run, a preempted or cancelled batch job: `Preempted`,
+    the workers saved), FAILED otherwise."""
+    return "KILLED" if isinstance(error, (KeyboardInterrupt, Preempted)) else "FAILED"
 
 
 def dvc_lineage(root: Path) -> dict[str, str]:

@@ -20,12 +20,27 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 
+ENV_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
 def use_store(uri: str) -> None:
-    """Point MLflow's fluent API at `uri` for tracking and the model registry both."""
+    """Point MLflow's fluent API at `uri` for tracking and the model registry both, leaving
+    the process environment as it was: MLflow's setters also export MLFLOW_TRACKING_URI (and
+    the registry's), for subprocesses; the environment is tasks/env.py's, and the next
+    `contain` of the run (the prediction flow's stages, after its model came from a server)
+    read the changed variable as a setting gone stale and warned on the console (issue 54)."""
+    import os
+
     import mlflow
 
+    before = {k: os.environ.get(k) for k in ENV_KEYS}
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def client_for(uri: str) -> MlflowClient:

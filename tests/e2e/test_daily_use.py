@@ -330,7 +330,10 @@ def test_enn_ui_serves_mlflow_and_prefect_and_a_run_reports_to_it(two_stage):
         prefect_link = re.search(r"^look: Prefect flow run (http://\S+)$", out.stdout, re.M)
         assert mlflow_link and prefect_link, out.stdout
         assert prefect_link.group(1) == f"{prefect}/runs/flow-run/{runs[0]['id']}"
-        page = re.fullmatch(rf"{url}/#/experiments/(\d+)/runs/(\w+)", mlflow_link.group(1))
+        page = re.fullmatch(
+            rf"{url}/#/experiments/(\d+)/runs/(\w+)\?workflowType=machine_learning",
+            mlflow_link.group(1),
+        )
         assert page and page.group(1) == exp["experiment_id"], mlflow_link.group(1)
         run = http(f"{url}/api/2.0/mlflow/runs/get?run_id={page.group(2)}")["run"]
         tags = {t["key"]: t["value"] for t in run["data"]["tags"]}

@@ -127,7 +127,7 @@ def test_a_path_outside_the_project_keeps_the_run_out_of_params_and_dvc(two_stag
     assert p.run("git", "status", "--porcelain", "--untracked-files=no").stdout == ""
     assert not (p.root / "dvc.lock").exists(), "DVC recorded a run params.yaml does not describe"
     said = " ".join((out.stdout + out.stderr).split())
-    assert f"data.path={outside} lies outside the project" in said, said[-3000:]
+    assert "data.path lies outside the project" in said, said[-3000:]
     assert "DVC neither skips nor records its stages" in said
     assert "params: params.yaml unchanged (" in out.stdout
     staged = json.loads((p.root / "outputs" / "stage-data" / "params.json").read_text())

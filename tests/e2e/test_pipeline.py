@@ -205,7 +205,8 @@ def test_a_stages_prefect_artifact_links_its_mlflow_run(ran):
     (markdown,) = json.loads(out.stdout.strip().splitlines()[-1])
     run_id = child.info.run_id
     # no UI runs: the address `enn ui` serves it at by default (deploy.host, deploy.mlflow_port)
-    link = f"[{run_id}](http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id})"
+    page = f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id}?workflowType=machine_learning"
+    link = f"[{run_id}]({page})"
     assert f"MLflow run: {link}" in markdown, markdown
 
 

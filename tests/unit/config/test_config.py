@@ -93,3 +93,16 @@ def test_a_non_finite_number_is_refused_before_params_yaml_is_written(tmp_path, 
     with pytest.raises(ConfigError, match=r"train.lr must be a finite number"):
         apply_overrides(params, [f"train.lr={value}"])
     assert params.read_bytes() == before
+
+
+def test_a_table_without_a_cyclic_column_needs_only_an_empty_data_cyclic(tmp_path):
+    """Issue 54: `data.cyclic=[]` alone failed on the default cyclic_starts=[1] (and, with the
+    project's params.yaml, cyclic_periods=[12]): three keys for a table with no cyclic column."""
+    p = tmp_path / "params.yaml"
+    p.write_text("data:\n  cyclic: [month]\n  cyclic_periods: [12]\n  cyclic_starts: [1]\n")
+    for path in (None, p):
+        data = load_config(path, ["data.cyclic=[]"]).data
+        assert data.cyclic == data.cyclic_periods == data.cyclic_starts == ()
+    # a cyclic key still needs its period and start, one each
+    with pytest.raises(ConfigError, match="data.cyclic_starts"):
+        load_config(p, ["data.cyclic=[month, hour]", "data.cyclic_periods=[12, 24]"])

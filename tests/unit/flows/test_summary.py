@@ -115,7 +115,7 @@ def test_with_enn_ui_running_it_links_the_runs_own_pages(layout, ui_server):
     record.results["stage-data"] = _result("stage-data")
     lines = Summary(layout, RunConfig(), "training", "stage-data", api).lines(record)
     assert lines[-3:] == [
-        f"look: MLflow run {ui_server}/#/experiments/1/runs/a1b2c3",
+        f"look: MLflow run {ui_server}/#/experiments/1/runs/a1b2c3?workflowType=machine_learning",
         f"look: Prefect flow run {ui_server}/runs/flow-run/0b6f",
         "look: dvc metrics show",
     ]

@@ -44,7 +44,42 @@ def test_a_clear_win_on_enough_rows_promotes_and_says_the_rule():
     promote, why = decide(own, 3.0, Score(mae=9.0, rows=n, skipped=0), "1", against=against)
     assert promote and "beats the champion's" in why
     first, why = decide(own, 3.0, None, None, against=against)
-    assert first and why.startswith("the first: ") and "paired bootstrap" in why, why
+    assert first and why.startswith("the first version, and it passes the rule: "), why
+    assert "paired bootstrap" in why, why
+
+
+def test_a_better_version_replaces_a_champion_that_did_not_pass_the_rule_either():
+    """Issue 54: version 1 became champion while ridge beat it ("the first version"), yet a
+    strictly better version 2 on the same 6 validation rows stayed candidate. One rule: beat
+    the champion, and pass the rule or beat a champion that did not pass it either."""
+    n = 6
+    model = errors(n, 1.0, 0)
+    against = judge(model, {"naive_conditional": model + 2.0, "ridge": model + 0.5})
+    own = Score(mae=float(model.mean()), rows=n, skipped=0)
+    champion = Score(mae=float(model.mean()) + 0.3, rows=n, skipped=0)
+    promote, why = decide(own, 3.0, champion, "1", against=against, champion_passed=False)
+    assert promote, why
+    assert "beats the champion's (version 1)" in why and "neither passes the rule" in why, why
+    assert f"on {n} validation rows, fewer than the {MIN_ROWS} the rule needs" in why, why
+    # a champion that passed the rule is replaced only by one that passes it too
+    kept, why = decide(own, 3.0, champion, "1", against=against, champion_passed=True)
+    assert not kept and "the champion passed the rule and this version does not" in why, why
+    # nor by one no better than itself, passing or not
+    worse = Score(mae=champion.mae + 0.1, rows=n, skipped=0)
+    kept, why = decide(worse, 3.0, champion, "1", against=against, champion_passed=False)
+    assert not kept and "does not beat the champion's (version 1)" in why, why
+
+
+def test_the_version_tags_say_whether_it_passed_the_rule_and_the_rule_itself():
+    from tasks.tracking.registry import passed_rule
+
+    assert passed_rule({"enn.passes_rule": "yes"}) and not passed_rule({"enn.passes_rule": "no"})
+    # versions registered before the tag: a first version made champion without passing
+    first = "the first version, champion until one passes the rule: val/mae 3 is beaten by gbt 2"
+    assert not passed_rule({"enn.champion_decision": first})
+    assert passed_rule({"enn.champion_decision": "val/mae 2 beats the champion's (version 1) 3"})
+    assert "\n" not in champion_rule.RULE and f"at least {MIN_ROWS}" in champion_rule.RULE
+    assert "did not pass it either" in champion_rule.RULE
 
 
 def test_a_win_within_the_noise_is_not_a_win():

@@ -99,3 +99,39 @@ def test_the_entry_point_contains_the_environment_before_prefect_and_mlflow(tmp_
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "DVC_NO_ANALYTICS": "1",
     }
+
+
+@pytest.mark.timeout(120)
+def test_a_flow_that_reads_another_store_contains_again_without_a_warning(tmp_path):
+    """Issue 54: the prediction job's console said `UserWarning: contain() called after
+    importing ['mlflow']`. The flow downloads its model from the tracking server
+    (use_store: MLflow's set_tracking_uri also exports MLFLOW_TRACKING_URI), then the run's
+    stages contain the tools' environment again, which read that as a setting gone stale."""
+    (tmp_path / "params.yaml").write_text("{}\n")
+    other = f"sqlite:///{tmp_path / 'server.db'}"
+    code = (
+        "import json, os\n"
+        "from pathlib import Path\n"
+        "from tasks.env import TOOLS, contain, project_layout\n"
+        "contain(project_layout(Path.cwd(), 'work'))\n"  # `enn`
+        "import mlflow\n"  # while the temporary Prefect API starts
+        "from tasks.tracking.uris import use_store\n"
+        f"use_store({other!r})\n"  # the model from the registry (models.materialize)
+        "contain(project_layout(Path.cwd(), 'work'), groups=(TOOLS,))\n"  # the run's stages
+        "print(json.dumps({'fluent': mlflow.get_tracking_uri(),"
+        " 'registry': mlflow.get_registry_uri(), 'env': os.environ['MLFLOW_TRACKING_URI']}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "default", "-c", code],
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "contain() called" not in out.stderr, out.stderr
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert info["fluent"] == info["registry"] == other  # the fluent API still on that store
+    work = (tmp_path / "work").resolve()
+    assert info["env"] == f"sqlite:///{work}/mlflow/mlflow.db"  # contain's, for subprocesses

@@ -93,6 +93,7 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     assert first.champion and first.version == 1
     assert first.reason.startswith("the first")
     assert first.line().startswith("enn-synthetic version 1: champion: the first")
+    assert client.get_model_version("enn-synthetic", "1").tags["enn.passes_rule"] == "yes"
     worse = reg(trained(tmp_path / "b", steps=10))
     assert worse.registered and not worse.champion, worse
     assert worse.val_mae > worse.champion_val_mae  # scored on the same rows
@@ -118,6 +119,24 @@ def test_the_champion_moves_for_a_better_model_only(tmp_path, store):
     for reg_ in (first, worse, better):
         versions = json.loads(client.get_logged_model(reg_.model_id).tags["mlflow.modelVersions"])
         assert versions == [{"name": "enn-synthetic", "version": str(reg_.version)}], versions
+
+
+def test_a_better_version_replaces_a_first_champion_that_did_not_pass_the_rule(tmp_path, store):
+    """Issue 54: on data with too few validation rows for the rule, the first version was
+    champion and a strictly better second stayed candidate. One rule now: the better one is
+    champion until one passes; the tags and the line say so."""
+    client, reg = store
+    few = {"n_replicates": 1}  # 9 validation rows: fewer than the rule's 30
+    first = reg(trained(tmp_path / "a", steps=10, **few))
+    assert first.champion and first.warning and "fewer than the 30" in first.reason, first
+    better = reg(trained(tmp_path / "b", steps=60, **few))
+    assert better.champion and better.version == 2 and better.warning, better
+    assert "beats the champion's (version 1)" in better.reason, better.reason
+    assert "neither passes the rule" in better.line(), better.line()
+    tags = client.get_model_version("enn-synthetic", "2").tags
+    assert tags["enn.passes_rule"] == "no" and tags["enn.champion_decision"] == better.reason
+    assert tags["enn.champion_rule"].startswith("a version becomes champion when it beats")
+    assert str(client.get_model_version_by_alias("enn-synthetic", "champion").version) == "2"
 
 
 def test_a_model_no_better_than_the_naive_predictor_is_registered_not_promoted(tmp_path, store):
@@ -237,10 +256,10 @@ def test_a_retrain_on_appended_rows_of_the_same_csv_promotes_a_better_model(tmp_
     theirs = score_split(bundle_of(first_layout, tmp_path), staged, "val")
     assert theirs.rows == rows and retrain.champion_val_mae == pytest.approx(theirs.mae)
     assert retrain.champion_val_mae != pytest.approx(first.val_mae)
-    assert retrain.reason == (
+    assert retrain.reason.startswith(
         f"val/mae {four(retrain.val_mae)} beats the champion's (version 1) {four(theirs.mae)} "
-        f"on this version's {rows} validation rows"
-    )
+        f"on this version's {rows} validation rows, and it passes the rule: "
+    ), retrain.reason
     tags = client.get_model_version("enn-sales", "2").tags
     assert tags["enn.champion_decision"] == retrain.reason
     assert tags["enn.val_rows"] == str(rows)

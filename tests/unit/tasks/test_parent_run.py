@@ -149,3 +149,50 @@ def test_the_commands_of_one_batch_job_share_one_parent_run(tmp_path, monkeypatc
     monkeypatch.setenv(sessions.GROUP_ENV, "slurm-1' or '1'='1")
     with pytest.raises(ConfigError, match="ENN_RUN_GROUP"):
         batch_group()
+
+
+def test_a_stopped_batch_job_ends_its_parent_killed_named_like_the_training_runs(
+    tmp_path, monkeypatch
+):
+    """Issue 54: a cancelled SLURM job's parent run, made by the worker's `enn
+    distributed-train` (its stage-data was up to date, so `enn run` made none), stayed RUNNING
+    until the next job and was named `enn distributed-train #1 @node1 synthetic
+    checkpoint.dir=/abs/path...`. Now a stage that the workers stopped (`Preempted`: they
+    saved) ends its run and the parent KILLED, and the parent is named as the job's `enn run`
+    names it: the flow, its number, the data, what the run computes differently."""
+    import dataclasses
+
+    from mlflow.tracking import MlflowClient
+
+    from enn_core.errors import Preempted
+    from flows.commands import run_stage_command
+    from tasks import session as sessions
+    from tasks.tracking.runs import TAG_ERROR
+
+    root = tmp_path / "proj"
+    (root / ".dvc").mkdir(parents=True)
+    (root / "dvc.yaml").write_text("stages: {}\n")
+    (root / "params.yaml").write_text("{}\n")
+    for name in ("DVC_STAGE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(sessions.GROUP_ENV, "slurm-91")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    shared = tmp_path / "shared" / "enn-checkpoints"  # outside the project, as $ENN_SHARED
+    overrides = [f"checkpoint.dir={shared}", "runtime.max_restarts=1", "train.lr=0.02"]
+    cfg = load_config(root / "params.yaml", [*tiny_overrides(), f"tracking.uri={uri}", *overrides])
+
+    def saved_and_stopped(cfg, ctx):
+        raise Preempted("saved for preemption at step 6; run the same command again to resume")
+
+    stage = dataclasses.replace(STAGE_DATA, work=saved_and_stopped)
+    with pytest.raises(Preempted):
+        run_stage_command(stage, cfg, root / "params.yaml", Layout.for_root(root), overrides)
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    (parent,) = [r for r in runs if r.data.tags.get("enn.kind") == "pipeline"]
+    (child,) = [r for r in runs if r.data.tags.get("enn.kind") == "stage"]
+    assert parent.info.run_name == "training #1 synthetic train.lr=0.02", parent.info.run_name
+    assert parent.info.status == child.info.status == "KILLED"
+    assert "Preempted" in parent.data.tags[TAG_ERROR]
+    assert str(shared) in parent.data.tags["enn.overrides"]  # every --set is still recorded
