@@ -91,7 +91,7 @@ _table: dict[int, Child] = {}
 _lock = threading.Lock()
 
 
-def _die_with_parent() -> None:
+def term_when_parent_dies() -> None:
     """In a foreign child before exec (Linux): SIGTERM when the thread that started it dies."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -115,7 +115,7 @@ def start(  # noqa: PLR0913  what a child is started with, each a keyword
     base = dict(os.environ if env is None else env)
     env_ = base if foreign else spawned_env(base)
     stdin = subprocess.PIPE if pipes or stdin_pipe else subprocess.DEVNULL
-    preexec = _die_with_parent if foreign else None
+    preexec = term_when_parent_dies if foreign else None
     out: int | IO[Any] = subprocess.PIPE if pipes else subprocess.DEVNULL
     with contextlib.ExitStack() as stack:
         if log is not None:
@@ -188,9 +188,10 @@ def stop(child: Child, grace_s: float = 0.0, also: Iterable[Proc] = ()) -> list[
     descendants (and `also`: processes the caller recorded, e.g. workers) that are still the
     processes recorded, to it, and to its group while the group is its own (its leader not
     reaped, or a recorded member alive in it). Reaped, out of the table; the pids killed."""
+    procs = {*tree(child), *also}  # before the grace: a leader gone by then leaves its tree
     if grace_s > 0:
         terminate(child, grace_s)
-    procs = {*tree(child), *also}
+        procs |= tree(child)
     live = {p for p in procs if p.same()}
     alive = child.proc.returncode is None
     group = child.group and (alive or _in_group(live, child.pid))
