@@ -132,6 +132,7 @@ def start(  # noqa: PLR0913  what a child is started with, each a keyword
         )
     record = Proc.of(proc.pid) or Proc(proc.pid, 0.0)  # 0.0: it ended already
     child = Child(kind, proc, record, session, log)
+    running()  # ended children leave the table
     with _lock:
         _table[proc.pid] = child
     return child
@@ -187,14 +188,15 @@ def stop(child: Child, grace_s: float = 0.0, also: Iterable[Proc] = ()) -> list[
     """Stop `child`, the one way: with `grace_s`, `terminate` first; then `kill_tree` to its
     descendants (and `also`: processes the caller recorded, e.g. workers) that are still the
     processes recorded, to it, and to its group while the group is its own (its leader not
-    reaped, or a recorded member alive in it). Reaped, out of the table; the pids killed."""
+    reaped, or no process holding its pid now: a group's id is not given to a new process
+    while a member lives). Reaped, out of the table; the pids killed."""
     procs = {*tree(child), *also}  # before the grace: a leader gone by then leaves its tree
     if grace_s > 0:
         terminate(child, grace_s)
         procs |= tree(child)
     live = {p for p in procs if p.same()}
     alive = child.proc.returncode is None
-    group = child.group and (alive or _in_group(live, child.pid))
+    group = child.group and (alive or Proc.of(child.pid) is None)
     kill_tree(child.proc, {p.pid for p in live}, group=group)
     with _lock:
         if _table.get(child.pid) is child:
@@ -207,11 +209,3 @@ def forget(child: Child) -> None:
     with _lock:
         if _table.get(child.pid) is child:
             del _table[child.pid]
-
-
-def _in_group(procs: set[Proc], pgid: int) -> bool:
-    for p in procs:
-        with contextlib.suppress(OSError):
-            if os.getpgid(p.pid) == pgid:
-                return True
-    return False

@@ -96,6 +96,16 @@ def _wait_for(path: Path, within_s: float = 30) -> str:
     return path.read_text()
 
 
+def environ(pid: int) -> list[bytes]:
+    """`pid`'s environment as exec gave it: empty for a moment after Popen returns (the kernel
+    releases a vfork parent before it sets the new program's environment up)."""
+    deadline = time.monotonic() + 10
+    while not (raw := Path(f"/proc/{pid}/environ").read_bytes()):
+        assert time.monotonic() < deadline, f"pid {pid} has no environment"
+        time.sleep(0.02)
+    return raw.split(b"\0")
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != PARENT_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -107,8 +117,7 @@ def test_a_child_is_started_with_the_handshake_and_its_log_and_listed_while_it_r
     say = [sys.executable, "-c", "import time; print('hello', flush=True); time.sleep(60)"]
     child = children.start("test", say, log=log, session=True)
     try:
-        environ = Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0")
-        assert f"{PARENT_ENV}={os.getpid()}".encode() in environ
+        assert f"{PARENT_ENV}={os.getpid()}".encode() in environ(child.pid)
         assert os.getpgid(child.pid) == child.pid  # a session of its own
         assert child.record == Proc(child.pid, psutil.Process(child.pid).create_time())
         assert child in children.running()

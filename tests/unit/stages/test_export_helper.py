@@ -23,6 +23,7 @@ from enn_core.runtime import children
 from enn_core.runtime.parent import PARENT_ENV
 from enn_core.stages import COLLAPSE_CHECK, EXPORT
 from tests.fixtures.project import ROOT
+from tests.unit.runtime.test_children import environ
 from tests.unit.stages.test_evaluation_stages import _ctx, _project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -51,8 +52,7 @@ def test_the_helper_is_started_with_the_parent_handshake_as_a_child_of_the_table
     """Like every process a job starts, it names its parent (ENN_PARENT_PID): one whose
     parent dies while it imports ends at once, not after seconds of imports under init."""
     helper = export_helper.start(PT2.formats)
-    environ = open(f"/proc/{helper.proc.pid}/environ", "rb").read().split(b"\0")
-    assert f"{PARENT_ENV}={os.getpid()}".encode() in environ
+    assert f"{PARENT_ENV}={os.getpid()}".encode() in environ(helper.proc.pid)
     assert helper.child in children.running() and helper.child.kind == "export-helper"
     export_helper.release_unused()
     assert helper.proc.poll() is not None and helper.child not in children.running()
