@@ -184,3 +184,43 @@ def test_a_child_dies_with_its_parent_by_the_handshake_or_the_kernel(tmp_path):
         finally:
             if not _gone(pid, 0):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _daemon_threads() -> dict[str, str]:
+    """Each `threading.Thread(..., daemon=True)` of the product: its name (an f-string's
+    constant head) -> where it is started."""
+    import ast
+
+    found = {}
+    for package in ("enn_core", "tasks", "flows"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not (
+                    isinstance(node, ast.Call) and ast.unparse(node.func) == "threading.Thread"
+                ):
+                    continue
+                kw = {k.arg: k.value for k in node.keywords}
+                daemon = kw.get("daemon")
+                if not (isinstance(daemon, ast.Constant) and daemon.value is True):
+                    continue
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                name = kw.get("name")
+                if isinstance(name, ast.JoinedStr):
+                    head = name.values[0] if name.values else None
+                    name = head if isinstance(head, ast.Constant) else None
+                found[name.value if isinstance(name, ast.Constant) else f"<unnamed> {where}"] = (
+                    where
+                )
+    return found
+
+
+def test_every_daemon_thread_is_named_and_its_owner_is_in_the_design_table():
+    """docs/design.md's table of processes and threads names who starts and who ends each
+    daemon thread: a new one without a name, or missing there, fails here."""
+    threads = _daemon_threads()
+    assert len(threads) >= 10, threads  # the walk found the product's threads
+    unnamed = [where for name, where in threads.items() if name.startswith("<unnamed>")]
+    assert not unnamed, f"daemon threads without a name: {unnamed}"
+    table = (ROOT / "docs" / "design.md").read_text().split("Who starts and ends what")[1]
+    missing = {name: where for name, where in threads.items() if f"`{name}" not in table}
+    assert not missing, f"daemon threads missing from docs/design.md's table: {missing}"
