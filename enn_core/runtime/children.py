@@ -190,6 +190,7 @@ def stop(child: Child, grace_s: float = 0.0, also: Iterable[Proc] = ()) -> list[
     processes recorded, to it, and to its group while the group is its own (its leader not
     reaped, or no process holding its pid now: a group's id is not given to a new process
     while a member lives). Reaped, out of the table; the pids killed."""
+    child.proc.poll()  # an ended leader reaped now: its pid is not taken for a live one below
     procs = {*tree(child), *also}  # before the grace: a leader gone by then leaves its tree
     if grace_s > 0:
         terminate(child, grace_s)
@@ -202,10 +203,3 @@ def stop(child: Child, grace_s: float = 0.0, also: Iterable[Proc] = ()) -> list[
         if _table.get(child.pid) is child:
             del _table[child.pid]
     return sorted({p.pid for p in live} | ({child.pid} if alive else set()))
-
-
-def forget(child: Child) -> None:
-    """`child` out of the table without a signal: it ended and was reaped by its owner."""
-    with _lock:
-        if _table.get(child.pid) is child:
-            del _table[child.pid]
