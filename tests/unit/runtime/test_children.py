@@ -224,3 +224,19 @@ def test_every_daemon_thread_is_named_and_its_owner_is_in_the_design_table():
     table = (ROOT / "docs" / "design.md").read_text().split("Who starts and ends what")[1]
     missing = {name: where for name, where in threads.items() if f"`{name}" not in table}
     assert not missing, f"daemon threads missing from docs/design.md's table: {missing}"
+
+
+def test_a_group_left_by_its_ended_leader_is_still_stopped(tmp_path):
+    """A trial that died leaves its torchrun in its group: the stop kills the group still."""
+    pid_file = tmp_path / "pid"
+    code = (
+        "import subprocess, sys; from pathlib import Path; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"Path({str(pid_file)!r}).write_text(str(p.pid))"
+    )
+    child = children.start("test", [sys.executable, "-c", code], session=True)
+    left = int(_wait_for(pid_file))
+    child.proc.wait(30)
+    assert not _gone(left, 0) and os.getpgid(left) == child.pid
+    children.stop(child)
+    assert _gone(left, 10), "the group's last member outlived the stop"
