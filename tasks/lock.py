@@ -39,9 +39,7 @@ def pipeline_lock(path: Path, what: str) -> Iterator[None]:
         try:
             yield
         finally:
-            with _mutex:
-                fd, depth = _held[key]
-                _held[key] = (fd, depth - 1)
+            _leave(key)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = open_own(path, os.O_RDWR, 0o644)  # never through a link: it is truncated below
@@ -77,8 +75,19 @@ def pipeline_lock(path: Path, what: str) -> Iterator[None]:
     try:
         yield
     finally:
-        with _mutex:
-            _held.pop(key, None)
+        _leave(key)
+
+
+def _leave(key: str) -> None:
+    """One holder leaves; the last one, whichever it is, releases the lock. Holders in other
+    threads (Prefect runs tasks in threads; a batch job's sessions overlap) may leave after the
+    one that took it: it must not release the lock under them."""
+    with _mutex:
+        fd, depth = _held[key]
+        if depth > 1:
+            _held[key] = (fd, depth - 1)
+            return
+        del _held[key]
         os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

@@ -33,7 +33,7 @@ from enn_core.paths import Layout
 from enn_core.stage import StageContext
 from enn_core.stages import TRAINING, StageSpec
 from enn_core.summaries import StageSummary
-from tasks.warm import before_stage
+from tasks.warm import after_stage, before_stage
 
 if TYPE_CHECKING:
     from tasks.tracking import Tracker
@@ -165,6 +165,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             error = e
             raise
         finally:  # the diagnostics record names the cause, also (above all) when it failed
+            after_stage(spec)
             write_diagnostics(run_dir, tracker, child_id, error)
         work_seconds = time.perf_counter() - w0
         out = spec.output_dir(layout)

@@ -4,7 +4,8 @@
 thread imports matplotlib for the loss curves drawn when training ends and scikit-learn for
 validate's fitted baselines, and builds MLflow's map of the installed packages (export's model
 logging checks its requirements against it): about 1.8 s that otherwise fall inside those
-stages, on the critical path of `enn run` (bench/bench_quickstart.py, docs/benchmarks.md).
+stages, on the critical path of `enn run` (bench/bench_quickstart.py, docs/benchmarks.md). The
+thread is distributed-train's: the stage's end waits for what is left of it (`after_stage`).
 - When validate starts and export will follow, export's helper process starts
 (enn_core.export_helper): it imports torch.export's tracer and the ONNX exporter on the core
 validate, predict and collapse-check leave idle, then makes export's programs in its own
@@ -31,6 +32,8 @@ from enn_core.config import RunConfig
 from enn_core.stages import DISTRIBUTED_TRAIN, EXPORT, VALIDATE, StageSpec
 
 log = logging.getLogger("enn.warm")
+SETTLE_S = 60.0  # the longest distributed-train's end waits for the imports (they take ~2 s)
+_warming: list[threading.Thread] = []  # the import thread of this process's current run
 LATER: dict[str, tuple[str, ...]] = {
     VALIDATE.name: ("sklearn.linear_model", "sklearn.ensemble"),
 }
@@ -59,11 +62,22 @@ def before_stage(cfg: RunConfig, spec: StageSpec, specs: Sequence[StageSpec], pl
     later = specs[specs.index(spec) + 1 :] if spec in specs else ()
     try:  # a head start only: what fails here is left to the stage, which says why
         if spec == DISTRIBUTED_TRAIN:
-            warm_later(later, plots)
+            _warming.append(warm_later(later, plots))
         elif spec == VALIDATE and EXPORT in later:
             export_helper.start(cfg.export.formats)
     except (OSError, RuntimeError) as e:  # no process or thread could start
         log.debug("no head start for the stages after %s: %s", spec.name, e)
+
+
+def after_stage(spec: StageSpec) -> None:
+    """The import thread started with distributed-train ends with it: the stage waits for
+    what is left of the imports (none when training outlasted them; else what validate would
+    have waited for on its own import lock). Its owner is this stage, so the modules' memory
+    is the same stage's at every table size and never lands in a later stage by the clock."""
+    if spec != DISTRIBUTED_TRAIN:
+        return
+    while _warming:
+        _warming.pop().join(timeout=SETTLE_S)
 
 
 def end_of_session() -> None:

@@ -17,7 +17,7 @@ differences between candidates.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,8 +32,9 @@ from enn_core.collapse.measures import (
     fit_affine,
     spread_measures,
 )
-from enn_core.collapse.report import Candidate, Cause, CollapseReport, label_mode
+from enn_core.collapse.report import Candidate, Cause, CollapseReport, mostly_one_value
 from enn_core.config import CollapseConfig
+from enn_core.data.label_mode import LabelMode
 from enn_core.inference import Calibration, PredictionPath, predict_rows
 from enn_core.metric_names import PROMOTION_BASELINE
 from enn_core.metrics import evaluate_split, with_best_naive
@@ -64,6 +65,9 @@ class CheckRows:
     label_std: float
     axes: tuple[str, ...] = ()
     axis_values: Mapping[str, list[str]] | None = None
+    label_mode: Callable[[], LabelMode] | None = None
+    """The training labels' majority value per output (enn_core.data.label_mode), read only
+    when every candidate collapsed: a label that is mostly one value is a cause of its own."""
 
 
 def run_precision(requested: str, ckpt: Checkpoint | None) -> tuple[str, str]:
@@ -152,7 +156,7 @@ def check_candidates(
         n_rows=int(len(idx)),
         thresholds={k: getattr(cfg, k) for k in THRESHOLDS},
         candidates=cands,
-        cause=_cause(preds, cands, rows.label_std, precision, rows.target),
+        cause=_cause(preds, cands, rows, precision),
     )
     if chosen is None:
         return report, None
@@ -179,18 +183,18 @@ def _slope_summary(slope: np.ndarray, slope_max: float) -> dict[str, float]:
 def _cause(
     preds: Mapping[str, np.ndarray],
     cands: Mapping[str, Candidate],
-    label_std: float,
+    rows: CheckRows,
     precision: str,
-    target: np.ndarray | None = None,
 ) -> Cause:
     """Which part of the path collapses, from the differences between candidates."""
-    scale = max(label_std, 1e-12)
+    scale = max(rows.label_std, 1e-12)
     bd = float(np.max(np.abs(preds["raw"] - preds["per_sample"]))) / scale
     dependent = bool(bd > BATCH_DEPENDENCE_TOL.get(precision, 1e-4))
     effect = None
     if "fp32" in preds:
         effect = float(np.max(np.abs(preds["raw"] - preds["fp32"]))) / scale
     status = {k: v.status for k, v in cands.items()}
+    mode = None
     if status["raw"] == "passed":
         text = "no collapse: the raw predictions pass"
     elif dependent and status["per_sample"] == "passed":
@@ -210,18 +214,22 @@ def _cause(
             "a per-output affine restores it"
         )
     else:
+        mode = rows.label_mode() if rows.label_mode is not None else None
+        mode = mode if mode is not None and mode.mostly_one_value else None
         text = (
-            "the model's predictions themselves collapsed (no candidate restores spread with "
-            "skill); retrain or change the model"
+            mostly_one_value(mode, cands["raw"])
+            if mode is not None
+            else "the model's predictions themselves collapsed (no candidate restores spread "
+            "with skill); retrain or change the model"
         )
-    mode = label_mode(target) if target is not None else None
     return Cause(
         batch_dependence=bd,
         batch_dependent=dependent,
         diagnosis=text,
         precision_effect=effect,
-        label_mode=None if mode is None else mode[0],
-        label_mode_share=None if mode is None else mode[1],
+        label_mode=None if mode is None else mode.top_value,
+        label_mode_share=None if mode is None else mode.top_share,
+        label_mostly_outputs=None if mode is None else mode.n_mostly,
     )
 
 

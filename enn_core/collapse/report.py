@@ -1,5 +1,6 @@
 """collapse-check's report (`report.json`) as records: every candidate, how far each was from
-passing, the cause of a collapse and the choice.
+passing, the cause of a collapse and the choice; and the verdict as a person reads it
+(`verdict_lines`; a label mostly one value: `mostly_one_value`).
 
 JSON only at the file boundary: `CollapseReport.to_json()` writes the same keys the report has
 always had (`chosen_metrics` included), and `from_json` reads reports of this format version
@@ -9,12 +10,15 @@ and of earlier versions, which carried no `format_version`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from enn_core.data.label_mode import LabelMode
 from enn_core.errors import StaleOutputError
+from enn_core.metrics import best_naive
 
 REPORT_FILE = "report.json"
 FORMAT_VERSION = 1
@@ -74,8 +78,11 @@ class Cause:
     batch_dependent: bool
     diagnosis: str
     precision_effect: float | None = None
-    label_mode: float | None = None  # the validation targets' most common value
-    label_mode_share: float | None = None  # and the share of the targets it is
+    label_mode: float | None = None
+    """A label mostly one value: the training labels' majority value (of the output where it
+    holds the most; enn_core.data.label_mode), read only when every candidate collapsed."""
+    label_mode_share: float | None = None  # its share of that output's training rows
+    label_mostly_outputs: int | None = None  # the outputs whose majority holds > half
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,36 +155,86 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
     return out
 
 
-MOSTLY_ONE_VALUE = 0.5  # a label whose most common value is at least this share of it
+SECTION = 'docs/your-data.md, "A label that is mostly one value"'
+LITTLE_SKILL = 0.05  # below this share of the naive MAE removed, "little or no skill"
+# the spread criteria a model near a constant fails, and the collapse.* key that sets each
+RELAX = {
+    "spread_median": "collapse.median_ratio_min",
+    "spread_p10": "collapse.p10_ratio_min",
+    "flat_fraction": "collapse.max_flat_fraction",
+    "broadcast_fraction": "collapse.max_broadcast_fraction",
+}
 
 
-def label_mode(target: object) -> tuple[float, float] | None:
-    """(the most common value of the targets, its share of the finite ones), or None."""
-    import numpy as np
+def mostly_one_value(mode: LabelMode, raw: Candidate) -> str:
+    """The diagnosis of a collapse on a label mostly one value: MAE's best answer is about
+    that value, how the raw predictions compare with the best naive predictor, what to do."""
+    where = (
+        ""
+        if len(mode.shares) == 1
+        else f" of the output where it holds the most ({mode.n_mostly} of {len(mode.shares)} "
+        "outputs are mostly one value)"
+    )
+    failed = [c for c in raw.criteria if not c.ok]
+    return (
+        f"a label mostly one value: {mode.top_share:.0%} of the training labels{where} are "
+        f"{mode.top_value:g}, so under MAE the best constant is about {mode.top_value:g}; the "
+        f"raw predictions stay near it ({', '.join(c.describe() for c in failed)}) with "
+        f"{_skill(raw)}; see {SECTION}: a metric and loss that fit the label, a hurdle model"
+        f"{_relax(raw, ', or ')}"
+    )
 
-    t = np.asarray(target, dtype=np.float64).reshape(-1)
-    t = t[np.isfinite(t)]
-    if not len(t):
-        return None
-    values, counts = np.unique(t, return_counts=True)
-    i = int(np.argmax(counts))
-    return float(values[i]), float(counts[i] / len(t))
+
+def _gain(raw: Candidate) -> float:
+    """The share of the best naive predictor's MAE the raw predictions remove (NaN unknown)."""
+    mae, naive = raw.measures.get("mae", math.nan), raw.measures.get("naive_best_mae", math.nan)
+    ok = math.isfinite(mae) and math.isfinite(naive) and naive > 0
+    return 1.0 - mae / naive if ok else math.nan
 
 
-def verdict_lines(report: CollapseReport, loss: str = "") -> list[str]:
+def _skill(raw: Candidate) -> str:
+    """'MAE 0.7353 vs 0.744 for the best naive predictor (naive_cell_median), 1.2% lower:
+    little or no skill over the constant'."""
+    mae, naive = raw.measures.get("mae", math.nan), raw.measures.get("naive_best_mae", math.nan)
+    name = best_naive(raw.metrics) or "the naive predictors"
+    head = f"MAE {mae:.4g} vs {naive:.4g} for the best naive predictor ({name})"
+    gain = _gain(raw)
+    if math.isnan(gain):
+        return head
+    if gain < 0:
+        return f"{head}, {-gain:.1%} higher: worse than the constant"
+    if gain < LITTLE_SKILL:
+        return f"{head}, {gain:.1%} lower: little or no skill over the constant"
+    return f"{head}, {gain:.1%} lower: some skill, with little spread"
+
+
+def _relax(raw: Candidate, joiner: str) -> str:
+    """The collapse.* keys the raw candidate fails, to relax knowingly (after `joiner`); not
+    where the model is worse than the constant: relaxing would ship it."""
+    keys = [RELAX[c.measure] for c in raw.criteria if not c.ok and c.measure in RELAX]
+    named = ", ".join(keys) or "collapse.*"
+    if _gain(raw) < 0:
+        return f" (relaxing {named} would ship predictions worse than the constant)"
+    return f"{joiner}relax {named} knowingly"
+
+
+def verdict_lines(report: CollapseReport) -> list[str]:
     """collapse-check's verdict on a failed check as a person reads it: the cause it sees and
     what to try, each one short line (the candidates' figures are in the report)."""
-    share, value = report.cause.label_mode_share, report.cause.label_mode
-    if share is not None and value is not None and share >= MOSTLY_ONE_VALUE:
-        pull = f"; {loss} pulls to it" if loss in ("l1", "quantile") else ""
+    cause, raw = report.cause, report.candidates.get("raw")
+    value, share = cause.label_mode, cause.label_mode_share
+    if value is not None and share is not None and raw is not None and raw.measures:
+        spread = raw.measures.get("spread_median", math.nan)
         return [
-            f"cause: the label is mostly one value ({share:.0%} of the validation targets are "
-            f"{value:g}): predicting about {value:g} everywhere scores well",
-            f"try: train.loss=mse or huber (the mean, not the median{pull}), more epochs, or "
-            f"model apart whether a row is {value:g} and how far from it",
+            f"cause: the label is mostly one value ({share:.0%} of the training labels are "
+            f"{value:g}): MAE's best constant is about {value:g}, and the model stays near it "
+            f"(spread_median {spread:.3g})",
+            f"the model: {_skill(raw)}",
+            f"try: a hurdle model, or another metric and loss ({SECTION})",
+            _relax(raw, "or ").strip(" ()"),
         ]
     return [
-        f"cause: {report.cause.diagnosis.split(';')[0]}",
+        f"cause: {cause.diagnosis.split(';')[0]}",
         "try: more epochs, another train.lr or a larger model (the report says how far each "
         "candidate was from passing)",
     ]

@@ -21,6 +21,7 @@ The candidates table also goes into the run's diagnostics record (a `table` even
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from enn_core.collapse.reference import write_reference
 from enn_core.collapse.report import REPORT_FILE, CollapseReport, verdict_lines
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
+from enn_core.data.label_mode import label_mode
 from enn_core.errors import CollapseError, StaleOutputError
 from enn_core.inference import (
     CALIBRATION_FILE,
@@ -108,24 +110,32 @@ def check_rows(  # noqa: PLR0913
 ) -> tuple[StagedDataset, ENN, Checkpoint, CheckRows]:
     """(dataset, model, checkpoint, CheckRows) of the validation rows (sampled to max_rows)."""
     ds, model, ckpt = load_trained(ds_path, trained, stage, code)
+    return ds, model, ckpt, validation_rows(ds, stage, max_rows, chunk_rows)
+
+
+def validation_rows(
+    ds: StagedDataset, stage: str, max_rows: int, chunk_rows: int | None = None
+) -> CheckRows:
+    """The validation rows (sampled to max_rows) with their naive predictions, the training
+    labels' std and, read when needed, their majority value per output (in chunks)."""
     val = np.asarray(ds.split("val"))
     if len(val) > max_rows:  # the per-sample candidate runs one row at a time
         val = np.sort(np.random.default_rng(0).choice(val, max_rows, replace=False))
     if len(val) < 2:
         raise StaleOutputError(
             f"splits/val.npy has {len(val)} rows; {stage} needs >= 2: re-run "
-            f"{ds_path.name} with a larger data.val_fraction"
+            f"{ds.path.name} with a larger data.val_fraction"
         )
     manifest = ds.manifest
-    rows = CheckRows(
+    return CheckRows(
         features=np.asarray(ds.features[val], dtype=np.float32),
         target=np.asarray(ds.targets[val]),
         naive=NaiveModel(ds, chunk_rows).predict(val),
         label_std=label_std(ds, chunk_rows),
         axes=manifest.label_axes,
         axis_values=manifest.label_axis_values,
+        label_mode=functools.partial(label_mode, ds.targets, ds.split("train"), chunk_rows),
     )
-    return ds, model, ckpt, rows
 
 
 def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> CollapseSummary:
@@ -167,7 +177,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path) -> Co
     ctx.events.metrics(metrics)
     if cal is None:
         ctx.events.event("collapse", why=report.why, diagnosis=report.cause.diagnosis)
-        for line in verdict_lines(report, cfg.train.loss):  # the cause and what to try
+        for line in verdict_lines(report):  # the cause and what to try
             ctx.logger.warning("%s: %s", ctx.stage, line)
         raise CollapseError(
             f"{ctx.stage}: every candidate collapsed ({', '.join(report.order)}; the cause and "

@@ -3,6 +3,7 @@
 - manifest: opens with StagedDataset (format version, shapes, dtypes, split sizes);
 - content hash: the files re-hashed against the manifest's content_hash;
 - non-finite: NaN/Inf counts in features and labels (staging refuses or drops them);
+- labels: a label column that is one value on more than half of its training rows (labels.py);
 - memmaps: every staged array opens read-only and reads back (with the read rate);
 - fs <place>: filesystem type of the data, temp (tempfile.gettempdir()), work and cache
   directories, whether memory-backed (tmpfs) or network, free space, and a write probe;
@@ -21,6 +22,7 @@ import numpy as np
 
 from enn_core.data.manifest import FORMAT_VERSION
 from enn_core.doctor.context import DoctorContext, Mount, free_bytes, gib, mount_of
+from enn_core.doctor.labels import labels
 from enn_core.doctor.report import Check, Recorder
 from enn_core.errors import EnnError
 
@@ -53,6 +55,7 @@ def run(ctx: DoctorContext) -> list[Check]:
     if ds is not None:
         content_hash(ctx, rec, ds)
         nonfinite(rec, ds)
+        labels(ctx, rec, ds)
         memmaps(rec, ds)
     size = _staged_bytes(ds)
     for place, path in places(ctx).items():

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from enn_core.errors import ConfigError
+from enn_core.runtime import torch_private
 from enn_core.runtime.bound_store import tcp_store
 from enn_core.runtime.device import resolve_device
 from enn_core.runtime.network import InterfaceChoice
@@ -268,11 +269,10 @@ def local_env(device: str = "cpu") -> DistEnv:
 def tighten_timeout(seconds: float) -> None:
     """Shorter collective timeout once warm-up (spawn, wrap, first step) is over.
 
-    There is no public setter in torch 2.13 (FIELD_NOTES); the private one is the only way."""
+    There is no public setter in torch 2.13 (FIELD_NOTES); the private one is the only way
+    (enn_core.runtime.torch_private)."""
     if dist.is_initialized():
-        from torch.distributed import distributed_c10d
-
-        distributed_c10d._set_pg_timeout(_dt.timedelta(seconds=seconds), None)
+        torch_private.set_default_timeout(_dt.timedelta(seconds=seconds))
 
 
 def apply_parallelism(

@@ -88,13 +88,13 @@ class MacStore:
     waits pass through: they carry no value anyone acts on beyond a barrier's release."""
 
     def __init__(self, inner: Any, key: bytes, context: str, where: str) -> None:
-        self._inner, self._key, self._context, self._where = inner, key, context, where
+        self._inner, self._mac_key, self._context, self._where = inner, key, context, where
 
     def _seal(self, k: str, v: Any) -> bytes:
-        return seal(self._key, f"store key {k}", self._context, _as_bytes(v))
+        return seal(self._mac_key, f"store key {k}", self._context, _as_bytes(v))
 
     def _open(self, k: str, v: bytes) -> bytes:
-        return unseal(self._key, f"store key {k}", self._context, v, self._where)
+        return unseal(self._mac_key, f"store key {k}", self._context, v, self._where)
 
     def set(self, k: str, v: Any) -> None:
         self._inner.set(k, self._seal(k, v))

@@ -13,6 +13,9 @@ multi-node one.
 torchrun finds the same backend by name (`torchrun --rdzv-backend enn-c10d ...`) through the
 entry point `torchrun.handlers` -> `torchrun_handler` (pyproject.toml).
 
+What this adds to torch's handler and backend (`Hooks`, `rendezvous_backend`) reaches torch
+through enn_core.runtime.torch_private, the one module that names torch's private members.
+
 Authenticated (enn_core.runtime.store_auth): the rendezvous state is stored with an HMAC keyed
 by the job secret (enn_core.runtime.secret) and bound to the run id and the launch (a nonce the
 store's host draws, `launch_nonce`: a state replayed from an earlier job with the same id and
@@ -26,7 +29,6 @@ either.
 
 from __future__ import annotations
 
-import binascii
 import datetime as _dt
 import json
 import logging
@@ -35,15 +37,15 @@ import secrets
 import socket
 import threading
 import time
-from base64 import b64decode, b64encode
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
 from enn_core.errors import ConfigError
-from enn_core.runtime import secret
+from enn_core.runtime import secret, torch_private
 from enn_core.runtime.bound_store import tcp_store
+from enn_core.runtime.torch_private import NO_SHARED_STORE
 
 log = logging.getLogger("enn.launch")
 WAITING_EXTRA = "enn_waiting"  # a waiting line's record attribute: whom it waits for
@@ -53,8 +55,6 @@ WAITING_EVERY_S = 30.0  # how often a node waiting in the rendezvous says whom i
 # the launcher passes it as the rendezvous config `liveness_timeout`; torchrun: --rdzv-conf)
 LIVENESS_TIMEOUT_S = 120
 LEAVE_WAIT_S = 10.0  # how long the store's host waits for the other nodes to close
-# torch's switch for the agent's shared workers' store (read by the agent at each rendezvous)
-NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def _rendezvous_store(
@@ -66,14 +66,11 @@ def _rendezvous_store(
     `connect_timeout_s` (runtime.rdzv_timeout_s) is one line naming it."""
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
-    from torch.distributed.elastic.rendezvous.utils import (
-        _matches_machine_hostname,
-        parse_rendezvous_endpoint,
-    )
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     host, port = parse_rendezvous_endpoint(endpoint, default_port=DEFAULT_PORT)
     timeout = _dt.timedelta(seconds=read_timeout_s)
-    if _matches_machine_hostname(host):
+    if torch_private.names_this_machine(host):
         try:
             return tcp_store(host, port, is_master=True, timeout=timeout, multi_tenant=True), True
         except OSError:  # another agent on this machine hosts it: join as a client
@@ -125,129 +122,96 @@ def job_key(max_nodes: int) -> bytes:
     return secrets.token_bytes(32)
 
 
-def _backend_class() -> type:
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
-        C10dRendezvousBackend,
-    )
-
+def rendezvous_backend(store: Any, run_id: str, key: bytes, where: str, launch: str = "") -> Any:
+    """torch's c10d backend whose state carries an HMAC bound to the run id and the launch,
+    checked before the state (a pickle) reaches torch's unpickling state holder."""
     # imported here: store_auth imports torch's rendezvous package, whose registry imports
     # this module (torchrun's entry point) while it loads
     from enn_core.runtime.store_auth import seal, unseal
 
-    class Backend(C10dRendezvousBackend):
-        """torch's c10d backend whose state carries an HMAC bound to the run id and the
-        launch, checked before the state (a pickle) reaches torch's unpickling state holder."""
+    what, context = "the rendezvous state", f"{run_id}/{launch}"  # the launch: `launch_nonce`
+    return torch_private.sealed_backend(
+        store,
+        run_id,
+        RENDEZVOUS_BACKEND,
+        seal=lambda state: seal(key, what, context, state),
+        unseal=lambda raw: unseal(key, what, context, raw, where),
+    )
 
-        def __init__(
-            self, store: Any, run_id: str, key: bytes, where: str, launch: str = ""
-        ) -> None:
-            # the MAC's context: the run id and this launch's nonce (`launch_nonce`)
-            self._mac_key, self._run_id, self._where = key, f"{run_id}/{launch}", where
-            super().__init__(store, run_id)
 
-        @property
-        def name(self) -> str:
-            return RENDEZVOUS_BACKEND  # what the registry checks the handler against
+class Hooks:
+    """What the enn-c10d handler adds to torch's (enn_core.runtime.torch_private.Hooks), for one
+    handler: the bound and sealed stores, the node count agreed, the waiting line, each
+    round's liveness beat and the leaving count at shutdown."""
 
-        def _open(self, stored: bytes) -> tuple[bytes, Any] | None:
-            if stored == self._NULL_SENTINEL.encode():
-                return None
-            try:
-                raw = b64decode(stored, validate=True)
-            except binascii.Error:
-                raw = b""  # not even base64: it fails its MAC below, as anything forged does
-            state = unseal(self._mac_key, "the rendezvous state", self._run_id, raw, self._where)
-            return state, stored
+    def __init__(self, params: Any, key: bytes, store: Any, hosting: bool, launch: str) -> None:
+        self.params, self.key, self.store, self.hosting = params, key, store, hosting
+        self.launch = launch
+        self.liveness: Any = None  # this node's beat of the newest round
 
-        def get_state(self) -> tuple[bytes, Any] | None:
-            return self._open(self._call_store("get", self._key))
+    def workers_store_server(self, addr: str, port: int) -> dist.TCPStore:
+        # torch's own binds every interface
+        return tcp_store(
+            addr,
+            port,
+            is_master=True,
+            timeout=_dt.timedelta(seconds=300),  # TCPStore's default
+            multi_tenant=True,
+        )
 
-        def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
-            if token and not isinstance(token, bytes):
-                current = self.get_state()
-                return (*current, False) if current is not None else None
-            sealed = seal(self._mac_key, "the rendezvous state", self._run_id, state)
-            expected = token.decode() if token else self._NULL_SENTINEL
-            stored = self._call_store(
-                "compare_set", self._key, expected, b64encode(sealed).decode()
-            )
-            current = self._open(stored)
-            if current is None:
-                return None
-            return current[0], current[1], current[0] == state
+    def agent_store(self, store: dist.Store, round_: int) -> Any:
+        # what the agent reads MASTER_ADDR/PORT, the rank assignment and its barrier from
+        from enn_core.runtime.store_auth import MacStore
 
-    return Backend
+        context = f"{self.params.run_id}/{self.launch}/{round_}"
+        return MacStore(store, self.key, context, self.params.endpoint)
+
+    def next_rendezvous(self, handler: Any, join: Callable[[], Any]) -> Any:
+        from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+        from enn_core.runtime.liveness import Liveness
+
+        params = self.params
+        agree_on_nodes(self.store, self.key, params, self.launch)
+        waiting = Waiting(handler, params, WAITING_EVERY_S)
+        threading.Thread(target=waiting.run, name="enn-rdzv-waiting", daemon=True).start()
+        if self.liveness is not None:  # a new round: this node leaves the last one on purpose
+            self.liveness.stop()
+        try:
+            info = join()
+        except RendezvousTimeoutError:
+            waiting.say()  # torchrun's own error says no more than its class
+            raise
+        finally:
+            waiting.stop.set()
+        if params.max_nodes > 1:
+            self.liveness = Liveness(
+                params.endpoint,
+                self.key,
+                params.run_id,
+                torch_private.state_of(handler).round,
+                info.rank,
+                info.world_size,
+                torch_private.assigned_ranks(torch_private.agent_store(handler)),
+                float(params.get_as_int("liveness_timeout", LIVENESS_TIMEOUT_S) or 1),
+            ).start()
+        return info
+
+    def shutdown(self, handler: Any, close: Callable[[], bool]) -> bool:
+        if self.liveness is not None:  # the job ended here: the others must not call it silent
+            self.liveness.stop()
+        closed = close()
+        # the nodes of the last round (one that never met its peers waits for nobody)
+        nodes = len(torch_private.state_of(handler).participants) or 1
+        _leave(self.store, self.params.run_id, nodes, self.hosting, LEAVE_WAIT_S)
+        return closed
 
 
 def _create_handler(params: Any) -> Any:
     """torch's c10d rendezvous handler, on a store bound to the endpoint's address, whose
     workers' store (the agent shares it with its workers) is bound to the node's address,
     every value of which is authenticated with the job secret."""
-    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-        DynamicRendezvousHandler,
-        create_handler,
-    )
-
-    from enn_core.runtime.liveness import Liveness
-    from enn_core.runtime.store_auth import MacStore
-
     key = job_key(params.max_nodes)
-
-    class Handler(DynamicRendezvousHandler):
-        def _create_tcp_store_server(self, master_addr: str, master_port: int) -> dist.TCPStore:
-            # torch's own binds every interface (torch 2.13's method, overridden)
-            return tcp_store(
-                master_addr,
-                master_port,
-                is_master=True,
-                timeout=_dt.timedelta(seconds=300),  # TCPStore's default
-                multi_tenant=True,
-            )
-
-        def _get_store(self) -> Any:
-            # what the agent reads MASTER_ADDR/PORT, the rank assignment and its barrier from
-            round_ = self._state_holder.state.round
-            context = f"{params.run_id}/{launch}/{round_}"
-            return MacStore(super()._get_store(), key, context, params.endpoint)
-
-        def next_rendezvous(self) -> Any:
-            agree_on_nodes(store, key, params, launch)
-            waiting = Waiting(self, params, WAITING_EVERY_S)
-            threading.Thread(target=waiting.run, name="enn-rdzv-waiting", daemon=True).start()
-            beat = getattr(self, "_enn_liveness", None)
-            if beat is not None:  # a new round: this node leaves the last one on purpose
-                beat.stop()
-            try:
-                info = super().next_rendezvous()
-            except RendezvousTimeoutError:
-                waiting.say()  # torchrun's own error says no more than its class
-                raise
-            finally:
-                waiting.stop.set()
-            if params.max_nodes > 1:
-                self._enn_liveness = Liveness(
-                    params.endpoint,
-                    key,
-                    params.run_id,
-                    self._state_holder.state.round,
-                    info.rank,
-                    info.world_size,
-                    assigned_ranks(self._get_store()),
-                    float(params.get_as_int("liveness_timeout", LIVENESS_TIMEOUT_S) or 1),
-                ).start()
-            return info
-
-        def shutdown(self) -> bool:
-            beat = getattr(self, "_enn_liveness", None)
-            if beat is not None:  # the job ended here: the others must not call it silent
-                beat.stop()
-            closed = super().shutdown()
-            # the nodes of the last round (one that never met its peers waits for nobody)
-            nodes = len(self._state_holder.state.participants) or 1
-            _leave(store, params.run_id, nodes, hosting, LEAVE_WAIT_S)
-            return closed
-
     if params.max_nodes > 1:
         # Several nodes: rank 0's worker hosts a fresh workers' store each round, bound to its
         # node's address (enn_core.runtime.dist._store); torch's shared agent store keys
@@ -260,10 +224,9 @@ def _create_handler(params: Any) -> Any:
         params.get_as_int("join_timeout", 600) or 600,
     )
     launch = launch_nonce(store, key, params.run_id, hosting, params.endpoint)
-    backend = _backend_class()(store, params.run_id, key, params.endpoint, launch)
-    handler = create_handler(store, backend, params)
-    handler.__class__ = Handler  # the same handler, with the bound workers' store
-    return handler
+    sealed = rendezvous_backend(store, params.run_id, key, params.endpoint, launch)
+    hooks = Hooks(params, key, store, hosting, launch)
+    return torch_private.make_handler(store, sealed, params, hooks)
 
 
 def launch_nonce(store: Any, key: bytes, run_id: str, hosting: bool, endpoint: str) -> str:
@@ -298,26 +261,6 @@ def agree_on_nodes(store: Any, key: bytes, params: Any, launch: str = "") -> Non
         raise RendezvousNodesDiffer(params.run_id, theirs, mine)
 
 
-def assigned_ranks(store: Any) -> Callable[[int], str]:
-    """A node's global ranks as the agents assigned them in this round (the sealed store's
-    torchelastic keys), for naming a silent node; "unknown" before they were assigned."""
-
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
-
-    def ranks_of(node: int) -> str:
-        keys = [f"torchelastic/assigned_ranks/{node}", f"torchelastic/role_info/{node}"]
-        try:
-            if not store.check(keys):
-                return "unknown"
-            base = int(json.loads(store.get(keys[0]))[0])
-            local = int(json.loads(store.get(keys[1]))["local_world_size"])
-        except (RuntimeError, ValueError, KeyError, IndexError, RendezvousError):
-            return "unknown"
-        return str(base) if local == 1 else f"{base}-{base + local - 1}"
-
-    return ranks_of
-
-
 class Waiting:
     """Whom this node still waits for in the rendezvous: sampled every second from the
     handler's state while it waits, one line every `every_s` seconds, and once more when the
@@ -329,8 +272,8 @@ class Waiting:
         self.who = ""
 
     def sample(self) -> None:
-        state = self.handler._state_holder.state  # a snapshot; the agent's thread replaces it
-        seen = sorted({n.addr for n in (*state.participants, *state.wait_list)})
+        state = torch_private.state_of(self.handler)
+        seen = sorted({*state.participants, *state.waiting})
         missing = max(0, self.params.min_nodes - len(state.participants))
         who = f"{missing} more node(s) of {self.params.min_nodes}; seen: "
         self.who = who + (", ".join(seen) or "none yet")

@@ -35,6 +35,8 @@ def validate(st: TrainState, epoch: int) -> dict[str, float] | None:
     with torch.no_grad():
         for lo, hi, n_real in eval_slices(n, st.eval_batch, rt.env.rank, rt.env.world_size):
             sums += _forward_sums(st, data.val_rows[lo:hi] if n_real else data.val_rows[:1], n_real)
+            if rt.heartbeat is not None:  # each batch is progress: a long pass is not a hang
+                rt.heartbeat.progress()
     if isinstance(rt.model, FSDPModule):  # FSDP2 keeps the root unsharded after a no-grad forward
         rt.model.reshard()
     all_reduce_sum(sums, rt.env)

@@ -128,7 +128,7 @@ class StudyTracker:
                 self.tracker.experiment_id, run_name=f"trial {trial.number}", tags=tags
             )
             self.children[trial.number] = run.info.run_id
-            ran = points(trial.trial.params if trial.trial else {}, self.dims)
+            ran = points(trial.params, self.dims)
             self.tracker.log_params(run.info.run_id, {k: str(v) for k, v in ran.items()})
 
         if self.parent is not None:

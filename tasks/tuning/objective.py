@@ -1,30 +1,18 @@
-"""One trial as one launch: the objective `study.optimize` calls in each of its threads.
-
-Before each ask it waits while the study is full (complete + pruned + running trials, every
-host's), reading it, so a full study gains no row (`room`); the study done or stopped ends the
-asking. A trial counts the study again (trials numbered below its own): one asked at the same
-moment as another host's, that finds it full, ends as not run (`enn.not_run`, out of tables).
-A queued point outside `tune.space`, queued twice, or a second retry of one trial's point ends
-the same way; the host goes on. Else it starts `tasks.tuning.trial` as its own process group,
-follows its `epoch/<metric>` events, reports them and prunes (SIGKILL to the group, then
-`TrialPruned`), and sweeps stale trials and orphans every `tune.heartbeat_s` (Optuna's thread
-beats for the trial). `stop` (Ctrl-C, SIGTERM, a cancelled flow run, a fatal error) ends each
-trial within a second, its point queued again. A storage that does not answer is retried for
-`tune.stale_after_s` (other hosts fail the trial then anyway); then one StoreError.
-"""
+"""The objective `study.optimize` calls in each of its threads: one trial as one process group
+(docs/design.md, "Tuning" and "A study across hosts")."""
 
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import logging
 import os
 import queue
 import shutil
-import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -40,7 +28,7 @@ from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
 from enn_core.runtime import children
-from tasks.tuning import shared, store
+from tasks.tuning import store
 from tasks.tuning import study as st
 from tasks.tuning.trial import TrialJob, events_file
 
@@ -51,26 +39,20 @@ T = TypeVar("T")
 
 
 class Ended(Exception):
-    """The trial ended without a value: not run, failed, or stopped (Optuna marks it FAIL)."""
+    """The trial ended without a value (Optuna marks it FAIL)."""
 
 
 @dataclass
 class RunningTrial:
-    """A trial process the objective follows."""
-
-    trial: Trial | None
+    number: int
+    params: dict[str, Any]
     folder: Path
-    proc: subprocess.Popen[bytes] | None
     started: float
     values: list[tuple[int, float]] = field(default_factory=list)
     events: EventTail = field(init=False)
 
     def __post_init__(self) -> None:
         self.events = EventTail(events_file(self.folder))
-
-    @property
-    def number(self) -> int:
-        return self.trial.number if self.trial is not None else -1
 
     def new_values(self, metric: str) -> list[tuple[int, float]]:
         """The `epoch/<metric>` values appended to the trial's events since the last call."""
@@ -93,7 +75,7 @@ class TrialEnd:
     params: dict[str, Any]
     epochs: int
     seconds: float
-    pids: tuple[int, ...] = ()
+    pids: Sequence[int] = ()
     gone_s: float | None = None
 
     def __str__(self) -> str:
@@ -103,8 +85,7 @@ class TrialEnd:
 
 
 class Hooks(Protocol):
-    """What the study tells its tracker (tasks/tracking/study.py: MLflow) as trials start,
-    report and end."""
+    """What the study tells its tracker (tasks/tracking/study.py)."""
 
     def started(self, trial: RunningTrial) -> None: ...
 
@@ -122,7 +103,6 @@ class Objective:
         cfg: RunConfig,
         plan: st.StudyPlan,
         hooks: Hooks,
-        on_stale: shared.StaleTrials,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         self.study, self.cfg, self.plan, self.hooks = study, cfg, plan, hooks
@@ -131,14 +111,13 @@ class Objective:
         self.error: BaseException | None = None  # what stopped the study, raised after optimize
         self.lost = False  # a trial of this host was failed elsewhere (its tell will fail)
         self.failed_in_a_row, self.last_sweep = 0, 0.0
-        self.orphans = shared.Orphans(cfg.tune.stale_after_s, on_stale)
         self.context = contextvars.copy_context()  # Prefect's flow run, for the trial threads
         self.slots: queue.SimpleQueue[int] = queue.SimpleQueue()
         for slot in range(plan.parallel):
             self.slots.put(slot)
 
     def halt(self, error: BaseException | None = None) -> None:
-        """Stop the study (in an objective's thread: `study.stop` needs Optuna's loop)."""
+        """Stop the study (`study.stop` needs Optuna's loop: in an objective's thread)."""
         with self.lock:
             self.error = self.error or error
         self.stop.set()
@@ -157,10 +136,10 @@ class Objective:
             try:
                 return call()
             except Exception as e:
-                if store.connection_lost(e) is None:
+                if store.lost(e) is None:
                     raise
                 if time.monotonic() - first > self.tune.stale_after_s or self.stop.is_set():
-                    self.halt(store.unreachable(self.plan.storage, e))
+                    self.halt(store.failure(self.plan.storage, e, records=False))
                     raise Ended(str(e)) from e
                 time.sleep(1.0)
 
@@ -168,14 +147,13 @@ class Objective:
         return self.storage(lambda: self.study.get_trials(deepcopy=False))
 
     def sweep(self) -> None:
-        """Stale trials (Optuna's sweep) and orphans failed, once per `tune.heartbeat_s`."""
+        """Stale trials failed (Optuna's sweep; orphans adopted first), once per heartbeat_s."""
         with self.lock:
             if time.monotonic() - self.last_sweep < self.tune.heartbeat_s:
                 return
             self.last_sweep = time.monotonic()
+        self.storage(lambda: st.adopt_orphans(self.study))
         self.storage(lambda: fail_stale_trials(self.study))
-        running = [t for t in self.trials() if t.state == TrialState.RUNNING]
-        self.storage(lambda: self.orphans.fail(self.study, running))
 
     def __call__(self, trial: Trial) -> float:
         return self.context.copy().run(self.objective, trial)
@@ -185,18 +163,19 @@ class Objective:
             self.halt()
             raise Ended("the study stops")
         folder = st.trial_folder(self.plan, trial.number)
-        # an owner from its first moment: a restarted study of this host finds what it left
-        owner = shared.TrialOwner.of(0, shared.trial_command(folder / "trial.json"))
-        self.storage(lambda: trial.set_user_attr(shared.OWNER_ATTR, owner.to_json()))
+        # its owner from its first moment: a restarted study of this host finds what it left
+        owner = store.TrialOwner.of(st.trial_command(folder / "trial.json"))
+        self.storage(lambda: trial.set_user_attr(store.OWNER_ATTR, owner.to_json()))
         trials = self.trials()
         mine = next(t for t in trials if t.number == trial.number)
         self.check_point(trial, trials, mine)
-        done, running = shared.counts(trials, below=trial.number)
+        done, running = st.counts(trials, below=trial.number)
         if done + len(running) >= self.tune.n_trials:
-            self.storage(lambda: trial.set_user_attr(shared.NOT_RUN_ATTR, True))
+            self.storage(lambda: trial.set_user_attr(store.NOT_RUN_ATTR, True))
             self.not_run(mine)
         for dim in self.dims:
-            dim.suggest(trial)
+            if dim.key not in trial.params:  # a retry has its values (as they were checked)
+                dim.suggest(trial)
         slot = self.slots.get()
         try:
             return self.run(trial, folder, slot)
@@ -204,28 +183,27 @@ class Objective:
             self.slots.put(slot)
 
     def check_point(self, trial: Trial, trials: list[FrozenTrial], mine: FrozenTrial) -> None:
-        """A queued point runs once, and only as a point of `tune.space`."""
-        twin = shared.duplicate_of(trials, trial.number)
+        """A popped point runs once, and only as a point of `tune.space`."""
+        twin = st.duplicate_of(trials, trial.number)
         if twin is not None:
-            trial.set_user_attr(shared.DUPLICATE_ATTR, twin)
+            trial.set_user_attr(store.DUPLICATE_ATTR, twin)
             log.info("trial %d: the point of trial %d (queued twice); not run", trial.number, twin)
             raise Ended(f"the point of trial {twin}")
         fixed = {**mine.params, **(mine.system_attrs.get("fixed_params") or {})}
+        where = f"{self.plan.shown}: trial {trial.number}"
         try:
-            where = f"{self.plan.shown}: trial {trial.number}"
             space_values(fixed, self.dims, where, "not run; the study goes on")
         except DataError as e:
-            trial.set_user_attr(shared.NOT_RUN_ATTR, True)
+            trial.set_user_attr(store.NOT_RUN_ATTR, True)
             log.warning("%s", e)
             raise Ended(str(e)) from e
 
     def room(self) -> None:
-        """Before each ask (store.TuneStudy's gate): while complete, pruned and running trials
-        fill `tune.n_trials`, wait by reading the study (sweeping stale trials), adding no row;
-        StudyEnds once it is done or stops."""
+        """Before each ask (store.TuneStudy's gate): wait by reading the study while complete,
+        pruned and running trials fill it; Ended once it is done or stops."""
         said = False
         while not self.stopping():
-            done, running = shared.counts(self.trials())
+            done, running = st.counts(self.trials())
             if done >= self.tune.n_trials:
                 break
             if done + len(running) < self.tune.n_trials:
@@ -237,14 +215,14 @@ class Objective:
                 said = True
             self.sweep()
             time.sleep(1.0)
-        raise store.StudyEnds("done" if not self.stop.is_set() else "stopped")
+        raise Ended("done" if not self.stop.is_set() else "stopped")
 
     def not_run(self, mine: FrozenTrial) -> None:
-        """Asked while the study was full (another host asked at the same moment): not run, a
-        queued point it popped queued again; the next ask waits for room (`room`)."""
-        if fixed := mine.system_attrs.get("fixed_params"):
-            attrs = {k: v for k, v in mine.user_attrs.items() if k == shared.RETRY_ATTR}
-            self.storage(lambda: self.study.enqueue_trial(fixed, user_attrs=attrs or None))
+        """Asked while the study was full: not run, a queued point or retry put back as it was."""
+        if {"fixed_params", "failed_trial"} & set(mine.system_attrs):  # queued, or a retry
+            back = copy.copy(mine)  # as it was: its point, its retry record; not its attributes
+            back.state, back.datetime_start, back.user_attrs = TrialState.WAITING, None, {}
+            self.storage(lambda: self.study.add_trial(back))
         raise Ended("the study was full")
 
     def run(self, trial: Trial, folder: Path, slot: int) -> float:
@@ -270,30 +248,25 @@ class Objective:
         if plan.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
         # what it trains under besides its point, in the study: `--apply` on any host reads it
-        self.storage(lambda: trial.set_user_attr(shared.SETS_ATTR, list(sets)))
-        command = shared.trial_command(job.write())
+        self.storage(lambda: trial.set_user_attr(store.SETS_ATTR, list(sets)))
+        command = st.trial_command(job.write())
         child = children.start(  # its own group: pruning kills the group
             "trial", command, env=env, log=folder / "trial.log", session=True, cwd=plan.root
         )
-        proc = child.proc
-        running = RunningTrial(trial, folder, proc, time.monotonic())
+        running = RunningTrial(trial.number, trial.params, folder, time.monotonic())
         try:
-            trial.set_user_attr(
-                shared.OWNER_ATTR, shared.TrialOwner.of(proc.pid, command).to_json()
-            )
             log.info("trial %d: %s", trial.number, st.shown(trial.params))
             self.hooks.started(running)
-            return self.follow(running, child)
+            return self.follow(running, trial, child)
         except BaseException:  # stopped: Ctrl-C in this thread, the stop event, the storage gone
             if not (folder / "end.json").exists():
                 self.end(running, "interrupted", None, *kill_trial(child))
                 if not self.lost:
-                    self.quietly(lambda: shared.queue_again(self.study, trial.number, trial.params))
+                    self.quietly(lambda: st.retry(self.study, trial.number, stopped=True))
             raise
 
-    def follow(self, running: RunningTrial, child: children.Child) -> float:
-        assert running.trial is not None
-        trial, metric = running.trial, self.tune.metric
+    def follow(self, running: RunningTrial, trial: Trial, child: children.Child) -> float:
+        metric = self.tune.metric
         while not self.stopping():
             for epoch, value in running.new_values(metric):
                 try:
@@ -330,11 +303,8 @@ class Objective:
             self.failed_in_a_row += 1
             many = self.failed_in_a_row >= MAX_FAILED_IN_A_ROW
         if many:
-            self.halt(
-                TrainingError(
-                    f"{MAX_FAILED_IN_A_ROW} trials failed in a row; the last one's log: {log_file}"
-                )
-            )
+            why = f"{MAX_FAILED_IN_A_ROW} trials failed in a row; the last one's log: {log_file}"
+            self.halt(TrainingError(why))
         raise Ended(f"exit {rc}")
 
     def end(
@@ -346,18 +316,8 @@ class Objective:
         gone: float | None = None,
     ) -> None:
         st.remove_checkpoints(running.folder)
-        params = running.trial.params if running.trial else {}
-        seconds = time.monotonic() - running.started
-        end = TrialEnd(
-            running.number,
-            state,
-            value,
-            params,
-            len(running.values),
-            seconds,
-            tuple(pids or ()),
-            gone,
-        )
+        took, epochs = time.monotonic() - running.started, len(running.values)
+        end = TrialEnd(running.number, state, value, running.params, epochs, took, pids or [], gone)
         write_json(running.folder / "end.json", end.__dict__)
         if state in ("complete", "pruned"):
             with self.lock:
@@ -367,7 +327,7 @@ class Objective:
         self.quietly(lambda: self.hooks.ended(running, end))
 
     def quietly(self, call: Callable[[], object]) -> None:
-        """`call` while the study stops: a storage that is gone was said once."""
+        """`call` while the study stops (a storage that is gone was said once)."""
         try:
             call()
         except Exception as e:  # noqa: BLE001 - the study's own error is what is reported

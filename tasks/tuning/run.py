@@ -1,13 +1,5 @@
-"""Run a study end to end (the tuning flow calls `tune`); read its best values (`--apply`).
-
-One `enn tune` per study and checkout at a time (a lock on `work/tune/<study>.lock`); on a
-shared storage one per host joins. `study.optimize` runs `tune.parallel` trials side by side
-(`Objective`) until `tune.n_trials` are complete or pruned (`MaxTrialsCallback`, and the count
-at the top of each trial: at most n_trials + hosts - 1 when hosts start trials at once).
-Ctrl-C and SIGTERM set the objective's stop event before the caller's handler runs, so the
-running trials end in seconds; Optuna's log lines and warnings go to the log file only
-(flows/console.py).
-"""
+"""Run a study end to end (the tuning flow calls `tune`) under one lock per study and checkout;
+read its best values (`--apply`) (docs/design.md, "Tuning")."""
 
 from __future__ import annotations
 
@@ -15,7 +7,6 @@ import contextlib
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 import optuna
-from optuna.study import MaxTrialsCallback, Study
+from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from enn_core.config import RunConfig
@@ -35,14 +26,14 @@ from tasks.tracking.study import StudyTracker
 from tasks.tuning import store
 from tasks.tuning import study as st
 from tasks.tuning.objective import Ended, Objective
-from tasks.tuning.shared import StaleTrials
+from tasks.tuning.store import TuneStudy
 
 log = logging.getLogger("enn.tune")
 
 
 @dataclass(frozen=True)
 class StudyResult:
-    """What a study run gave: its table, best trial, where it lives."""
+    """A study run's table and best trial."""
 
     name: str
     storage: str
@@ -50,9 +41,6 @@ class StudyResult:
     best: dict[str, Any] | None = None
     best_value: float | None = None
     best_trial: int | None = None
-    ended_stale: tuple[int, ...] = ()
-    parallel: int = 1
-    seconds: float = 0.0
     mlflow_run_id: str | None = None
 
 
@@ -63,40 +51,30 @@ def tune(
     layout: Layout,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> StudyResult:
-    t0 = time.monotonic()
     plan = st.make_plan(cfg, config, overrides, layout)
-    dims = dimensions(cfg.tune)
-    optuna_logs_as_enn_does()
+    optuna.logging.disable_default_handler()  # its lines to enn's log file (flows/console.py)
+    if not logging.getLogger("optuna").handlers:  # or, where enn set up no logging, the root's
+        optuna.logging.enable_propagation()
     with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
         tracker = StudyTracker(cfg, layout, plan.name)  # first: a deleted experiment is one line
-        on_stale = StaleTrials(dims, plan.shown)
+        on_stale = st.StaleTrials()
         study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
-        st.stage_study_data(plan, cfg, study)
+        st.stage_study_data(plan, cfg)
         with store.reading(plan.storage):
-            stale = st.end_stale_trials(study, plan, dims)
-            done = len(
-                study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-            )
+            stale = st.end_stale_trials(study, plan)
+            done, _ = st.counts(study.get_trials(deepcopy=False))
         if stale:
             log.info("study %s: trials %s were interrupted; ran again", plan.name, stale)
-        log.info(
-            "study %s: %d of %d trials done; %d side by side (%s); storage %s",
-            plan.name,
-            done,
-            cfg.tune.n_trials,
-            plan.parallel,
-            plan.runtime[0],
-            plan.shown,
-        )
+        said = (plan.name, done, cfg.tune.n_trials, plan.parallel, plan.runtime[0], plan.shown)
+        log.info("study %s: %d of %d trials done; %d side by side (%s); storage %s", *said)
         parent = tracker.start({"enn.config": str(config)})
         on_stale.listeners.append(tracker.stale)
-        objective = Objective(study, cfg, plan, tracker, on_stale, should_stop)
+        objective = Objective(study, cfg, plan, tracker, should_stop)
         error: BaseException | None = None
         rows: list[dict[str, Any]] = []
         try:
-            if done < cfg.tune.n_trials or plan.shared:  # a finished local study asks none
-                with stop_on_signals(objective.stop):
-                    optimize(study, objective, cfg.tune.n_trials, plan)
+            with stop_on_signals(objective.stop):  # a finished study: the gate asks none
+                optimize(study, objective, cfg.tune.n_trials, plan)
             with store.reading(plan.storage):
                 rows, top = st.table(study), st.best(study)
         except BaseException as e:
@@ -108,37 +86,20 @@ def tune(
             raise objective.error from None
         finally:
             tracker.finish(study, rows, error)
-    return StudyResult(
-        name=plan.name,
-        storage=plan.shown,
-        rows=rows,
-        best=points(top[0], dims) if top else None,  # as its trial ran them
-        best_value=top[1] if top else None,
-        best_trial=top[2] if top else None,
-        ended_stale=tuple(stale),
-        parallel=plan.parallel,
-        seconds=time.monotonic() - t0,
-        mlflow_run_id=parent,
-    )
+    values, value, number = top if top else ({}, None, None)
+    ran = points(values, dimensions(cfg.tune)) if top else None  # as its trial ran them
+    return StudyResult(plan.name, plan.shown, rows, ran, value, number, parent)
 
 
-def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPlan) -> None:
-    """`study.optimize` until the study is done or stopped; again when a trial of this host
-    was failed elsewhere (Optuna's own tell of it then raises, after the others ended)."""
+def optimize(study: TuneStudy, objective: Objective, n_trials: int, plan: st.StudyPlan) -> None:
+    """`study.optimize`, again when a trial of this host was failed elsewhere."""
     done = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    if isinstance(study, store.TuneStudy):
-        study.gate = objective.room  # a full study is waited on by reading it
+    study.gate = objective.room  # a full study is waited on by reading it
     while True:
         objective.lost = False
         try:
-            with store.reading(plan.storage, records=False):
-                study.optimize(
-                    objective,
-                    n_jobs=plan.parallel,
-                    catch=(Ended,),
-                    callbacks=[done],
-                )
-        except store.StudyEnds:  # done or stopped, asked for no trial
+            study.optimize(objective, n_jobs=plan.parallel, catch=(Ended,), callbacks=[done])
+        except Ended:  # the gate: done or stopped, asked for no trial
             pass
         except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
             if objective.stop.is_set():  # Ctrl-C or SIGTERM came while Optuna told a trial
@@ -147,11 +108,10 @@ def optimize(study: Study, objective: Objective, n_trials: int, plan: st.StudyPl
                 raise
             continue
         except Exception as e:  # Optuna's own call (ask, tell) when the storage went
-            if objective.error is not None:
-                raise objective.error from e
-            if store.connection_lost(e) is not None:
-                raise store.unreachable(plan.storage, e) from e
-            raise
+            error = objective.error or store.failure(plan.storage, e, records=False)
+            if error is None:
+                raise
+            raise error from e
         if objective.error is not None:
             raise objective.error
         return
@@ -182,26 +142,15 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             signal.signal(s, previous)
 
 
-def optuna_logs_as_enn_does() -> None:
-    """Optuna's lines (a trial's start and end, a failed one's traceback) without its own
-    stderr handler: where `enn` set up its logging, the log file only (flows/console.py NOISE);
-    elsewhere, to the root logger like any library's."""
-    optuna.logging.disable_default_handler()
-    if not logging.getLogger("optuna").handlers:
-        optuna.logging.enable_propagation()
-
-
 def best_values(
     cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
 ) -> tuple[dict[str, Any], float, int, list[str]]:
-    """The study's best complete trial: its values (keys of the config's `tune.space` only,
-    each a point of it: the database is data), objective, number and the --set values it
-    trained under (whichever host ran it)."""
+    """The best complete trial's values (points of `tune.space`), objective, number, --set."""
     plan = st.make_plan(cfg, config, overrides, layout)
     study = store.load_study(plan.name, plan.storage)
     with store.reading(plan.storage):
         top = st.best(study)
-        sets = st.sets_of(study, top[2]) if top is not None else []
+        sets = store.sets_of(study, top[2]) if top is not None else []
     if top is None:
         raise ConfigError(
             f"{plan.shown}: study {plan.name!r} has no complete trial yet; run `enn tune` to "

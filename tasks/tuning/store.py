@@ -1,14 +1,6 @@
-"""A study's storage, read as data (docs/security.md).
-
-`work/tune/<study>.db` or the database `tune.storage` names (shared by hosts) may be damaged,
-another program's, or written by another host; nothing it holds reaches a trial or the params
-file unchecked. `check_storage`: Optuna's tables or none, else StoreError (exit 10).
-`reading`: what SQLAlchemy or Optuna raise on a damaged record or an unreachable server, one
-StoreError naming the storage (a server's URL without its user). `open_study`/`load_study`:
-`check_trials` (one minimized objective, numbered trials of searchable keys and plain values,
-else DataError, exit 3) and `check_data` (every host trains on the same data settings).
-(`enn_core.config.tune.space_values`: a record's values are points of `tune.space`.) An SQLite
-database is created 0600 and waits `SQLITE_BUSY_S` for a lock held by another writer.
+"""A study's storage, read as data: the one place that opens it and reads and checks its
+records (docs/design.md, "The trust boundary on the newer surfaces": study records and
+contents). Every failure of the storage is one line (`failure`).
 """
 
 from __future__ import annotations
@@ -19,14 +11,16 @@ import json
 import logging
 import math
 import random
-import sqlite3
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
 from optuna.storages._rdb.storage import _create_scoped_session
@@ -37,7 +31,7 @@ from enn_core.atomic import private_file
 from enn_core.config import RunConfig, all_config_keys, redact_url, to_plain
 from enn_core.config.tune import SEARCHABLE, TuneConfig
 from enn_core.config.urls import pg_refused
-from enn_core.errors import ConfigError, DataError, NoSpaceError, StoreError
+from enn_core.errors import ConfigError, DataError, EnnError, NoSpaceError, StoreError
 
 log = logging.getLogger("enn.tune")
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -48,146 +42,119 @@ OPTUNA_SCHEMA = OPTUNA_TABLES | {
     *("trial_heartbeats", "trial_intermediate_values", "trial_system_attributes"),
     *("trial_user_attributes", "trial_values"),
 }
+PLAIN = (type(None), str, int, bool)  # a searched value's types (a float: a finite one)
 ANOTHER = "move it away, or name another study (--set tune.study=NAME)"
 DATA_ATTR = "enn.data"  # the study's user attribute: the data section its trials train on
-CONNECT_TIMEOUT_S = 10
-SQLITE_BUSY_S = 30
-TABLE_RACE_TRIES = 3
+OWNER_ATTR = "enn.owner"  # a trial's user attributes: TrialOwner, ...
+SETS_ATTR = "enn.sets"  # the --set values it trained under
+NOT_RUN_ATTR = "enn.not_run"  # asked when the study was full: never ran, left out of tables
+DUPLICATE_ATTR = "enn.duplicate_of"  # a point queued twice: never ran
+CONNECT_TIMEOUT_S, SQLITE_BUSY_S, TABLE_RACE_TRIES = 10, 30, 3
 StaleHook = Callable[[Study, FrozenTrial], None]
 
 
 def sqlite_file(url: str) -> Path | None:
-    """The file of an SQLite storage URL (`sqlite:///<path>`), else None (a database server)."""
     if not url.startswith("sqlite:///"):
         return None
     return Path(url.removeprefix("sqlite:///").partition("?")[0])
 
 
 def shown(url: str) -> str:
-    """How a storage is named in messages: its file, or its URL without user info."""
     file = sqlite_file(url)
     return str(file) if file is not None else redact_url(url)
 
 
-def check_database(path: Path) -> None:
-    """An Optuna SQLite database, an empty file or none; else one StoreError."""
-    if not path.exists():
-        return
-    if not path.is_file():
-        raise StoreError(f"{path}: not a file, so not a study database; {ANOTHER}")
-    with open(path, "rb") as f:
-        head = f.read(len(SQLITE_HEADER))
-    if not head:
-        return
-    if head != SQLITE_HEADER:
-        raise StoreError(f"{path}: not an SQLite database (a damaged or foreign file); {ANOTHER}")
-    try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            rows = con.execute("select name from sqlite_master where type = 'table'").fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error as e:
-        raise StoreError(f"{path}: cannot be read as SQLite ({e}); {ANOTHER}") from e
-    check_tables({r[0] for r in rows}, str(path))
-
-
-def check_tables(tables: set[str], where: str) -> None:
-    if tables and not OPTUNA_TABLES <= tables and not tables <= OPTUNA_SCHEMA:
-        raise StoreError(
-            f"{where}: another program's database (tables {sorted(tables)[:4]}), not an Optuna "
-            f"study; {ANOTHER}"
-        )
-
-
 def check_storage(url: str) -> None:
-    """Before Optuna opens (and adds its tables to) a storage: an SQLite file as
-    `check_database` reads it; a database server's database empty or Optuna's."""
+    """Before Optuna opens (and adds its tables to) it: empty or Optuna's, else StoreError."""
     file = sqlite_file(url)
-    if file is not None:
-        check_database(file)
-        return
+    if file is not None and file.exists():
+        if not file.is_file():
+            raise StoreError(f"{file}: not a file, so not a study database; {ANOTHER}")
+        with open(file, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+        if head and head != SQLITE_HEADER:
+            raise StoreError(f"{file}: not an SQLite database (damaged or foreign); {ANOTHER}")
+    if file is not None and not (file.exists() and file.stat().st_size):
+        return  # none yet, or an empty file
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(url, **engine_options(url))
     try:
-        with reading(url, records=False):
+        with reading(url):
             tables = set(sqlalchemy.inspect(engine).get_table_names())
     finally:
         engine.dispose()
-    check_tables(tables, shown(url))
+    if tables and not OPTUNA_TABLES <= tables and not tables <= OPTUNA_SCHEMA:
+        raise StoreError(
+            f"{shown(url)}: another program's database (tables {sorted(tables)[:4]}), not an "
+            f"Optuna study; {ANOTHER}"
+        )
 
 
 def engine_options(url: str) -> dict[str, Any]:
-    """SQLite waits for another writer's lock; a server that does not answer fails in seconds,
-    and a connection it dropped between two calls is replaced, not raised."""
+    """SQLite waits for another writer; a silent server fails fast, a dropped link is replaced."""
     if sqlite_file(url) is not None:
         return {"connect_args": {"timeout": SQLITE_BUSY_S}}
     connect = {"connect_timeout": CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
     return {"pool_pre_ping": True, "connect_args": connect}
 
 
-def connection_lost(e: BaseException) -> BaseException | None:
-    """The database connection's error behind `e` (SQLAlchemy's OperationalError, which
-    Optuna wraps as StorageInternalError on a commit, and its own tell may hide behind another
-    exception), else None."""
+def lost(e: BaseException) -> BaseException | None:
+    """The database connection's error (OperationalError) behind `e`, as Optuna wraps it."""
     from sqlalchemy.exc import OperationalError
 
     seen: BaseException | None = e
-    while seen is not None:
-        if isinstance(seen, OperationalError):
-            return seen
+    while seen is not None and not isinstance(seen, OperationalError):
         seen = seen.__cause__ or seen.__context__
-    return None
+    return seen
 
 
-def unreachable(url: str, e: BaseException) -> StoreError | ConfigError:
-    first = (str(connection_lost(e) or e).strip().splitlines() or [""])[0][:200]
-    if sqlite_file(url) is not None:
-        return StoreError(f"{shown(url)}: the study database cannot be written ({first})")
-    if pg_refused(first):
+def failure(url: str, e: BaseException, records: bool = True) -> EnnError | None:
+    """The one translator of a storage failure: `e` as one line naming the storage (a server's
+    URL without its user), or None; `records`: a damaged record's error too."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    file, cause = sqlite_file(url), lost(e)
+    gone = cause is not None and (file is None or not records)  # else: read, not reached
+    said = (str(cause if gone else e).strip().splitlines() or [""])[0][:200]
+    if "database or disk is full" in str(cause or e):
+        return NoSpaceError.at(file or Path("."), "the study database")
+    if gone and file is not None:
+        return StoreError(f"{shown(url)}: the study database cannot be written ({said})")
+    if gone and pg_refused(said):
         return ConfigError(
-            f"{shown(url)}: the database server refused the login ({first}); check PGPASSWORD "
+            f"{shown(url)}: the database server refused the login ({said}); check PGPASSWORD "
             "(or ~/.pgpass) for the user the URL names"
         )
+    if gone:
+        return StoreError(
+            f"{shown(url)}: the study storage cannot be reached ({said}); check that the "
+            "database server runs and answers from this host, and the password in PGPASSWORD "
+            "or ~/.pgpass"
+        )
+    damaged = (ValueError, KeyError, IndexError, TypeError, RuntimeError) if records else ()
+    if not isinstance(e, (SQLAlchemyError, *damaged)):
+        return None
     return StoreError(
-        f"{shown(url)}: the study storage cannot be reached ({first}); check that the database "
-        "server runs and answers from this host, and the password in PGPASSWORD or ~/.pgpass"
+        f"{shown(url)}: the study database cannot be read ({type(e).__name__}: {said}); {ANOTHER}"
     )
 
 
 @contextlib.contextmanager
 def reading(url: str, records: bool = True) -> Iterator[None]:
-    """What SQLAlchemy raises (and with `records`, what Optuna raises on a damaged record) as
-    one StoreError naming the storage; a full disk is NoSpaceError."""
-    from sqlalchemy.exc import OperationalError, SQLAlchemyError
-
-    damaged = (ValueError, KeyError, IndexError, TypeError, RuntimeError) if records else ()
+    """A storage failure inside as one line (`failure`)."""
     try:
         yield
-    except (SQLAlchemyError, *damaged) as e:
-        file = sqlite_file(url)
-        if "database or disk is full" in str(e):
-            raise NoSpaceError.at(file or Path("."), "the study database") from e
-        if file is None and isinstance(e, OperationalError):
-            raise unreachable(url, e) from e
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise StoreError(
-            f"{shown(url)}: the study database cannot be read ({type(e).__name__}: {first}); "
-            f"{ANOTHER}"
-        ) from e
+    except Exception as e:
+        error = failure(url, e, records)
+        if error is None:
+            raise
+        raise error from e
 
 
 class Storage(RDBStorage):
-    """Optuna's RDBStorage whose heartbeat thread outlives a storage that stops answering: a
-    beat that fails is tried again at the next interval, and the study decides when the
-    storage is gone (tasks/tuning/objective.py), not a traceback of Optuna's thread.
-
-    A queued trial is claimed by one thread of this process at a time: Optuna checks that a
-    WAITING trial is still waiting under a row lock (SELECT ... FOR UPDATE) that SQLite does
-    not have, so `tune.parallel` threads asking at once popped one queued point several times
-    (each ran it: one removed the trial folder under the other, or told a trial another had
-    already told). PostgreSQL's row lock covers other processes too."""
+    """Optuna's RDBStorage whose failed heartbeat is logged (its thread lives on), and whose
+    queued trials are claimed by one thread at a time (Optuna's row lock is none on SQLite)."""
 
     _claim = threading.Lock()
 
@@ -199,20 +166,22 @@ class Storage(RDBStorage):
         with self._claim:
             return super().set_trial_state_values(trial_id, state, values)
 
-    def beating(self, study_id: int) -> set[int]:
-        """The ids of the study's RUNNING trials that have a heartbeat (fresh or not): Optuna's
-        own sweep judges those; a RUNNING trial without one is an orphan (shared.Orphans)."""
+    def adopt_orphans(self, study_id: int) -> None:
+        """One beat for each RUNNING trial that never beat (Optuna's sweep skips those): the
+        sweep then fails it once that beat is stale, whatever the trial holds."""
         from optuna.storages._rdb import models
 
         with _create_scoped_session(self.scoped_session) as session:
             rows = (
-                session.query(models.TrialHeartbeatModel.trial_id)
-                .join(models.TrialModel)
+                session.query(models.TrialModel.trial_id)
+                .outerjoin(models.TrialHeartbeatModel)
                 .filter(models.TrialModel.study_id == study_id)
                 .filter(models.TrialModel.state == TrialState.RUNNING)
+                .filter(models.TrialHeartbeatModel.trial_heartbeat_id.is_(None))
                 .all()
             )
-        return {int(r[0]) for r in rows}
+        for (trial_id,) in rows:
+            self.record_heartbeat(trial_id)
 
     def record_heartbeat(self, trial_id: int) -> None:
         from sqlalchemy.exc import SQLAlchemyError
@@ -223,20 +192,11 @@ class Storage(RDBStorage):
             log.debug("heartbeat of trial id %d not recorded: %s", trial_id, e)
 
 
-class StudyEnds(Exception):
-    """Raised by a `TuneStudy`'s gate instead of asking: the study is done, or stops."""
-
-
 class TuneStudy(optuna.Study):
-    """Optuna's study whose `ask` first passes `gate` (one thread of this process at a time):
-    `enn tune`'s objective waits there while the study is full, by reading it, so that a host
-    asking a full study adds no row (a trial asked is a row, RUNNING then FAIL); the gate
-    raises StudyEnds when the study is done or stops, which ends `study.optimize`."""
+    """Optuna's study whose `ask` first passes `gate` (objective.room), one thread at a time."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.gate: Callable[[], None] | None = None
-        self._asking = threading.Lock()
+    gate: Callable[[], None] | None = None
+    _asking = threading.Lock()  # one per process: its threads ask in turn
 
     def ask(
         self, fixed_distributions: dict[str, optuna.distributions.BaseDistribution] | None = None
@@ -250,9 +210,7 @@ class TuneStudy(optuna.Study):
 def rdb_storage(
     url: str, tune: TuneConfig | None = None, on_stale: StaleHook | None = None
 ) -> Storage:
-    """The storage; with `tune`, Optuna's trial heartbeat every `tune.heartbeat_s`, a trial
-    silent for `tune.stale_after_s` failed (`on_stale` called for it). Two hosts creating
-    Optuna's tables at once may collide: retried."""
+    """The storage; with `tune`, Optuna's heartbeat and `on_stale` for a silent trial."""
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     beat: dict[str, Any] = {}
@@ -262,42 +220,37 @@ def rdb_storage(
             "grace_period": tune.stale_after_s,
             "heartbeat_stale_trial_callback": on_stale,
         }
-    for attempt in range(TABLE_RACE_TRIES):
-        try:
+    for _ in range(TABLE_RACE_TRIES - 1):
+        with contextlib.suppress(IntegrityError, ProgrammingError, OperationalError, RuntimeError):
             return Storage(url, engine_kwargs=engine_options(url), **beat)
-        except (IntegrityError, ProgrammingError, OperationalError, RuntimeError):  # mid-creation
-            if attempt == TABLE_RACE_TRIES - 1:
-                raise
-            time.sleep(0.5 + random.random())
-    raise AssertionError("unreachable")
+        time.sleep(0.5 + random.random())  # another host is creating the tables
+    return Storage(url, engine_kwargs=engine_options(url), **beat)
 
 
 def open_study(
     cfg: RunConfig, name: str, url: str, identity: str = "", on_stale: StaleHook | None = None
 ) -> TuneStudy:
-    """Study `name` (an SQLite file created 0600), checked, heartbeat on; its sampler seeded
-    with `tune.seed`, the trials it has (a resumed study draws new points) and on a shared
-    storage this host's `identity` (hosts draw different points); `tune.enqueue` queued once."""
+    """Study `name` (an SQLite file created 0600), checked; `tune.enqueue` queued once."""
     check_storage(url)
-    file = sqlite_file(url)
-    if file is not None:
+    if (file := sqlite_file(url)) is not None:
         private_file(file)
     t = cfg.tune
     pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
     if t.pruner == "median":
         pruner = optuna.pruners.MedianPruner(t.n_startup_trials, t.n_warmup_steps)
     with reading(url):
+        storage = rdb_storage(url, t, on_stale)
         created = optuna.create_study(
-            study_name=name,
-            storage=rdb_storage(url, t, on_stale),
-            pruner=pruner,
-            direction="minimize",
-            load_if_exists=True,
+            study_name=name, storage=storage, direction="minimize", load_if_exists=True
         )
         study = TuneStudy(study_name=name, storage=created._storage, pruner=pruner)
         check_trials(study, shown(url))
         check_data(study, cfg, shown(url))
-        seed = sampler_seed(t.seed, len(study.get_trials(deepcopy=False)), identity)
+        trials = len(study.get_trials(deepcopy=False))  # a resumed study draws new points
+        seed = t.seed + trials
+        if identity:  # a shared study: each host draws its own points
+            digest = hashlib.sha256(f"{t.seed}:{trials}:{identity}".encode()).digest()
+            seed = int.from_bytes(digest[:4], "big")
         study.sampler = (
             optuna.samplers.TPESampler(seed=seed)
             if t.sampler == "tpe"
@@ -306,13 +259,6 @@ def open_study(
         for values in t.enqueue:
             study.enqueue_trial(dict(values), skip_if_exists=True)
     return study
-
-
-def sampler_seed(seed: int, trials: int, identity: str) -> int:
-    if not identity:
-        return seed + trials
-    digest = hashlib.sha256(f"{seed}:{trials}:{identity}".encode()).digest()
-    return int.from_bytes(digest[:4], "big")
 
 
 def check_data(study: Study, cfg: RunConfig, where: str) -> None:
@@ -357,11 +303,7 @@ def check_trials(study: Study, path: str) -> None:
         )
     keys = all_config_keys()
     for t in study.get_trials(deepcopy=False):
-        if type(t.number) is not int or t.number < 0:  # SQLite stores text in any column
-            raise DataError(
-                f"{path}: a trial numbered {t.number!r}, which Optuna never writes (it names the "
-                f"trial's folder): not this project's study; {ANOTHER}"
-            )
+        trial_number(t.number, path)
         for key, value in t.params.items():
             if not (key.startswith(SEARCHABLE) and key in keys) or not plain(value):
                 raise DataError(
@@ -372,6 +314,49 @@ def check_trials(study: Study, path: str) -> None:
 
 
 def plain(value: Any) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return value is None or isinstance(value, (str, int, bool))
+    return math.isfinite(value) if isinstance(value, float) else isinstance(value, PLAIN)
+
+
+def trial_number(number: Any, where: str) -> int:
+    """A trial's number as Optuna writes it (it names the trial's folder), else DataError."""
+    if type(number) is not int or number < 0:  # SQLite stores text in any column
+        raise DataError(
+            f"{where}: a trial numbered {number!r}, which Optuna never writes (it names the "
+            f"trial's folder): not this project's study; {ANOTHER}"
+        )
+    return number
+
+
+def sets_of(study: Study, number: int) -> list[str]:
+    """The --set values trial `number` trained under (`enn.sets`: a list of strings, else [])."""
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    sets = found[0].user_attrs.get(SETS_ATTR) if found else None
+    return list(sets) if isinstance(sets, list) and all(isinstance(x, str) for x in sets) else []
+
+
+@dataclass(frozen=True)
+class TrialOwner:
+    """A trial's `enn.owner`, written once as it starts: what `study.left_here` reads."""
+
+    host: str
+    cmdline: tuple[str, ...]  # as the study ran it: its job file names the study and trial
+    study_pid: int = 0  # the `enn tune` process that started it (0: an older record)
+    study_started: float = 0.0
+
+    @classmethod
+    def of(cls, command: list[str]) -> TrialOwner:
+        me = psutil.Process()
+        return cls(socket.gethostname(), tuple(command), me.pid, me.create_time())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def parse(cls, raw: Any) -> TrialOwner | None:
+        try:
+            d = json.loads(raw) if isinstance(raw, str) else {}
+            study = (int(d.get("study_pid", 0)), float(d.get("study_started", 0.0)))
+            owner = cls(str(d["host"]), tuple(d["cmdline"]), *study)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+            return None
+        return owner if all(isinstance(a, str) for a in owner.cmdline) else None

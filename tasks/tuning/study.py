@@ -1,42 +1,51 @@
-"""`enn tune`'s study: where it lives, how many trials run side by side, its table.
-
-    work/tune/<study>.db                     Optuna's storage (SQLite; or tune.storage's URL)
-    work/tune/<study>/outputs/stage-data/    the study's staged data (its config's data section)
-    work/tune/<study>/trial-<N>/             one trial: trial.json, trial.log, end.json, work/
-
-`study.optimize` runs the trials (tasks/tuning/objective.py, tasks/tuning/run.py). A trial's
-checkpoints are deleted when it ends. A restarted study marks failed (and queues again) the
-RUNNING trials it left: every one on this checkout's own SQLite file (`enn tune` holds its
-lock), on a shared storage those `left_here`; it signals nothing (a trial's processes died
-with its study). The database is data (tasks/tuning/store.py).
-"""
+"""`enn tune`'s study: where it lives (`work/tune/<study>.db`, `work/tune/<study>/`: staged
+data, `trial-<N>/`), how its trials run side by side, and what hosts sharing it need on top of
+Optuna's storage: the trials a killed study of this host left, a point queued again, orphans,
+a point popped twice run once, the count before a trial runs (docs/design.md, "Tuning" and "A
+study across hosts")."""
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import json
 import logging
 import shutil
 import socket
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 from optuna.study import Study
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from enn_core.config import RunConfig, sections_of
-from enn_core.config.tune import Dimension, check_study_name
+from enn_core.config.tune import check_study_name
 from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout
 from enn_core.runtime.device import usable_cores
 from enn_core.stages import STAGE_DATA
-from tasks.gc import size_of
 from tasks.runner import PipelineSession, execute_stage
-from tasks.tuning import shared, store
+from tasks.tuning import store
+from tasks.tuning.store import (
+    DUPLICATE_ATTR,
+    NOT_RUN_ATTR,
+    OWNER_ATTR,
+    StaleHook,
+    Storage,
+    TrialOwner,
+    TuneStudy,
+)
 from tasks.tuning.trial import checkpoint_files
 
 log = logging.getLogger("enn.tune")
+START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
 
 
 @dataclass(frozen=True)
@@ -56,10 +65,6 @@ class StudyPlan:
     identity: str = ""  # this host and checkout, in a shared study's sampler seed
 
     @property
-    def database(self) -> Path | None:
-        return store.sqlite_file(self.storage)
-
-    @property
     def shown(self) -> str:
         return store.shown(self.storage)
 
@@ -69,8 +74,7 @@ class StudyPlan:
 
 
 def slots(cfg: RunConfig, cores: int, gpus: int) -> tuple[int, int]:
-    """(trials side by side, threads per worker): one GPU per trial, or on CPU the cores
-    shared so that trials x workers x threads never exceeds them."""
+    """(trials side by side, threads per worker) within the GPUs, or the cores."""
     want = cfg.tune.parallel
     if gpus and cfg.runtime.device != "cpu":
         threads = cfg.runtime.threads_per_worker or max(1, cores // gpus)
@@ -114,7 +118,7 @@ def make_plan(cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
 
 
 def storage_url(configured: str, root: Path, default: Path) -> str:
-    """`tune.storage` (a relative SQLite path taken from the project root), or `default`."""
+    """`tune.storage` (a relative SQLite path from the project root), or `default`."""
     if not configured:
         return f"sqlite:///{default}"
     file = store.sqlite_file(configured)
@@ -124,35 +128,19 @@ def storage_url(configured: str, root: Path, default: Path) -> str:
     return f"sqlite:///{root / file}" + (f"?{query}" if query else "")
 
 
-def stage_study_data(plan: StudyPlan, cfg: RunConfig, study: Study | None = None) -> Path:
-    """The study's staged data, staged once into its folder; a study whose trials ran on other
-    data settings is refused (on a shared storage `store.check_data` did, and this host's copy
-    is only a cache, staged again when it differs)."""
-    layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
+def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
+    """The study's data, staged again when this host's copy has other settings."""
     params = plan.staged / "params.json"
     want = json.loads(json.dumps(sections_of(cfg, STAGE_DATA.sections)))
     if params.is_file():
         try:
-            had = json.loads(params.read_text())
+            if json.loads(params.read_text()) == want:
+                return plan.staged
         except (ValueError, OSError) as e:
             raise DataError(
                 f"{params}: damaged ({e}); delete {plan.staged} to stage the study's data again"
             ) from e
-        if had == want:
-            return plan.staged
-        if study is None:
-            ran = plan.database is not None and plan.database.is_file()
-        else:
-            ran = not plan.shared and bool(study.get_trials(deepcopy=False))
-        if ran:
-            changed = sorted(
-                k for k in want["data"] if had.get("data", {}).get(k) != want["data"][k]
-            )
-            raise ConfigError(
-                f"study {plan.name} ({plan.shown}) ran on other data settings "
-                f"(data.{changed[0] if changed else '?'} differs); name a new study "
-                "(--set tune.study=NAME) or delete its database"
-            )
+    layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
     execute_stage(
         STAGE_DATA, PipelineSession(cfg=cfg, config=plan.config, layout=layout, run_id="study")
     )
@@ -172,54 +160,43 @@ def shown(values: dict[str, Any]) -> str:
     )
 
 
-def open_study(
-    cfg: RunConfig, plan: StudyPlan, on_stale: store.StaleHook | None = None
-) -> store.TuneStudy:
+def open_study(cfg: RunConfig, plan: StudyPlan, on_stale: StaleHook | None = None) -> TuneStudy:
     plan.folder.mkdir(parents=True, exist_ok=True)
     return store.open_study(cfg, plan.name, plan.storage, plan.identity, on_stale)
 
 
-def end_stale_trials(study: Study, plan: StudyPlan, dims: tuple[Dimension, ...]) -> list[int]:
-    """Trials a killed study of this checkout left RUNNING: failed, their points queued again,
-    their checkpoints deleted; nothing signalled. Returns their numbers."""
+def end_stale_trials(study: Study, plan: StudyPlan) -> list[int]:
+    """The RUNNING trials a killed study of this checkout left: failed, run again."""
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         folder = trial_folder(plan, t.number)
-        owner = shared.TrialOwner.parse(t.user_attrs.get(shared.OWNER_ATTR))
-        if plan.shared and not shared.left_here(owner, folder / "trial.json"):
+        owner = TrialOwner.parse(t.user_attrs.get(OWNER_ATTR))
+        if plan.shared and not left_here(owner, folder / "trial.json"):
             continue
-        if shared.fail(study, t.number) and shared.NOT_RUN_ATTR not in t.user_attrs:
-            shared.requeue(study, t, dims, plan.shown)
+        if fail(study, t.number):
+            retry(study, t.number)
         remove_checkpoints(folder)
         ended.append(t.number)
     return ended
 
 
 def trial_folder(plan: StudyPlan, number: Any) -> Path:
-    """`work/tune/<study>/trial-<N>/`; a number that is not one is the database's fault."""
-    if type(number) is not int or number < 0:
-        raise DataError(f"{plan.shown}: a trial numbered {number!r}: not this project's study")
-    return plan.folder / f"trial-{number}"
+    return plan.folder / f"trial-{store.trial_number(number, plan.shown)}"
 
 
-def remove_checkpoints(folder: Path) -> int:
+def remove_checkpoints(folder: Path) -> None:
     """Delete a finished trial's checkpoints (a link leading out of its folder is left)."""
-    freed, inside = 0, folder.resolve()
     for p in checkpoint_files(folder):
-        if not p.resolve().is_relative_to(inside):
+        if not p.resolve().is_relative_to(folder.resolve()):
             log.warning("trial folder %s: %s leads outside it; left alone", folder, p)
-            continue
-        freed += size_of(p)
-        if p.is_dir():
+        elif p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
-    return freed
 
 
 def table(study: Study) -> list[dict[str, Any]]:
-    """The study's trials (not those asked while it was full): number, state, objective,
-    epochs, seconds, values."""
+    """The study's trials, but those that never ran (asked while it was full)."""
     return [
         {
             "trial": t.number,
@@ -230,7 +207,7 @@ def table(study: Study) -> list[dict[str, Any]]:
             **t.params,
         }
         for t in study.get_trials(deepcopy=False)
-        if shared.NOT_RUN_ATTR not in t.user_attrs
+        if NOT_RUN_ATTR not in t.user_attrs
     ]
 
 
@@ -242,11 +219,105 @@ def best(study: Study) -> tuple[dict[str, Any], float, int] | None:
     return dict(t.params), float(t.value or 0.0), int(t.number)
 
 
-def sets_of(study: Study, number: int) -> list[str]:
-    """The --set values trial `number` trained under (`enn.sets`; the database is data: only a
-    list of strings counts, [] otherwise, as for a trial of an older study)."""
-    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
-    sets = found[0].user_attrs.get(shared.SETS_ATTR) if found else None
-    if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
-        return []
-    return list(sets)
+def trial_command(job_file: Path) -> list[str]:
+    return [sys.executable, "-m", "tasks.tuning.trial", str(job_file)]
+
+
+def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
+    """Whether `owner` is this host's trial `job_file` of this checkout, its `enn tune` gone."""
+    if owner is None or owner.host != socket.gethostname():
+        return False
+    if tuple(owner.cmdline[-3:]) != tuple(trial_command(job_file)[-3:]):
+        return False
+    if owner.study_pid <= 0:
+        return True
+    try:
+        p = psutil.Process(owner.study_pid)
+        same = abs(p.create_time() - owner.study_started) <= START_TOLERANCE_S
+        return not (same and p.status() != psutil.STATUS_ZOMBIE)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return True
+
+
+def fail(study: Study, number: int) -> bool:
+    """Trial `number` told FAIL; False when it had ended already (another host did it)."""
+    try:
+        study.tell(number, state=TrialState.FAIL)
+    except (ValueError, UpdateFinishedTrialError):  # "Cannot tell a FAIL trial"
+        return False
+    return True
+
+
+def retry_of(trial: FrozenTrial) -> int | None:
+    """The trial `trial` runs again (the last of Optuna's retry history), if it ran."""
+    ran = NOT_RUN_ATTR not in trial.user_attrs and DUPLICATE_ATTR not in trial.user_attrs
+    history = Retry.retry_history(trial) if ran else []
+    return history[-1] if history else None
+
+
+def retry(study: Study, number: int, stopped: bool = False) -> None:
+    """Trial `number`'s point queued again by Optuna's RetryHeartbeatStaleTrialCallback: once
+    when it failed (max_retry=1), each time the study stopped it; not when a retry of it
+    exists or it never ran. The point is checked when popped (objective.check_point)."""
+    trials = study.get_trials(deepcopy=False)
+    trial = copy.copy(next(t for t in trials if t.number == number))
+    if {NOT_RUN_ATTR, DUPLICATE_ATTR} & set(trial.user_attrs):
+        return
+    if any(retry_of(t) == number for t in trials):
+        return
+    trial.user_attrs = {}  # its owner record and --set values are its own, not its retry's
+    Retry(max_retry=None if stopped else 1)(study, trial)
+
+
+class StaleTrials:
+    """The storage's stale-trial callback, in the flow run's context."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[int], None]] = []
+        self.context = contextvars.copy_context()
+
+    def __call__(self, study: Study, trial: FrozenTrial) -> None:
+        self.context.copy().run(self.failed, study, trial)
+
+    def failed(self, study: Study, trial: FrozenTrial) -> None:
+        owner = TrialOwner.parse(trial.user_attrs.get(OWNER_ATTR))
+        host = owner.host if owner else "an unknown host"
+        log.warning("trial %d (on %s) missed its heartbeats: failed, run again", trial.number, host)
+        retry(study, trial.number)
+        for listener in self.listeners:
+            listener(trial.number)
+
+
+def adopt_orphans(study: Study) -> None:
+    storage = getattr(study._storage, "_backend", study._storage)
+    if isinstance(storage, Storage):
+        storage.adopt_orphans(study._study_id)
+
+
+def duplicate_of(trials: Sequence[FrozenTrial], number: int) -> int | None:
+    """The lower number of a trial that runs what trial `number` (just popped) runs: a point
+    or a retry queued twice (a sampler may repeat a point on purpose)."""
+    mine = next(t for t in trials if t.number == number)
+    point, retry = mine.system_attrs.get("fixed_params"), retry_of(mine)
+    for t in trials:
+        if t.number >= number:
+            continue
+        if retry is not None and retry_of(t) == retry:
+            return int(t.number)
+        queued = t.system_attrs.get("fixed_params", t.params)
+        if retry is None and point is not None and t.state != TrialState.FAIL and queued == point:
+            return int(t.number)
+    return None
+
+
+def counts(trials: Sequence[FrozenTrial], below: int | None = None) -> tuple[int, set[int]]:
+    """Complete or pruned trials, and the running ones (numbered `below`) that run."""
+    done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    running = {
+        t.number
+        for t in trials
+        if t.state == TrialState.RUNNING
+        and NOT_RUN_ATTR not in t.user_attrs
+        and (below is None or t.number < below)
+    }
+    return done, running

@@ -1,11 +1,7 @@
-"""One tuning trial, its own process group: prepare-checkpoint and distributed-train on the
-study's staged data, in its folder (`python -m tasks.tuning.trial work/tune/<study>/trial-<N>/
-trial.json`): `outputs/` (stage-data linked to the study's), `work/runs/trial/<stage>/` (the
-study follows distributed-train's `events.jsonl`), `work/checkpoints/`. No pipeline lock, no
-params.yaml, no dvc.lock, no MLflow (the study logs). A trial dies with its study, and its
-workers with it (`die_with_parent`, the one copy every process of a job uses): no orphaned
-worker trains on.
-"""
+"""One tuning trial, its own process group (`python -m tasks.tuning.trial work/tune/<study>/
+trial-<N>/trial.json`): prepare-checkpoint and distributed-train on the study's staged data, in
+its folder, with no lock, params file or MLflow of its own; it dies with its study
+(docs/design.md, "Tuning")."""
 
 from __future__ import annotations
 
@@ -49,8 +45,7 @@ def events_file(folder: Path) -> Path:
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
-    """What a trial leaves that the study deletes when it ends: the DCP checkpoints and the
-    consolidated init.pt / model.pt (the metrics, history and logs stay)."""
+    """The checkpoints and .pt files a trial leaves, deleted when it ends."""
     out = [folder / "work" / "checkpoints"]
     out += sorted((folder / "outputs").glob("*/*.pt")) if (folder / "outputs").is_dir() else []
     return [p for p in out if p.exists() and not p.is_symlink()]

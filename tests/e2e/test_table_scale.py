@@ -23,11 +23,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SMALL, LARGE = 20_000, 100_000
 MIB = 1024  # kB
-# What a process may hold more at 5x the rows: allocator, thread-arena and sampling noise
-# (seen: up to 32 MiB between two runs of training's parent, which reads no rows; predict's
-# `enn` process 27 MiB more at 10^5 rows, not yet explained), below four float32 copies of the
-# larger table's features and labels (10^5 x 29 x 4 bytes = 11 MiB each): a stage that reads
-# the table whole, as pandas' strings, float64 or a per-row outer product, holds more.
+# What a process may hold more at 5x the rows: allocator and thread-arena noise and what the
+# earlier stages' heaps keep (validate and predict run alone, `enn validate`: 8-9 MiB more at
+# 10^5 rows, no numpy array of that size among tracemalloc's at the peak; in one `enn run`:
+# 22-26 MiB, the rest carried from staging), below four float32 copies of the larger table's
+# features and labels (10^5 x 29 x 4 bytes = 11 MiB each): a stage that reads the table whole,
+# as pandas' strings, float64 or a per-row outer product, holds more. (Before distributed-train
+# owned its import thread, tasks/warm.py, scikit-learn's ~40 MiB landed in whichever stage the
+# clock reached: CI saw distributed-train's parent 311.8 -> 352.6 MiB.)
 SLACK_KB = 40 * MIB
 # the `enn` process runs every stage but training's workers: compared stage by stage; the
 # others (the workers, torchrun, Prefect's temporary API, export's helper) over the whole run

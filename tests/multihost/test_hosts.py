@@ -13,7 +13,7 @@ from tests.fixtures.hosts import PREFIX
 PROBE = """
 import errno, json, os, socket, sys
 import psutil
-from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+from enn_core.runtime.torch_private import names_this_machine
 from enn_core.runtime.network import choose_interface
 others = sys.argv[1].split(",")
 s = socket.socket()
@@ -27,8 +27,8 @@ print(json.dumps({
     "hostname": socket.gethostname(),
     "own": socket.gethostbyname(socket.gethostname()),
     "others": {o: socket.gethostbyname(o) for o in others},
-    "is_me": _matches_machine_hostname(socket.gethostname()),
-    "others_are_me": [_matches_machine_hostname(o) for o in others],
+    "is_me": names_this_machine(socket.gethostname()),
+    "others_are_me": [names_this_machine(o) for o in others],
     "gloo_interface": choose_interface("", "", 2).name,
     "pid": os.getpid(),
     "processes": len(psutil.pids()),

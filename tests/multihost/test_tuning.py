@@ -44,7 +44,8 @@ import json, sys, optuna
 study = optuna.load_study(study_name=sys.argv[2], storage=sys.argv[1])
 print(json.dumps([
     {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
-     "user_attrs": t.user_attrs, "steps": {str(k): v for k, v in t.intermediate_values.items()}}
+     "user_attrs": t.user_attrs, "steps": {str(k): v for k, v in t.intermediate_values.items()},
+     "retry_of": t.system_attrs.get("failed_trial")}
     for t in study.get_trials()
 ]))
 """
@@ -144,13 +145,13 @@ def test_two_hosts_share_one_study_and_one_finishes_after_the_other_dies(
 
         killed = wait_for(victim, 400, procs, logs)
         trials = dump(node1, storage, env[node1.name])
-        record = owner(trials[killed])
-        assert record["host"] == node2.name
+        assert owner(trials[killed])["host"] == node2.name
         job = testbed.bed.view / "work" / "tune" / STUDY / f"trial-{killed}" / "trial.json"
+        trial_pid = min(node2.pids(f"tasks.tuning.trial .*trial-{killed}/trial.json"))
         decoy = node1.popen(
             "sh",
             "-c",
-            DECOY.format(last=record["pid"] - 1, job=job),
+            DECOY.format(last=trial_pid - 1, job=job),
             log=tmp_path / "decoy.log",
             env=env[node1.name],
         )
@@ -181,18 +182,18 @@ def test_two_hosts_share_one_study_and_one_finishes_after_the_other_dies(
     assert hosts[1] == node1.name and queued["state"] == "PRUNED", trials[:2]
     assert queued["params"] == {"train.lr": 1e-6} and queued["steps"]["1"] > first["steps"]["1"]
     assert states[killed] == "FAIL" and hosts[killed] == node2.name
-    (again,) = [t for t in trials if t["user_attrs"].get("enn.retry_of") == killed]
+    (again,) = [t for t in trials if t["retry_of"] == killed]
     assert again["params"] == trials[killed]["params"]  # the interrupted trial ran again
     assert again["state"] in ("COMPLETE", "PRUNED") and hosts[again["number"]] == node1.name
-    run = [t for t in trials if t["number"] in hosts and "enn.retry_of" not in t["user_attrs"]]
+    run = [t for t in trials if t["number"] in hosts and t["retry_of"] is None]
     points = [t["params"]["train.lr"] for t in run]
     assert len(points) == len(set(points)), run  # no point run by two hosts
     assert {node1.name, node2.name} == set(hosts.values())
 
     # nothing of node1 was signalled that node1's study did not start
     assert set(decoys) <= set(node1.pids(DECOY_PROCESS)), "node1 signalled the decoy"
-    same_pid = record["pid"] in decoys
-    say(f"decoy on node1 (pid {decoys}, node2's trial pid {record['pid']}): alive")
+    same_pid = trial_pid in decoys
+    say(f"decoy on node1 (pid {decoys}, node2's trial pid {trial_pid}): alive")
     for pid in decoys:
         node1.kill(pid)
     decoy.wait(timeout=30)

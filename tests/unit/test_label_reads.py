@@ -107,3 +107,22 @@ def test_registry_baseline_errors_are_made_in_chunks(staged, tmp_path, monkeypat
     assert list(got) == list(want)
     for n in want:
         np.testing.assert_array_equal(got[n], want[n])
+
+
+def test_label_mode_reads_the_training_labels_in_chunks(staged, monkeypatch):
+    """collapse-check's and enn doctor's majority value per output (issue 54)."""
+    from enn_core.data import label_mode
+
+    ds = StagedDataset(staged)
+    train = ds.split("train")
+    monkeypatch.setattr(label_mode, "MODE_CHUNK_CELLS", CHUNK)
+    got, peak = _peak(lambda: label_mode.label_mode(ds.targets, train))
+    assert peak < PEAK, peak
+    whole = np.asarray(ds.targets[np.asarray(train)]).reshape(len(train), -1)
+    most = max(np.unique(c, return_counts=True)[1].max() for c in whole.T) / len(whole)
+    assert most <= 0.5 and not got.mostly_one_value and got.shares.max() <= 0.5
+    # a label mostly zeros in those rows: its majority and share, exactly
+    whole[: len(whole) * 3 // 4, 5] = 0.0
+    got = label_mode.label_mode(whole, chunk_rows=CHUNK // LABELS)
+    assert got.n_mostly == 1 and got.top == 5 and got.top_value == 0.0
+    assert got.top_share == np.mean(whole[:, 5] == 0.0)

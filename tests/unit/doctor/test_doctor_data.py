@@ -10,6 +10,7 @@ import numpy as np
 
 from enn_core.doctor import data, run_doctor
 from enn_core.doctor.report import Recorder
+from tests.fixtures.data import zero_inflated
 from tests.fixtures.doctor import context, staged
 
 
@@ -24,6 +25,7 @@ def test_good_staged_data_passes(layout):
         "manifest",
         "content hash",
         "non-finite",
+        "labels",
         "memmaps",
         "fs data",
         "fs temp",
@@ -31,7 +33,28 @@ def test_good_staged_data_passes(layout):
     ):
         assert checks[name].status == "ok", checks[name]
     assert "features 0, labels 0" in checks["non-finite"].detail
+    assert "no value holds more than 50% of a label column" in checks["labels"].detail
     assert checks["fs data"].data["fstype"] not in ("", "unknown")
+
+
+def test_a_label_mostly_zeros_is_a_warning_saying_what_it_means(layout, monkeypatch):
+    """Issue 54: `enn doctor --quick` passed a label 68% zeros with "0 warn"; the problem showed
+    after a 16-minute run, when collapse-check failed the model on spread."""
+    zero_inflated(layout.root, zeros=0.68)
+    report = run_doctor(context(layout).cfg, layout, quick=True, only=["data"])
+    check = report.find("data", "labels")[0]
+    assert check.status == "warn" and report.exit_code == 0, check
+    assert check.detail.startswith("count: 68% of 217 training rows are 0: "), check.detail
+    assert "under MAE the best constant is about 0" in check.detail
+    assert "collapse-check fails it on spread (collapse.median_ratio_min=0.5)" in check.detail
+    assert 'docs/your-data.md, "A label that is mostly one value"' in check.fix
+    assert check.data["top_share"] > 0.5 and check.data["mostly_one_value"] == 1
+    # --quick reads a sample of the training rows of a large label
+    monkeypatch.setattr("enn_core.doctor.labels.QUICK_LABEL_BYTES", 4 * 100)
+    check = _by_name(data.run(context(layout)))["labels"]
+    assert check.status == "warn" and "training rows (--quick: a sample of 100) are 0" in (
+        check.detail
+    )
 
 
 def test_no_staged_data_is_a_warning_naming_the_command(layout):

@@ -28,15 +28,14 @@ def test_apply_says_which_set_values_the_study_ran_with(tmp_path: Path):
 def test_the_best_trials_set_values_come_from_the_study_and_are_data(tmp_path: Path):
     import optuna
 
-    from tasks.tuning import shared
-    from tasks.tuning import study as st
+    from tasks.tuning import store
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
     for attr in (["train.epochs=2"], "train.epochs=2", ["train.epochs=2", 7], None):
         trial = study.ask()
         if attr is not None:
-            trial.set_user_attr(shared.SETS_ATTR, attr)
+            trial.set_user_attr(store.SETS_ATTR, attr)
         study.tell(trial, 1.0)
-    assert st.sets_of(study, 0) == ["train.epochs=2"]
-    assert st.sets_of(study, 1) == [] and st.sets_of(study, 2) == []  # not a list of strings
-    assert st.sets_of(study, 3) == [] and st.sets_of(study, 99) == []  # none, no such trial
+    assert store.sets_of(study, 0) == ["train.epochs=2"]
+    assert store.sets_of(study, 1) == [] and store.sets_of(study, 2) == []  # not a list of strings
+    assert store.sets_of(study, 3) == [] and store.sets_of(study, 99) == []  # none, no such trial

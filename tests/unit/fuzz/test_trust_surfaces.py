@@ -37,7 +37,8 @@ from enn_core.errors import ConfigError, DataError
 from enn_core.model import ModelCode, build_model
 from enn_core.paths import Layout
 from tasks import gc
-from tasks.tuning.shared import TrialOwner, left_here, trial_command
+from tasks.tuning.store import TrialOwner
+from tasks.tuning.study import left_here, trial_command
 from tests.fixtures.model import make_manifest
 
 SETTINGS = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -18,10 +18,10 @@ from enn_core.runtime.launch import free_port
 from enn_core.runtime.store_auth import MacStore, RendezvousNodesDiffer, UnauthenticatedWrite
 from enn_core.runtime.stores import (
     Waiting,
-    _backend_class,
     agree_on_nodes,
     job_key,
     launch_nonce,
+    rendezvous_backend,
     tcp_store,
 )
 from tests.fixtures.distributed import forged_state
@@ -33,7 +33,7 @@ def store():
 
 
 def test_state_round_trips_and_a_forged_pickle_is_refused_unread(store, tmp_path):
-    backend = _backend_class()(store, "job-a", b"k" * 32, "127.0.0.1:1")
+    backend = rendezvous_backend(store, "job-a", b"k" * 32, "127.0.0.1:1")
     assert backend.get_state() is None
     state, token, ok = backend.set_state(b"the state")
     assert (state, ok) == (b"the state", True)
@@ -46,7 +46,7 @@ def test_state_round_trips_and_a_forged_pickle_is_refused_unread(store, tmp_path
         backend.set_state(b"next", token)  # compare_set fails and returns the forged value
     assert not marker.exists()
     # a state sealed with another secret (another job, a node given the wrong file) is refused
-    other = _backend_class()(store, "job-a", b"x" * 32, "127.0.0.1:1")
+    other = rendezvous_backend(store, "job-a", b"x" * 32, "127.0.0.1:1")
     with pytest.raises(UnauthenticatedWrite):
         other.get_state()
 
@@ -58,7 +58,7 @@ def test_a_state_sealed_by_an_earlier_launch_of_the_same_job_is_refused(store):
     key, where = b"k" * 32, "127.0.0.1:1"
     first = launch_nonce(store, key, "job-r", True, where)
     assert launch_nonce(store, key, "job-r", False, where) == first  # another node
-    earlier = _backend_class()(store, "job-r", key, where, first)
+    earlier = rendezvous_backend(store, "job-r", key, where, first)
     earlier.set_state(b"the first job's state")
     agree_on_nodes(store, key, _params("job-r", 2), first)
     recorded = {k: store.get(k) for k in ("torch.rendezvous.job-r", "enn/job-r/nodes")}
@@ -67,7 +67,7 @@ def test_a_state_sealed_by_an_earlier_launch_of_the_same_job_is_refused(store):
     assert second != first
     for k, v in recorded.items():  # what an attacker who kept the first job's values writes
         later_store.set(k, v)
-    later = _backend_class()(later_store, "job-r", key, where, second)
+    later = rendezvous_backend(later_store, "job-r", key, where, second)
     with pytest.raises(UnauthenticatedWrite, match="the rendezvous state of job job-r"):
         later.get_state()
     with pytest.raises(UnauthenticatedWrite, match="the node count"):
@@ -154,7 +154,7 @@ def test_a_node_waiting_in_the_rendezvous_says_whom_it_waits_for(caplog):
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc as Node
 
     node = Node("node1", 123, 0)
-    state = SimpleNamespace(participants={node: 0}, wait_list=set())
+    state = SimpleNamespace(round=0, participants={node: 0}, wait_list=set())
     handler = SimpleNamespace(_state_holder=SimpleNamespace(state=state))
     waiting = Waiting(handler, _params("job-w", 3, "node1:29400"), 0.05)
     thread = threading.Thread(target=waiting.run)

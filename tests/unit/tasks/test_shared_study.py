@@ -31,9 +31,9 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
-from tasks.tuning import shared
+from tasks.tuning import store
 from tasks.tuning import study as st
-from tasks.tuning.shared import OWNER_ATTR, TrialOwner, trial_command
+from tasks.tuning.store import OWNER_ATTR, TrialOwner
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 
@@ -114,7 +114,7 @@ def test_a_server_that_cannot_be_reached_is_one_line(tmp_path):
 
 def record(host: str, job: Path, study_pid: int) -> str:
     me = psutil.Process()
-    cmd = trial_command(job)
+    cmd = st.trial_command(job)
     return json.dumps(
         {
             "host": host,
@@ -142,12 +142,11 @@ def test_a_starting_study_leaves_other_hosts_trials_to_their_heartbeat(tmp_path)
     ]
     for raw in owners:
         study.ask(space).set_user_attr(OWNER_ATTR, raw)
-    assert st.end_stale_trials(study, plan, dimensions(cfg.tune)) == [3]
+    assert st.end_stale_trials(study, plan) == [3]
     states = [t.state.name for t in study.get_trials()]
     assert states == ["RUNNING", "RUNNING", "RUNNING", "FAIL", "WAITING"]
     retry = study.get_trials()[4]
-    assert retry.user_attrs[shared.RETRY_ATTR] == 3
-    assert retry.system_attrs["fixed_params"] == study.get_trials()[3].params
+    assert st.retry_of(retry) == 3 and retry.params == study.get_trials()[3].params
     assert TrialOwner.parse(owners[3]).study_pid == 0  # an older record's form parses too
 
 
@@ -186,7 +185,7 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_pat
     cfg = load_config(None, [LR, "tune.heartbeat_s=1", "tune.stale_after_s=2"])
     plan = shared_plan(tmp_path, identity="node1")
     heard: list[int] = []
-    on_stale = shared.StaleTrials(dimensions(cfg.tune), plan.shown)
+    on_stale = st.StaleTrials()
     on_stale.listeners.append(heard.append)
     study = st.open_study(cfg, plan, on_stale)
     marker = tmp_path / "running"
@@ -200,13 +199,12 @@ def test_a_trial_whose_heartbeat_stopped_is_failed_and_queued_again_once(tmp_pat
         node2.wait()
     dead = study.get_trials()[-1]
     node1 = objective(study, cfg, plan)
-    node1.orphans = shared.Orphans(600, on_stale)  # only Optuna's own sweep here
     sweep_until(node1, study, dead.number, 30)
     trials = study.get_trials()
     assert trials[dead.number].state.name == "FAIL"
     waiting = [t for t in trials if t.state.name == "WAITING"]
-    assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == dead.params
-    assert waiting[0].user_attrs[shared.RETRY_ATTR] == dead.number
+    assert len(waiting) == 1 and waiting[0].params == dead.params
+    assert st.retry_of(waiting[0]) == dead.number
     assert heard == [dead.number]
     node1.last_sweep = 0.0
     node1.sweep()  # a second sweep finds nothing left to fail
@@ -273,7 +271,7 @@ def test_two_hosts_draw_different_points_and_a_point_queued_twice_runs_once(tmp_
     study.tell(first, 1.0)
     study.optimize(objective(study, cfg, shared_plan(tmp_path)), n_trials=1, catch=(Ended,))
     twin = study.get_trials()[-1]  # ...the twin is not run
-    assert twin.state.name == "FAIL" and twin.user_attrs[shared.DUPLICATE_ATTR] == first.number
+    assert twin.state.name == "FAIL" and twin.user_attrs[store.DUPLICATE_ATTR] == first.number
     assert not list((tmp_path / "s").glob("trial-*"))
 
 
@@ -331,11 +329,11 @@ def test_mlflow_failing_mid_study_is_one_line_and_the_study_goes_on(tmp_path, ca
     assert tracker.start({}) is not None
     client = MlflowClient(uri)
     client.delete_experiment(client.get_experiment_by_name("gone").experiment_id)
-    trial = RunningTrial(None, tmp_path, None, time.monotonic())
+    trial = RunningTrial(0, {}, tmp_path, time.monotonic())
     with caplog.at_level("WARNING", logger="enn.tune"):
         tracker.started(trial)
         tracker.reported(trial, 0, 0.5)
-        tracker.ended(trial, TrialEnd(-1, "complete", 0.5, {}, 1, 1.0))
+        tracker.ended(trial, TrialEnd(0, "complete", 0.5, {}, 1, 1.0))
         tracker.stale(3)
         tracker.finish(None, [], None)
     said = [r.getMessage() for r in caplog.records if r.name == "enn.tune"]

@@ -9,11 +9,11 @@ import threading
 import time
 
 import pytest
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from enn_core.config import load_config
 from enn_core.config.tune import dimensions
-from tasks.tuning import shared
 from tasks.tuning import study as st
 from tasks.tuning.objective import Ended
 from tasks.tuning.run import optimize
@@ -26,7 +26,7 @@ POINT = {"train.lr": 0.02}
 def _study(tmp_path, *sets: str):
     cfg = load_config(None, [LR, *sets])
     plan = shared_plan(tmp_path)
-    return cfg, plan, st.open_study(cfg, plan)
+    return cfg, plan, st.open_study(cfg, plan, st.StaleTrials())  # as `enn tune` opens it
 
 
 def _rows(study) -> list[tuple[int, str]]:
@@ -70,7 +70,7 @@ def test_a_cancelled_trial_swept_as_stale_elsewhere_has_its_point_queued_once(tm
         cancelled = study.ask(space)
     study._storage.record_heartbeat(cancelled._trial_id)  # then its host died
     # what its stop did: the point queued again, as a retry of the cancelled trial
-    study.enqueue_trial(cancelled.params, user_attrs={shared.RETRY_ATTR: cancelled.number})
+    st.retry(study, cancelled.number, stopped=True)
     node2 = objective(study, cfg, plan)
     t0 = time.monotonic()
     while study.get_trials()[cancelled.number].state.name == "RUNNING":
@@ -90,11 +90,31 @@ def test_a_second_retry_of_one_point_queued_at_the_same_moment_is_not_run(tmp_pa
     study.enqueue_trial(POINT)
     first = study.ask(space)
     study.tell(first, state=TrialState.FAIL)
-    for _ in range(2):
-        study.enqueue_trial(POINT, user_attrs={shared.RETRY_ATTR: first.number})
+    for _ in range(2):  # each host's Optuna callback, before it saw the other's retry
+        RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study.get_trials()[first.number])
     retry = study.ask(space)
     study.tell(retry, 0.5)
     study.optimize(objective(study, cfg, plan), n_trials=1, catch=(Ended,))
     complete = [t.params for t in study.get_trials() if t.state.name == "COMPLETE"]
     assert complete == [POINT] and _rows(study)[-1] == (2, "FAIL")
     assert not list((tmp_path / "s").glob("trial-*"))
+
+
+def test_a_retry_the_study_stopped_runs_again_and_a_failure_then_is_not_retried(tmp_path):
+    """A retry cut short by the study's stop (Ctrl-C) is queued again and runs: it is not a
+    second retry of the first trial's point. Failed after that, the point is not retried: a
+    point is run again once after a failure (Optuna's retry history, max_retry=1)."""
+    cfg, plan, study = _study(tmp_path)
+    space = {d.key: d.distribution() for d in dimensions(cfg.tune)}
+    study.enqueue_trial(POINT)
+    first = study.ask(space)
+    study.tell(first, state=TrialState.FAIL)
+    st.retry(study, first.number)  # failed: its point queued again
+    retry = study.ask(space)
+    st.retry(study, retry.number, stopped=True)  # what the stop does, then Optuna's tell
+    study.tell(retry, state=TrialState.FAIL)
+    again = study.ask(space)
+    assert again.params == POINT and st.duplicate_of(study.get_trials(), again.number) is None
+    study.tell(again, state=TrialState.FAIL)
+    st.retry(study, again.number)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL"] * 3

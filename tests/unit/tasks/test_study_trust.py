@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sqlite3
 import subprocess
@@ -29,7 +30,7 @@ from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from enn_core.errors import DataError, StoreError
 from tasks.tuning import study as st
-from tasks.tuning.shared import OWNER_ATTR, TrialOwner
+from tasks.tuning.store import OWNER_ATTR
 from tests.fixtures.cli import enn
 from tests.fixtures.study import study_plan
 
@@ -53,6 +54,7 @@ def alive(proc: subprocess.Popen) -> bool:
 
 
 def record(proc: subprocess.Popen, **change) -> str:
+    """An owner record naming `proc` (its pid and start too, as records of older studies did)."""
     p = psutil.Process(proc.pid)
     owner = {
         "host": socket.gethostname(),
@@ -61,7 +63,7 @@ def record(proc: subprocess.Popen, **change) -> str:
         "cmdline": p.cmdline(),
         **change,
     }
-    return TrialOwner(**owner).to_json()
+    return json.dumps(owner)
 
 
 def stale_trial(tmp_path: Path, attrs: dict[str, str]) -> tuple[object, st.StudyPlan]:
@@ -77,7 +79,6 @@ def stale_trial(tmp_path: Path, attrs: dict[str, str]) -> tuple[object, st.Study
 
 def test_a_record_naming_another_process_leaves_it_alone(tmp_path):
     """Each record names a live process that is not this study's trial: none is signalled."""
-    cfg = load_config(None, [LR])
     job = tmp_path / "s" / "trial-0" / "trial.json"
     bystander = spawn()  # someone's process, nothing to do with the study
     other_study = spawn("-m", "tasks.tuning.trial", str(tmp_path / "t" / "trial-0" / "trial.json"))
@@ -98,7 +99,7 @@ def test_a_record_naming_another_process_leaves_it_alone(tmp_path):
             folder.mkdir()
             study, pl = stale_trial(folder, attrs)
             pl = st.StudyPlan(**{**pl.__dict__, "folder": tmp_path / "s"})
-            assert st.end_stale_trials(study, pl, dimensions(cfg.tune)) == [0]
+            assert st.end_stale_trials(study, pl) == [0]
             assert study.get_trials()[0].state.name == "FAIL"
             survivors = [alive(bystander), alive(other_study), alive(looks_like)]
             assert survivors == [True, True, True], attrs
@@ -111,12 +112,11 @@ def test_a_record_naming_another_process_leaves_it_alone(tmp_path):
 def test_the_trial_this_study_started_is_not_signalled_either(tmp_path):
     """Its process group dies with its study (the trial's parent watch); a resumed study marks
     it failed and queues its point again, and signals nothing."""
-    cfg = load_config(None, [LR])
     p = study_plan(tmp_path)
     trial = spawn("-m", "tasks.tuning.trial", str(p.folder / "trial-0" / "trial.json"))
     try:
         study, _ = stale_trial(tmp_path, {OWNER_ATTR: record(trial)})
-        assert st.end_stale_trials(study, p, dimensions(cfg.tune)) == [0]
+        assert st.end_stale_trials(study, p) == [0]
         assert alive(trial)
         assert [t.state.name for t in study.get_trials()] == ["FAIL", "WAITING"]
     finally:
@@ -132,7 +132,7 @@ def test_a_waiting_trial_of_foreign_keys_runs_nothing_and_the_host_goes_on(tmp_p
     from optuna.trial import TrialState, create_trial
 
     from tasks.tuning.objective import Ended
-    from tasks.tuning.shared import NOT_RUN_ATTR
+    from tasks.tuning.store import NOT_RUN_ATTR
     from tests.fixtures.study import objective
 
     cfg = load_config(None, [LR])

@@ -12,12 +12,11 @@ import psutil
 import pytest
 
 from enn_core.config import load_config
-from enn_core.config.tune import dimensions
 from enn_core.runtime import children
 from enn_core.runtime.parent import descendants
 from tasks.tuning import study as st
 from tasks.tuning.objective import RunningTrial, kill_trial
-from tasks.tuning.shared import OWNER_ATTR, TrialOwner
+from tasks.tuning.store import OWNER_ATTR, TrialOwner
 from tasks.tuning.trial import events_file
 from tests.fixtures.study import study_plan
 
@@ -44,8 +43,8 @@ def test_slots_one_trial_per_gpu():
     assert st.slots(cfg, 16, gpus=4) == (4, 4)
 
 
-def _running(tmp_path, proc=None):
-    return RunningTrial(trial=None, folder=tmp_path, proc=proc, started=time.monotonic())
+def _running(tmp_path):
+    return RunningTrial(number=0, params={}, folder=tmp_path, started=time.monotonic())
 
 
 def test_watcher_reads_epoch_values_as_appended(tmp_path):
@@ -91,16 +90,13 @@ def test_stale_running_trial_is_failed_and_enqueued_again(tmp_path):
     plan = study_plan(tmp_path)
     study = st.open_study(cfg, plan)
     left = study.ask({"train.lr": optuna.distributions.FloatDistribution(0.001, 0.1, log=True)})
-    gone = TrialOwner("here", 999999999, 0.0, ("python", "-m", "tasks.tuning.trial", "x"))
+    gone = TrialOwner("here", ("python", "-m", "tasks.tuning.trial", "x"))
     left.set_user_attr(OWNER_ATTR, gone.to_json())  # its process is gone
     again = st.open_study(cfg, plan)  # the next `enn tune`
-    assert st.end_stale_trials(again, plan, dimensions(cfg.tune)) == [left.number]
+    assert st.end_stale_trials(again, plan) == [left.number]
     states = [t.state.name for t in again.get_trials()]
     assert states == ["FAIL", "WAITING"]
-    assert (
-        again.get_trials()[1].params == {}
-        and again.get_trials()[1].system_attrs["fixed_params"] == left.params
-    )
+    assert again.get_trials()[1].params == left.params
 
 
 @pytest.mark.parametrize("value", [1e-06, 0.02, 3, "huber", True])
@@ -111,17 +107,13 @@ def test_a_trial_value_reaches_the_config_as_itself(value):
 
 
 def test_a_study_refuses_other_data_settings(tmp_path):
-    from enn_core.atomic import write_json
-    from enn_core.config import ConfigError, sections_of
-    from enn_core.stages import STAGE_DATA
+    from enn_core.config import ConfigError
 
     cfg = load_config(None, [LR])
     plan = study_plan(tmp_path)
-    other = load_config(None, [LR, "data.split_seed=7"])  # the study ran on other splits
-    write_json(plan.staged / "params.json", sections_of(other, STAGE_DATA.sections))
-    plan.database.write_bytes(b"")
+    st.open_study(load_config(None, [LR, "data.split_seed=7"]), plan)  # it ran on other splits
     with pytest.raises(ConfigError, match=r"data.split_seed differs\); name a new study"):
-        st.stage_study_data(plan, cfg)
+        st.open_study(cfg, plan)
 
 
 def test_a_resumed_study_draws_new_points_not_its_first_runs_again(tmp_path):
