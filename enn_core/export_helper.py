@@ -13,8 +13,10 @@ then `{"results": ...}`, `{"error": line}`, or `{"interrupted": true}` when Ctrl
 (the parent then stops as interrupted: its own KeyboardInterrupt can be lost, raised inside a
 finalizer while torch traces, which Python only prints as "Exception ignored").
 End of input before a request means it was not needed. Only the parent holds the pipes: the
-request never comes from a file. It dies with its parent and with the parent's process group
-(Ctrl-C); the parent kills it when the stage is cancelled or interrupted. `enn export`, `dvc
+request never comes from a file. It is a child of the process table (enn_core.runtime.children:
+the parent-pid handshake, its record by pid and start time); it dies with its parent and with
+the parent's process group (Ctrl-C); the parent kills it when the stage is cancelled or
+interrupted. `enn export`, `dvc
 repro` and any run without a helper export in their own process, with the same code.
 """
 
@@ -33,6 +35,7 @@ from typing import Any
 
 from enn_core import errors
 from enn_core.errors import EnnError, ExportError
+from enn_core.runtime import children
 
 log = logging.getLogger("enn.export")
 ONNX_MODULES = ("torch.onnx._internal.exporter._core", "onnxruntime")
@@ -40,8 +43,12 @@ ONNX_MODULES = ("torch.onnx._internal.exporter._core", "onnxruntime")
 
 @dataclass
 class Helper:
-    proc: subprocess.Popen[bytes]
+    child: children.Child
     reading: bool = False  # a reader thread owns its stdout (it closes it at EOF)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.proc
 
 
 _helper: list[Helper] = []  # at most one, taken by the next export
@@ -55,13 +62,8 @@ def modules(formats: tuple[str, ...]) -> list[str]:
 
 def start(formats: tuple[str, ...]) -> Helper:
     """A helper importing what `formats` need, the one the next export takes."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "enn_core.export_serve", *modules(formats)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    helper = Helper(proc)
+    command = [sys.executable, "-m", "enn_core.export_serve", *modules(formats)]
+    helper = Helper(children.start("export-helper", command, pipes=True))
     with _lock:
         before, _helper[:] = list(_helper), [helper]
     for old in before:
@@ -70,16 +72,14 @@ def start(formats: tuple[str, ...]) -> Helper:
 
 
 def stop(helper: Helper) -> None:
-    """Killed and reaped. Its stdout is closed here only when no reader thread owns it (closing
-    a pipe another thread reads from waits for that read)."""
-    with contextlib.suppress(OSError):
-        helper.proc.kill()
+    """Killed and reaped (children.stop). Its stdout is closed here only when no reader thread
+    owns it (closing a pipe another thread reads from waits for that read)."""
+    children.stop(helper.child)
     pipes = [helper.proc.stdin, *([] if helper.reading else [helper.proc.stdout])]
     for pipe in pipes:
         with contextlib.suppress(OSError, ValueError):
             assert pipe is not None
             pipe.close()
-    helper.proc.wait()
 
 
 def release_unused() -> None:

@@ -1,11 +1,12 @@
 """Local servers on loopback: Prefect's temporary API for `enn run`, `prefect server start` (for
 schedules) and `mlflow server` (the UI).
 
-Each runs in its own process session: Ctrl-C in a terminal signals the whole foreground
-process group, and a server in that group would die with the first SIGINT while `enn` still
-needs it to record the interrupted run (FIELD_NOTES). The kernel kills each with its parent
-(`PR_SET_PDEATHSIG`), so a SIGKILLed `enn` leaves no server behind, and `stop_group` ends the
-whole group when `enn` exits normally.
+Each is a child of the process table (enn_core.runtime.children) in its own process session:
+Ctrl-C in a terminal signals the whole foreground process group, and a server in that group
+would die with the first SIGINT while `enn` still needs it to record the interrupted run
+(FIELD_NOTES). The kernel stops each with its parent (`PR_SET_PDEATHSIG`, a foreign child of
+the table), so a SIGKILLed `enn` leaves no server behind, and `stop_server` ends the whole
+group (SIGTERM, STOP_GRACE_S, then SIGKILL) when `enn` exits normally.
 
 A server's link is printed only once it is known to be this server's: its port must be free
 before it starts, and after it answers, the port must be held by its own process tree (another
@@ -17,13 +18,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import errno
 import importlib.util
 import ipaddress
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -35,11 +34,12 @@ from urllib.parse import urlparse
 
 import psutil
 
-from enn_core.atomic import open_own
 from enn_core.errors import ConfigError, TransientError
+from enn_core.runtime import children
 from tasks.ui import tree_listens
 
 logger = logging.getLogger("enn.servers")
+STOP_GRACE_S = 10.0  # a server told to stop (SIGTERM to its group) leaves within this
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -64,23 +64,9 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen, log: Path) -> No
     raise TransientError(f"{url} did not answer within {timeout:.0f} s; log: {log}")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the process that started it dies."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace)
+def stop_server(server: children.Child) -> None:
+    """Its whole process group stopped: SIGTERM, STOP_GRACE_S to leave, then SIGKILL."""
+    children.stop(server, grace_s=STOP_GRACE_S)
 
 
 def is_loopback(host: str) -> bool:
@@ -137,9 +123,9 @@ def check_port_free(host: str, port: int, what: str) -> None:
             ) from None
 
 
-def serves(proc: subprocess.Popen, port: int) -> bool:
-    """Whether `proc` or one of its descendants listens on `port`."""
-    return tree_listens(proc.pid, port)
+def serves(server: children.Child, port: int) -> bool:
+    """Whether `server` or one of its descendants listens on `port`."""
+    return tree_listens(server.pid, port)
 
 
 def start_server(
@@ -149,19 +135,24 @@ def start_server(
     log: Path,
     timeout_s: float = 180,
     what: str = "server",
-) -> subprocess.Popen:
+) -> children.Child:
     """Run `cmd` in its own process session and wait until `health_url` answers, from this
     server (`serves`): its port must be free first, and its own afterwards."""
-    proc = launch_server(cmd, env, health_url, log, what)
-    await_server(proc, health_url, log, timeout_s, what)
-    return proc
+    server = launch_server(cmd, env, health_url, log, what)
+    await_server(server, health_url, log, timeout_s, what)
+    return server
 
 
 def launch_server(
-    cmd: list[str], env: dict[str, str], health_url: str, log: Path, what: str = "server"
-) -> subprocess.Popen:
-    """`start_server`'s first half: the port checked free, `cmd` started in its own session;
-    it is not waited for (`await_server`)."""
+    cmd: list[str],
+    env: dict[str, str],
+    health_url: str,
+    log: Path,
+    what: str = "server",
+    kind: str = "server",
+) -> children.Child:
+    """`start_server`'s first half: the port checked free, `cmd` started in its own session,
+    a foreign child of the process table; it is not waited for (`await_server`)."""
     url = urlparse(health_url)
     try:
         host, port = url.hostname or "127.0.0.1", url.port or 80
@@ -169,32 +160,24 @@ def launch_server(
         raise ConfigError(f"{what}: {health_url} names no port (0-65535); choose one") from None
     check_port_free(host, port, what)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with os.fdopen(open_own(log), "ab") as f:
-        return subprocess.Popen(
-            cmd,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, before exec
-        )
+    return children.start(kind, cmd, env=env, log=log, session=True, foreign=True)
 
 
 def await_server(
-    proc: subprocess.Popen, health_url: str, log: Path, timeout_s: float, what: str = "server"
+    server: children.Child, health_url: str, log: Path, timeout_s: float, what: str = "server"
 ) -> None:
-    """`start_server`'s second half: until `health_url` answers from `proc` (its process group
-    is stopped when it does not)."""
+    """`start_server`'s second half: until `health_url` answers from `server` (its process
+    group is stopped when it does not)."""
     port = urlparse(health_url).port or 80
     try:
-        wait_http(health_url, timeout_s, proc, log)
-        if not serves(proc, port):
+        wait_http(health_url, timeout_s, server.proc, log)
+        if not serves(server, port):
             raise ConfigError(
                 f"{what}: {health_url} answers, but from {holder(port)}, not the server enn "
                 f"started (port {port} was taken meanwhile); stop it or choose another port"
             )
     except BaseException:
-        stop_group(proc)
+        stop_server(server)
         raise
 
 
@@ -208,11 +191,11 @@ def local_server(
     what: str = "server",
 ) -> Iterator[None]:
     """`start_server`, stopping its whole process group when the block ends."""
-    proc = start_server(cmd, env, health_url, log, timeout_s, what)
+    server = start_server(cmd, env, health_url, log, timeout_s, what)
     try:
         yield
     finally:
-        stop_group(proc)
+        stop_server(server)
 
 
 def temporary_prefect_api(
@@ -256,15 +239,15 @@ def temporary_prefect_api(
     ]
     api = f"http://127.0.0.1:{port}/api"
     what = "Prefect's temporary API"
-    proc = launch_server(cmd, env, f"{api}/health", log, what)
-    atexit.register(stop_group, proc)  # from its start: an interrupted start-up stops it too
+    server = launch_server(cmd, env, f"{api}/health", log, what, kind="prefect-api")
+    atexit.register(stop_server, server)  # from its start: an interrupted start-up stops it too
     try:
         if while_starting is not None:
             while_starting(api)
     except BaseException:
-        stop_group(proc)
+        stop_server(server)
         raise
-    await_server(proc, f"{api}/health", log, timeout_s, what)
+    await_server(server, f"{api}/health", log, timeout_s, what)
     return api
 
 

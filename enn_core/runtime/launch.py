@@ -23,6 +23,9 @@
 - A worker that raises writes `<run_dir>/errors/rank-<r>.json`; its error class, message and
   rank reach the caller (domain errors keep their class so retry rules still apply); a rank
   that died below Python is named with its exit code or signal (torchrun's record).
+- torchrun, or the one worker started directly, is a child of the process table
+  (enn_core.runtime.children), as is a spare; the workers are found and killed by pid and
+  start time, never by command line.
 - Stop now: Ctrl-C, `cancel.set()` or the overall `timeout_s` kill every worker within
   seconds (the last committed checkpoint is kept). A scheduler's warning (SIGTERM to this
   process, `request_graceful_stop()`) is forwarded to torchrun, which forwards it to the
@@ -47,7 +50,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -60,18 +62,16 @@ from pathlib import Path
 from typing import Any
 
 from enn_core import errors
-from enn_core.atomic import open_own, write_json
+from enn_core.atomic import write_json
 from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
-from enn_core.runtime import secret, spare
+from enn_core.runtime import children, secret, spare
 from enn_core.runtime.dist import STALE_ENV
 from enn_core.runtime.entry import RESULTS, read_results
 from enn_core.runtime.heartbeat import CANCEL_FILE, HEARTBEATS, STACKS, read_heartbeats
 from enn_core.runtime.parent import (
     clear_graceful_stop,
-    descendants,
     graceful_stop_requested,
-    kill_tree,
     request_graceful_stop,
     spawned_env,
 )
@@ -263,6 +263,7 @@ class Job:
         self.stopped: str | None = None
         self.verdicts: list[Verdict] = []
         self.proc: subprocess.Popen[bytes] | None = None
+        self.child: children.Child | None = None  # torchrun, or the worker started directly
         self.own_group = False
         # one worker of one node that is never restarted: no agent needed (module docstring)
         self.direct = nprocs == 1 and rdzv.nnodes == 1 and max_restarts == 0
@@ -300,29 +301,24 @@ class Job:
         env = child_env(self.run_dir, self.rdzv.nnodes)
         command = [sys.executable, "-m", "enn_core.runtime.torchrun", str(job_path)]
         log_file = self.run_dir / "logs" / "torchrun.log"
+        kind = "torchrun"
         if self.direct:
+            kind = "worker"
             command = [sys.executable, "-m", "enn_core.runtime.entry", str(job_path)]
             log_file = self.run_dir / "logs" / "rank-0.log"
             given = spare.take_spare(env, self.own_group)
             if given is not None and self.hand_over(given, env, job_path, log_file):
                 return
             env.update(one_worker_env(self.rdzv))
-        with os.fdopen(open_own(log_file), "ab") as out:  # no link planted there followed
-            self.proc = subprocess.Popen(
-                command,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=self.own_group,
-            )
+        self.child = children.start(kind, command, env=env, log=log_file, session=self.own_group)
+        self.proc = self.child.proc
         self.started = time.time()
 
     def hand_over(self, given: spare.Spare, env: dict[str, str], job: Path, log: Path) -> bool:
         """The job to a spare worker (False: it died meanwhile, start a fresh one)."""
         if not spare.hand_over(given, env, one_worker_env(self.rdzv), job, log):
             return False
-        self.proc = given.proc
+        self.child, self.proc = given.child, given.proc
         self.started = time.time()
         self.from_spare = True
         return True
@@ -347,37 +343,34 @@ class Job:
                 self.said_waiting = line
                 log.warning("%s", line)
 
+    def workers(self) -> set[children.Proc]:
+        """The workers, by pid and start time: the descendants of torchrun (each worker has a
+        session of its own); started directly, the worker too while it is not reaped."""
+        assert self.child is not None
+        own = {self.child.record} if self.direct and self.child.proc.returncode is None else set()
+        return own | children.tree(self.child)
+
     def pids(self) -> set[int]:
-        """Worker pids: the descendants of torchrun (each worker has a session of its own);
-        started directly, the worker too while it is not reaped."""
-        assert self.proc is not None
-        own = {self.proc.pid} if self.direct and self.proc.returncode is None else set()
-        return own | descendants(self.proc.pid)
+        return {p.pid for p in self.workers()}
 
     def kill_workers(self) -> set[int]:
-        pids = self.pids()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        return pids
+        return children.kill(self.workers())
 
     def stop(self, reason: str) -> None:
-        """Stop now: every worker and torchrun killed; restarted workers exit at once."""
+        """Stop now: every worker and torchrun killed (children.stop); restarted workers exit
+        at once."""
         if self.stopped is None:
             self.stopped = reason
             (self.run_dir / CANCEL_FILE).touch()
-        assert self.proc is not None
-        kill_tree(self.proc, self.pids(), group=self.own_group)
+        assert self.child is not None
+        children.stop(self.child)
 
     def leave_gracefully(self) -> None:
-        """SIGTERM to torchrun, which forwards it to the workers and kills them after the
-        shutdown timeout; wait that long (and a little) for it to end."""
-        assert self.proc is not None
+        """SIGTERM to torchrun (not its group), which forwards it to the workers and kills them
+        after the shutdown timeout; wait that long (and a little) for it to end."""
+        assert self.child is not None
         log.info("forwarding SIGTERM to the workers; they have %.0f s to save", SHUTDOWN_TIMEOUT_S)
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(SHUTDOWN_TIMEOUT_S + 5)
+        children.terminate(self.child, SHUTDOWN_TIMEOUT_S + 5, to_group=False)
 
     def stop_hung(self, verdict: Verdict) -> None:
         self.verdicts.append(verdict)

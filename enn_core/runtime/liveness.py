@@ -110,7 +110,9 @@ class Liveness:
         answer holds this call at most a few beats' time, never the agent's exit."""
         self._stop.set()
         self._thread.join(timeout=self.every_s * 3)
-        last = threading.Thread(target=self._post, kwargs={"done": True}, daemon=True)
+        last = threading.Thread(
+            target=self._post, kwargs={"done": True}, name="enn-last-beat", daemon=True
+        )
         last.start()
         last.join(timeout=max(2.0, self.every_s * 2))
 

@@ -175,7 +175,7 @@ def sampled_anon_peak(fn: Callable[[], object]) -> PeakReading:
         while not done.wait(0.001):
             peak[0] = max(peak[0], _proc_status_kb("RssAnon")["RssAnon"])
 
-    t = threading.Thread(target=sample, daemon=True)
+    t = threading.Thread(target=sample, name="enn-anon-sampler", daemon=True)
     t.start()
     try:
         fn()

@@ -115,7 +115,7 @@ def kill_tree(proc: subprocess.Popen[Any], pids: set[int], group: bool) -> None:
     """Stop now: SIGKILL to `pids` (what `proc` started: workers, a trial's torchrun), to `proc`
     and, with `group`, to the process group it leads (`start_new_session`: anything else it
     started there); `proc` reaped, then the rest waited for. The one way a job's processes are
-    killed: a stage's launch, a pruned or stopped tuning trial."""
+    killed, reached through the process table (enn_core.runtime.children.stop)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)

@@ -5,7 +5,8 @@ job will come (the training flow: tasks/session.py); it runs the worker entry wi
 <module>` (enn_core.runtime.entry), imports the module, and waits for its job on a pipe. The
 next such job takes it (`take_spare`, `hand_over`) when it still runs, in the process group
 the job needs, with the job's environment but for `LATE_VARIABLES`; otherwise it is let go
-and a fresh worker starts. Only the parent holds the pipe: nothing else chooses its job.
+and a fresh worker starts. Only the parent holds the pipe: nothing else chooses its job. It is
+a child of the process table (enn_core.runtime.children): started and stopped there.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from enn_core.runtime import children
 from enn_core.runtime.entry import WARM
 
 log = logging.getLogger("enn.launch")
@@ -28,9 +30,13 @@ log = logging.getLogger("enn.launch")
 class Spare:
     """A worker started before its job (`spare_worker`)."""
 
-    proc: subprocess.Popen[bytes]
+    child: children.Child
     env: dict[str, str]
     own_group: bool
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.child.proc
 
 
 _spare: list[Spare] = []  # at most one
@@ -43,12 +49,10 @@ LATE_VARIABLES = ("MLFLOW_", "PREFECT_")
 
 def let_go(spare: Spare) -> None:
     """An unused spare ends now (it holds nothing to clean up; it may still be importing)."""
-    with contextlib.suppress(OSError):
-        spare.proc.kill()
+    children.stop(spare.child)
     with contextlib.suppress(OSError):
         assert spare.proc.stdin is not None
         spare.proc.stdin.close()
-    spare.proc.wait()
 
 
 def take_spare(env: dict[str, str], own_group: bool) -> Spare | None:
@@ -79,15 +83,9 @@ def take_spare(env: dict[str, str], own_group: bool) -> Spare | None:
 
 def start(module: str, env: dict[str, str], own_group: bool) -> Spare:
     """A spare importing `module`, the one to take from now (an older one is let go)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "enn_core.runtime.entry", WARM, module],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=own_group,
-    )
-    spare = Spare(proc, env, own_group)
+    command = [sys.executable, "-m", "enn_core.runtime.entry", WARM, module]
+    child = children.start("spare-worker", command, env=env, stdin_pipe=True, session=own_group)
+    spare = Spare(child, env, own_group)
     with _spare_lock:
         before, _spare[:] = list(_spare), [spare]
     for old in before:  # a session inside another: the newer spare is the one to take
@@ -124,4 +122,5 @@ def hand_over(
     except BaseException:  # interrupted mid-hand-over: the spare is nobody's now
         let_go(spare)
         raise
+    spare.child.kind = "worker"  # the job's one worker now
     return True

@@ -10,7 +10,6 @@ import logging
 import os
 import queue
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from enn_core.config import RunConfig, load_config
 from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
-from enn_core.runtime.parent import descendants, kill_tree, spawned_env
+from enn_core.runtime import children
 from tasks.tuning import store
 from tasks.tuning import study as st
 from tasks.tuning.trial import TrialJob, events_file
@@ -245,34 +244,28 @@ class Objective:
         job = TrialJob(
             trial.number, str(plan.config), overrides, str(plan.root), str(plan.staged), str(folder)
         )
-        env = spawned_env({**os.environ, "OMP_NUM_THREADS": plan.runtime[0].split("=")[1]})
+        env = {**os.environ, "OMP_NUM_THREADS": plan.runtime[0].split("=")[1]}
         if plan.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(slot % plan.gpus)
         # what it trains under besides its point, in the study: `--apply` on any host reads it
         self.storage(lambda: trial.set_user_attr(store.SETS_ATTR, list(sets)))
         command = st.trial_command(job.write())
-        with open(folder / "trial.log", "wb") as out:  # its own group: pruning kills the group
-            proc = subprocess.Popen(
-                command,
-                cwd=plan.root,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        child = children.start(  # its own group: pruning kills the group
+            "trial", command, env=env, log=folder / "trial.log", session=True, cwd=plan.root
+        )
         running = RunningTrial(trial.number, trial.params, folder, time.monotonic())
         try:
             log.info("trial %d: %s", trial.number, st.shown(trial.params))
             self.hooks.started(running)
-            return self.follow(running, trial, proc)
+            return self.follow(running, trial, child)
         except BaseException:  # stopped: Ctrl-C in this thread, the stop event, the storage gone
             if not (folder / "end.json").exists():
-                self.end(running, "interrupted", None, *kill_trial(proc))
+                self.end(running, "interrupted", None, *kill_trial(child))
                 if not self.lost:
                     self.quietly(lambda: st.retry(self.study, trial.number, stopped=True))
             raise
 
-    def follow(self, running: RunningTrial, trial: Trial, proc: subprocess.Popen[bytes]) -> float:
+    def follow(self, running: RunningTrial, trial: Trial, child: children.Child) -> float:
         metric = self.tune.metric
         while not self.stopping():
             for epoch, value in running.new_values(metric):
@@ -286,9 +279,9 @@ class Objective:
                     raise Ended(str(e)) from e
                 self.hooks.reported(running, epoch, value)
                 if self.storage(trial.should_prune):
-                    self.end(running, "pruned", value, *kill_trial(proc))
+                    self.end(running, "pruned", value, *kill_trial(child))
                     raise TrialPruned(f"epoch {epoch}: {metric} {value:.4g}")
-            rc = proc.poll()
+            rc = child.proc.poll()
             if rc is not None:
                 running.new_values(metric)  # what it wrote before it exited
                 return self.ended(running, rc)
@@ -341,10 +334,9 @@ class Objective:
             log.debug("while stopping: %s", e)
 
 
-def kill_trial(proc: subprocess.Popen[bytes]) -> tuple[list[int], float]:
-    """The trial's group killed; its pids and the seconds they took to end."""
+def kill_trial(child: children.Child) -> tuple[list[int], float]:
+    """The trial's group killed (children.stop: a reaped trial's pid, and so its group's id,
+    may be another's now, and is not signalled); its pids and the seconds they took to end."""
     t0 = time.monotonic()
-    alive = proc.poll() is None  # reaped: its pid, and so its group's id, may be another's now
-    pids = {proc.pid, *descendants(proc.pid)} if alive else set()
-    kill_tree(proc, pids, group=alive)
-    return sorted(pids), time.monotonic() - t0
+    pids = children.stop(child)
+    return pids, time.monotonic() - t0

@@ -40,8 +40,9 @@ import pytest
 from enn_core.config import load_config
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
+from enn_core.runtime.children import term_when_parent_dies
 from enn_core.stages import FLOWS
-from flows.servers import _die_with_parent, free_port
+from flows.servers import free_port
 from tests.fixtures.postgres import bindir, missing
 from tests.fixtures.project import ROOT, clean_env
 
@@ -151,7 +152,7 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, before exec
+            preexec_fn=term_when_parent_dies,  # noqa: PLW1509 - prctl only, before exec
         )
 
 

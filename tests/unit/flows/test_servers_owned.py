@@ -186,3 +186,20 @@ def test_the_temporary_api_starts_beside_the_imports_and_a_ctrl_c_then_leaves_no
     port = int(seen[0].rsplit(":", 1)[1].split("/")[0])
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # free: nothing listens there any more
+
+
+def test_a_server_is_a_child_of_the_process_table_in_a_session_of_its_own(tmp_path):
+    """Started and stopped through enn_core.runtime.children: listed while it serves, in a
+    session of its own; out of the table, and ended, when its block ends."""
+    from enn_core.runtime import children
+    from flows.servers import local_server
+
+    port = free_port()
+    (tmp_path / "health").write_text("ok")
+    serve = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    cmd = [*serve, "--directory", str(tmp_path)]
+    with local_server(cmd, dict(os.environ), f"http://127.0.0.1:{port}/health", tmp_path / "log"):
+        (server,) = [c for c in children.running() if c.kind == "server"]
+        assert os.getpgid(server.pid) == server.pid
+    assert server.proc.returncode is not None
+    assert server not in children.running()

@@ -92,3 +92,41 @@ def test_torchrun_killed_from_outside_is_named_as_the_oom_killer(tmp_path):
     )
     assert "\n" not in str(e.value)
     assert gone(pid_file)  # the worker died with its agent
+
+
+@pytest.mark.timeout(120)
+def test_a_cancelled_launch_stops_torchrun_and_its_worker_through_the_process_table(tmp_path):
+    """torchrun is a child of enn_core.runtime.children while the job runs; a cancel stops it
+    and its worker (found by pid and start time), and it leaves the table."""
+    from enn_core.errors import WorkerError
+    from enn_core.runtime import children
+
+    pid_file = tmp_path / "pids"
+    cancel = threading.Event()
+    seen: list[tuple[str, int]] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not cancel.is_set():
+            if pid_file.exists() and len(pid_file.read_text().split()) == 2:
+                seen.extend((c.kind, c.pid) for c in children.running())
+                cancel.set()
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with pytest.raises(WorkerError, match="cancelled; every worker was killed"):
+        launch(
+            wait_to_be_killed,
+            (str(pid_file),),
+            nprocs=1,
+            run_dir=tmp_path,
+            hang_timeout_s=60,
+            max_restarts=1,
+            cancel=cancel,
+        )
+    watcher.join()
+    agent = int(pid_file.read_text().split()[1])
+    assert ("torchrun", agent) in seen
+    assert agent not in {c.pid for c in children.running()}
+    assert gone(pid_file)

@@ -142,3 +142,17 @@ def test_a_spare_whose_import_failed_fails_the_job_with_that_error_in_its_log(tm
     ):
         launch(describe, (), nprocs=1, run_dir=run_dir, hang_timeout_s=60)
     assert "enn_core.no_such_module" in (run_dir / "logs" / "rank-0.log").read_text()
+
+
+def test_a_spare_is_started_and_let_go_through_the_process_table(tmp_path):
+    """The spare is a child of enn_core.runtime.children: listed while it waits, out of the
+    table once its block let it go."""
+    from enn_core.runtime import children
+    from enn_core.runtime.launch import spare_worker
+    from enn_core.runtime.spare import _spare
+
+    with spare_worker("json", tmp_path / "work"):
+        made = _spare[0].proc
+        assert {c.pid: c.kind for c in children.running()}.get(made.pid) == "spare-worker"
+    assert made.returncode is not None
+    assert made.pid not in {c.pid for c in children.running()}

@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 
@@ -20,8 +19,11 @@ import pytest
 from enn_core import export_helper
 from enn_core.config import ExportConfig, to_plain
 from enn_core.errors import ExportError, StaleOutputError
+from enn_core.runtime import children
+from enn_core.runtime.parent import PARENT_ENV
 from enn_core.stages import COLLAPSE_CHECK, EXPORT
 from tests.fixtures.project import ROOT
+from tests.unit.runtime.test_children import environ
 from tests.unit.stages.test_evaluation_stages import _ctx, _project
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -44,6 +46,16 @@ def _trained(tmp_path, export=PT2):
     cfg = dataclasses.replace(_project(tmp_path, steps=150), export=export)
     COLLAPSE_CHECK.work(cfg, _ctx(cfg, tmp_path, COLLAPSE_CHECK))
     return cfg
+
+
+def test_the_helper_is_started_with_the_parent_handshake_as_a_child_of_the_table():
+    """Like every process a job starts, it names its parent (ENN_PARENT_PID): one whose
+    parent dies while it imports ends at once, not after seconds of imports under init."""
+    helper = export_helper.start(PT2.formats)
+    assert f"{PARENT_ENV}={os.getpid()}".encode() in environ(helper.proc.pid)
+    assert helper.child in children.running() and helper.child.kind == "export-helper"
+    export_helper.release_unused()
+    assert helper.proc.poll() is not None and helper.child not in children.running()
 
 
 @pytest.mark.parametrize("export", [PT2, BOTH], ids=["one-format", "two-formats"])
@@ -144,13 +156,7 @@ def test_a_signal_that_reaches_the_helper_stops_the_stage_as_interrupted(tmp_pat
 
 def _bare(tmp_path, code: list[str]) -> export_helper.Helper:
     return export_helper.Helper(
-        subprocess.Popen(
-            [sys.executable, *code],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+        children.start("export-helper", [sys.executable, *code], pipes=True, cwd=ROOT)
     )
 
 

@@ -5,7 +5,6 @@ a study killed mid-trial is resumed with the trial failed and enqueued again."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 
@@ -13,6 +12,7 @@ import psutil
 import pytest
 
 from enn_core.config import load_config
+from enn_core.runtime import children
 from enn_core.runtime.parent import descendants
 from tasks.tuning import study as st
 from tasks.tuning.objective import RunningTrial, kill_trial
@@ -71,12 +71,13 @@ def test_kill_tree_ends_the_group_and_its_children():
         "[subprocess.Popen(sleep) for _ in range(2)]; "
         "time.sleep(60)"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    child = children.start("trial", [sys.executable, "-c", code], session=True)
+    proc = child.proc
     for _ in range(100):
         if len(descendants(proc.pid)) == 2:
             break
         time.sleep(0.05)
-    pids, took = kill_trial(proc)
+    pids, took = kill_trial(child)
     assert proc.returncode is not None
     assert len(pids) == 3 and took < 10
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
