@@ -345,7 +345,7 @@ def _key_codes(ds: StagedDataset, names: Sequence[str]) -> list[np.ndarray]:
             f"row keys lack columns {missing} (have {available}); "
             "fix data.naive_keys or re-run stage-data"
         )
-    table = pq.read_table(path, columns=list(names))
+    table = pq.ParquetFile(path).read(columns=list(names))  # not read_table: no pyarrow.dataset
     if table.num_rows != ds.n_rows:
         raise DataError(
             f"{path}: {table.num_rows} rows but the staged data has {ds.n_rows}; re-run stage-data"
