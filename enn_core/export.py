@@ -69,6 +69,9 @@ SIDECAR_VERSION = 1
 PARITY_SEED = 0  # the held-out rows parity runs on are the same in every run of the same data
 INPUT_NAME, OUTPUT_NAME = "features", "prediction"
 FILES = {"torch_export": "model.pt2", "onnx": "model.onnx"}
+# the ONNX program's weights when they are written beside it (export.onnx_external_data_mb):
+# the name torch.onnx gives them, which model.onnx refers to by this relative name
+ONNX_DATA = "model.onnx.data"
 # Python modules each format needs at export and parity time.
 DEPENDENCIES: dict[str, tuple[str, ...]] = {
     "torch_export": (),
@@ -246,7 +249,11 @@ def export_torch(path: PredictionPath, example: torch.Tensor) -> ExportedProgram
         raise ExportError(explain_failure("torch_export", interrupted(e))) from e
 
 
-def export_onnx(ep: ExportedProgram, example: torch.Tensor, target: Path, opset: int) -> None:
+def export_onnx(
+    ep: ExportedProgram, example: torch.Tensor, target: Path, opset: int, external_mb: float
+) -> None:
+    """`target` (model.onnx), its weights in ONNX_DATA beside it when they pass `external_mb`
+    MB (a protobuf file cannot hold 2 GB; every copy of model.onnx carries the file along)."""
     try:
         prog = torch.onnx.export(
             ep,
@@ -258,10 +265,22 @@ def export_onnx(ep: ExportedProgram, example: torch.Tensor, target: Path, opset:
             output_names=[OUTPUT_NAME],
         )
         assert prog is not None  # the dynamo exporter returns its program (None: legacy only)
-        prog.save(str(target))
+        weights = sum(
+            v.const_value.nbytes
+            for v in prog.model.graph.initializers.values()
+            if v.const_value is not None
+        )
+        prog.save(str(target), external_data=weights > external_mb * 2**20)
     except Exception as e:
         raise ExportError(explain_failure("onnx", interrupted(e))) from e
     _name_batch_axis(target)
+
+
+def onnx_files(target: Path) -> list[Path]:
+    """`target` (model.onnx) and its external data file when it has one: what a copy of the
+    ONNX program must carry (onnxruntime refuses model.onnx without it)."""
+    data = target.with_name(ONNX_DATA)
+    return [target, data] if data.is_file() else [target]
 
 
 def _name_batch_axis(target: Path) -> None:
@@ -336,7 +355,7 @@ def export_all(
             torch.export.save(ep, str(target))
             run = _program_runner(target)
         else:
-            export_onnx(ep, example, target, cfg.opset)
+            export_onnx(ep, example, target, cfg.opset, cfg.onnx_external_data_mb)
             run = ort_runner(target)
         parity = check_parity(run, ref, x, cfg.parity_batch_sizes, tol, total)
         if not parity["ok"]:
@@ -353,6 +372,9 @@ def export_all(
             "sha256": sha256_file(target),
             "parity": parity,
         }
+        if fmt == "onnx" and len(onnx_files(target)) > 1:  # its weights, beside it
+            data = target.with_name(ONNX_DATA)
+            results[fmt]["external_data"] = {"file": ONNX_DATA, "sha256": sha256_file(data)}
     return results
 
 
@@ -583,6 +605,7 @@ def run(
         "sidecar.json",
         "parity.json",
         *(FILES[k] for k, v in results.items() if v["status"] == "ok"),
+        *(v["external_data"]["file"] for v in results.values() if "external_data" in v),
     ):
         ctx.events.artifact(out / name, ctx.stage)
     for k, v in results.items():

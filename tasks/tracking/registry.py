@@ -38,6 +38,7 @@ from enn_core.checkpoint import DataSpec
 from enn_core.collapse.report import read_report
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.manifest import read_manifest
+from enn_core.export import onnx_files
 from enn_core.metric_names import (
     LEGACY_PROMOTION_BASELINE,
     PROMOTION_BASELINE,
@@ -115,7 +116,8 @@ def bundle(layout: Layout, dest: Path) -> Path:
                 shutil.copy2(src, out / name)
     onnx = EXPORT.output_dir(layout) / pyfunc.ONNX_FILE
     if onnx.exists():
-        shutil.copy2(onnx, out / pyfunc.ONNX_FILE)
+        for src in onnx_files(onnx):  # model.onnx, and its weights when they are beside it
+            shutil.copy2(src, out / src.name)
     return out
 
 
