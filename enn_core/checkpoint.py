@@ -233,7 +233,7 @@ def parameters_on_meta() -> Iterator[None]:
     are then assigned to them: a worker never holds an initialised copy of a model beside the
     one it loads (issue 55)."""
 
-    def meta(module: nn.Module, name: str, param: nn.Parameter | None) -> nn.Parameter | None:
+    def meta(module: nn.Module, name: str, param: nn.Parameter | None) -> Any:  # torch: None
         if param is None or param.is_meta:
             return None
         return nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)

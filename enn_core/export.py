@@ -58,6 +58,15 @@ from enn_core.inference import (
     sha256_file,
 )
 from enn_core.model_code import ModelCode
+from enn_core.onnx_program import (
+    INPUT_NAME,
+    ONNX_DATA,
+    OUTPUT_NAME,
+    Runner,
+    name_batch_axis,
+    onnx_files,
+    ort_runner,
+)
 from enn_core.stage import StageContext
 from enn_core.summaries import ExportSummary
 
@@ -67,18 +76,12 @@ if TYPE_CHECKING:
 
 SIDECAR_VERSION = 1
 PARITY_SEED = 0  # the held-out rows parity runs on are the same in every run of the same data
-INPUT_NAME, OUTPUT_NAME = "features", "prediction"
 FILES = {"torch_export": "model.pt2", "onnx": "model.onnx"}
-# the ONNX program's weights when they are written beside it (export.onnx_external_data_mb):
-# the name torch.onnx gives them, which model.onnx refers to by this relative name
-ONNX_DATA = "model.onnx.data"
 # Python modules each format needs at export and parity time.
 DEPENDENCIES: dict[str, tuple[str, ...]] = {
     "torch_export": (),
     "onnx": ("onnx", "onnxscript", "onnxruntime"),
 }
-# An exported artifact as parity runs it: a float32 batch of raw features in, its outputs out.
-Runner = Callable[[np.ndarray], np.ndarray]
 
 
 class Parity(TypedDict):
@@ -273,26 +276,7 @@ def export_onnx(
         prog.save(str(target), external_data=weights > external_mb * 2**20)
     except Exception as e:
         raise ExportError(explain_failure("onnx", interrupted(e))) from e
-    _name_batch_axis(target)
-
-
-def onnx_files(target: Path) -> list[Path]:
-    """`target` (model.onnx) and its external data file when it has one: what a copy of the
-    ONNX program must carry (onnxruntime refuses model.onnx without it)."""
-    data = target.with_name(ONNX_DATA)
-    return [target, data] if data.is_file() else [target]
-
-
-def _name_batch_axis(target: Path) -> None:
-    """The exporter names the dynamic batch after an internal symbol; call it 'batch'."""
-    import onnx  # optional dependency: only the onnx format needs it
-
-    model = onnx.load(str(target), load_external_data=False)  # large weights stay where they are
-    for vi in [*model.graph.input, *model.graph.output]:
-        dim0 = vi.type.tensor_type.shape.dim[0]
-        if dim0.dim_param:
-            dim0.dim_param = "batch"
-    onnx.save(model, str(target))
+    name_batch_axis(target)
 
 
 def export_all(
@@ -382,14 +366,6 @@ def _program_runner(target: Path) -> Runner:
     """The saved torch.export program at `target`, loaded back."""
     module = torch.export.load(str(target)).module()
     return lambda xb: module(torch.from_numpy(xb)).detach().numpy()
-
-
-def ort_runner(target: Path) -> Runner:
-    """`model.onnx` under onnxruntime on CPU: a float32 batch in, the program's output out."""
-    import onnxruntime as ort  # only when the onnx format is exported (optional dependency)
-
-    sess = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
-    return lambda xb: sess.run(None, {INPUT_NAME: xb})[0]
 
 
 # ---------------------------------------------------------------- sidecar and the stage

@@ -26,9 +26,9 @@ from enn_core.inference import sha256_file
 
 FORMAT = 2  # bump when what export writes changes (2: model.onnx.data)
 RESULTS = "results.json"
-# the only files a cached record may name (model.onnx's weights when beside it: export.ONNX_DATA)
+# the only files a cached record may name (model.onnx's weights beside it: onnx_program)
 PROGRAMS = ("model.pt2", "model.onnx", "model.onnx.data")
-CODE = ("model", "inference.py", "export.py", "export_cache.py")  # under enn_core/
+CODE = ("model", "inference.py", "export.py", "export_cache.py", "onnx_program.py")  # enn_core/
 
 
 def key(

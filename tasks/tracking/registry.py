@@ -38,7 +38,6 @@ from enn_core.checkpoint import DataSpec
 from enn_core.collapse.report import read_report
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.manifest import read_manifest
-from enn_core.export import onnx_files
 from enn_core.metric_names import (
     LEGACY_PROMOTION_BASELINE,
     PROMOTION_BASELINE,
@@ -46,6 +45,7 @@ from enn_core.metric_names import (
     four,
 )
 from enn_core.metrics import NAIVE_HOW, best_naive
+from enn_core.onnx_program import onnx_files
 from enn_core.paths import Layout
 from enn_core.serving import TableModel
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING

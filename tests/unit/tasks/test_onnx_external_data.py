@@ -27,9 +27,9 @@ from enn_core.config.loader import build
 from enn_core.config.model import ModelConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.errors import ConfigError
-from enn_core.export import ONNX_DATA, ort_runner
 from enn_core.inference import PredictionPath, load_calibration
 from enn_core.model import ModelCode, build_model
+from enn_core.onnx_program import ONNX_DATA, ort_runner
 from enn_core.paths import Layout
 from enn_core.serving import TableModel, decode
 from enn_core.stage import make_context
