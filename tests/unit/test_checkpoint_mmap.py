@@ -10,6 +10,7 @@ import dataclasses
 import gc
 from pathlib import Path
 
+import pytest
 import torch
 
 from enn_core.checkpoint import load_model, save_consolidated
@@ -22,6 +23,7 @@ from tests.fixtures.model import make_features, make_manifest
 ROOT = Path(__file__).resolve().parents[2]  # the repository: examples/ is importable from it
 
 
+@pytest.mark.slow  # it writes and reads 210 MB
 def test_loading_a_200_mb_checkpoint_holds_no_anonymous_copy_of_its_weights(tmp_path):
     cfg = build(
         ModelConfig,
