@@ -18,15 +18,17 @@ such as prepare-checkpoint's warm start; `capped` joins them for a one-line mess
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from enn_core.atomic import atomic_file
 from enn_core.config.loader import build
@@ -175,6 +177,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         )
     ckpt = load_tensors(
         path,
+        mmap=True,  # its weights stay in the file's pages until written: no private copy
         name=str(path),
         what="consolidated checkpoint",
         fix="use a checkpoint this project wrote (prepare-checkpoint, distributed-train or the "
@@ -201,14 +204,45 @@ def model_from_checkpoint(
         # the neighbour prior's rows come as weights, and its kriging solves, one per group
         groups = ckpt.state_dict.get("prior.group_values")
         prior = PriorSize(int(kept.shape[0]), 0 if groups is None else int(groups.shape[0]))
-    model = build_model(cfg, data, code=code, where=where, prior=prior)
+    try:
+        with parameters_on_meta():  # no initialised copy of the weights the file brings anyway
+            model = build_model(cfg, data, code=code, where=where, prior=prior)
+    except Exception:  # a module that reads its weights' values as it is built: built as usual
+        model = build_model(cfg, data, code=code, where=where, prior=prior)
     if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise StaleOutputError(
             f"{where}: its weights do not fit the model its config describes: {capped(diffs)}; "
             "re-create the checkpoint"
         )
-    model.load_state_dict(ckpt.state_dict, strict=True)
+    shared = len(dict(model.named_parameters(remove_duplicate=False))) != len(
+        list(model.parameters())
+    )
+    if not shared:  # the file's tensors become the weights (mapped from a checkpoint file)
+        model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
+    if shared or any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        # a tied weight (assigning would untie it), or a tensor the file does not hold
+        model = build_model(cfg, data, code=code, where=where, prior=prior)
+        model.load_state_dict(ckpt.state_dict, strict=True)
     return model
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (shape and dtype, no
+    memory: their initialisation does nothing); buffers stay real. A checkpoint's weights
+    are then assigned to them: a worker never holds an initialised copy of a model beside the
+    one it loads (issue 55)."""
+
+    def meta(module: nn.Module, name: str, param: nn.Parameter | None) -> Any:  # torch: None
+        if param is None or param.is_meta:
+            return None
+        return nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    handle = register_module_parameter_registration_hook(meta)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def load_model(path: str | Path, code: ModelCode = BUILTIN) -> tuple[ENN, Checkpoint]:

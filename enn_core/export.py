@@ -58,6 +58,15 @@ from enn_core.inference import (
     sha256_file,
 )
 from enn_core.model_code import ModelCode
+from enn_core.onnx_program import (
+    INPUT_NAME,
+    ONNX_DATA,
+    OUTPUT_NAME,
+    Runner,
+    name_batch_axis,
+    onnx_files,
+    ort_runner,
+)
 from enn_core.stage import StageContext
 from enn_core.summaries import ExportSummary
 
@@ -67,15 +76,12 @@ if TYPE_CHECKING:
 
 SIDECAR_VERSION = 1
 PARITY_SEED = 0  # the held-out rows parity runs on are the same in every run of the same data
-INPUT_NAME, OUTPUT_NAME = "features", "prediction"
 FILES = {"torch_export": "model.pt2", "onnx": "model.onnx"}
 # Python modules each format needs at export and parity time.
 DEPENDENCIES: dict[str, tuple[str, ...]] = {
     "torch_export": (),
     "onnx": ("onnx", "onnxscript", "onnxruntime"),
 }
-# An exported artifact as parity runs it: a float32 batch of raw features in, its outputs out.
-Runner = Callable[[np.ndarray], np.ndarray]
 
 
 class Parity(TypedDict):
@@ -246,7 +252,11 @@ def export_torch(path: PredictionPath, example: torch.Tensor) -> ExportedProgram
         raise ExportError(explain_failure("torch_export", interrupted(e))) from e
 
 
-def export_onnx(ep: ExportedProgram, example: torch.Tensor, target: Path, opset: int) -> None:
+def export_onnx(
+    ep: ExportedProgram, example: torch.Tensor, target: Path, opset: int, external_mb: float
+) -> None:
+    """`target` (model.onnx), its weights in ONNX_DATA beside it when they pass `external_mb`
+    MB (a protobuf file cannot hold 2 GB; every copy of model.onnx carries the file along)."""
     try:
         prog = torch.onnx.export(
             ep,
@@ -258,22 +268,15 @@ def export_onnx(ep: ExportedProgram, example: torch.Tensor, target: Path, opset:
             output_names=[OUTPUT_NAME],
         )
         assert prog is not None  # the dynamo exporter returns its program (None: legacy only)
-        prog.save(str(target))
+        weights = sum(
+            v.const_value.nbytes
+            for v in prog.model.graph.initializers.values()
+            if v.const_value is not None
+        )
+        prog.save(str(target), external_data=weights > external_mb * 2**20)
     except Exception as e:
         raise ExportError(explain_failure("onnx", interrupted(e))) from e
-    _name_batch_axis(target)
-
-
-def _name_batch_axis(target: Path) -> None:
-    """The exporter names the dynamic batch after an internal symbol; call it 'batch'."""
-    import onnx  # optional dependency: only the onnx format needs it
-
-    model = onnx.load(str(target), load_external_data=False)  # large weights stay where they are
-    for vi in [*model.graph.input, *model.graph.output]:
-        dim0 = vi.type.tensor_type.shape.dim[0]
-        if dim0.dim_param:
-            dim0.dim_param = "batch"
-    onnx.save(model, str(target))
+    name_batch_axis(target)
 
 
 def export_all(
@@ -336,7 +339,7 @@ def export_all(
             torch.export.save(ep, str(target))
             run = _program_runner(target)
         else:
-            export_onnx(ep, example, target, cfg.opset)
+            export_onnx(ep, example, target, cfg.opset, cfg.onnx_external_data_mb)
             run = ort_runner(target)
         parity = check_parity(run, ref, x, cfg.parity_batch_sizes, tol, total)
         if not parity["ok"]:
@@ -353,6 +356,9 @@ def export_all(
             "sha256": sha256_file(target),
             "parity": parity,
         }
+        if fmt == "onnx" and len(onnx_files(target)) > 1:  # its weights, beside it
+            data = target.with_name(ONNX_DATA)
+            results[fmt]["external_data"] = {"file": ONNX_DATA, "sha256": sha256_file(data)}
     return results
 
 
@@ -360,14 +366,6 @@ def _program_runner(target: Path) -> Runner:
     """The saved torch.export program at `target`, loaded back."""
     module = torch.export.load(str(target)).module()
     return lambda xb: module(torch.from_numpy(xb)).detach().numpy()
-
-
-def ort_runner(target: Path) -> Runner:
-    """`model.onnx` under onnxruntime on CPU: a float32 batch in, the program's output out."""
-    import onnxruntime as ort  # only when the onnx format is exported (optional dependency)
-
-    sess = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
-    return lambda xb: sess.run(None, {INPUT_NAME: xb})[0]
 
 
 # ---------------------------------------------------------------- sidecar and the stage
@@ -583,6 +581,7 @@ def run(
         "sidecar.json",
         "parity.json",
         *(FILES[k] for k, v in results.items() if v["status"] == "ok"),
+        *(v["external_data"]["file"] for v in results.values() if "external_data" in v),
     ):
         ctx.events.artifact(out / name, ctx.stage)
     for k, v in results.items():

@@ -24,10 +24,11 @@ from enn_core.atomic import atomic_dir, write_json
 from enn_core.config import ExportConfig
 from enn_core.inference import sha256_file
 
-FORMAT = 1  # bump when what export writes changes
+FORMAT = 2  # bump when what export writes changes (2: model.onnx.data)
 RESULTS = "results.json"
-PROGRAMS = ("model.pt2", "model.onnx")  # the only files a cached record may name
-CODE = ("model", "inference.py", "export.py", "export_cache.py")  # under enn_core/
+# the only files a cached record may name (model.onnx's weights beside it: onnx_program)
+PROGRAMS = ("model.pt2", "model.onnx", "model.onnx.data")
+CODE = ("model", "inference.py", "export.py", "export_cache.py", "onnx_program.py")  # enn_core/
 
 
 def key(
@@ -63,12 +64,13 @@ def load(folder: Path, out: Path) -> dict[str, dict[str, Any]] | None:
         for res in results.values():
             if res.get("status") != "ok":
                 continue
-            if res.get("file") not in PROGRAMS:  # the record is data: it names no other path
-                return None
-            src = folder / res["file"]
-            if sha256_file(src) != res["sha256"]:
-                return None
-            shutil.copy2(src, out / res["file"])
+            for part in _files(res):
+                if part.get("file") not in PROGRAMS:  # the record is data: it names no other path
+                    return None
+                src = folder / part["file"]
+                if sha256_file(src) != part["sha256"]:
+                    return None
+                shutil.copy2(src, out / part["file"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return results
@@ -78,5 +80,12 @@ def store(folder: Path, out: Path, results: Mapping[str, Mapping[str, Any]]) -> 
     with atomic_dir(folder) as tmp:
         for res in results.values():
             if res.get("status") == "ok":
-                shutil.copy2(out / res["file"], tmp / res["file"])
+                for part in _files(res):
+                    shutil.copy2(out / part["file"], tmp / part["file"])
         write_json(tmp / RESULTS, dict(results))
+
+
+def _files(res: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A format's files as (file, sha256) records: its program, and model.onnx's weights when
+    they are beside it (`external_data`)."""
+    return [res, *([res["external_data"]] if "external_data" in res else [])]

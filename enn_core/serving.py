@@ -34,8 +34,9 @@ from enn_core.config import DataConfig
 from enn_core.data.encode import Encoder, value_key
 from enn_core.data.sources import Chunk
 from enn_core.errors import DataError
-from enn_core.export import FILES, ort_runner
+from enn_core.export import FILES
 from enn_core.inference import MODEL_FILE, PredictionPath, load_calibration, predict_rows
+from enn_core.onnx_program import ort_runner
 from enn_core.predict.outputs import cell_names
 
 BATCH = 256

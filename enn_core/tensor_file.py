@@ -39,17 +39,22 @@ UNREADABLE = (
 )
 
 
-def load_tensors(source: str | Path | IO[bytes], *, name: str, what: str, fix: str) -> Any:
+def load_tensors(
+    source: str | Path | IO[bytes], *, name: str, what: str, fix: str, mmap: bool = False
+) -> Any:
     """`torch.load(source, weights_only=True)` on the CPU. A file that names code to run raises
     UntrustedCheckpointError; one the safe reader cannot parse, or a damaged one,
     StaleOutputError; both name `name` (the file, or the file and item), `what` it should be,
-    and `fix`. Nothing in the file runs either way."""
+    and `fix`. Nothing in the file runs either way. `mmap` (a path in torch's zip format): the
+    tensors are the file's pages, mapped privately (read from disk as touched, shared with
+    other processes mapping it, copied only where written), not a copy in memory."""
+    use_mmap = mmap and isinstance(source, (str, Path)) and zipfile.is_zipfile(source)
     try:
         with warnings.catch_warnings():
             # torch warns of an unusual pickle protocol in what is mostly random bytes: the
             # error below says what matters
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(source, map_location="cpu", weights_only=True)
+            return torch.load(source, map_location="cpu", weights_only=True, mmap=use_mmap)
     except pickle.UnpicklingError as e:
         if "GLOBAL" in str(e):  # it names code to run: crafted, or another program's pickle
             raise UntrustedCheckpointError.refused(name, str(e), fix) from None

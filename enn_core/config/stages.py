@@ -227,6 +227,9 @@ class CollapseConfig:
                 raise ConfigError(f"collapse.{name} must be in [0, 1]")
 
 
+ONNX_EXTERNAL_DATA_MAX_MB = 1536.0  # torch.onnx's own threshold (1.5 GiB of initializers)
+
+
 @frozen
 class ExportConfig:
     formats: tuple[str, ...] = ("torch_export", "onnx")
@@ -256,6 +259,11 @@ class ExportConfig:
     units: str = ""
     """Unit of the labels, written to the sidecar (e.g. km/h); empty = 'label units'."""
 
+    onnx_external_data_mb: float = 1536.0
+    """ONNX weights above this many MB are written beside model.onnx in model.onnx.data (a
+    protobuf file cannot pass 2 GB); 0 = always. At most 1536, where torch's exporter moves them
+    out anyway."""
+
     def __post_init__(self) -> None:
         allowed = {"torch_export", "onnx"}
         bad = [f for f in self.formats if f not in allowed]
@@ -279,3 +287,9 @@ class ExportConfig:
             raise ConfigError("export.parity_rel_tol must be > 0")
         if self.parity_rows < 1:
             raise ConfigError("export.parity_rows must be >= 1 (held-out rows checked for parity)")
+        if not 0 <= self.onnx_external_data_mb <= ONNX_EXTERNAL_DATA_MAX_MB:
+            raise ConfigError(
+                f"export.onnx_external_data_mb={self.onnx_external_data_mb} must be in "
+                f"[0, {ONNX_EXTERNAL_DATA_MAX_MB:g}]: above that torch's exporter writes the "
+                "weights to model.onnx.data anyway"
+            )

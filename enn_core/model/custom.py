@@ -205,7 +205,9 @@ def build_body(
         raw = bool(getattr(body, "raw_features", False))  # the module's own attribute code
     width = n_features if raw else spec.encoded_dim
     with torch.no_grad(), user_code(cfg.factory, f": the module's forward of [2, {width}] failed"):
-        out = body.eval()(torch.zeros(2, width))
+        # on the meta device when its parameters are (a checkpoint's weights come after)
+        device = next((p.device for p in body.parameters()), torch.device("cpu"))
+        out = body.eval()(torch.zeros(2, width, device=device))
         body.train()
     want = (2, *spec.label_shape)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:

@@ -41,6 +41,7 @@ EXPORT = StageSpec(
     code=(
         "enn_core/export.py",
         "enn_core/export_cache.py",
+        "enn_core/onnx_program.py",
         "enn_core/inference.py",
         "enn_core/collapse",
     ),

@@ -48,6 +48,7 @@ from enn_core.metric_names import (
     four,
 )
 from enn_core.metrics import NAIVE_HOW, best_naive
+from enn_core.onnx_program import onnx_files
 from enn_core.paths import Layout
 from enn_core.serving import TableModel
 from enn_core.stages import COLLAPSE_CHECK, DISTRIBUTED_TRAIN, EXPORT, STAGE_DATA, TRAINING
@@ -120,7 +121,8 @@ def bundle(layout: Layout, dest: Path) -> Path:
                 shutil.copy2(src, out / name)
     onnx = EXPORT.output_dir(layout) / pyfunc.ONNX_FILE
     if onnx.exists():
-        shutil.copy2(onnx, out / pyfunc.ONNX_FILE)
+        for src in onnx_files(onnx):  # model.onnx, and its weights when they are beside it
+            shutil.copy2(src, out / src.name)
     return out
 
 
