@@ -10,6 +10,12 @@ the process with one line and exit code 143.
 
     watch_sigterm(rank=env.rank)   # in the worker's main thread, after its handlers are set
 
+A main thread that took the signal itself to end the process its own way (a preemption save,
+enn_core.train.preempt: a step, then a checkpoint that may take minutes for a large model)
+says so with `owned()`: the helper then leaves the process to it (before, it ended every
+rank 5 s after SIGTERM, in the middle of that save). The hang watchdog and the scheduler's
+SIGKILL still bound a save that never ends.
+
 Nothing is installed when SIGTERM has no Python handler (the default action already ends the
 process) or when someone else owns the wakeup descriptor (an asyncio loop).
 """
@@ -24,6 +30,12 @@ import threading
 
 GRACE_S = 5.0
 EXIT = 128 + signal.SIGTERM
+_OWNED = threading.Event()  # the main thread took the signal and ends the process itself
+
+
+def owned() -> None:
+    """The main thread saw the stop and ends the process itself: the helper leaves it."""
+    _OWNED.set()
 
 
 def watch_sigterm(rank: int, grace_s: float = GRACE_S) -> bool:
@@ -63,6 +75,8 @@ def _watch(fd: int, rank: int, grace_s: float) -> None:
             break
     done = threading.Event()
     done.wait(grace_s)  # the main thread's own handler may still end the process cleanly
+    if _OWNED.is_set():  # it ran and is saving (preemption): its end, not ours
+        return
     with contextlib.suppress(OSError):
         sys.stderr.write(
             f"rank {rank}: SIGTERM while waiting in a collective or the store: stopped\n"

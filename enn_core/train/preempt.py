@@ -38,6 +38,8 @@ import signal
 import threading
 from types import FrameType
 
+from enn_core.runtime import sigterm
+
 SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
 
@@ -55,6 +57,7 @@ class PreemptWatch:
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signal is None:
             self.signal = signum
+        sigterm.owned()  # the save ends this process: not the SIGTERM helper's 5 s
 
     def __enter__(self) -> PreemptWatch:
         if threading.current_thread() is threading.main_thread():

@@ -51,3 +51,33 @@ def test_sigterm_stops_a_rank_blocked_in_a_store_wait():
     assert (
         "rank 1: SIGTERM while waiting in a collective or the store: stopped" in proc.stderr.read()
     )
+
+
+# a worker training with a checkpointer (PreemptWatch, as the worker's loop) when the scheduler's
+# SIGTERM arrives: its handler takes it, and the save that follows outlasts the helper's grace
+SAVING = """
+import signal, sys, time
+from enn_core.runtime.sigterm import watch_sigterm
+from enn_core.train.preempt import PreemptWatch
+
+with PreemptWatch() as watch:
+    print("watching" if watch_sigterm(rank=0, grace_s=0.5) else "not installed", flush=True)
+    while not watch.requested:
+        time.sleep(0.01)
+    time.sleep(2.0)  # the step, then the checkpoint: longer than the grace
+    print("saved", flush=True)
+sys.exit(12)  # Preempted
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_preemption_save_outlasting_the_grace_is_not_cut_short():
+    """Before: the helper ended the rank 5 s after any SIGTERM, in the middle of the save its
+    own handler had started (a large model's checkpoint takes longer)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SAVING], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "watching"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 12, proc.stderr.read()
+    assert proc.stdout.read().strip() == "saved"
