@@ -5,9 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import urllib.parse
 from collections.abc import Callable, Iterator
 
+from enn_core.config import redact_url
 from enn_core.paths import Layout
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @contextlib.contextmanager
@@ -26,7 +31,9 @@ def prefect_api(
             while_starting()
 
     if os.environ.get("PREFECT_API_URL"):
-        yield os.environ["PREFECT_API_URL"]
+        api = os.environ["PREFECT_API_URL"]
+        logging.getLogger("enn").info("Prefect API: %s (PREFECT_API_URL)", redact_url(api))
+        yield api
         return
     from flows.servers import temporary_prefect_api
     from tasks.ui import running_ui
@@ -46,3 +53,16 @@ def prefect_api(
     logging.getLogger("enn").info("Prefect API: %s (temporary: it stops with this run)", api)
     os.environ["PREFECT_API_URL"] = api
     yield api
+
+
+def host_in_name() -> str:
+    """`@<host>` for a flow run's name when it reports to a server other machines share
+    (PREFECT_API_URL not on loopback: a cluster's nodes name their runs alike), else ""; MLflow's
+    run names say the host the same way (`training #3 @node1 synthetic`)."""
+    return f"@{socket.gethostname()}" if shared_api(os.environ.get("PREFECT_API_URL", "")) else ""
+
+
+def shared_api(api: str) -> bool:
+    """Whether a Prefect API is a server other machines reach (not on loopback)."""
+    host = urllib.parse.urlparse(api).hostname
+    return bool(host) and host not in LOOPBACK

@@ -13,6 +13,7 @@ from enn_core.errors import EnnError
 from enn_core.paths import Layout
 from enn_core.stages import STAGE_DATA, VALIDATE, Flow, up_to
 from flows import console
+from flows.prefect_api import shared_api
 from flows.report import RESULTS_WIDTH, predictions_lines, results_line
 
 if TYPE_CHECKING:
@@ -119,10 +120,22 @@ class Summary:
         if prefect:
             shown = redact_url(prefect)
             out.append(f"look: Prefect flow run {shown}/runs/flow-run/{record.flow_run_id}")
-        hints = [] if out else ["enn ui (MLflow and Prefect)"]
+        hints = [] if out else self.servers()
         if self.flow == "training":  # the prediction pipeline publishes no DVC metrics
             hints.append("dvc metrics show")
         return out + ([f"look: {', '.join(hints)}"] if hints else [])
+
+    def servers(self) -> list[str]:
+        """Where this run's records are when no run page is known: the tracking server and
+        Prefect's server the run reports to (a node of a cluster), else `enn ui`, which serves
+        this checkout's own stores."""
+        found = []
+        if self.cfg.tracking.uri.startswith(("http://", "https://")):
+            found.append(f"MLflow {redact_url(self.cfg.tracking.uri.rstrip('/'))}")
+        prefect = prefect_ui(self.prefect_api) if shared_api(self.prefect_api) else None
+        if prefect:
+            found.append(f"Prefect {redact_url(prefect)}")
+        return found or ["enn ui (MLflow and Prefect)"]
 
 
 def prefect_ui(api: str) -> str | None:

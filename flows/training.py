@@ -37,6 +37,7 @@ from enn_core.stage import cancel_scope
 from enn_core.stages import StageSpec, up_to
 from flows import console
 from flows.params_file import Recorded, mlflow_tags, recorded_overrides, run_overrides
+from flows.prefect_api import host_in_name
 from tasks import dvc_state
 from tasks.env import PREFECT_CONSOLE_QUIET, TOOLS, contain, project_layout
 from tasks.prefect_task import stage_task
@@ -296,9 +297,10 @@ def after_multinode(session: PipelineSession, result: StageResult, logger: loggi
 
 def run_name() -> str:
     """A flow run's name in Prefect: what it does (`training params.yaml train.lr=0.02`),
-    not a random pair of words."""
+    not a random pair of words; on a server several machines share, its host as well
+    (`training @node1 params.yaml`)."""
     params = flow_run.parameters
-    parts = [str(flow_run.flow_name), Path(str(params.get("config") or "")).name]
+    parts = [str(flow_run.flow_name), host_in_name(), Path(str(params.get("config") or "")).name]
     parts += [redact_override(str(o)) for o in params.get("overrides") or []]
     if params.get("model"):
         parts.append(f"model={params['model']}")

@@ -19,6 +19,7 @@ from enn_core.config import RunConfig, redact_override
 from enn_core.errors import ConfigError, DataError
 from enn_core.paths import Layout, project_root
 from flows.params_file import apply_overrides
+from flows.prefect_api import host_in_name
 from flows.training import load_once, watch_cancellation
 from tasks.env import TOOLS, contain, project_layout
 from tasks.tuning.run import StudyResult, best_values, tune
@@ -29,7 +30,7 @@ log = logging.getLogger("enn.flow")
 
 def tuning_run_name() -> str:
     params = flow_run.parameters
-    parts = ["tuning", Path(str(params.get("config") or "")).name]
+    parts = ["tuning", host_in_name(), Path(str(params.get("config") or "")).name]
     parts += [redact_override(str(o)) for o in params.get("overrides") or []]
     return " ".join(p for p in parts if p)[:150]
 

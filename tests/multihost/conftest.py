@@ -8,6 +8,8 @@ PostgreSQL on the third (tests/fixtures/postgres.py), once per test session.
 - `postgres`: PostgreSQL listening on node3's address only;
 - `mlflow`: MLflow's tracking server on node3, its runs in that PostgreSQL, artifacts in the
   shared folder (its URL, as the hosts name it);
+- `prefect`: Prefect's server on node3, its flow runs in that PostgreSQL, with an API auth
+  string (its API's URL and the auth string);
 - `reference`: the training job on node1 alone with two workers (its weights and seconds), which
   every two-node job of the template must equal bit for bit (test_training, test_slurm).
 
@@ -31,7 +33,7 @@ from tests.fixtures.multihost import STAGE, TEMPLATE, Cluster, give_job_secret, 
 from tests.fixtures.postgres import Postgres
 from tests.fixtures.postgres import missing as postgres_missing
 from tests.fixtures.project import contained_env, make_project
-from tests.fixtures.servers import mlflow_server
+from tests.fixtures.servers import mlflow_server, prefect_server
 
 NAMES = ["node1", "node2", "node3"]
 
@@ -98,6 +100,16 @@ def mlflow(testbed: Cluster, postgres: Postgres, say, tmp_path_factory) -> Itera
     with mlflow_server(testbed, postgres, log) as url:
         say(f"MLflow's tracking server at {url}, on PostgreSQL")
         yield url
+
+
+@pytest.fixture(scope="session")
+def prefect(
+    testbed: Cluster, postgres: Postgres, say, tmp_path_factory
+) -> Iterator[tuple[str, str]]:
+    log = tmp_path_factory.mktemp("prefect-server") / "prefect.log"
+    with prefect_server(testbed, postgres, log) as (api, auth):
+        say(f"Prefect's server at {api}, on PostgreSQL")
+        yield api, auth
 
 
 @pytest.fixture(scope="session")

@@ -103,7 +103,7 @@ def _log_of(host, job: str) -> str:
 
 @pytest.mark.timeout(900)  # with the tier's reference run, when it runs first
 def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_identical(
-    testbed, slurm, reference, mlflow, say, request, monkeypatch
+    testbed, slurm, reference, mlflow, prefect, say, request, monkeypatch
 ):
     """One training job, two interruptions: node2 dies mid-epoch (every process of its
     namespace, slurmd included), SLURM notices after SlurmdTimeout and requeues the job, which
@@ -112,7 +112,10 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
     agree on, the script requeues the job, the third run resumes from that save. The weights
     equal the uninterrupted job's on one host, bit for bit. On the tracking server: one parent
     run for the job (every node's, step's and run's `enn` under it), the model registered and
-    champion."""
+    champion. The job reports to the tier's Prefect server (PREFECT_API_URL and
+    PREFECT_API_AUTH_STRING exported, as docs/scale-out.md says): each node's flow run is in its
+    PostgreSQL, named with its host. The nodes' lines carry srun's task number. An edit of
+    params.yaml while the job is requeued is named by the next run."""
     node1, node2 = testbed.hosts[:2]
     shared = testbed.shared
     pause = [  # rank 1 (node2) pauses twice at step 6: killed in the first, warned in the second
@@ -136,6 +139,8 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
         "ENN_SHARED": str(shared),
         "ENN_RDZV_PORT": str(testbed.bed.port(40)),
         "ENN_IFNAME": "eth0",
+        "PREFECT_API_URL": prefect[0],
+        "PREFECT_API_AUTH_STRING": prefect[1],
     }
     started = time.time()
     job = slurm.sbatch(node1, TRAIN, env=env)
@@ -154,6 +159,9 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
         f"{_fields(slurm.show(job))}"
     )
     _wait_for(lambda: slurm.show(job).get("Restarts") == "1", "a requeue", slurm, job)
+    for h in (node1, node2):  # an edit while the job waits (a comment: the run stays the same)
+        with (h.checkout / "params.yaml").open("a") as f:
+            f.write("# edited while job was requeued\n")
     slurm.revive(node2)  # its slurmd back: the job starts again on both nodes
     watch.started = time.time()
     beats = _paused(watch)
@@ -177,6 +185,13 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
     warned = [p.read_text() for p in logs.glob("torchrun-a1-*.log")]
     assert len(warned) == 2 and all("SIGUSR2" in t for t in warned), sorted(logs.iterdir())
     assert f"enn-train: job {job} done" in out, out
+    # the requeued run names the edit of params.yaml since the job started (issue 54.6)
+    assert f"params.yaml changed since job {job} started" in out, out
+    # each node's lines carry srun's task number, which the script's first line maps (54.7)
+    assert f"job {job} attempt 0 on node[1-2] " in out and "tasks 0: node1, 1: node2" in out
+    lines = out.splitlines()
+    assert any(x.startswith("0: ") for x in lines) and any(x.startswith("1: ") for x in lines)
+    _flow_runs_on_the_server(out, prefect[0], request.getfixturevalue("postgres"), started, say)
     # the job secret: delivered by sbcast to each node's own disk, never on the shared folder;
     # a run that ended removed its copies (the run killed with node2 could not: at most one left)
     assert not [p for p in shared.rglob("*") if "secret" in p.name]
@@ -191,6 +206,22 @@ def test_the_training_job_survives_a_dead_host_and_a_time_limit_and_ends_bit_ide
         assert made.is_dir() and made.stat().st_mtime > started, stage
     say(f"job {job}: resumed from {resumed}, bit-identical to one host")
     _one_parent_and_a_champion(node1, mlflow, job, say)
+
+
+def _flow_runs_on_the_server(out: str, api: str, postgres, since: float, say) -> None:
+    """The job said where its flow runs go, and each node's (step 1: `enn run --until
+    prepare-checkpoint`) is on the tier's Prefect server, in its PostgreSQL, named with its host
+    (issue 54.1: each `enn` had started a temporary API of its own)."""
+    assert f"enn-train: Prefect API {api} (PREFECT_API_URL)" in out, out
+    rows = postgres.sql(
+        "select name || '|' || coalesce(state_type::text, '') from flow_run "
+        f"where created >= to_timestamp({since}) order by name",
+        "prefect",
+    ).splitlines()
+    names = [r.split("|")[0] for r in rows if "prepare-checkpoint" in r]
+    assert sorted(n.split()[1] for n in names) == ["@node1", "@node2"], rows
+    assert all(r.endswith("|COMPLETED") for r in rows if "prepare-checkpoint" in r), rows
+    say(f"the job's flow runs on Prefect's server (PostgreSQL): {names}")
 
 
 def _one_parent_and_a_champion(node1, mlflow: str, job: str, say) -> None:
@@ -366,3 +397,32 @@ def _wait_array(slurm: Slurm, job: str, timeout: float = 500) -> list[dict[str, 
             return tasks
         time.sleep(1)
     raise AssertionError(f"array {job} did not end: {tasks}\n{slurm.logs()}")
+
+
+def test_a_time_limit_too_short_for_the_warning_is_named_at_the_start(testbed, slurm, prefect):
+    """A time limit that leaves no room for SLURM's warning (`--signal=B:USR2@90`) plus the
+    save: the warning would come before training could save, and the job end TIMEOUT without a
+    requeue (issue 54.6). The script says so in its first lines (one minute here), before it
+    stages anything; the test then cancels the job, which says that no worker runs to save."""
+    node1 = testbed.hosts[0]
+    env = {
+        **node1.env,
+        "ENN_SHARED": str(testbed.shared),
+        "ENN_RDZV_PORT": str(testbed.bed.port(42)),
+        "PREFECT_API_URL": prefect[0],
+        "PREFECT_API_AUTH_STRING": prefect[1],
+    }
+    job = slurm.sbatch(node1, "--time=1", TRAIN, env=env)
+    said = "the time limit leaves"
+    try:
+        _wait_for(lambda: said in _log_of(node1, job), "the time-limit line", slurm, job, 60)
+    finally:
+        node1.run("scancel", job, check=False)
+        slurm.wait(job, timeout=120)
+        slurm.wait_idle(slurm.computes, timeout=120)  # its staging ended on both nodes
+    line = next(x for x in _log_of(node1, job).splitlines() if said in x)
+    assert "not more than the 90 s warning plus the 60 s save" in line, line
+    assert "TIMEOUT without a requeue" in line and "--time" in line, line
+    # cancelled while staging: no worker runs, and the script does not say they save (54.6)
+    out = _log_of(node1, job)
+    assert "no workers run now, nothing to save" in out and "the workers save" not in out, out

@@ -209,6 +209,21 @@ def test_a_prediction_run_names_its_predictions_and_no_dvc_metrics(layout):
     assert lines[-1] == "look: enn ui (MLflow and Prefect)", lines
 
 
+def test_a_node_tracking_to_servers_is_told_the_servers_not_enn_ui(layout):
+    """A node whose run made no MLflow run of its own (a cluster node's step 1, up to date)
+    but tracks to a server: `enn ui` would show an empty local store; the line names the
+    tracking server instead (issue 54.8), its address without credentials."""
+    from dataclasses import replace
+
+    cfg = RunConfig()
+    cfg = replace(cfg, tracking=replace(cfg.tracking, uri="http://node3:5001/"))
+    record = FlowRecord(flow_run_id="7e1d")
+    record.results["stage-data"] = _result("stage-data", "skipped", 0.0)
+    # node3 does not resolve here: its Prefect UI is not named, its MLflow server is
+    lines = Summary(layout, cfg, "prediction", None, "http://node3.invalid:9/api").lines(record)
+    assert lines[-1] == "look: MLflow http://node3:5001", lines
+
+
 def test_the_model_line_wraps_within_120_columns(layout):
     """The champion rule's reason made the `model:` line about 150 characters, which wrapped
     mid-word in a 120-column terminal; it now wraps at words, later lines indented."""
