@@ -26,6 +26,7 @@ import pytest
 
 from flows.params_file import apply_overrides
 from tasks.tuning.study import override
+from tasks.tuning.trial import events_file
 from tests.fixtures.multihost import Job, published_model, same_weights
 from tests.fixtures.project import ROOT
 from tests.fixtures.slurm import FINAL, Slurm, missing, parse_show
@@ -345,7 +346,10 @@ def test_a_job_array_shares_one_study_on_postgres(testbed, slurm, postgres, mlfl
     """deploy/slurm/tune.sbatch as a job array of two tasks (`sbatch --array=0-1`), one per node
     (--exclusive), both in one Optuna study on the tier's PostgreSQL: the documented bound
     holds (n_trials to n_trials + tasks - 1 complete or pruned trials), trial numbers are
-    unique and both nodes ran trials."""
+    unique and both nodes ran trials. One task is cancelled (`scancel <job>_<task>`) while its
+    trial runs (issue 52.5): that trial is FAILED, recorded as interrupted, and its point runs
+    once more, on the other node, to the end; no point is counted twice and the study
+    finishes."""
     node1, node2 = testbed.hosts[:2]
     postgres.create_database("optuna_array")
     storage = postgres.url("optuna_array")
@@ -365,11 +369,16 @@ def test_a_job_array_shares_one_study_on_postgres(testbed, slurm, postgres, mlfl
         request.addfinalizer(_restore(h.checkout / "params.yaml"))
         apply_overrides(h.checkout / "params.yaml", params)
     env = {**node1.env, **postgres.env}  # PGPASSWORD from the submitting environment
+    submitted = time.time()
     job = slurm.sbatch(node1, "--array=0-1", TUNE, env=env)
+    host, number = _cancel_a_running_trial(slurm, job, (node1, node2), submitted)
     tasks = _wait_array(slurm, job)
     say(f"tuning array {job}: " + "; ".join(_fields(t) for t in tasks))
     logs = "\n".join(p.read_text() for p in node1.checkout.glob(f"enn-tune-{job}_*.out"))
-    assert [t["JobState"] for t in tasks] == ["COMPLETED", "COMPLETED"], f"{tasks}\n{logs}"
+    cancelled = next(t for t in tasks if t["NodeList"] == host.name)
+    kept = next(t for t in tasks if t["NodeList"] != host.name)
+    assert cancelled["JobState"] == "CANCELLED", f"{tasks}\n{logs}"
+    assert kept["JobState"] == "COMPLETED", f"{tasks}\n{logs}"
     assert sorted(t["NodeList"] for t in tasks) == ["node1", "node2"], tasks
     trials = json.loads(
         node1.run("python", "-c", DUMP_TRIALS, storage, ARRAY_STUDY, env=env).stdout
@@ -377,11 +386,55 @@ def test_a_job_array_shares_one_study_on_postgres(testbed, slurm, postgres, mlfl
     ended = [t for t in trials if t["state"] in ("COMPLETE", "PRUNED")]
     assert ARRAY_TRIALS <= len(ended) <= ARRAY_TRIALS + 1, trials  # + tasks - 1
     assert len({t["number"] for t in trials}) == len(trials)
+    assert not [t for t in trials if t["state"] in ("RUNNING", "WAITING")], trials
     points = [t["params"].get("train.lr") for t in trials if t["state"] == "COMPLETE"]
     assert len(points) == len(set(points)), trials  # no point counted twice (issue 52.5)
-    hosts = {json.loads(t["user_attrs"]["enn.owner"])["host"] for t in ended}
+    # the cancelled trial: failed, recorded as interrupted; its point ran once more, elsewhere
+    gone = next(t for t in trials if t["number"] == number)
+    assert gone["state"] == "FAIL", trials
+    end = json.loads((_trial_folder(host, number) / "end.json").read_text())
+    assert end["state"] == "interrupted", end
+    again = [t for t in ended if t["params"] == gone["params"]]
+    assert len(again) == 1, trials
+    assert _owner(again[0]) != host.name, trials
+    hosts = {_owner(t) for t in trials if "enn.owner" in t["user_attrs"]}
     assert hosts == {node1.name, node2.name}, hosts
-    say(f"tuning array {job}: {len(ended)} trials complete or pruned, on {sorted(hosts)}")
+    say(
+        f"tuning array {job}: task on {host.name} cancelled in trial {number}, its point ran "
+        f"again as trial {again[0]['number']}; {len(ended)} trials complete or pruned"
+    )
+
+
+def _owner(trial: dict) -> str:
+    return json.loads(trial["user_attrs"]["enn.owner"])["host"]
+
+
+def _trial_folder(host, number: int) -> Path:
+    return host.checkout / "work" / "tune" / ARRAY_STUDY / f"trial-{number}"
+
+
+def _cancel_a_running_trial(slurm: Slurm, job: str, hosts, since: float, timeout: float = 300):
+    """The first array task seen running a trial (its folder has a log and training's
+    events, no end.json: mid-trial) is cancelled with `scancel <job>_<task>`; its host and
+    trial number."""
+    end = time.time() + timeout
+    while time.time() < end:
+        for host in hosts:
+            for log in (host.checkout / "work" / "tune" / ARRAY_STUDY).glob("trial-*/trial.log"):
+                folder = log.parent
+                if log.stat().st_mtime < since or (folder / "end.json").exists():
+                    continue
+                if not events_file(folder).exists():  # not training yet
+                    continue
+                task = next(
+                    parse_show(line)["ArrayTaskId"]
+                    for line in slurm.scontrol(slurm.ctld, "show", "job", "-o", job).splitlines()
+                    if parse_show(line).get("NodeList") == host.name
+                )
+                slurm.ctld.run("scancel", f"{job}_{task}")
+                return host, int(folder.name.split("-")[1])
+        time.sleep(0.5)
+    raise AssertionError(f"array {job}: no task ran a trial in {timeout:.0f} s\n{slurm.logs()}")
 
 
 def _wait_array(slurm: Slurm, job: str, timeout: float = 500) -> list[dict[str, str]]:
