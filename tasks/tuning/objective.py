@@ -161,7 +161,9 @@ class Objective:
             if time.monotonic() - self.last_sweep < self.tune.heartbeat_s:
                 return
             self.last_sweep = time.monotonic()
-        self.storage(lambda: st.adopt_orphans(self.study))
+        storage = getattr(self.study._storage, "_backend", self.study._storage)
+        if isinstance(storage, store.Storage):
+            self.storage(functools.partial(storage.adopt_orphans, self.study._study_id))
         self.storage(lambda: fail_stale_trials(self.study))
 
     def __call__(self, trial: Trial) -> float:

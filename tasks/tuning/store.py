@@ -1,7 +1,6 @@
 """A study's storage, read as data: the one place that opens it and reads and checks its
 records (docs/design.md, "The trust boundary on the newer surfaces": study records and
-contents). Every failure of the storage is one line (`failure`).
-"""
+contents). Every failure of the storage is one line (`failure`)."""
 
 from __future__ import annotations
 

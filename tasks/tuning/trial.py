@@ -44,13 +44,6 @@ def events_file(folder: Path) -> Path:
     return folder / "work" / "runs" / RUN_ID / DISTRIBUTED_TRAIN.name / "events.jsonl"
 
 
-def checkpoint_files(folder: Path) -> list[Path]:
-    """The checkpoints and .pt files a trial leaves, deleted when it ends."""
-    out = [folder / "work" / "checkpoints"]
-    out += sorted((folder / "outputs").glob("*/*.pt")) if (folder / "outputs").is_dir() else []
-    return [p for p in out if p.exists() and not p.is_symlink()]
-
-
 def run(job: TrialJob) -> None:
     folder = Path(job.folder).resolve()
     layout = Layout(Path(job.root).resolve(), work=folder / "work", outputs_dir=folder / "outputs")
