@@ -97,9 +97,7 @@ class Hooks(Protocol):
     """What the study tells its tracker (tasks/tracking/study.py)."""
 
     def started(self, trial: RunningTrial) -> None: ...
-
     def reported(self, trial: RunningTrial, epoch: int, value: float) -> None: ...
-
     def ended(self, trial: RunningTrial, end: TrialEnd) -> None: ...
 
 
@@ -152,9 +150,6 @@ class Objective:
                     raise Ended(str(e)) from e
                 time.sleep(1.0)
 
-    def trials(self) -> list[FrozenTrial]:
-        return self.storage(lambda: self.study.get_trials(deepcopy=False))
-
     def sweep(self) -> None:
         """Stale trials failed (Optuna's sweep; orphans adopted first), once per heartbeat_s."""
         with self.lock:
@@ -177,7 +172,7 @@ class Objective:
         # its owner from its first moment: a restarted study of this host finds what it left
         owner = store.TrialOwner.of(st.trial_command(folder / "trial.json"))
         self.storage(lambda: trial.set_user_attr(store.OWNER_ATTR, owner.to_json()))
-        trials = self.trials()
+        trials = self.storage(lambda: self.study.get_trials(deepcopy=False))
         mine = next(t for t in trials if t.number == trial.number)
         self.check_point(trial, trials, mine)
         done, running = st.counts(trials, below=trial.number)
@@ -210,11 +205,11 @@ class Objective:
             raise Ended(str(e)) from e
 
     def room(self) -> None:
-        """Before each ask (store.TuneStudy's gate): wait by reading the study while complete,
-        pruned and running trials fill it; Ended once it is done or stops."""
+        """Before each ask (TuneStudy's gate): wait while the study is full; Ended once it is done
+        or stops (docs/design.md, "The count is at the top of the objective")."""
         said = False
         while not self.stopping():
-            done, running = st.counts(self.trials())
+            done, running = st.counts(self.storage(lambda: self.study.get_trials(deepcopy=False)))
             if done >= self.tune.n_trials:
                 break
             if done + len(running) < self.tune.n_trials:
@@ -346,8 +341,7 @@ class Objective:
 
 
 def kill_trial(child: children.Child) -> tuple[list[int], float]:
-    """The trial's group killed (children.stop: a reaped trial's pid, and so its group's id,
-    may be another's now, and is not signalled); its pids and the seconds they took to end."""
+    """The trial's group killed (children.stop: docs/design.md); its pids, the seconds they took."""
     t0 = time.monotonic()
     pids = children.stop(child)
     return pids, time.monotonic() - t0

@@ -128,9 +128,8 @@ def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
                 f"{params}: damaged ({e}); delete {plan.staged} to stage the study's data again"
             ) from e
     layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
-    execute_stage(
-        STAGE_DATA, PipelineSession(cfg=cfg, config=plan.config, layout=layout, run_id="study")
-    )
+    session = PipelineSession(cfg=cfg, config=plan.config, layout=layout, run_id="study")
+    execute_stage(STAGE_DATA, session)
     return plan.staged
 
 
@@ -162,7 +161,11 @@ def end_stale_trials(study: Study, plan: StudyPlan) -> list[int]:
         owner = store.TrialOwner.parse(t.user_attrs.get(store.OWNER_ATTR))
         if plan.shared and not left_here(owner, folder / "trial.json"):
             continue
-        if fail(study, t.number):
+        try:
+            study.tell(t.number, state=TrialState.FAIL)
+        except (ValueError, UpdateFinishedTrialError):  # it had ended: another host failed it
+            pass
+        else:
             retry(study, t.number)
         remove_checkpoints(folder)
         ended.append(t.number)
@@ -230,15 +233,6 @@ def left_here(owner: store.TrialOwner | None, job_file: Path) -> bool:
         return True
 
 
-def fail(study: Study, number: int) -> bool:
-    """Trial `number` told FAIL; False when it had ended already (another host did it)."""
-    try:
-        study.tell(number, state=TrialState.FAIL)
-    except (ValueError, UpdateFinishedTrialError):  # "Cannot tell a FAIL trial"
-        return False
-    return True
-
-
 def retry_of(trial: FrozenTrial) -> int | None:
     """The trial `trial` runs again (the last of Optuna's retry history), if it ran."""
     ran = not {store.NOT_RUN_ATTR, store.DUPLICATE_ATTR} & set(trial.user_attrs)
@@ -247,9 +241,7 @@ def retry_of(trial: FrozenTrial) -> int | None:
 
 
 def retry(study: Study, number: int, stopped: bool = False) -> None:
-    """Trial `number`'s point queued again by Optuna's RetryHeartbeatStaleTrialCallback: once
-    when it failed (max_retry=1), each time the study stopped it; not when a retry of it
-    exists or it never ran. The point is checked when popped (objective.check_point)."""
+    """Trial `number`'s point queued again (docs/design.md, "Retries are Optuna's")."""
     trials = study.get_trials(deepcopy=False)
     trial = copy.copy(next(t for t in trials if t.number == number))
     if {store.NOT_RUN_ATTR, store.DUPLICATE_ATTR} & set(trial.user_attrs):

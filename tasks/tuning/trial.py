@@ -1,7 +1,6 @@
-"""One tuning trial, its own process group (`python -m tasks.tuning.trial work/tune/<study>/
-trial-<N>/trial.json`): prepare-checkpoint and distributed-train on the study's staged data, in
-its folder, with no lock, params file or MLflow of its own; it dies with its study
-(docs/design.md, "Tuning")."""
+"""One tuning trial in its own process group (`python -m tasks.tuning.trial <folder>/trial.json`):
+prepare-checkpoint and distributed-train on the study's staged data, in its folder, with no lock,
+params file or MLflow of its own; it dies with its study (docs/design.md, "Tuning")."""
 
 from __future__ import annotations
 
