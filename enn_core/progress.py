@@ -206,9 +206,19 @@ class TrainingFollower:
             )
             return
         self.ticker.total = self.pbar.total
-        spe, epochs = self.resolved.get("steps_per_epoch"), self.resolved.get("epochs")
+        spe, epochs = self.resolved.get("steps_per_epoch"), self._epochs(None)
         note = f"epoch {step // spe + 1}/{epochs}" if spe and epochs else ""
         self.ticker.at(step, note)
+
+    def _epochs(self, said: int | None) -> int | None:
+        """The epochs this run trains: train.epochs (`said` by the epoch's record), or fewer
+        when train.max_steps ends it sooner (the run's total steps; before, `epoch 1/20` and
+        an ETA of 19 epochs more for a run that stopped within its first)."""
+        spe, total = self.resolved.get("steps_per_epoch"), self.pbar.total
+        epochs = said or self.resolved.get("epochs")
+        if epochs and spe and total:
+            return min(epochs, -(-int(total) // spe))
+        return epochs
 
     def close(self) -> None:
         self.pbar.close()
@@ -273,7 +283,7 @@ class TrainingFollower:
         lr 9.5e-03  268 samples/s  ~0:45 left`, within EPOCH_LINE_WIDTH with the console's
         time in front: the rate goes first when it is longer, then the learning rate (both
         are in MLflow), then the double spaces."""
-        epoch, epochs = int(f.get("epoch", 0)) + 1, int(f.get("epochs", 0))
+        epoch, epochs = int(f.get("epoch", 0)) + 1, self._epochs(int(f.get("epochs", 0))) or 0
         parts = [f"{self.desc}: epoch {epoch}/{epochs}"]
         for key, label in (("train_loss", "train loss"), ("val_loss", "val loss")):
             if isinstance(f.get(key), (int, float)):

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from enn_core.config import RunConfig
-from enn_core.errors import ConfigError, EnnError, TransientError, no_space_behind
+from enn_core.errors import ConfigError, EnnError, TransientError, no_space_behind, out_of_memory
 from enn_core.paths import ENV_WORK_DIR, Layout, pipeline_params, project_root
 from enn_core.stages import TRAINING, Flow, lookup
 from flows import console
@@ -139,7 +139,10 @@ def _main(argv: list[str] | None) -> int:
         print(console.one_line(e), file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a full disk, refused credentials, whichever library met it first
-        full = no_space_behind(e, disks) or refused(e)
+        # out of memory outside a stage (doctor, serve, tune's own process): the stages say
+        # theirs with the settings that lower it; here there is none to name
+        oom = out_of_memory(e, f"enn {args.command}", ())
+        full = no_space_behind(e, disks) or refused(e) or oom
         if full is None:
             raise
         print(console.one_line(full), file=sys.stderr)

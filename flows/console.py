@@ -55,7 +55,7 @@ NOISE: tuple[tuple[str, str, str], ...] = (
     (
         "optuna",
         "each trial's start and end, a failed trial's traceback (its own stderr handler is off: "
-        "tasks/tuning/run.py)",
+        "tasks/tuning/objective.py)",
         "enn tune says each trial's values and how it ended in its own lines; the log file "
         "keeps Optuna's, and each trial's own log is in its folder",
     ),

@@ -22,7 +22,7 @@ from flows.params_file import apply_overrides
 from flows.prefect_api import host_in_name
 from flows.training import load_once, watch_cancellation
 from tasks.env import TOOLS, contain, project_layout
-from tasks.tuning.run import StudyResult, best_values, tune
+from tasks.tuning.objective import StudyResult, best_values, tune
 from tasks.tuning.study import override
 
 log = logging.getLogger("enn.flow")

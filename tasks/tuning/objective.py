@@ -1,8 +1,10 @@
-"""The objective `study.optimize` calls in each of its threads: one trial as one process group
-(docs/design.md, "Tuning" and "A study across hosts")."""
+"""A study run end to end (the tuning flow calls `tune`) under one lock per study and checkout,
+each trial one process group (`Objective`, in each of `study.optimize`'s threads); its best
+values (`--apply`) (docs/design.md, "Tuning" and "A study across hosts")."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import functools
@@ -10,16 +12,19 @@ import logging
 import os
 import queue
 import shutil
+import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol, TypeVar
 
+import optuna
 from optuna.exceptions import TrialPruned, UpdateFinishedTrialError
 from optuna.storages import fail_stale_trials
-from optuna.study import Study
+from optuna.study import MaxTrialsCallback, Study
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from enn_core.atomic import write_json
@@ -27,9 +32,13 @@ from enn_core.config import RunConfig, load_config
 from enn_core.config.tune import dimensions, points, space_values
 from enn_core.errors import ConfigError, DataError, TrainingError
 from enn_core.events import EventTail
+from enn_core.paths import Layout
 from enn_core.runtime import children
+from tasks.lock import pipeline_lock
+from tasks.tracking.study import StudyTracker
 from tasks.tuning import store
 from tasks.tuning import study as st
+from tasks.tuning.store import TuneStudy
 from tasks.tuning.trial import TrialJob, events_file
 
 log = logging.getLogger("enn.tune")
@@ -88,9 +97,7 @@ class Hooks(Protocol):
     """What the study tells its tracker (tasks/tracking/study.py)."""
 
     def started(self, trial: RunningTrial) -> None: ...
-
     def reported(self, trial: RunningTrial, epoch: int, value: float) -> None: ...
-
     def ended(self, trial: RunningTrial, end: TrialEnd) -> None: ...
 
 
@@ -143,16 +150,15 @@ class Objective:
                     raise Ended(str(e)) from e
                 time.sleep(1.0)
 
-    def trials(self) -> list[FrozenTrial]:
-        return self.storage(lambda: self.study.get_trials(deepcopy=False))
-
     def sweep(self) -> None:
         """Stale trials failed (Optuna's sweep; orphans adopted first), once per heartbeat_s."""
         with self.lock:
             if time.monotonic() - self.last_sweep < self.tune.heartbeat_s:
                 return
             self.last_sweep = time.monotonic()
-        self.storage(lambda: st.adopt_orphans(self.study))
+        storage = getattr(self.study._storage, "_backend", self.study._storage)
+        if isinstance(storage, store.Storage):
+            self.storage(functools.partial(storage.adopt_orphans, self.study._study_id))
         self.storage(lambda: fail_stale_trials(self.study))
 
     def __call__(self, trial: Trial) -> float:
@@ -166,7 +172,7 @@ class Objective:
         # its owner from its first moment: a restarted study of this host finds what it left
         owner = store.TrialOwner.of(st.trial_command(folder / "trial.json"))
         self.storage(lambda: trial.set_user_attr(store.OWNER_ATTR, owner.to_json()))
-        trials = self.trials()
+        trials = self.storage(lambda: self.study.get_trials(deepcopy=False))
         mine = next(t for t in trials if t.number == trial.number)
         self.check_point(trial, trials, mine)
         done, running = st.counts(trials, below=trial.number)
@@ -199,11 +205,11 @@ class Objective:
             raise Ended(str(e)) from e
 
     def room(self) -> None:
-        """Before each ask (store.TuneStudy's gate): wait by reading the study while complete,
-        pruned and running trials fill it; Ended once it is done or stops."""
+        """Before each ask (TuneStudy's gate): wait while the study is full; Ended once it is done
+        or stops (docs/design.md, "The count is at the top of the objective")."""
         said = False
         while not self.stopping():
-            done, running = st.counts(self.trials())
+            done, running = st.counts(self.storage(lambda: self.study.get_trials(deepcopy=False)))
             if done >= self.tune.n_trials:
                 break
             if done + len(running) < self.tune.n_trials:
@@ -335,8 +341,138 @@ class Objective:
 
 
 def kill_trial(child: children.Child) -> tuple[list[int], float]:
-    """The trial's group killed (children.stop: a reaped trial's pid, and so its group's id,
-    may be another's now, and is not signalled); its pids and the seconds they took to end."""
+    """The trial's group killed (children.stop: docs/design.md); its pids, the seconds they took."""
     t0 = time.monotonic()
     pids = children.stop(child)
     return pids, time.monotonic() - t0
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """A study run's table and best trial."""
+
+    name: str
+    storage: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    best_value: float | None = None
+    best_trial: int | None = None
+    mlflow_run_id: str | None = None
+
+
+def tune(
+    cfg: RunConfig,
+    config: Path,
+    overrides: list[str],
+    layout: Layout,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> StudyResult:
+    plan = st.make_plan(cfg, config, overrides, layout)
+    optuna.logging.disable_default_handler()  # its lines to enn's log file (flows/console.py)
+    if not logging.getLogger("optuna").handlers:  # or, where enn set up no logging, the root's
+        optuna.logging.enable_propagation()
+    with pipeline_lock(plan.folder.with_suffix(".lock"), f"enn tune ({plan.name})"):
+        tracker = StudyTracker(cfg, layout, plan.name)  # first: a deleted experiment is one line
+        on_stale = st.StaleTrials()
+        study = st.open_study(cfg, plan, on_stale)  # first: a host on other data stops here
+        st.stage_study_data(plan, cfg)
+        with store.reading(plan.storage):
+            stale = st.end_stale_trials(study, plan)
+            done, _ = st.counts(study.get_trials(deepcopy=False))
+        if stale:
+            log.info("study %s: trials %s were interrupted; ran again", plan.name, stale)
+        said = (plan.name, done, cfg.tune.n_trials, plan.parallel, plan.runtime[0], plan.shown)
+        log.info("study %s: %d of %d trials done; %d side by side (%s); storage %s", *said)
+        parent = tracker.start({"enn.config": str(config)})
+        on_stale.listeners.append(tracker.stale)
+        objective = Objective(study, cfg, plan, tracker, should_stop)
+        error: BaseException | None = None
+        rows: list[dict[str, Any]] = []
+        try:
+            with stop_on_signals(objective.stop):  # a finished study: the gate asks none
+                optimize(study, objective, cfg.tune.n_trials, plan)
+            with store.reading(plan.storage):
+                rows, top = st.table(study), st.best(study)
+        except BaseException as e:
+            error = objective.error or e
+            with contextlib.suppress(Exception):  # the storage may be what stopped the study
+                rows = st.table(study)
+            if objective.error is None:
+                raise
+            raise objective.error from None
+        finally:
+            tracker.finish(study, rows, error)
+    values, value, number = top if top else ({}, None, None)
+    ran = points(values, dimensions(cfg.tune)) if top else None  # as its trial ran them
+    return StudyResult(plan.name, plan.shown, rows, ran, value, number, parent)
+
+
+def optimize(study: TuneStudy, objective: Objective, n_trials: int, plan: st.StudyPlan) -> None:
+    """`study.optimize`, again when a trial of this host was failed elsewhere."""
+    done = MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    study.gate = objective.room  # a full study is waited on by reading it
+    while True:
+        objective.lost = False
+        try:
+            study.optimize(objective, n_jobs=plan.parallel, catch=(Ended,), callbacks=[done])
+        except Ended:  # the gate: done or stopped, asked for no trial
+            pass
+        except ValueError:  # "Cannot tell a FAIL trial": one of ours, failed elsewhere
+            if objective.stop.is_set():  # Ctrl-C or SIGTERM came while Optuna told a trial
+                raise KeyboardInterrupt from None  # that ended with it: the stop stands
+            if not objective.lost:
+                raise
+            continue
+        except Exception as e:  # Optuna's own call (ask, tell) when the storage went
+            error = objective.error or store.failure(plan.storage, e, records=False)
+            if error is None:
+                raise
+            raise error from e
+        if objective.error is not None:
+            raise objective.error
+        return
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set `stop` (the running trials end), then do what they did."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {int(s): signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        previous = before[signum]
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    for s in before:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, previous in before.items():
+            signal.signal(s, previous)
+
+
+def best_values(
+    cfg: RunConfig, config: Path, overrides: list[str], layout: Layout
+) -> tuple[dict[str, Any], float, int, list[str]]:
+    """The best complete trial's values (points of `tune.space`), objective, number, --set."""
+    plan = st.make_plan(cfg, config, overrides, layout)
+    study = store.load_study(plan.name, plan.storage)
+    with store.reading(plan.storage):
+        top = st.best(study)
+        sets = store.sets_of(study, top[2]) if top is not None else []
+    if top is None:
+        raise ConfigError(
+            f"{plan.shown}: study {plan.name!r} has no complete trial yet; run `enn tune` to "
+            "finish one"
+        )
+    values, objective, number = top
+    where, then = f"{plan.shown}: best trial {number}", "--apply writes only those: nothing written"
+    dims = dimensions(cfg.tune)
+    return points(space_values(values, dims, where, then), dims), objective, number, sets

@@ -1,7 +1,6 @@
 """A study's storage, read as data: the one place that opens it and reads and checks its
 records (docs/design.md, "The trust boundary on the newer surfaces": study records and
-contents). Every failure of the storage is one line (`failure`).
-"""
+contents). Every failure of the storage is one line (`failure`)."""
 
 from __future__ import annotations
 
@@ -167,8 +166,7 @@ class Storage(RDBStorage):
             return super().set_trial_state_values(trial_id, state, values)
 
     def adopt_orphans(self, study_id: int) -> None:
-        """One beat for each RUNNING trial that never beat (Optuna's sweep skips those): the
-        sweep then fails it once that beat is stale, whatever the trial holds."""
+        """One beat for each RUNNING trial that never beat (docs/design.md, "Orphans")."""
         from optuna.storages._rdb import models
 
         with _create_scoped_session(self.scoped_session) as session:
@@ -215,11 +213,8 @@ def rdb_storage(
 
     beat: dict[str, Any] = {}
     if tune is not None:
-        beat = {
-            "heartbeat_interval": tune.heartbeat_s,
-            "grace_period": tune.stale_after_s,
-            "heartbeat_stale_trial_callback": on_stale,
-        }
+        beat = dict(heartbeat_interval=tune.heartbeat_s, grace_period=tune.stale_after_s)
+        beat["heartbeat_stale_trial_callback"] = on_stale
     for _ in range(TABLE_RACE_TRIES - 1):
         with contextlib.suppress(IntegrityError, ProgrammingError, OperationalError, RuntimeError):
             return Storage(url, engine_kwargs=engine_options(url), **beat)
@@ -245,7 +240,17 @@ def open_study(
         )
         study = TuneStudy(study_name=name, storage=created._storage, pruner=pruner)
         check_trials(study, shown(url))
-        check_data(study, cfg, shown(url))
+        want = json.loads(json.dumps(to_plain(cfg.data)))  # the first host's; the others' match
+        had = study.user_attrs.get(DATA_ATTR)
+        if had is None:
+            study.set_user_attr(DATA_ATTR, want)
+        elif had != want:
+            changed = sorted(k for k in want if not isinstance(had, dict) or had.get(k) != want[k])
+            raise ConfigError(
+                f"study {study.study_name} ({shown(url)}) ran on other data settings "
+                f"(data.{changed[0] if changed else '?'} differs); name a new study "
+                "(--set tune.study=NAME), or use the data settings the study ran with"
+            )
         trials = len(study.get_trials(deepcopy=False))  # a resumed study draws new points
         seed = t.seed + trials
         if identity:  # a shared study: each host draws its own points
@@ -259,22 +264,6 @@ def open_study(
         for values in t.enqueue:
             study.enqueue_trial(dict(values), skip_if_exists=True)
     return study
-
-
-def check_data(study: Study, cfg: RunConfig, where: str) -> None:
-    """The first host records its `data` section in the study; the others must match it."""
-    want = json.loads(json.dumps(to_plain(cfg.data)))
-    had = study.user_attrs.get(DATA_ATTR)
-    if had is None:
-        study.set_user_attr(DATA_ATTR, want)
-        return
-    if had != want:
-        changed = sorted(k for k in want if not isinstance(had, dict) or had.get(k) != want[k])
-        raise ConfigError(
-            f"study {study.study_name} ({where}) ran on other data settings "
-            f"(data.{changed[0] if changed else '?'} differs); name a new study "
-            "(--set tune.study=NAME), or use the data settings the study ran with"
-        )
 
 
 def load_study(name: str, url: str) -> Study:
@@ -305,16 +294,13 @@ def check_trials(study: Study, path: str) -> None:
     for t in study.get_trials(deepcopy=False):
         trial_number(t.number, path)
         for key, value in t.params.items():
-            if not (key.startswith(SEARCHABLE) and key in keys) or not plain(value):
+            finite = math.isfinite(value) if isinstance(value, float) else isinstance(value, PLAIN)
+            if not (key.startswith(SEARCHABLE) and key in keys and finite):
                 raise DataError(
                     f"{path}: trial {t.number} holds {key}={value!r}, which no study searches "
                     f"(model.* and train.* keys, plain values): not this project's study; "
                     f"{ANOTHER}"
                 )
-
-
-def plain(value: Any) -> bool:
-    return math.isfinite(value) if isinstance(value, float) else isinstance(value, PLAIN)
 
 
 def trial_number(number: Any, where: str) -> int:

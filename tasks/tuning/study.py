@@ -1,8 +1,5 @@
-"""`enn tune`'s study: where it lives (`work/tune/<study>.db`, `work/tune/<study>/`: staged
-data, `trial-<N>/`), how its trials run side by side, and what hosts sharing it need on top of
-Optuna's storage: the trials a killed study of this host left, a point queued again, orphans,
-a point popped twice run once, the count before a trial runs (docs/design.md, "Tuning" and "A
-study across hosts")."""
+"""`enn tune`'s study: where it lives (`work/tune/<study>.db`, `work/tune/<study>/`), how its
+trials run, and what hosts sharing it need (docs/design.md, "Tuning", "A study across hosts")."""
 
 from __future__ import annotations
 
@@ -33,16 +30,6 @@ from enn_core.runtime.device import usable_cores
 from enn_core.stages import STAGE_DATA
 from tasks.runner import PipelineSession, execute_stage
 from tasks.tuning import store
-from tasks.tuning.store import (
-    DUPLICATE_ATTR,
-    NOT_RUN_ATTR,
-    OWNER_ATTR,
-    StaleHook,
-    Storage,
-    TrialOwner,
-    TuneStudy,
-)
-from tasks.tuning.trial import checkpoint_files
 
 log = logging.getLogger("enn.tune")
 START_TOLERANCE_S = 0.01  # psutil's create_time of one process, read twice, agrees to this
@@ -141,9 +128,8 @@ def stage_study_data(plan: StudyPlan, cfg: RunConfig) -> Path:
                 f"{params}: damaged ({e}); delete {plan.staged} to stage the study's data again"
             ) from e
     layout = Layout(root=plan.root, work=plan.folder / "work", outputs_dir=plan.folder / "outputs")
-    execute_stage(
-        STAGE_DATA, PipelineSession(cfg=cfg, config=plan.config, layout=layout, run_id="study")
-    )
+    session = PipelineSession(cfg=cfg, config=plan.config, layout=layout, run_id="study")
+    execute_stage(STAGE_DATA, session)
     return plan.staged
 
 
@@ -160,7 +146,9 @@ def shown(values: dict[str, Any]) -> str:
     )
 
 
-def open_study(cfg: RunConfig, plan: StudyPlan, on_stale: StaleHook | None = None) -> TuneStudy:
+def open_study(
+    cfg: RunConfig, plan: StudyPlan, on_stale: store.StaleHook | None = None
+) -> store.TuneStudy:
     plan.folder.mkdir(parents=True, exist_ok=True)
     return store.open_study(cfg, plan.name, plan.storage, plan.identity, on_stale)
 
@@ -170,10 +158,14 @@ def end_stale_trials(study: Study, plan: StudyPlan) -> list[int]:
     ended = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         folder = trial_folder(plan, t.number)
-        owner = TrialOwner.parse(t.user_attrs.get(OWNER_ATTR))
+        owner = store.TrialOwner.parse(t.user_attrs.get(store.OWNER_ATTR))
         if plan.shared and not left_here(owner, folder / "trial.json"):
             continue
-        if fail(study, t.number):
+        try:
+            study.tell(t.number, state=TrialState.FAIL)
+        except (ValueError, UpdateFinishedTrialError):  # it had ended: another host failed it
+            pass
+        else:
             retry(study, t.number)
         remove_checkpoints(folder)
         ended.append(t.number)
@@ -185,8 +177,10 @@ def trial_folder(plan: StudyPlan, number: Any) -> Path:
 
 
 def remove_checkpoints(folder: Path) -> None:
-    """Delete a finished trial's checkpoints (a link leading out of its folder is left)."""
-    for p in checkpoint_files(folder):
+    """Delete a finished trial's checkpoints and .pt files (a link out of its folder is left)."""
+    out = [folder / "work" / "checkpoints"]
+    out += sorted((folder / "outputs").glob("*/*.pt")) if (folder / "outputs").is_dir() else []
+    for p in [p for p in out if p.exists() and not p.is_symlink()]:
         if not p.resolve().is_relative_to(folder.resolve()):
             log.warning("trial folder %s: %s leads outside it; left alone", folder, p)
         elif p.is_dir():
@@ -207,7 +201,7 @@ def table(study: Study) -> list[dict[str, Any]]:
             **t.params,
         }
         for t in study.get_trials(deepcopy=False)
-        if NOT_RUN_ATTR not in t.user_attrs
+        if store.NOT_RUN_ATTR not in t.user_attrs
     ]
 
 
@@ -223,7 +217,7 @@ def trial_command(job_file: Path) -> list[str]:
     return [sys.executable, "-m", "tasks.tuning.trial", str(job_file)]
 
 
-def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
+def left_here(owner: store.TrialOwner | None, job_file: Path) -> bool:
     """Whether `owner` is this host's trial `job_file` of this checkout, its `enn tune` gone."""
     if owner is None or owner.host != socket.gethostname():
         return False
@@ -239,29 +233,18 @@ def left_here(owner: TrialOwner | None, job_file: Path) -> bool:
         return True
 
 
-def fail(study: Study, number: int) -> bool:
-    """Trial `number` told FAIL; False when it had ended already (another host did it)."""
-    try:
-        study.tell(number, state=TrialState.FAIL)
-    except (ValueError, UpdateFinishedTrialError):  # "Cannot tell a FAIL trial"
-        return False
-    return True
-
-
 def retry_of(trial: FrozenTrial) -> int | None:
     """The trial `trial` runs again (the last of Optuna's retry history), if it ran."""
-    ran = NOT_RUN_ATTR not in trial.user_attrs and DUPLICATE_ATTR not in trial.user_attrs
+    ran = not {store.NOT_RUN_ATTR, store.DUPLICATE_ATTR} & set(trial.user_attrs)
     history = Retry.retry_history(trial) if ran else []
     return history[-1] if history else None
 
 
 def retry(study: Study, number: int, stopped: bool = False) -> None:
-    """Trial `number`'s point queued again by Optuna's RetryHeartbeatStaleTrialCallback: once
-    when it failed (max_retry=1), each time the study stopped it; not when a retry of it
-    exists or it never ran. The point is checked when popped (objective.check_point)."""
+    """Trial `number`'s point queued again (docs/design.md, "Retries are Optuna's")."""
     trials = study.get_trials(deepcopy=False)
     trial = copy.copy(next(t for t in trials if t.number == number))
-    if {NOT_RUN_ATTR, DUPLICATE_ATTR} & set(trial.user_attrs):
+    if {store.NOT_RUN_ATTR, store.DUPLICATE_ATTR} & set(trial.user_attrs):
         return
     if any(retry_of(t) == number for t in trials):
         return
@@ -280,18 +263,12 @@ class StaleTrials:
         self.context.copy().run(self.failed, study, trial)
 
     def failed(self, study: Study, trial: FrozenTrial) -> None:
-        owner = TrialOwner.parse(trial.user_attrs.get(OWNER_ATTR))
+        owner = store.TrialOwner.parse(trial.user_attrs.get(store.OWNER_ATTR))
         host = owner.host if owner else "an unknown host"
         log.warning("trial %d (on %s) missed its heartbeats: failed, run again", trial.number, host)
         retry(study, trial.number)
         for listener in self.listeners:
             listener(trial.number)
-
-
-def adopt_orphans(study: Study) -> None:
-    storage = getattr(study._storage, "_backend", study._storage)
-    if isinstance(storage, Storage):
-        storage.adopt_orphans(study._study_id)
 
 
 def duplicate_of(trials: Sequence[FrozenTrial], number: int) -> int | None:
@@ -317,7 +294,7 @@ def counts(trials: Sequence[FrozenTrial], below: int | None = None) -> tuple[int
         t.number
         for t in trials
         if t.state == TrialState.RUNNING
-        and NOT_RUN_ATTR not in t.user_attrs
+        and store.NOT_RUN_ATTR not in t.user_attrs
         and (below is None or t.number < below)
     }
     return done, running

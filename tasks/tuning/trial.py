@@ -1,7 +1,6 @@
-"""One tuning trial, its own process group (`python -m tasks.tuning.trial work/tune/<study>/
-trial-<N>/trial.json`): prepare-checkpoint and distributed-train on the study's staged data, in
-its folder, with no lock, params file or MLflow of its own; it dies with its study
-(docs/design.md, "Tuning")."""
+"""One tuning trial in its own process group (`python -m tasks.tuning.trial <folder>/trial.json`):
+prepare-checkpoint and distributed-train on the study's staged data, in its folder, with no lock,
+params file or MLflow of its own; it dies with its study (docs/design.md, "Tuning")."""
 
 from __future__ import annotations
 
@@ -42,13 +41,6 @@ class TrialJob:
 def events_file(folder: Path) -> Path:
     """distributed-train's events of the trial in `folder` (what the study follows)."""
     return folder / "work" / "runs" / RUN_ID / DISTRIBUTED_TRAIN.name / "events.jsonl"
-
-
-def checkpoint_files(folder: Path) -> list[Path]:
-    """The checkpoints and .pt files a trial leaves, deleted when it ends."""
-    out = [folder / "work" / "checkpoints"]
-    out += sorted((folder / "outputs").glob("*/*.pt")) if (folder / "outputs").is_dir() else []
-    return [p for p in out if p.exists() and not p.is_symlink()]
 
 
 def run(job: TrialJob) -> None:

@@ -121,3 +121,23 @@ def test_each_real_allocator_error_says_what_it_tried_to_hold():
         "check-new-predictions: out of memory: it says no more (MemoryError); no setting bounds "
         "what it holds: run it where more memory is free"
     )
+
+
+def test_out_of_memory_outside_a_stage_is_one_line_naming_the_command(monkeypatch, tmp_path):
+    """`enn doctor` (as `serve` or tune's own process) allocating more than there is: before,
+    a numpy traceback. The allocation is real (256 TiB, refused at once); only where the
+    doctor makes it is chosen here."""
+    import enn_core.doctor
+
+    def doctor(*_args, **_kwargs) -> int:
+        np.empty(2**48, dtype=np.uint8)
+        return 0
+
+    monkeypatch.setattr(enn_core.doctor, "main", doctor)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"tracking": {"enabled": False}}))
+    code, lines = enn(tmp_path, "doctor")
+    assert code == 13, lines
+    assert not any("Traceback" in line for line in lines), lines
+    said = "error: enn doctor: out of memory: tried to allocate 256. TiB"
+    assert lines[-1].startswith(said), lines
+    assert "run it where more memory is free" in lines[-1]

@@ -348,7 +348,7 @@ def test_tune_after_its_experiment_was_deleted_is_one_line(tmp_path, mlflow_uri)
 
     from enn_core.errors import ConfigError
     from enn_core.paths import Layout
-    from tasks.tuning.run import tune
+    from tasks.tuning.objective import tune
 
     uri = mlflow_uri
     (tmp_path / "params.yaml").write_text("{}\n")

@@ -15,8 +15,7 @@ from optuna.trial import TrialState
 from enn_core.config import load_config
 from enn_core.config.tune import dimensions
 from tasks.tuning import study as st
-from tasks.tuning.objective import Ended
-from tasks.tuning.run import optimize
+from tasks.tuning.objective import Ended, optimize
 from tests.fixtures.study import objective
 from tests.unit.tasks.test_shared_study import LR, shared_plan
 

@@ -13,6 +13,7 @@ import re
 import sys
 import time
 
+import pytest
 import torch
 
 from enn_core.data.dataset import StagedDataset
@@ -31,16 +32,17 @@ STEP_LINE = re.compile(
 )
 
 
-def test_a_run_whose_output_is_a_file_says_its_steps_within_the_epoch(tmp_path) -> None:
-    cfg = tiny_cfg(
-        "data.synthetic.n_replicates=20",
-        "train.batch_size=1",
-        "train.epochs=1",
-        "runtime.progress_every_s=0.2",
-    )
+@pytest.mark.parametrize("capped", [False, True], ids=["epochs", "max-steps"])
+def test_a_run_whose_output_is_a_file_says_its_steps_within_the_epoch(tmp_path, capped) -> None:
+    """`capped`: train.epochs=3 and train.max_steps one epoch's steps: the lines count the
+    epochs the run trains (before: `epoch 1/3`, and 2 more epochs in the ETA)."""
+    sets = ["data.synthetic.n_replicates=20", "train.batch_size=1", "runtime.progress_every_s=0.2"]
+    cfg = tiny_cfg(*sets, "train.epochs=1")
     staged = staged_dir(tmp_path, cfg)
     ds = StagedDataset(staged)
     n_train = len(ds.split("train"))
+    if capped:
+        cfg = tiny_cfg(*sets, "train.epochs=3", f"train.max_steps={n_train}")
     run_dir = tmp_path / "run"
     log_file = tmp_path / "enn.log"
     handler = logging.FileHandler(log_file)
@@ -80,6 +82,7 @@ def test_a_run_whose_output_is_a_file_says_its_steps_within_the_epoch(tmp_path) 
         handler.close()
     lines = log_file.read_text().splitlines()
     epoch = next(i for i, line in enumerate(lines) if line.startswith("distributed-train: epoch"))
+    assert lines[epoch].startswith("distributed-train: epoch 1/1 "), lines[epoch]
     steps = [m for line in lines[:epoch] if (m := STEP_LINE.match(line))]
     assert steps, lines  # before the fix: the epoch line alone
     assert all(int(m[2]) == n_train for m in steps)
