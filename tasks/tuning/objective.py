@@ -264,10 +264,15 @@ class Objective:
             log.info("trial %d: %s", trial.number, st.shown(trial.params))
             self.hooks.started(running)
             return self.follow(running, trial, child)
-        except BaseException:  # stopped: Ctrl-C in this thread, the stop event, the storage gone
+        except BaseException as e:  # stopped: Ctrl-C, SIGTERM, the stop event, the storage gone
             if not (folder / "end.json").exists():
                 self.end(running, "interrupted", None, *kill_trial(child))
                 if not self.lost:
+                    if not isinstance(e, (Exception, KeyboardInterrupt)):
+                        # Optuna tells FAIL for those two only: Prefect's SIGTERM (scancel, a
+                        # preemption) is a BaseException, which would leave the trial RUNNING
+                        # until another host's stale sweep, tune.stale_after_s later (52.5)
+                        self.quietly(lambda: self.study.tell(trial.number, state=TrialState.FAIL))
                     self.quietly(lambda: st.retry(self.study, trial.number, stopped=True))
             raise
 
