@@ -1,6 +1,5 @@
-"""A study run end to end (the tuning flow calls `tune`) under one lock per study and checkout,
-each trial one process group (`Objective`, in each of `study.optimize`'s threads); its best
-values (`--apply`) (docs/design.md, "Tuning" and "A study across hosts")."""
+"""A study run end to end (`tune`), each trial one process group (`Objective`); its best values
+(`--apply`). docs/design.md, "Tuning" and "A study across hosts"."""
 
 from __future__ import annotations
 
@@ -268,10 +267,7 @@ class Objective:
             if not (folder / "end.json").exists():
                 self.end(running, "interrupted", None, *kill_trial(child))
                 if not self.lost:
-                    if not isinstance(e, (Exception, KeyboardInterrupt)):
-                        # Optuna tells FAIL for those two only: Prefect's SIGTERM (scancel, a
-                        # preemption) is a BaseException, which would leave the trial RUNNING
-                        # until another host's stale sweep, tune.stale_after_s later (52.5)
+                    if not isinstance(e, (Exception, KeyboardInterrupt)):  # design.md, Tuning
                         self.quietly(lambda: self.study.tell(trial.number, state=TrialState.FAIL))
                     self.quietly(lambda: st.retry(self.study, trial.number, stopped=True))
             raise
