@@ -48,5 +48,6 @@ if [ "${CI:-}" = "true" ] && grep -q "<skipped" work/test-multihost.xml 2>/dev/n
   echo "tier multihost: tests were skipped; on CI every multi-host test must run" >&2
   status=1
 fi
-tier e2e 2700 900 "e2e" -n 2 --dist loadfile
+rm -f work/test-e2e.xml
+tier e2e 2700 900 "e2e" -n 2 --dist loadfile --junitxml=work/test-e2e.xml  # per-test times
 exit $status
