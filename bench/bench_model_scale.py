@@ -11,7 +11,7 @@ its own (the checkout's params.yaml with the demo data, `model.preset: custom`, 
 to `--steps` optimizer steps by `train.max_steps`, no tracking: the store is not measured;
 the checkout's outputs/ are untouched). Per stage it prints the seconds and the peak
 anonymous memory (RssAnon sampled every 20 ms: pages of a mapped checkpoint or memmap do not
-count) of the stage's process and of its largest other process (a worker, export's helper),
+count) of the stage's process and of its largest other process (a worker),
 as bench/bench_scale.py measures them (tests/fixtures/scale.py's TreePeaks).
 
 Beside them, in the same run, each in a process of its own: `torch.save` and `torch.load` of

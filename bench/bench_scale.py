@@ -14,7 +14,7 @@ docs/your-data.md gives for a table and for large tables (`train.batch_size: aut
 `train.max_steps` to try one quickly: `large_table` below; `--set` adds to them). Per stage it
 prints seconds, rows per second and the peak anonymous memory (RssAnon, sampled every 20 ms:
 pages of a memmap read do not count) of the stage's process and of its largest other process
-(workers, torchrun, export's helper). The table and the sampler are tests/fixtures/scale.py's,
+(workers, torchrun). The table and the sampler are tests/fixtures/scale.py's,
 which the suite's scale test (tests/e2e/test_table_scale.py) uses too.
 
 Beside them, in the same run, each in a process of its own (its peak memory its own):

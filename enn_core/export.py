@@ -41,10 +41,10 @@ import numpy as np
 import torch
 from torch.export import Dim, ExportedProgram
 
-from enn_core import export_cache, export_helper
+from enn_core import export_cache
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.collapse.report import read_report
-from enn_core.config import ExportConfig, RunConfig, to_plain
+from enn_core.config import ExportConfig, RunConfig
 from enn_core.errors import ExportError
 from enn_core.inference import (
     CALIBRATION_FILE,
@@ -460,7 +460,7 @@ class Inputs:
 def prediction_inputs(
     cfg: RunConfig, root: Path, stage: str, staged: Path, trained: Path, calibration: Path
 ) -> Inputs:
-    """The export's inputs, checked (the same in the stage and in enn_core.export_helper)."""
+    """The export's inputs, checked."""
     code = ModelCode.of(cfg.model, root)
     ds, model, ckpt = load_trained(staged, trained, stage, code)
     cal, cal_meta = load_calibration(calibration)
@@ -478,59 +478,13 @@ def prediction_inputs(
     return Inputs(ds, ckpt, cal, path, heldout, label_std(ds), model_path, len(heldout_rows))
 
 
-def programs(
-    cfg: RunConfig, ctx: StageContext, inputs: Inputs, out: Path, sources: tuple[Path, ...]
-) -> dict[str, dict[str, Any]]:
-    """`export_all` into `out`. With the helper the flow started (enn_core.export_helper), the
-    helper makes the ONNX model while this process makes the torch.export program (both trace
-    the same path; one format: the helper makes it); else every format here."""
-    say: Callable[[str], None] = lambda line: ctx.logger.info("%s: %s", ctx.stage, line)  # noqa: E731
-    ex = cfg.export
-    helper = export_helper.take()
-    here = ("torch_export",) if len(ex.formats) > 1 and "torch_export" in ex.formats else ()
-    there = tuple(f for f in ex.formats if f not in here)
-    if helper is not None and not there:  # nothing for it (a format named twice)
-        export_helper.stop(helper)
-        helper = None
-    if helper is None:
-        return export_all(
-            inputs.path, inputs.heldout, out, ex, inputs.std, say, inputs.heldout_rows
-        )
-    results: dict[str, dict[str, Any]] = {}
-    try:  # from here on the helper is this stage's: stopped on any way out
-        (Path(ctx.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
-        pending = export_helper.send(
-            helper,
-            {
-                "config": to_plain(cfg),
-                "formats": list(there),
-                "root": str(ctx.layout.root),
-                "stage": ctx.stage,
-                "inputs": [str(p) for p in sources],
-                "out": str(out),
-                "log": str(Path(ctx.run_dir) / "logs" / "export-helper.log"),
-            },
-        )
-        if here:
-            mine = replace(ex, formats=here, required=tuple(f for f in ex.required if f in here))
-            results = export_all(
-                inputs.path, inputs.heldout, out, mine, inputs.std, say, inputs.heldout_rows
-            )
-    except BaseException:
-        export_helper.stop(helper)
-        raise
-    # both processes trace: the helper's lines name it, else a second "tracing" reads as a repeat
-    theirs = (lambda line: say(f"helper: {line}")) if here else say
-    results.update(export_helper.answer(pending, theirs, ctx.cancel))
-    return {f: results[f] for f in ex.formats}
-
-
 def run(
     cfg: RunConfig, ctx: StageContext, *, staged: Path, trained: Path, calibration: Path
 ) -> ExportSummary:
     """The export stage; raises ExportError (writing nothing into its output) on failure."""
     inputs = prediction_inputs(cfg, ctx.layout.root, ctx.stage, staged, trained, calibration)
     ds, ckpt, cal, heldout = inputs.ds, inputs.ckpt, inputs.cal, inputs.heldout
+    say: Callable[[str], None] = lambda line: ctx.logger.info("%s: %s", ctx.stage, line)  # noqa: E731
     ident = {
         "data_fingerprint": ds.fingerprint,
         "model_sha256": sha256_file(inputs.model_path),
@@ -552,7 +506,9 @@ def run(
             )
         else:
             try:
-                results = programs(cfg, ctx, inputs, tmp, (staged, trained, calibration))
+                results = export_all(
+                    inputs.path, heldout, tmp, cfg.export, inputs.std, say, inputs.heldout_rows
+                )
             except ExportError as e:
                 write_json(Path(ctx.run_dir) / "export-failure.json", {"error": str(e)})
                 ctx.events.event("export_failed", error=str(e))

@@ -159,7 +159,7 @@ def execute_stage(spec: StageSpec, session: PipelineSession) -> StageResult:
             tracker.log_artifact(child_id, config_path)
         w0 = time.perf_counter()
         error: BaseException | None = None
-        before_stage(cfg, spec, session.specs, plots=tracker is not None)
+        before_stage(spec, session.specs, plots=tracker is not None)
         try:
             summary = run_work(spec, cfg, ctx)
         except BaseException as e:

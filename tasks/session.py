@@ -26,7 +26,6 @@ from enn_core.stages import DISTRIBUTED_TRAIN, StageSpec
 from tasks.lock import pipeline_lock
 from tasks.runner import PipelineSession
 from tasks.tracking.runs import ended_status
-from tasks.warm import end_of_session
 
 
 def new_run_id() -> str:
@@ -167,7 +166,6 @@ def pipeline_session(  # noqa: PLR0913  keyword options of the session every run
         try:
             yield session
         except BaseException as e:
-            end_of_session()
             if tracker:
                 # only what this run made or found up to date: a failed run must not show the
                 # previous run's outputs (its dataset, its results) as its own
@@ -176,7 +174,6 @@ def pipeline_session(  # noqa: PLR0913  keyword options of the session every run
                     tracker.summarize(parent, layout, done, session.registration)
                 tracker.end(parent, ended_status(e), f"{type(e).__name__}: {e}")
             raise
-        end_of_session()
         if tracker:
             tracker.summarize(parent, layout, specs, session.registration)
             tracker.end(parent, "FINISHED")

@@ -1,15 +1,11 @@
-"""What the stages after distributed-train need, made ready while earlier stages run.
+"""What the stages after distributed-train need, made ready while its workers train.
 
-- While distributed-train's workers train (this process only watches them then), a background
+While distributed-train's workers train (this process only watches them then), a background
 thread imports matplotlib for the loss curves drawn when training ends and scikit-learn for
 validate's fitted baselines, and builds MLflow's map of the installed packages (export's model
 logging checks its requirements against it): about 1.8 s that otherwise fall inside those
 stages, on the critical path of `enn run` (bench/bench_quickstart.py, docs/benchmarks.md). The
 thread is distributed-train's: the stage's end waits for what is left of it (`after_stage`).
-- When validate starts and export will follow, export's helper process starts
-(enn_core.export_helper): it imports torch.export's tracer and the ONNX exporter on the core
-validate, predict and collapse-check leave idle, then makes export's programs in its own
-process. An unused helper is stopped when the session ends (`end_of_session`).
 
 The thread runs at the kernel's idle priority (SCHED_IDLE, this thread only): the workers use
 every core while they train, and a thread at normal priority took its share from them (the
@@ -27,8 +23,6 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
-from enn_core import export_helper
-from enn_core.config import RunConfig
 from enn_core.stages import DISTRIBUTED_TRAIN, EXPORT, VALIDATE, StageSpec
 
 log = logging.getLogger("enn.warm")
@@ -57,15 +51,14 @@ def idle_priority() -> bool:
     return True
 
 
-def before_stage(cfg: RunConfig, spec: StageSpec, specs: Sequence[StageSpec], plots: bool) -> None:
+def before_stage(spec: StageSpec, specs: Sequence[StageSpec], plots: bool) -> None:
     """What to start as `spec` of the run's `specs` starts (`plots`: the run is tracked)."""
+    if spec != DISTRIBUTED_TRAIN:
+        return
     later = specs[specs.index(spec) + 1 :] if spec in specs else ()
     try:  # a head start only: what fails here is left to the stage, which says why
-        if spec == DISTRIBUTED_TRAIN:
-            _warming.append(warm_later(later, plots))
-        elif spec == VALIDATE and EXPORT in later:
-            export_helper.start(cfg.export.formats)
-    except (OSError, RuntimeError) as e:  # no process or thread could start
+        _warming.append(warm_later(later, plots))
+    except RuntimeError as e:  # no thread could start
         log.debug("no head start for the stages after %s: %s", spec.name, e)
 
 
@@ -78,11 +71,6 @@ def after_stage(spec: StageSpec) -> None:
         return
     while _warming:
         _warming.pop().join(timeout=SETTLE_S)
-
-
-def end_of_session() -> None:
-    """A helper no export took is stopped."""
-    export_helper.release_unused()
 
 
 def pyplot() -> None:

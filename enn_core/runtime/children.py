@@ -1,7 +1,7 @@
 """The process table: every long-lived child process of enn is started, recorded and stopped
 here (docs/design.md, "Who starts and ends what").
 
-    child = children.start("export-helper", [sys.executable, "-m", ...], pipes=True)
+    child = children.start("trial", [sys.executable, "-m", ...], log=path, session=True)
     children.running()                 # what runs now: kind, pid, start time, group, log
     children.stop(child)               # stop now: SIGKILL to its tree
     children.stop(child, grace_s=10)   # SIGTERM first (to its group when it leads one)
@@ -17,7 +17,7 @@ Starting a child sets up, the same way for each kind:
   another program (a server: uvicorn, prefect, mlflow) by the kernel's `PR_SET_PDEATHSIG`
   (SIGTERM), set in the child before exec (`foreign=True`);
 - the log file: its output and errors appended to `log` (opened with atomic.open_own: no link
-  planted there is followed), else pipes the caller reads (`pipes=True`), else nowhere.
+  planted there is followed), else nowhere.
 
 A child, and each process of its tree that a stop signals, is recorded by pid and start time
 (psutil's create_time), never by command line: a pid the kernel gave to another process after
@@ -76,7 +76,7 @@ class Proc:
 class Child:
     """A child process of the table: its Popen (pipes, exit code) and its record."""
 
-    kind: str  # what it is: torchrun, worker, spare-worker, export-helper, trial, server, ...
+    kind: str  # what it is: torchrun, worker, spare-worker, trial, prefect-api, server
     proc: subprocess.Popen[bytes]
     record: Proc
     group: bool  # it leads a process group (a session) of its own
@@ -103,20 +103,19 @@ def start(  # noqa: PLR0913  what a child is started with, each a keyword
     *,
     env: Mapping[str, str] | None = None,
     log: Path | None = None,
-    pipes: bool = False,
     stdin_pipe: bool = False,
     session: bool = False,
     foreign: bool = False,
     cwd: Path | str | None = None,
 ) -> Child:
     """`command` started as a child of kind `kind` and recorded (module docstring): `log`
-    gets its output and errors; with `pipes` its standard input and output are pipes the
-    caller holds (errors go nowhere), with `stdin_pipe` its input only."""
+    gets its output and errors; with `stdin_pipe` its standard input is a pipe the caller
+    holds."""
     base = dict(os.environ if env is None else env)
     env_ = base if foreign else spawned_env(base)
-    stdin = subprocess.PIPE if pipes or stdin_pipe else subprocess.DEVNULL
+    stdin = subprocess.PIPE if stdin_pipe else subprocess.DEVNULL
     preexec = term_when_parent_dies if foreign else None
-    out: int | IO[Any] = subprocess.PIPE if pipes else subprocess.DEVNULL
+    out: int | IO[Any] = subprocess.DEVNULL
     with contextlib.ExitStack() as stack:
         if log is not None:
             out = stack.enter_context(os.fdopen(open_own(log), "ab"))

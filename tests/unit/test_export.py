@@ -4,6 +4,9 @@ that name the format, the operator or constraint, and the fix."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -17,6 +20,7 @@ from enn_core.config import ExportConfig
 from enn_core.errors import ConfigError, ExportError
 from enn_core.inference import Calibration, PredictionPath
 from tests.fixtures.evaluate import BatchBroadcast, Compressed, Generator, check_rows, dataset
+from tests.fixtures.project import ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -232,6 +236,50 @@ def test_a_ctrl_c_wrapped_in_another_error_stops_the_export_as_interrupted(monke
     monkeypatch.setattr(torch.export, "export", broken)
     with pytest.raises(ExportError, match="a tracer error"):
         export_mod.export_torch(PredictionPath(FixedBatch(), Calibration()), example)
+
+
+# export as the flow runs it: this process, SIGTERM taken as Ctrl-C (flows/exits.py)
+SIGNALLED = """
+import sys
+from enn_core.config import ExportConfig
+from enn_core.export import export_all
+from enn_core.inference import Calibration, PredictionPath
+from flows.exits import sigterm_as_interrupt
+from tests.fixtures.evaluate import Generator, dataset
+
+with sigterm_as_interrupt():
+    try:
+        export_all(PredictionPath(Generator(), Calibration()), dataset()[0][:30], sys.argv[1],
+                   ExportConfig(), 5.0, say=lambda line: print(line, flush=True))
+    except KeyboardInterrupt as e:
+        print("stopped:", type(e).__name__, flush=True)
+        sys.exit(130)
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_while_export_traces_stops_it_as_interrupted(tmp_path, signum):
+    """Ctrl-C (or a scheduler's SIGTERM) while torch traces and converts ends the export as an
+    interrupt (the stage then stops as interrupted or terminated, exit 130 or 143), never as
+    a failed export (exit 7, an export-failure.json). In a fresh interpreter: the signal
+    lands in the tracer's first imports, where it was once wrapped in another error."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGNALLED, str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert first.startswith("tracing the prediction path"), first
+    proc.send_signal(signum)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=60) == 130, first + rest
+    stopped = "Terminated" if signum == signal.SIGTERM else "KeyboardInterrupt"
+    assert f"stopped: {stopped}" in rest and "finished" not in rest, rest
 
 
 def test_a_cached_record_naming_another_path_is_ignored(tmp_path):

@@ -12,7 +12,7 @@ from tests.fixtures.project import ROOT
 
 
 def test_the_later_stages_imports_are_those_of_the_stages_that_will_run():
-    """validate's scikit-learn; export's modules are its helper's (enn_core.export_helper)."""
+    """validate's scikit-learn; export imports its own modules as it runs."""
     assert later_imports((VALIDATE, PREDICT, COLLAPSE_CHECK, EXPORT)) == [
         "sklearn.linear_model",
         "sklearn.ensemble",
@@ -74,10 +74,9 @@ def test_the_imports_end_with_distributed_train():
     by 40 MiB between two runs). In a fresh interpreter, which has not imported them yet."""
     code = (
         "import sys, threading\n"
-        "from enn_core.config import load_config\n"
         "from enn_core.stages import TRAINING, DISTRIBUTED_TRAIN\n"
         "from tasks.warm import after_stage, before_stage\n"
-        "before_stage(load_config(None, []), DISTRIBUTED_TRAIN, TRAINING, plots=False)\n"
+        "before_stage(DISTRIBUTED_TRAIN, TRAINING, plots=False)\n"
         "after_stage(DISTRIBUTED_TRAIN)\n"
         "print('sklearn.ensemble' in sys.modules,"
         " [t.name for t in threading.enumerate() if t.name == 'enn-warm-imports'])\n"
