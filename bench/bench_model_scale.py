@@ -17,7 +17,9 @@ as bench/bench_scale.py measures them (tests/fixtures/scale.py's TreePeaks).
 Beside them, in the same run, each in a process of its own: `torch.save` and `torch.load` of
 the model's state (the same bytes as init.pt), in GB/s, and a hand-written loop of the same
 steps (forward, L1 loss, backward, AdamW) on one process, in seconds per step and its peak
-memory: what the pipeline's training at world size 1 and 2 compares with.
+memory: what the pipeline's training at world size 1 and 2 compares with. For
+distributed-train it also prints the first step's seconds (rank 0's telemetry: phase
+first_forward, the first all-gather of every weight) against the watchdog's budget for it.
 
 Writes `--out`/model_scale.json and model_scale.md. Not a test: it prints, it never asserts.
 Absolute seconds follow the machine's load; compare within one run.
@@ -133,6 +135,36 @@ def baseline(init: Path, steps: int) -> dict:
     }
 
 
+def first_step(folder: Path, config: Path) -> dict:
+    """The first training step's seconds (phase first_forward: FSDP2's first all-gather of
+    every weight, seed 03's hang) from rank 0's step telemetry in the run's events.jsonl, the
+    later steps' mean, and the watchdog's budget for it (runtime.first_forward_s_per_gb)."""
+    import yaml
+
+    from enn_core.runtime.watchdog import first_forward_budget
+
+    events = sorted(folder.glob("work/runs/*/distributed-train/events.jsonl"))[-1]
+    steps: dict[int, float] = {}
+    for line in events.read_text().splitlines():
+        rec = json.loads(line)
+        name = str(rec.get("name", ""))
+        if rec.get("type") == "metric" and name.startswith("telemetry/time/"):
+            steps[rec["step"]] = steps.get(rec["step"], 0.0) + rec["value"]
+    later = [v for k, v in steps.items() if k > 0]
+    rt = yaml.safe_load(config.read_text()).get("runtime") or {}
+    budget, why = first_forward_budget(
+        float(rt.get("hang_timeout_s", 120.0)),
+        (folder / "outputs" / "prepare-checkpoint" / "init.pt").stat().st_size,
+        float(rt.get("first_forward_s_per_gb", 60.0)),
+    )
+    return {
+        "first_step_s": steps.get(0, float("nan")),
+        "later_step_s": sum(later) / len(later) if later else float("nan"),
+        "first_step_budget_s": budget,
+        "first_step_budget_why": why,
+    }
+
+
 def one(params: int, world: int, args: argparse.Namespace) -> list[dict]:
     width = width_for(params, args.blocks)
     folder = Path(tempfile.mkdtemp(prefix=f"enn-bench-model-{params}-{world}-"))
@@ -153,6 +185,14 @@ def one(params: int, world: int, args: argparse.Namespace) -> list[dict]:
         )
         if r["rc"] != 0:
             break
+        if stage == "distributed-train":
+            row.update(first_step(folder, config))
+            print(
+                f"  {size['params'] / 1e6:7.1f}M ws{world} first step {row['first_step_s']:.1f} s "
+                f"(later steps {row['later_step_s']:.1f} s) of its watchdog budget "
+                f"{row['first_step_budget_s']:.0f} s ({row['first_step_budget_why']})",
+                flush=True,
+            )
     init = folder / "outputs" / "prepare-checkpoint" / "init.pt"
     if world == 1 and init.is_file() and not args.no_baseline:
         me = [PY, str(Path(__file__).resolve()), "--baseline", str(init), str(args.steps)]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,15 +106,20 @@ def _strip(name: str) -> str:
 
 
 def consolidated_state_dict(
-    model: nn.Module | Mapping[str, torch.Tensor],
+    model: nn.Module | Mapping[str, torch.Tensor], *, copy: bool = True
 ) -> dict[str, torch.Tensor]:
     """Plain CPU tensors under the bare model's names (compile/DDP wrappers stripped).
 
     For an FSDP2 model, gather first (e.g. torch.distributed.checkpoint.state_dict.
     get_model_state_dict with full_state_dict=True) and pass the resulting mapping.
+    `copy=False` (a dict written at once and dropped, as `save_consolidated` does): a CPU
+    tensor that is the whole of its own storage is taken as it is, not copied, so that writing
+    a model holds it once, not twice (issue 55); the rest (a view, a tied weight's second name)
+    is copied as before, so the file's bytes are the same either way.
     """
     sd = model.state_dict() if isinstance(model, nn.Module) else model
     out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()  # the storages taken as they are
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
             raise StaleOutputError(
@@ -123,8 +128,25 @@ def consolidated_state_dict(
             )
         if hasattr(v, "full_tensor"):  # a DTensor that was not gathered
             v = v.full_tensor()
-        out[_strip(k)] = v.detach().to("cpu").clone().contiguous()
+        v = v.detach().to("cpu")
+        if not copy and _owns_storage(v) and v.untyped_storage().data_ptr() not in seen:
+            seen.add(v.untyped_storage().data_ptr())
+            out[_strip(k)] = v
+        else:
+            out[_strip(k)] = v.clone().contiguous()
     return out
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    """Whether `t` is all of its storage, contiguous from its start: saved as it is, it writes
+    the bytes its copy would."""
+    nbytes = t.numel() * t.element_size()
+    return (
+        nbytes > 0
+        and t.is_contiguous()
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == nbytes
+    )
 
 
 def _data_of(manifest: StagedManifest | Mapping[str, Any]) -> tuple[DataSpec, str]:
@@ -140,11 +162,14 @@ def make_checkpoint(
     model_cfg: ModelConfig,
     manifest: StagedManifest | Mapping[str, Any],
     meta: Mapping[str, Any] | None = None,
+    *,
+    copy: bool = True,
 ) -> Checkpoint:
-    """`manifest`: the staged data's (or the JSON form of its `model_data()`)."""
+    """`manifest`: the staged data's (or the JSON form of its `model_data()`); `copy`: as
+    `consolidated_state_dict`'s (False only for a record written at once and dropped)."""
     data, fingerprint = _data_of(manifest)
     return Checkpoint(
-        state_dict=consolidated_state_dict(model),
+        state_dict=consolidated_state_dict(model, copy=copy),
         model_config=plain(model_cfg),
         data=data,
         data_fingerprint=fingerprint,
@@ -160,9 +185,10 @@ def save_consolidated(
     manifest: StagedManifest | Mapping[str, Any],
     meta: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write the consolidated checkpoint atomically; returns the path."""
+    """Write the consolidated checkpoint atomically; returns the path. The weights are
+    written from the model's own tensors (no copy of the model is made to write it)."""
     path = Path(path)
-    ckpt = make_checkpoint(model, model_cfg, manifest, meta)
+    ckpt = make_checkpoint(model, model_cfg, manifest, meta, copy=False)
     with atomic_file(path, "wb") as f:
         torch.save(ckpt.to_file(), f)
     return path
@@ -204,25 +230,42 @@ def model_from_checkpoint(
         # the neighbour prior's rows come as weights, and its kriging solves, one per group
         groups = ckpt.state_dict.get("prior.group_values")
         prior = PriorSize(int(kept.shape[0]), 0 if groups is None else int(groups.shape[0]))
-    try:
-        with parameters_on_meta():  # no initialised copy of the weights the file brings anyway
-            model = build_model(cfg, data, code=code, where=where, prior=prior)
-    except Exception:  # a module that reads its weights' values as it is built: built as usual
-        model = build_model(cfg, data, code=code, where=where, prior=prior)
+
+    def rebuild() -> ENN:
+        return build_model(cfg, data, code=code, where=where, prior=prior)
+
+    model = built_to_load(rebuild)
     if diffs := state_dict_differences(ckpt.state_dict, model.state_dict()):
         raise StaleOutputError(
             f"{where}: its weights do not fit the model its config describes: {capped(diffs)}; "
             "re-create the checkpoint"
         )
+    return holding(model, ckpt.state_dict, rebuild)
+
+
+def built_to_load(build: Callable[[], ENN]) -> ENN:
+    """`build()` with its parameters on the meta device (`parameters_on_meta`): a model about
+    to receive a checkpoint's weights, without an initialised copy of them."""
+    try:
+        with parameters_on_meta():
+            return build()
+    except Exception:  # a module that reads its weights' values as it is built: built as usual
+        return build()
+
+
+def holding(model: ENN, state: Mapping[str, torch.Tensor], build: Callable[[], ENN]) -> ENN:
+    """`model` (from `built_to_load(build)`) holding `state`, loaded strictly: its tensors
+    become the weights (a checkpoint file's mapped pages: no private copy), unless a weight is
+    tied (assigning would untie it) or a tensor stays on meta (one the state does not hold):
+    then `build()` is built as usual and `state` copied into it."""
     shared = len(dict(model.named_parameters(remove_duplicate=False))) != len(
         list(model.parameters())
     )
-    if not shared:  # the file's tensors become the weights (mapped from a checkpoint file)
-        model.load_state_dict(ckpt.state_dict, strict=True, assign=True)
+    if not shared:
+        model.load_state_dict(state, strict=True, assign=True)
     if shared or any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
-        # a tied weight (assigning would untie it), or a tensor the file does not hold
-        model = build_model(cfg, data, code=code, where=where, prior=prior)
-        model.load_state_dict(ckpt.state_dict, strict=True)
+        model = build()
+        model.load_state_dict(state, strict=True)
     return model
 
 

@@ -15,17 +15,17 @@ data fingerprint, meta) and whether it was trained on the same data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from enn_core.atomic import atomic_dir, write_json
 from enn_core.checkpoint import (
     FORMAT_VERSION,
+    built_to_load,
     capped,
     data_schema_differences,
+    holding,
     model_config_differences,
     plain,
     read_checkpoint,
@@ -37,7 +37,7 @@ from enn_core.data.hashing import sha256_file
 from enn_core.data.manifest import MANIFEST, StagedManifest
 from enn_core.data.manifest import read_manifest as read_staged_manifest
 from enn_core.errors import ConfigError, StaleOutputError, UntrustedCheckpointError
-from enn_core.model import ModelCode, build_model
+from enn_core.model import ENN, ModelCode, build_model
 from enn_core.paths import Layout
 from enn_core.stage import StageContext
 from enn_core.summaries import InitSummary, Scalar
@@ -112,14 +112,17 @@ def warm_start(
     manifest: StagedManifest,
     source: str,
     layout: Layout,
-    model: torch.nn.Module,
-) -> dict[str, Any]:
-    """Load a compatible consolidated checkpoint into `model` (strictly); return what was used.
+    build: Callable[[], ENN],
+) -> tuple[ENN, dict[str, Any]]:
+    """(the model `build()` makes, holding a compatible consolidated checkpoint's weights
+    (loaded strictly), what was used).
 
     Refuses (ConfigError, differences named) another model config, another data schema
     (features, vocabularies, label shape/axes) or weights that do not load strictly. The
     source's normalization buffers come with its weights (they are what the weights were
     trained with); data that differs but fits (another fingerprint) is allowed and recorded.
+    The model is built with its parameters on the meta device and the source's tensors (its
+    file's mapped pages) assigned to them: no initialised copy of weights about to be replaced.
     """
     path = resolve_source(source, layout)
     try:
@@ -135,6 +138,7 @@ def warm_start(
         data_schema_differences(ckpt.data.as_dict(), ours_data),
     )
     # The neighbour prior (model.prior_weight) keeps THIS run's training rows, not the source's.
+    model = built_to_load(build)
     ours = model.state_dict()
     state = {k: v for k, v in ckpt.state_dict.items() if not k.startswith("prior.")}
     state.update({k: v for k, v in ours.items() if k.startswith("prior.")})
@@ -143,11 +147,11 @@ def warm_start(
             f"checkpoint.init_from={source}: its weights do not load into this model: "
             f"{capped(diffs)}; re-create it with this code or {FRESH_START}"
         )
-    model.load_state_dict(state, strict=True)
+    model = holding(model, state, build)
     theirs_fp = ckpt.data_fingerprint
     ours_fp = manifest.content_hash
     registry = path.parent / "SOURCE"  # written by the task layer's registry download
-    return {
+    return model, {
         "init_from": source,
         "path": str(path),
         "sha256": sha256_file(path),
@@ -167,9 +171,16 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path) -> InitSummary:
     """
     manifest = read_manifest(staged)
     code = ModelCode.of(cfg.model, ctx.layout.root)
-    model = build_model(cfg.model, manifest.data_spec(), data_dir=staged, code=code)
+
+    def build() -> ENN:
+        return build_model(cfg.model, manifest.data_spec(), data_dir=staged, code=code)
+
     source = cfg.checkpoint.init_from
-    warm = warm_start(cfg, manifest, source, ctx.layout, model) if source else None
+    warm = None
+    if source:
+        model, warm = warm_start(cfg, manifest, source, ctx.layout, build)
+    else:  # built once: its own initialisation, seeded; written without a copy
+        model = build()
     meta = {
         "stage": ctx.stage,
         "init_seed": cfg.model.init_seed,

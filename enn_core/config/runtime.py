@@ -75,6 +75,11 @@ class RuntimeConfig:
     checkpoint_budget_s: float = 300.0
     """Phase budget of the checkpoint phase (gathering and writing the model)."""
 
+    first_forward_s_per_gb: float = 60.0
+    """Phase budget of a training attempt's first step (its first all-gather of every weight, the
+    optimizer's state allocated): hang_timeout_s plus this many seconds per GB of the model's
+    weights (init.pt), logged with its reason; 0 = hang_timeout_s whatever the model's size."""
+
     pg_timeout_s: float = 300.0
     """Process-group timeout during bootstrap and the first step."""
 
@@ -161,3 +166,8 @@ class RuntimeConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"runtime.{name} must be > 0 seconds")
+        if self.first_forward_s_per_gb < 0:
+            raise ConfigError(
+                "runtime.first_forward_s_per_gb must be >= 0 (0 = the first step's budget is "
+                "runtime.hang_timeout_s)"
+            )

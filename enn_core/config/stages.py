@@ -27,7 +27,15 @@ class CheckpointConfig:
     """Committed checkpoints kept (the best one is always kept)."""
 
     async_save: bool = False
-    """Asynchronous DCP save on its own gloo group."""
+    """Asynchronous DCP save on its own gloo group. It stages a CPU copy of the rank's whole
+    checkpoint state (its shard of the weights and of AdamW's two moments: 3x its weights)
+    first; false = no copy (training waits for each save)."""
+
+    async_staging: Literal["kept", "per_save"] = "kept"
+    """With async_save: `kept` holds one staged copy of the state from the first save to the
+    end of training (reused: blocks training least); `per_save` makes it at each save and
+    frees it once that save is written (memory held only while a save is in flight; each
+    save blocks longer)."""
 
     resume: bool = True
     """Resume an interrupted run from the latest committed checkpoint with the same fingerprint

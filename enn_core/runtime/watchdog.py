@@ -33,6 +33,25 @@ ERRORS = "errors"
 
 # Phases with their own budget (seconds) instead of hang_timeout: slow by nature.
 DEFAULT_BUDGETS = {"spawn": 90.0, "compile": 300.0, "checkpoint": 300.0}
+FIRST_FORWARD = "first_forward"  # the heartbeat phase of an attempt's first training step
+
+
+def first_forward_budget(
+    hang_timeout_s: float, model_bytes: int, s_per_gb: float
+) -> tuple[float, str]:
+    """(seconds, why): the budget of an attempt's first training step, which gathers every
+    weight for the first time (FSDP2's first all-gathers: seed 03's hang), allocates the
+    optimizer's state and warms the kernels, all in one heartbeat phase: `hang_timeout_s` plus
+    `s_per_gb` (runtime.first_forward_s_per_gb) per GB of the model's weights, so that a
+    large model's first step is not called hung while a real hang is still named, with its
+    phase, once that budget has passed."""
+    gb = model_bytes / 1e9
+    extra = gb * s_per_gb
+    why = (
+        f"runtime.hang_timeout_s={hang_timeout_s:g} + {gb:.2f} GB of weights x "
+        f"runtime.first_forward_s_per_gb={s_per_gb:g}"
+    )
+    return hang_timeout_s + extra, why
 
 
 @dataclass

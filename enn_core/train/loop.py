@@ -34,6 +34,7 @@ from enn_core.metric_names import telemetry
 from enn_core.runtime.dist import agree_any, tighten_timeout
 from enn_core.runtime.memory import MemoryGovernor
 from enn_core.runtime.sampler import GlobalBlockSampler, make_plan
+from enn_core.runtime.watchdog import FIRST_FORWARD
 from enn_core.telemetry import GpuSampler, memory_snapshot, verdict_from_stats, write_epoch
 from enn_core.train.batch import choose_batch, choose_eval_batch, total_steps
 from enn_core.train.ckpt import step_name
@@ -165,7 +166,7 @@ def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> bool:
     for step in range(first_step, last):
         gstep = epoch * spe + step
         if rt.heartbeat is not None:
-            rt.heartbeat.phase("first_forward" if gstep == prog.start_gstep else "step", gstep)
+            rt.heartbeat.phase(FIRST_FORWARD if gstep == prog.start_gstep else "step", gstep)
         if rt.faults.cfg.kind != "oom":  # OOM is injected at the step's agreement point (step.py)
             rt.faults.at("step", gstep)
         out = run_step(st, epoch, step, gstep)

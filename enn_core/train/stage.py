@@ -44,6 +44,7 @@ from enn_core.runtime.device import threads_per_worker
 from enn_core.runtime.external import LauncherEnv
 from enn_core.runtime.heartbeat import read_heartbeats, stale_temp_files
 from enn_core.runtime.launch import Rendezvous, launch, read_errors
+from enn_core.runtime.watchdog import FIRST_FORWARD, first_forward_budget
 from enn_core.stage import StageContext
 from enn_core.summaries import TrainSummary
 from enn_core.train.batch import choose_batch, total_steps, with_batch
@@ -136,7 +137,7 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
             ),
             no_space_named(ctx, job),
         ):
-            results = start_workers(cfg, ctx, job_path, world)
+            results = start_workers(cfg, ctx, job_path, world, init)
     except Exception:
         forward_logs(ctx)  # the ranks' last lines beside the error (Prefect's task log)
         raise
@@ -207,9 +208,12 @@ def publish_shared(ctx: StageContext, job: WorkerJob) -> None:
     )
 
 
-def start_workers(cfg: RunConfig, ctx: StageContext, job_path: Path, world: int) -> dict[int, Any]:
+def start_workers(
+    cfg: RunConfig, ctx: StageContext, job_path: Path, world: int, init: Path
+) -> dict[int, Any]:
     """The workers' summaries by global rank: `world` elastic workers of this node, or, under
-    an external launcher, this process as the one worker the launcher started."""
+    an external launcher, this process as the one worker the launcher started. `init`: the
+    initial checkpoint, whose size sets the first step's budget."""
     if cfg.runtime.launcher == "external":
         return run_here(job_path, ctx)
     if os.environ.get("TORCHELASTIC_RUN_ID") and LauncherEnv.from_env() is not None:
@@ -226,15 +230,31 @@ def start_workers(cfg: RunConfig, ctx: StageContext, job_path: Path, world: int)
         run_dir=ctx.run_dir,
         hang_timeout_s=cfg.runtime.hang_timeout_s,
         max_restarts=cfg.runtime.max_restarts,
-        budgets={
-            "spawn": cfg.runtime.spawn_budget_s,
-            "compile": cfg.runtime.compile_budget_s,
-            "checkpoint": cfg.runtime.checkpoint_budget_s,
-        },
+        budgets=phase_budgets(cfg, ctx, init.stat().st_size),
         timeout_s=cfg.runtime.task_timeout_s,
         cancel=ctx.cancel,
         rdzv=Rendezvous.of(cfg.runtime),
     )
+
+
+def phase_budgets(cfg: RunConfig, ctx: StageContext, model_bytes: int) -> dict[str, float]:
+    """The watchdog's phase budgets (runtime.*_budget_s); the first step's grows with the
+    model (`first_forward_budget`) and, where that adds a second or more to
+    runtime.hang_timeout_s, is logged and recorded with its reason."""
+    rt = cfg.runtime
+    first, why = first_forward_budget(rt.hang_timeout_s, model_bytes, rt.first_forward_s_per_gb)
+    if first - rt.hang_timeout_s >= 1.0:
+        ctx.events.param("runtime.first_forward_budget_s", round(first, 1))
+        ctx.events.param("runtime.first_forward_budget_reason", why)
+        ctx.logger.info(
+            "distributed-train: the first step's hang budget is %.0f s (%s)", first, why
+        )
+    return {
+        "spawn": rt.spawn_budget_s,
+        "compile": rt.compile_budget_s,
+        "checkpoint": rt.checkpoint_budget_s,
+        FIRST_FORWARD: first,
+    }
 
 
 def run_here(job_path: Path, ctx: StageContext) -> dict[int, Any]:

@@ -102,4 +102,4 @@ def test_distributed_train_inside_a_launchers_worker_refuses_to_nest(tmp_path, m
         monkeypatch.setenv(k, v)
     cfg = load_config(None, [])
     with pytest.raises(ConfigError, match=r"inside a worker that a launcher started.*flows.worker"):
-        start_workers(cfg, None, tmp_path / "job.json", 1)  # type: ignore[arg-type]
+        start_workers(cfg, None, tmp_path / "job.json", 1, tmp_path / "init.pt")  # type: ignore[arg-type]
