@@ -37,7 +37,7 @@ from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.manifest import StagedManifest
-from enn_core.errors import ConfigError
+from enn_core.errors import ConfigError, OutOfMemory
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss, resolve_loss
@@ -60,6 +60,7 @@ from enn_core.runtime.dist import (
 )
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
+from enn_core.runtime.memory_limit import AnonWatch, end_process
 from enn_core.runtime.network import choose_interface
 from enn_core.runtime.parent import die_with_parent
 from enn_core.runtime.precision import PrecisionDecision, choose_precision
@@ -108,9 +109,12 @@ def main(job_path: str) -> dict[str, Any]:
         job.run_dir, rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     ).start()
     log = _log_to_file(job.run_dir, rank, job.config.runtime.log_level)
+    watch = watch_memory(job, hb, rank, log)
     try:
         summary = _run(job, hb, rank, log)
         hb.stop("done")
+        watch.stop()
+        summary["anon_peak_mib"] = watch.peaks_mib()
         return summary
     except BaseException as e:
         write_error(job.run_dir, rank, e, *hb.where(), traceback.format_exc())
@@ -121,6 +125,22 @@ def main(job_path: str) -> dict[str, Any]:
         raise
     finally:
         shutdown()
+
+
+def watch_memory(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> AnonWatch:
+    """This worker's anonymous memory, watched from now on: its peak per phase for the summary,
+    and past `runtime.worker_memory_limit_mb` the process ends with its one-line error record
+    (enn_core.runtime.memory_limit says why a sampled limit and not RLIMIT_DATA)."""
+
+    def over(err: OutOfMemory, phase: str, step: int | None) -> None:
+        write_error(job.run_dir, rank, err, phase, step, "")
+        log.error("failed in phase %s: %s", phase, err)
+        for handler in logging.getLogger("enn").handlers:
+            handler.flush()
+        end_process(1)
+
+    limit = job.config.runtime.worker_memory_limit_mb
+    return AnonWatch(hb.where, limit, over).start()
 
 
 def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[str, Any]:
