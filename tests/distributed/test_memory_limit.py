@@ -65,9 +65,7 @@ def sharded(project) -> dict:
     return json.loads((project / "outputs" / "distributed-train" / "record.json").read_text())
 
 
-def test_world_size_1_is_refused_in_one_line_and_2_trains_under_the_same_limit(
-    project, sharded
-):
+def test_world_size_1_is_refused_in_one_line_and_2_trains_under_the_same_limit(project, sharded):
     code, lines = train(project, 1)
     assert code == 13, lines  # OutOfMemory
     assert not any("Traceback" in line for line in lines), lines
