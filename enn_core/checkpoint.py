@@ -106,15 +106,20 @@ def _strip(name: str) -> str:
 
 
 def consolidated_state_dict(
-    model: nn.Module | Mapping[str, torch.Tensor],
+    model: nn.Module | Mapping[str, torch.Tensor], *, copy: bool = True
 ) -> dict[str, torch.Tensor]:
     """Plain CPU tensors under the bare model's names (compile/DDP wrappers stripped).
 
     For an FSDP2 model, gather first (e.g. torch.distributed.checkpoint.state_dict.
     get_model_state_dict with full_state_dict=True) and pass the resulting mapping.
+    `copy=False` (a state written at once, while nothing changes it): a tensor that is the
+    whole of its own storage is taken as it is, not copied (a copy of the model beside the
+    model, issue 55); a view, a second name of one storage (a tied weight) or a strided tensor
+    is still copied, so that the file holds each tensor's own bytes once.
     """
     sd = model.state_dict() if isinstance(model, nn.Module) else model
     out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
     for k, v in sd.items():
         if not isinstance(v, torch.Tensor):
             raise StaleOutputError(
@@ -123,8 +128,23 @@ def consolidated_state_dict(
             )
         if hasattr(v, "full_tensor"):  # a DTensor that was not gathered
             v = v.full_tensor()
-        out[_strip(k)] = v.detach().to("cpu").clone().contiguous()
+        v = v.detach().to("cpu")
+        out[_strip(k)] = v if not copy and _whole(v, seen) else v.clone().contiguous()
     return out
+
+
+def _whole(t: torch.Tensor, seen: set[int]) -> bool:
+    """`t` is all of its storage, contiguous, and no tensor seen before shares the storage."""
+    storage = t.untyped_storage()
+    ptr = storage.data_ptr()
+    first = ptr == 0 or ptr not in seen  # 0: an empty tensor, nothing shared
+    seen.add(ptr)
+    return (
+        first
+        and t.is_contiguous()
+        and t.storage_offset() == 0
+        and storage.nbytes() == t.numel() * t.element_size()
+    )
 
 
 def _data_of(manifest: StagedManifest | Mapping[str, Any]) -> tuple[DataSpec, str]:
@@ -140,11 +160,14 @@ def make_checkpoint(
     model_cfg: ModelConfig,
     manifest: StagedManifest | Mapping[str, Any],
     meta: Mapping[str, Any] | None = None,
+    *,
+    copy: bool = True,
 ) -> Checkpoint:
-    """`manifest`: the staged data's (or the JSON form of its `model_data()`)."""
+    """`manifest`: the staged data's (or the JSON form of its `model_data()`); `copy`: as
+    `consolidated_state_dict`'s."""
     data, fingerprint = _data_of(manifest)
     return Checkpoint(
-        state_dict=consolidated_state_dict(model),
+        state_dict=consolidated_state_dict(model, copy=copy),
         model_config=plain(model_cfg),
         data=data,
         data_fingerprint=fingerprint,
@@ -160,9 +183,10 @@ def save_consolidated(
     manifest: StagedManifest | Mapping[str, Any],
     meta: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write the consolidated checkpoint atomically; returns the path."""
+    """Write the consolidated checkpoint atomically; returns the path. The weights are
+    written as they are, not copied first (nothing changes them while torch.save runs)."""
     path = Path(path)
-    ckpt = make_checkpoint(model, model_cfg, manifest, meta)
+    ckpt = make_checkpoint(model, model_cfg, manifest, meta, copy=False)
     with atomic_file(path, "wb") as f:
         torch.save(ckpt.to_file(), f)
     return path

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -124,6 +125,7 @@ def main(job_path: str) -> dict[str, Any]:
             log.error("failed in phase %s: %s", hb.where()[0], str(e) or type(e).__name__)
         raise
     finally:
+        watch.stop()
         shutdown()
 
 
@@ -137,7 +139,10 @@ def watch_memory(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) 
         log.error("failed in phase %s: %s", phase, err)
         for handler in logging.getLogger("enn").handlers:
             handler.flush()
-        end_process(1)
+        # the launcher reads the record; under an external one this process is the stage's
+        where = f" in phase {phase}" + (f" step {step}" if step is not None else "")
+        print(f"error: distributed-train: rank {rank}{where}: {err}", file=sys.stderr, flush=True)
+        end_process(err.exit_code)
 
     limit = job.config.runtime.worker_memory_limit_mb
     return AnonWatch(hb.where, limit, over).start()
@@ -249,7 +254,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
             )
         hb.phase("checkpoint")
         faults.at("checkpoint")
-        state = full_state(wrapped, env)
+        state = full_state(wrapped, env, final=True)
         summary = {**_summary(result, env, choices), **rank_summary(result, env)}
         summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
         if env.is_main:
@@ -369,14 +374,24 @@ def _val_rows(data: StagedDataset) -> np.ndarray:
     return data.split("val") if "val" in data.split_names else data.split("train")[:0]
 
 
-def full_state(model: torch.nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
-    """The full, unsharded state dict on CPU (a collective under FSDP2: every rank calls it)."""
+def full_state(
+    model: torch.nn.Module, env: DistEnv, *, final: bool = False
+) -> dict[str, torch.Tensor]:
+    """The full, unsharded state dict on CPU (a collective under FSDP2: every rank calls it).
+
+    `final` (model.pt, which rank 0 alone writes, at once): under FSDP2 only rank 0 keeps the
+    gathered weights (the others get {} and never hold the whole model), and no tensor is
+    copied here (save_consolidated copies only what it must): issue 55."""
     if isinstance(model, DistributedDataParallel):
         model = model.module
     if env.distributed and any(hasattr(p, "full_tensor") for p in model.parameters()):
-        full = StateDictOptions(full_state_dict=True, cpu_offload=False)
-        return _cpu_copies(get_model_state_dict(model, options=full))
-    return _cpu_copies(model.state_dict())
+        full = StateDictOptions(full_state_dict=True, cpu_offload=final)  # offload: rank 0 only
+        sd = get_model_state_dict(model, options=full)
+    else:
+        sd = model.state_dict()
+    if final:
+        return {k.replace("_orig_mod.", ""): v.detach() for k, v in sd.items()}
+    return _cpu_copies(sd)
 
 
 def _cpu_copies(sd: Mapping[str, Any]) -> dict[str, torch.Tensor]:
