@@ -389,14 +389,16 @@ def full_state(
         sd = get_model_state_dict(model, options=full)
     else:
         sd = model.state_dict()
-    if final:
-        return {k.replace("_orig_mod.", ""): v.detach() for k, v in sd.items()}
-    return _cpu_copies(sd)
+    return _cpu_copies(sd, copy=not final)
 
 
-def _cpu_copies(sd: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """A model state dict's tensors (gathered ones under FSDP2), copied to the CPU."""
-    return {k.replace("_orig_mod.", ""): v.detach().to("cpu").clone() for k, v in sd.items()}
+def _cpu_copies(sd: Mapping[str, Any], copy: bool = True) -> dict[str, torch.Tensor]:
+    """A model state dict's tensors (gathered ones under FSDP2), copied to the CPU (`copy`;
+    otherwise as they are)."""
+    names = {k: k.replace("_orig_mod.", "") for k in sd}
+    if not copy:
+        return {names[k]: v.detach() for k, v in sd.items()}
+    return {names[k]: v.detach().to("cpu").clone() for k, v in sd.items()}
 
 
 def _summary(result: TrainResult, env: DistEnv, choices: dict) -> dict[str, Any]:
