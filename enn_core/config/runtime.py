@@ -48,6 +48,13 @@ class RuntimeConfig:
     threads_per_worker: int = 0
     """torch threads in each worker; 0 means cores // world_size (at least 1)."""
 
+    worker_memory_limit_mb: int = 0
+    """Limit on each training worker's resident anonymous memory (RssAnon), in MiB; 0 = none. A
+    worker past it ends at once with one out-of-memory line (exit code 13) naming what it held
+    and what to change (more workers: FSDP2 shards the model; a smaller train.micro_batch),
+    before it pushes a shared node into swap or the kernel's out-of-memory killer. Sampled
+    every 10 ms, not enforced by the kernel (docs/scale-out.md)."""
+
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     """Worker start method for the elastic launch."""
 
@@ -143,6 +150,11 @@ class RuntimeConfig:
             raise ConfigError(
                 f"runtime.world_size={self.world_size} is negative; "
                 "use 0 (auto) or a positive count"
+            )
+        if self.worker_memory_limit_mb < 0:
+            raise ConfigError(
+                f"runtime.worker_memory_limit_mb={self.worker_memory_limit_mb} is negative; "
+                "use MiB per worker (e.g. 4096), or 0 for no limit"
             )
         if self.threads_per_worker < 0:
             raise ConfigError("runtime.threads_per_worker must be >= 0 (0 = auto)")

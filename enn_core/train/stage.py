@@ -170,6 +170,8 @@ def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> Train
         for name in WORKER_OUTPUTS:
             shutil.copy2(result_dir / name, tmp / name)
         record = {**json.loads((tmp / "record.json").read_text()), **workers}
+        # each rank's peak anonymous memory per phase (MiB; enn_core.runtime.memory_limit)
+        record["anon_peak_mib"] = {str(r): v.get("anon_peak_mib") for r, v in results.items()}
         write_json(tmp / "record.json", record)
         metrics = {**train_summary(record), "train/wall_s": time.time() - t0}
         write_json(tmp / "metrics.json", metrics)

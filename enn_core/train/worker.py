@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from enn_core.checkpoint import load_model, save_consolidated
 from enn_core.config import RunConfig
 from enn_core.data.dataset import StagedDataset
 from enn_core.data.manifest import StagedManifest
-from enn_core.errors import ConfigError
+from enn_core.errors import ConfigError, OutOfMemory
 from enn_core.events import EventLog
 from enn_core.fault import FaultInjector
 from enn_core.losses import make_loss, resolve_loss
@@ -60,6 +61,7 @@ from enn_core.runtime.dist import (
 )
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
+from enn_core.runtime.memory_limit import AnonWatch, end_process
 from enn_core.runtime.network import choose_interface
 from enn_core.runtime.parent import die_with_parent
 from enn_core.runtime.precision import PrecisionDecision, choose_precision
@@ -108,9 +110,12 @@ def main(job_path: str) -> dict[str, Any]:
         job.run_dir, rank, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     ).start()
     log = _log_to_file(job.run_dir, rank, job.config.runtime.log_level)
+    watch = watch_memory(job, hb, rank, log)
     try:
         summary = _run(job, hb, rank, log)
         hb.stop("done")
+        watch.stop()
+        summary["anon_peak_mib"] = watch.peaks_mib()
         return summary
     except BaseException as e:
         write_error(job.run_dir, rank, e, *hb.where(), traceback.format_exc())
@@ -120,7 +125,27 @@ def main(job_path: str) -> dict[str, Any]:
             log.error("failed in phase %s: %s", hb.where()[0], str(e) or type(e).__name__)
         raise
     finally:
+        watch.stop()
         shutdown()
+
+
+def watch_memory(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> AnonWatch:
+    """This worker's anonymous memory, watched from now on: its peak per phase for the summary,
+    and past `runtime.worker_memory_limit_mb` the process ends with its one-line error record
+    (enn_core.runtime.memory_limit says why a sampled limit and not RLIMIT_DATA)."""
+
+    def over(err: OutOfMemory, phase: str, step: int | None) -> None:
+        write_error(job.run_dir, rank, err, phase, step, "")
+        log.error("failed in phase %s: %s", phase, err)
+        for handler in logging.getLogger("enn").handlers:
+            handler.flush()
+        # the launcher reads the record; under an external one this process is the stage's
+        where = f" in phase {phase}" + (f" step {step}" if step is not None else "")
+        print(f"error: distributed-train: rank {rank}{where}: {err}", file=sys.stderr, flush=True)
+        end_process(err.exit_code)
+
+    limit = job.config.runtime.worker_memory_limit_mb
+    return AnonWatch(hb.where, limit, over).start()
 
 
 def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[str, Any]:
@@ -229,7 +254,7 @@ def _run(job: WorkerJob, hb: Heartbeat, rank: int, log: logging.Logger) -> dict[
             )
         hb.phase("checkpoint")
         faults.at("checkpoint")
-        state = full_state(wrapped, env)
+        state = full_state(wrapped, env, final=True)
         summary = {**_summary(result, env, choices), **rank_summary(result, env)}
         summary["checkpoint"] = _ckpt_summary(ckpt, resume_from, env)
         if env.is_main:
@@ -349,19 +374,31 @@ def _val_rows(data: StagedDataset) -> np.ndarray:
     return data.split("val") if "val" in data.split_names else data.split("train")[:0]
 
 
-def full_state(model: torch.nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
-    """The full, unsharded state dict on CPU (a collective under FSDP2: every rank calls it)."""
+def full_state(
+    model: torch.nn.Module, env: DistEnv, *, final: bool = False
+) -> dict[str, torch.Tensor]:
+    """The full, unsharded state dict on CPU (a collective under FSDP2: every rank calls it).
+
+    `final` (model.pt, which rank 0 alone writes, at once): under FSDP2 only rank 0 keeps the
+    gathered weights (the others get {} and never hold the whole model), and no tensor is
+    copied here (save_consolidated copies only what it must): issue 55."""
     if isinstance(model, DistributedDataParallel):
         model = model.module
     if env.distributed and any(hasattr(p, "full_tensor") for p in model.parameters()):
-        full = StateDictOptions(full_state_dict=True, cpu_offload=False)
-        return _cpu_copies(get_model_state_dict(model, options=full))
-    return _cpu_copies(model.state_dict())
+        full = StateDictOptions(full_state_dict=True, cpu_offload=final)  # offload: rank 0 only
+        sd = get_model_state_dict(model, options=full)
+    else:
+        sd = model.state_dict()
+    return _cpu_copies(sd, copy=not final)
 
 
-def _cpu_copies(sd: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """A model state dict's tensors (gathered ones under FSDP2), copied to the CPU."""
-    return {k.replace("_orig_mod.", ""): v.detach().to("cpu").clone() for k, v in sd.items()}
+def _cpu_copies(sd: Mapping[str, Any], copy: bool = True) -> dict[str, torch.Tensor]:
+    """A model state dict's tensors (gathered ones under FSDP2), copied to the CPU (`copy`;
+    otherwise as they are)."""
+    names = {k: k.replace("_orig_mod.", "") for k in sd}
+    if not copy:
+        return {names[k]: v.detach() for k, v in sd.items()}
+    return {names[k]: v.detach().to("cpu").clone() for k, v in sd.items()}
 
 
 def _summary(result: TrainResult, env: DistEnv, choices: dict) -> dict[str, Any]:
