@@ -32,7 +32,9 @@ from tests.fixtures.train import staged_dir, tiny_cfg
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[2]
-WIDE = ["model.preset=custom", "model.factory=examples.wide_mlp.model:build"]
+# the models under names no other test imports (a module imported from another folder first is
+# refused: enn_core.model.custom)
+WIDE = ["model.preset=custom", "model.factory=wideinit55.model:build"]
 # 8 blocks of 1536 x 1536: 18.9 million parameters, 76 MB of float32
 BIG = [*WIDE, "model.options={width: 1536, blocks: 8}"]
 
@@ -72,9 +74,9 @@ def build(spec):
 def _project(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     staged_dir(root, tiny_cfg())
-    shutil.copytree(REPO / "examples" / "wide_mlp", root / "examples" / "wide_mlp")
-    (root / "tied55").mkdir()
-    (root / "tied55" / "model.py").write_text(TIED)
+    shutil.copytree(REPO / "examples" / "wide_mlp", root / "wideinit55")
+    (root / "tiedinit55").mkdir()
+    (root / "tiedinit55" / "model.py").write_text(TIED)
     return root
 
 
@@ -110,7 +112,7 @@ def project(tmp_path_factory) -> Path:
         ("model.preset=spatiotemporal", "model.conditioning=film+cross", "model.prior_weight=0.3"),
         ("model.preset=tabular", "model.init_seed=11"),
         (*WIDE, "model.options={width: 24, blocks: 3}"),
-        ("model.preset=custom", "model.factory=tied55.model:build", "model.init_seed=5"),
+        ("model.preset=custom", "model.factory=tiedinit55.model:build", "model.init_seed=5"),
     ],
     ids=["spatiotemporal", "spatiotemporal-prior", "tabular", "custom", "custom-tied"],
 )
