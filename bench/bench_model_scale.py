@@ -228,6 +228,45 @@ def write_report(results: list[dict], out: Path) -> None:
             f"| {r['parent_mb']:.0f} | {r['worker_mb']:.0f} |"
         )
     (out / "model_scale.md").write_text("\n".join(lines) + "\n")
+    plot(results, out / "model_scale.png")
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Peak anonymous memory of a training worker against parameters, one line per world size,
+    beside the ideal (weights, gradients and AdamW's two moments: 16 bytes a parameter, shared
+    by the workers) and the hand-written loop (one process)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    train = [r for r in results if r["stage"] == "distributed-train" and r.get("rc") == 0]
+    for world, color in ((1, "tab:blue"), (2, "tab:orange")):
+        pts = sorted((r["params"], r["worker_mb"]) for r in train if r["world_size"] == world)
+        if pts:
+            n, m = zip(*pts, strict=True)
+            ax.plot(n, m, "-o", color=color, label=f"a training worker, world size {world}")
+            ax.plot(
+                n,
+                [16 * p / world / 2**20 for p in n],
+                ":",
+                color=color,
+                label=f"ideal: 16 bytes a parameter / {world}",
+            )
+    hand = sorted((r["params"], r["parent_mb"]) for r in results if r["stage"] == "hand-written")
+    if hand:
+        n, m = zip(*hand, strict=True)
+        ax.plot(n, m, "--s", color="tab:gray", label="hand-written AdamW loop, one process")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("peak anonymous memory, MiB")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("bench/bench_model_scale.py: memory per training worker")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -242,7 +281,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "work" / "bench-model-scale")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument(
+        "--plot-from", nargs="+", type=Path, help="only draw the plot from these runs' JSON files"
+    )
     args = ap.parse_args()
+    if args.plot_from:  # runs of several sizes, made apart, in one plot
+        merged = [r for f in args.plot_from for r in json.loads(f.read_text())]
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(merged, args.out / "model_scale.png")
+        print(f"wrote {args.out / 'model_scale.png'}")
+        return
     results: list[dict] = []
     for p in (parse_count(s) for s in args.params.split(",")):
         for world in (int(w) for w in args.world_sizes.split(",")):
