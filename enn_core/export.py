@@ -533,13 +533,9 @@ def run(
         )
     out = ctx.output()
     ctx.events.metrics(metrics)
-    for name in (
-        "sidecar.json",
-        "parity.json",
-        *(FILES[k] for k, v in results.items() if v["status"] == "ok"),
-        *(v["external_data"]["file"] for v in results.values() if "external_data" in v),
-    ):
-        ctx.events.artifact(out / name, ctx.stage)
+    # the stage's run logs sidecar.json and parity.json (EXPORT.artifacts); the programs go to
+    # the store once, in the registered model's bundle: logged here too they doubled a version's
+    # bytes in the store (4 GB more for a 504M model; docs/serving.md, the disk a version takes)
     for k, v in results.items():
         if v["status"] == "skipped":
             ctx.logger.warning("export %s skipped: %s", k, v["reason"])

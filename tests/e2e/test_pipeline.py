@@ -326,6 +326,10 @@ def test_mlflow_records_runs_metrics_artifacts_and_models(ran):
         ("export", "sidecar.json"),
     ):
         assert name in {a.path for a in client.list_artifacts(children[stage].info.run_id)}, stage
+    # export's run holds no second copy of the programs: they are in the registered bundle
+    exported = {a.path for a in client.list_artifacts(children["export"].info.run_id)}
+    assert not [p for p in exported if p.endswith((".pt2", ".onnx", ".data", "/"))], exported
+    assert "export" not in exported, exported
     # stage-data's child run also shows its params: the data section and what it staged
     staged = children["stage-data"].data.params
     manifest = json.loads(
