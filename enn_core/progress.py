@@ -96,12 +96,18 @@ class Ticker:
         if self.done > self.start:
             rate = (self.done - self.start) / max(now - self.t0, 1e-9)
             if self.rows_per_unit:
-                parts.append(f"{rate * self.rows_per_unit:,.0f} rows/s")
+                parts.append(f"{_rate(rate * self.rows_per_unit)} rows/s")
             else:
-                parts.append(f"{rate:,.0f} {self.unit}/s")
+                parts.append(f"{_rate(rate)} {self.unit}/s")
             if self.total and self.total > self.done:
                 parts.append(f"~{_duration((self.total - self.done) / rate)} left")
         return "  ".join(parts)
+
+
+def _rate(per_s: float) -> str:
+    """5,980 as it is; below 10 with two significant digits (a 504M-parameter model's 16 rows
+    in 76 s read "0 rows/s")."""
+    return f"{per_s:,.0f}" if per_s >= 10 else f"{per_s:.2g}"
 
 
 @contextlib.contextmanager

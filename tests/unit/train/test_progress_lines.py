@@ -105,3 +105,11 @@ def test_a_ticker_says_nothing_where_a_bar_shows_or_before_its_interval(caplog) 
     due.update(3_000)
     (record,) = caplog.records
     assert re.fullmatch(r"stage-data: 3,000 rows  [\d,]+ rows/s", record.getMessage())
+
+
+def test_a_slow_rate_is_not_shown_as_zero() -> None:
+    """A large model's first step: 16 rows in 76 s read `0 rows/s`."""
+    slow = Ticker("distributed-train", 2, unit="steps", every_s=60.0, rows_per_unit=16)
+    slow.done = 1
+    line = slow.line(slow.t0 + 76.0)
+    assert "  0.21 rows/s  " in line, line
