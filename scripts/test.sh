@@ -25,7 +25,9 @@ tier() {  # name, budget seconds, per-test timeout, marker expression, pytest op
   shift 4
   echo "=== tier: $name (budget ${budget}s, per-test timeout ${per_test}s) ==="
   local t0=$SECONDS
-  timeout --signal=TERM --kill-after=30 "$budget" $PYTEST -m "$expr" --timeout="$per_test" --durations=10 -q "$@"
+  rm -f "work/test-$name.xml"  # each tier's per-test times (and the multi-host skip check) are this run's
+  timeout --signal=TERM --kill-after=30 "$budget" $PYTEST -m "$expr" --timeout="$per_test" --durations=10 -q \
+    --junitxml="work/test-$name.xml" "$@"
   local rc=$?
   local took=$((SECONDS - t0))
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
@@ -42,12 +44,10 @@ tier() {  # name, budget seconds, per-test timeout, marker expression, pytest op
 tier fast 360 120 "not slow and not distributed and not e2e and not multihost" -n 2
 tier slow 600 300 "slow and not distributed and not e2e and not multihost" -n 2
 tier distributed 1500 300 "distributed"
-rm -f work/test-multihost.xml  # the skip check reads this run's report, never an older one
-tier multihost 1500 600 "multihost" -rs --junitxml=work/test-multihost.xml
+tier multihost 1500 600 "multihost" -rs
 if [ "${CI:-}" = "true" ] && grep -q "<skipped" work/test-multihost.xml 2>/dev/null; then
   echo "tier multihost: tests were skipped; on CI every multi-host test must run" >&2
   status=1
 fi
-rm -f work/test-e2e.xml
-tier e2e 2700 900 "e2e" -n 2 --dist loadfile --junitxml=work/test-e2e.xml  # per-test times
+tier e2e 2700 900 "e2e" -n 2 --dist loadfile
 exit $status
