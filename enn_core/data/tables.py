@@ -1,7 +1,9 @@
 """CSV and Parquet sources with declared columns, read in chunks of data.chunk_rows rows.
 
 Both read through pyarrow: a CSV with its streaming reader (`pyarrow.csv.open_csv`), which
-parses in C++ off the GIL; a Parquet file batch by batch within each row group. Categorical,
+parses in C++ off the GIL, in a thread of its own that parses the next chunk while staging
+checks, hashes and writes this one (`ReadAhead`); a Parquet file batch by batch within each
+row group. Categorical,
 cyclic and fold-key columns travel as codes into their distinct values (`Coded`): a Python
 string is made per distinct value, not per row. A CSV that pyarrow does not read as pandas
 would (a short or long row, a value that is no number, text in another encoding, ...) is
@@ -25,6 +27,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from enn_core.config import DataConfig
+from enn_core.data.readahead import ReadAhead
 from enn_core.data.sources import (
     Chunk,
     Coded,
@@ -212,7 +215,8 @@ class CsvSource(_TableSource):
         return out
 
     def chunks(self) -> Iterator[Chunk]:
-        tables, start = self._arrow_tables(), 0
+        # the next table is parsed (off the GIL) while this chunk is checked, hashed and written
+        tables, start = ReadAhead(self._arrow_tables, "enn-csv-read"), 0
         try:
             while True:
                 try:
