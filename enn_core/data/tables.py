@@ -3,11 +3,11 @@
 Both read through pyarrow: a CSV with its streaming reader (`pyarrow.csv.open_csv`), which
 parses in C++ off the GIL, in a thread of its own that parses the next chunk while staging
 checks, hashes and writes this one (`ReadAhead`); a Parquet file batch by batch within each
-row group. Categorical,
-cyclic and fold-key columns travel as codes into their distinct values (`Coded`): a Python
-string is made per distinct value, not per row. A CSV that pyarrow does not read as pandas
-would (a short or long row, a value that is no number, text in another encoding, ...) is
-read from that chunk on by pandas, whose reading names the row and the fix, as it always has.
+row group. Categorical, cyclic and fold-key columns travel as codes into their distinct
+values (`Coded`): a Python string is made per distinct value, not per row. A CSV that
+pyarrow does not read as pandas would (a short or long row, a value that is no number, text
+in another encoding, ...) is read from that chunk on by pandas, whose reading names the row
+and the fix, as it always has.
 """
 
 from __future__ import annotations
@@ -166,12 +166,12 @@ NA_VALUES = (
     *("<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"),
 )
 # The spellings pyarrow is told are missing: those no number starts with. pyarrow looks every
-# cell up among them, and one that shares a number's first character (a sign, a digit) makes
-# the lookup of most numbers go on past it: the six below cost 13% of the parse (measured,
-# 2026-11-29). A number column reads them as pandas does all the same: "-nan" and "-NaN"
-# pyarrow parses as NaN itself; "1.#IND", "1.#QNAN", "-1.#IND" and "-1.#QNAN" it refuses,
-# and pandas reads on from that chunk. A coded column's levels are checked against
-# NA_VALUES whole (`coded`).
+# cell up among them, and a spelling that shares a number's first character (a sign, a
+# digit) makes the lookup of most numbers go on past it: the six that do cost 13% of the
+# parse (measured, 2026-11-29). A number column reads those six as pandas does all the same:
+# "-nan" and "-NaN" pyarrow parses as NaN itself; "1.#IND", "1.#QNAN", "-1.#IND" and
+# "-1.#QNAN" it refuses, and pandas reads on from that chunk. A coded column's levels are
+# checked against the whole of NA_VALUES (`coded`).
 ARROW_NA_VALUES = [v for v in NA_VALUES if not v.startswith(("-", "1"))]
 
 
