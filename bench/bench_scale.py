@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_scale.py [--rows 1e4,1e5,1e6,1e7] [--formats csv,parquet]
                                           [--features 3] [--dir DIR] [--out DIR]
-                                          [--set KEY=VALUE ...]
+                                          [--set KEY=VALUE ...] [--stages stage-data,...]
+                                          [--baselines pandas-read,...]
 
 For each size and format it generates a table with pyarrow's writers (a categorical `store` of
 500 levels, a cyclic `weekday`, `--features` numeric features, 24 labels h00..h23) under
@@ -11,7 +12,9 @@ runs every stage of the training flow as its own `enn <stage> --config` command,
 folder of its own (a params.yaml in a temporary folder, outside any dvc.yaml: the checkout's
 params.yaml and outputs/ are untouched; `--keep` keeps it), with the settings
 docs/your-data.md gives for a table and for large tables (`train.batch_size: auto`, and
-`train.max_steps` to try one quickly: `large_table` below; `--set` adds to them). Per stage it
+`train.max_steps` to try one quickly: `large_table` below; `--set` adds to them; `--stages`
+runs the flow's first stages only, e.g. `--stages stage-data --baselines pandas-read` for
+the staging target). Per stage it
 prints seconds, rows per second and the peak anonymous memory (RssAnon, sampled every 20 ms:
 pages of a memmap read do not count) of the stage's process and of its largest other process
 (workers, torchrun). The table and the sampler are tests/fixtures/scale.py's,
@@ -221,7 +224,7 @@ def one_table(rows: int, fmt: str, args: argparse.Namespace) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sets = [f"--set={s}" for s in [*large_table(), *args.set]]
     out = []
-    for stage in STAGES:
+    for stage in args.stages.split(","):
         argv = [PY, "-c", "from flows.cli import entry; entry()", stage, "--config", str(config)]
         r = run_tree([*argv, *sets], folder, env)
         if stage == "distributed-train":  # rows trained on: the steps at the batch
@@ -350,6 +353,12 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--keep", action="store_true", help="keep each table's project folder")
     ap.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help="the first stages of the flow to run, in its order (e.g. stage-data: staging "
+        "against pandas-read and pyarrow-read, which need no staged arrays)",
+    )
+    ap.add_argument(
         "--baselines",
         default=",".join(BASELINES),
         help="which (torch-loop, model(x) and hist-gbr read the staged arrays: the same for "
@@ -358,6 +367,8 @@ def main() -> None:
     args = ap.parse_args()
     args.dir = args.dir.resolve()
     args.dir.mkdir(parents=True, exist_ok=True)
+    if args.stages.split(",") != STAGES[: len(args.stages.split(","))]:
+        ap.error(f"--stages: the flow's first stages in its order, from {','.join(STAGES)}")
     sizes = [int(float(s)) for s in args.rows.split(",")]
     formats = [f.strip() for f in args.formats.split(",")]
     settings = large_table() + args.set

@@ -21,7 +21,7 @@ from typing import Any
 from enn_core.atomic import write_json
 from enn_core.events import read_events
 from enn_core.runtime.heartbeat import read_heartbeats, stack_path
-from enn_core.runtime.launch import read_errors
+from enn_core.runtime.watchdog import read_errors  # not launch: it imports torch
 from enn_core.telemetry import markdown_table, read_verdicts
 
 FILE = "diagnostics.json"

@@ -25,13 +25,15 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
-import torch
 
 from enn_core.events import EventLog
 from enn_core.metric_names import telemetry
+
+if TYPE_CHECKING:  # torch is imported where a device is read: the diagnostics record reads
+    import torch  # this module's verdicts in stages that never load torch (stage-data: ~1.5 s)
 
 BOUND_SHARE = 0.3  # data wait or communication share of step time that makes a run "bound"
 UTIL_MIN_PCT = 95.0  # seed 04: sustained GPU utilization below this -> data/communication bound
@@ -59,6 +61,8 @@ def memory_snapshot(device: torch.device | str | None = None) -> dict[str, float
     anon = _status_kb("RssAnon")
     if anon is not None:
         out["rss_anon_mib"] = anon / 1024
+    import torch
+
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
         out["cuda_allocated_mib"] = torch.cuda.memory_allocated(dev) / mib
@@ -107,6 +111,8 @@ class GpuSampler:
     """Samples one GPU every `interval` seconds in a daemon thread (as nvidia-smi would)."""
 
     def __init__(self, device: torch.device | str, interval: float = 0.5) -> None:
+        import torch
+
         dev = torch.device(device)
         self.index = dev.index or 0
         self.interval = interval

@@ -112,3 +112,28 @@ def test_a_fold_column_of_numbers_is_keyed_as_numbers(tmp_path):
     week = ds.row_keys["week"].astype(str).to_numpy()
     assert set(week) == {"6", "7", "8", "9"}
     assert set(week[np.asarray(ds.split("test"))]) == {"9"}
+
+
+@pytest.mark.parametrize("spelling", ["-nan", "-NaN", "1.#IND", "1.#QNAN", "-1.#IND", "-1.#QNAN"])
+def test_missing_spellings_that_start_as_numbers_do_read_as_missing(tmp_path, spelling):
+    """pyarrow is not told these are missing (the lookup slowed every number's parse): a
+    number column reads them as missing all the same (pyarrow's NaN, or pandas from the
+    chunk pyarrow refuses), and a categorical column's value too."""
+    header, rows = table_rows(ROWS)
+    na, odd = [list(r) for r in rows], [list(r) for r in rows]
+    # a feature cell, then a label cell, in later chunks
+    na[700][2], odd[700][2] = "NA", spelling
+    na[3300][5], odd[3300][5] = "NA", spelling
+    _, a = _stage(tmp_path, na, header, "na.csv", chunk_rows=CHUNK, nonfinite="drop")
+    _, b = _stage(tmp_path, odd, header, "odd.csv", chunk_rows=CHUNK, nonfinite="drop")
+    da, db = StagedDataset(a), StagedDataset(b)
+    assert db.n_rows == ROWS - 2
+    np.testing.assert_array_equal(da.features, db.features)
+    np.testing.assert_array_equal(da.labels, db.labels)
+    assert da.row_keys.equals(db.row_keys)
+    odd[3300][5] = "4.5"  # only the feature cell left missing: refused, naming its line
+    with pytest.raises(DataError, match=r"t.csv line 702 feature 'temp': NaN or infinite"):
+        _stage(tmp_path, odd, header, chunk_rows=CHUNK)
+    odd[700][2], odd[1900][0] = "4.5", spelling  # a categorical value spelled so
+    with pytest.raises(DataError, match=r"t.csv line 1902 column 'region': empty or NaN value"):
+        _stage(tmp_path, odd, header, chunk_rows=CHUNK)
