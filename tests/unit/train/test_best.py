@@ -39,3 +39,30 @@ def test_training_with_early_stopping_holds_no_second_copy_of_the_weights(staged
     kept = tmp_path / "best-weights"
     assert not kept.exists() or not any(kept.iterdir())  # removed once restored
     assert torch.isfinite(torch.cat([p.detach().flatten() for p in rt.model.parameters()])).all()
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_the_best_epoch_restored_from_its_checkpoint_or_file_bit_identical(staged, tmp_path):
+    """The best epoch is not the last: without a checkpointer its weights come back from the
+    rank's file, with one from the best epoch's checkpoint; the same bytes either way, and the
+    epoch-by-epoch record shows the restore loaded them."""
+    cfg = tiny_cfg(
+        "train.epochs=30",
+        "train.lr=0.3",
+        "train.patience=1",
+        "train.clip_norm=0",
+        "train.warmup_steps=0",
+    )
+    plain, rt_plain = run_local(cfg, staged, tmp_path / "plain")
+    ckpt, rt_ckpt = run_local(cfg, staged, tmp_path / "ckpt", checkpoints=tmp_path / "dcp")
+    assert plain.step_losses == ckpt.step_losses
+    assert plain.best_epoch == ckpt.best_epoch
+    assert plain.best_epoch is not None and plain.best_epoch < len(plain.history) - 1
+    assert torch.equal(_flat(rt_plain.model), _flat(rt_ckpt.model))
+    for run in ("plain", "ckpt"):
+        events = (tmp_path / run / "events.jsonl").read_text()
+        assert '"restored_best"' in events and '"loaded": true' in events
+    assert not any((tmp_path / "plain" / "best-weights").iterdir())  # removed once restored
