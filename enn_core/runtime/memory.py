@@ -130,6 +130,14 @@ def _release_free_heap() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def release_free_heap() -> None:
+    """Hand free malloc memory back to the OS after a phase that freed much (a worker's
+    training state before rank 0 gathers the full weights): tensors freed inside malloc's heap
+    (FSDP2's gathers raise its mmap threshold to 32 MB, so shards and moments live there)
+    stay resident, as RssAnon, until trimmed."""
+    _release_free_heap()
+
+
 @dataclass(frozen=True)
 class PeakReading:
     """The peak memory of one call: `bytes` is what the budget is compared with."""

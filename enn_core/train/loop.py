@@ -26,8 +26,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from enn_core.config import TrainConfig
 from enn_core.errors import Preempted
 from enn_core.metric_names import telemetry
@@ -37,6 +35,7 @@ from enn_core.runtime.sampler import GlobalBlockSampler, make_plan
 from enn_core.runtime.watchdog import FIRST_FORWARD
 from enn_core.telemetry import GpuSampler, memory_snapshot, verdict_from_stats, write_epoch
 from enn_core.train.batch import choose_batch, choose_eval_batch, total_steps
+from enn_core.train.best import before_training, keep_best, kept_in, restore_best
 from enn_core.train.ckpt import step_name
 from enn_core.train.evaluate import validate
 from enn_core.train.guard import NonFiniteGuard
@@ -160,6 +159,7 @@ def train_epoch(st: TrainState, epoch: int, first_step: int = 0) -> bool:
     prior_s = es.wall_s
     every = rt.checkpointer.cfg.every_steps if rt.checkpointer is not None else 0
     last = min(spe, st.total_steps - epoch * spe)  # train.max_steps may end the epoch early
+    before_training(st)  # the best epoch's weights are on disk before they change
     st.model_train()
     t0 = time.perf_counter()
     asked = False
@@ -226,6 +226,8 @@ def save_epoch_end(st: TrainState, epoch: int, stopped: bool) -> None:
         return
     position = st.epoch_end(epoch)
     st.progress.ckpt_carry_s += timed_save(st, position, epoch_end=True, stopped=stopped)
+    if st.progress.best_held:  # this epoch is the best so far: the save holds its weights
+        kept_in(st, st.rt.checkpointer.root / step_name(position))
 
 
 def record_step(st: TrainState, gstep: int, out: StepOutcome) -> None:
@@ -303,7 +305,7 @@ def early_stop(st: TrainState, epoch: int, val: dict[str, float] | None) -> bool
     loss = val["loss"]
     if math.isfinite(loss) and loss < prog.best_loss:
         prog.best_loss, prog.best_epoch, prog.bad_epochs = loss, epoch, 0
-        prog.best_snapshot = [t.detach().clone() for t in st.tensors()]
+        keep_best(st)  # on disk, not a copy in memory (train/best.py)
     else:
         prog.bad_epochs += 1
     stop = st.cfg.patience > 0 and prog.bad_epochs >= st.cfg.patience
@@ -313,16 +315,6 @@ def early_stop(st: TrainState, epoch: int, val: dict[str, float] | None) -> bool
             "early_stop", epoch=epoch, best_epoch=prog.best_epoch, best_val_loss=prog.best_loss
         )
     return stop
-
-
-def restore_best(st: TrainState) -> None:
-    prog = st.progress
-    if prog.best_snapshot is None:
-        return
-    with torch.no_grad():
-        for t, saved in zip(st.tensors(), prog.best_snapshot, strict=True):
-            t.copy_(saved)
-    st.rt.events.event("restored_best", epoch=prog.best_epoch, val_loss=prog.best_loss)
 
 
 def result(st: TrainState, stopped: bool) -> TrainResult:

@@ -114,7 +114,9 @@ def resume(st: TrainState, path: Path | None) -> Position:
         return Position(0, 0)
     trainer = read_trainer(path)
     if trainer.get("best_checkpoint") and trainer.get("best_epoch") is not None:
-        _snapshot_best(st, path.parent / trainer["best_checkpoint"])
+        # restored from there at the end (train/best.py); the one resumed from may be it
+        st.progress.best_path = path.parent / trainer["best_checkpoint"]
+        st.progress.best_held = trainer["best_checkpoint"] == path.name
     model_sd, optim_sd = get_state_dict(st.holder, st.optimizer)
     safe_dcp.load({"model": model_sd, "optim": optim_sd}, path)  # in place; runs no code
     set_state_dict(st.holder, st.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
@@ -145,15 +147,6 @@ def load_weights(st: TrainState, path: Path) -> None:
         ) from e
     set_model_state_dict(st.holder, state["model"])
     st.rt.events.event("warm_start", checkpoint=str(path))
-
-
-def _snapshot_best(st: TrainState, best: Path) -> None:
-    """The best epoch's weights, which early stopping restores at the end of the run."""
-    sd = get_model_state_dict(st.holder)
-    state = {"model": sd}
-    safe_dcp.load(state, best)
-    set_model_state_dict(st.holder, state["model"])
-    st.progress.best_snapshot = [t.detach().clone() for t in st.tensors()]
 
 
 def _restore_trainer(st: TrainState, t: dict[str, Any]) -> None:

@@ -26,8 +26,14 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int, min_lr_ratio: f
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over `params`. `foreach` works with FSDP2's DTensor parameters as well."""
-    return torch.optim.AdamW(list(params), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
+    """AdamW over `params`. On an accelerator, `foreach` (its multi-tensor kernels; FSDP2's
+    DTensor parameters included). On the CPU, torch's per-tensor loop: the same kernels one
+    tensor at a time, so the same bytes (tests/unit/train/test_schedule.py), without foreach's
+    temporary of the whole update (its sqrt of the second moments: one more unit of the
+    rank's weights at each step's peak, issue 55)."""
+    params = list(params)
+    foreach = any(p.device.type != "cpu" for p in params)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=foreach)
 
 
 def build_scheduler(

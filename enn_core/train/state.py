@@ -127,7 +127,8 @@ class Progress:
     pending: list[tuple[str, float, int]] = field(default_factory=list)  # unflushed metrics
     best_loss: float = math.inf
     best_epoch: int | None = None
-    best_snapshot: list[torch.Tensor] | None = None
+    best_held: bool = False  # the live weights are the best epoch's (trained no further)
+    best_path: Path | None = None  # where else they are: a checkpoint or a file (best.py)
     bad_epochs: int = 0
     applied_steps: int = 0
     epoch: EpochStats | None = None  # None: no partial epoch to continue
