@@ -281,11 +281,18 @@ def parameters_on_meta() -> Iterator[None]:
             return None
         return nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
+    import torch.utils.deterministic as det
+
+    # under deterministic algorithms torch.empty fills each new tensor (NaN): every weight
+    # would be written once, resident, before the hook makes it meta (a whole model's worth of
+    # pages after any deterministic run in the process); its values are never read
+    fill, det.fill_uninitialized_memory = det.fill_uninitialized_memory, False
     handle = register_module_parameter_registration_hook(meta)
     try:
         yield
     finally:
         handle.remove()
+        det.fill_uninitialized_memory = fill
 
 
 def load_model(path: str | Path, code: ModelCode = BUILTIN) -> tuple[ENN, Checkpoint]:

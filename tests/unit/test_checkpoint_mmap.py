@@ -53,7 +53,15 @@ def test_loading_a_200_mb_checkpoint_holds_no_anonymous_copy_of_its_weights(tmp_
     tiny = build_model(small, make_manifest(), code=code)
     load_model(save_consolidated(tmp_path / "tiny.pt", tiny, small, make_manifest()), code)
     loaded: list[torch.nn.Module] = []
-    peak = host_peak(lambda: loaded.append(load_model(path, code)[0]))
+    # as a worker loads it: deterministic algorithms on (runtime.deterministic), under which
+    # torch.empty fills every new tensor; before, that wrote each weight once as it was built
+    # on the way to meta (the whole model resident, after any deterministic run in a process)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        peak = host_peak(lambda: loaded.append(load_model(path, code)[0]))
+    finally:
+        torch.use_deterministic_algorithms(was)
     # below a quarter of the file (before: about twice it, the file's tensors and a model)
     assert peak.bytes < size / 4, (peak, size)
     with torch.no_grad():
