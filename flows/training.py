@@ -195,7 +195,6 @@ def _run_recorded(
     layout = contain(
         project_layout(root, cfg.runtime.work_dir), groups=(TOOLS,), tracking_uri=cfg.tracking.uri
     )
-    nothing_to_run = False
     if dvc_state.has_dvc(root) and not dvc_state.owns(root, path):
         logger.warning(
             "%s is not this pipeline's params.yaml (%s): DVC, whose dvc.yaml reads that "
@@ -218,7 +217,6 @@ def _run_recorded(
             name,
         )
         cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
-        nothing_to_run = True
     tags = {"prefect.flow_run_id": str(flow_run.get_id() or ""), "prefect.flow_name": name}
     tags.update(mlflow_tags(recorded.plan))
     run_id = str(flow_run.get_id() or "") or None
@@ -237,7 +235,6 @@ def _run_recorded(
                 tags=tags,
                 group=batch_group(),  # every `enn` of a batch job under one parent run
                 specs=stages,
-                spare=not nothing_to_run,  # no worker will start: none started early
             ) as session,
             watch_cancellation(run_id) as cancel,
             cancel_scope(cancel),

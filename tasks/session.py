@@ -22,7 +22,7 @@ import psutil
 from enn_core.config import RunConfig
 from enn_core.errors import ConfigError
 from enn_core.paths import Layout
-from enn_core.stages import DISTRIBUTED_TRAIN, StageSpec
+from enn_core.stages import StageSpec
 from tasks.lock import pipeline_lock
 from tasks.runner import PipelineSession
 from tasks.tracking.runs import ended_status
@@ -98,18 +98,6 @@ def dvc_group() -> ParentGroup | None:
     return None
 
 
-def spare_for(
-    cfg: RunConfig, layout: Layout, specs: tuple[StageSpec, ...]
-) -> contextlib.AbstractContextManager[None]:
-    """distributed-train's one worker started early, when the run has that stage (its torch
-    imports overlap the stages before it: enn_core.train.stage.spare_worker)."""
-    if DISTRIBUTED_TRAIN not in specs:
-        return contextlib.nullcontext()
-    from enn_core.train.stage import spare_worker
-
-    return spare_worker(cfg, layout.work)
-
-
 @contextlib.contextmanager
 def pipeline_session(  # noqa: PLR0913  keyword options of the session every run opens
     cfg: RunConfig,
@@ -121,17 +109,13 @@ def pipeline_session(  # noqa: PLR0913  keyword options of the session every run
     tags: dict[str, str] | None = None,
     group: ParentGroup | None = None,
     specs: tuple[StageSpec, ...] = (),
-    spare: bool = True,
 ) -> Iterator[PipelineSession]:
     """Lock the work directory, open the MLflow parent run (with the run's parameters), and
     close it with the right status, after adding the headline results of `specs`' outputs.
 
-    `cfg` is the run's config, loaded once from `config` by the entry point. With `spare`
-    (unless the caller knows no stage will run), distributed-train's one worker starts now
-    (`spare_for`)."""
+    `cfg` is the run's config, loaded once from `config` by the entry point."""
     root = layout.root
-    early = spare_for(cfg, layout, specs) if spare else contextlib.nullcontext()
-    with pipeline_lock(layout.lock_file, name), early:
+    with pipeline_lock(layout.lock_file, name):
         tracker = None
         if cfg.tracking.enabled:
             from tasks.tracking import Tracker, git_commit

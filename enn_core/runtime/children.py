@@ -76,7 +76,7 @@ class Proc:
 class Child:
     """A child process of the table: its Popen (pipes, exit code) and its record."""
 
-    kind: str  # what it is: torchrun, worker, spare-worker, trial, prefect-api, server
+    kind: str  # what it is: torchrun, worker, trial, prefect-api, server
     proc: subprocess.Popen[bytes]
     record: Proc
     group: bool  # it leads a process group (a session) of its own
@@ -103,17 +103,14 @@ def start(  # noqa: PLR0913  what a child is started with, each a keyword
     *,
     env: Mapping[str, str] | None = None,
     log: Path | None = None,
-    stdin_pipe: bool = False,
     session: bool = False,
     foreign: bool = False,
     cwd: Path | str | None = None,
 ) -> Child:
     """`command` started as a child of kind `kind` and recorded (module docstring): `log`
-    gets its output and errors; with `stdin_pipe` its standard input is a pipe the caller
-    holds."""
+    gets its output and errors."""
     base = dict(os.environ if env is None else env)
     env_ = base if foreign else spawned_env(base)
-    stdin = subprocess.PIPE if stdin_pipe else subprocess.DEVNULL
     preexec = term_when_parent_dies if foreign else None
     out: int | IO[Any] = subprocess.DEVNULL
     with contextlib.ExitStack() as stack:
@@ -123,7 +120,7 @@ def start(  # noqa: PLR0913  what a child is started with, each a keyword
             command,
             env=env_,
             cwd=cwd,
-            stdin=stdin,
+            stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
             start_new_session=session,

@@ -11,11 +11,7 @@
   with torchrun's variables for rank 0 of 1 and its output in `<run_dir>/logs/rank-0.log`:
   torchrun's agent would only add an interpreter and its torch import (about 1.3 s on two
   cores, bench/bench_launch.py) and a signal hop. The launcher writes its exit record itself;
-  the watchdog, the stop paths and the signal contract are the same. Such a worker may be a
-  spare (`spare_worker`): started earlier, when the caller knows one will come (the training
-  flow, at its start), it imports the worker's module on the core the flow leaves idle and
-  takes the job when it comes; one that does not match the job (its environment, its
-  process group) is let go and a fresh worker started.
+  the watchdog, the stop paths and the signal contract are the same.
 - This process is the watchdog (enn_core.runtime.watchdog): it reads each rank's heartbeat
   and, when a rank is silent past its phase budget, dumps every rank's stack to
   `<run_dir>/stacks/`, kills the attempt (torchrun restarts it while `max_restarts` allows)
@@ -24,8 +20,8 @@
   rank reach the caller (domain errors keep their class so retry rules still apply); a rank
   that died below Python is named with its exit code or signal (torchrun's record).
 - torchrun, or the one worker started directly, is a child of the process table
-  (enn_core.runtime.children), as is a spare; the workers are found and killed by pid and
-  start time, never by command line.
+  (enn_core.runtime.children); the workers are found and killed by pid and start time,
+  never by command line.
 - Stop now: Ctrl-C, `cancel.set()` or the overall `timeout_s` kill every worker within
   seconds (the last committed checkpoint is kept). A scheduler's warning (SIGTERM to this
   process, `request_graceful_stop()`) is forwarded to torchrun, which forwards it to the
@@ -56,7 +52,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +61,7 @@ from enn_core import errors
 from enn_core.atomic import write_json
 from enn_core.config.runtime import RuntimeConfig, check_rendezvous
 from enn_core.errors import WorkerError
-from enn_core.runtime import children, secret, spare
+from enn_core.runtime import children, secret
 from enn_core.runtime.dist import STALE_ENV
 from enn_core.runtime.entry import RESULTS, read_results
 from enn_core.runtime.heartbeat import CANCEL_FILE, HEARTBEATS, STACKS, read_heartbeats
@@ -115,19 +111,6 @@ LIVENESS_FLOOR_S = 15.0
 # torchrun's record of a rendezvous error names its class first (enn_core.runtime.torchrun):
 # these are not worth a retry (enn_core.runtime.store_auth)
 NOT_RETRIED = ("UnauthenticatedWrite", "RendezvousNodesDiffer")
-
-
-@contextlib.contextmanager
-def spare_worker(module: str, work_dir: Path) -> Iterator[None]:
-    """A spare worker (enn_core.runtime.spare) importing `module` while the block runs; the
-    next one-worker job of a run directory under `work_dir` takes it; let go when the block
-    ends."""
-    env = child_env(Path(work_dir) / "runs" / "spare" / "worker", 1)
-    made = spare.start(module, env, in_terminal_foreground())
-    try:
-        yield
-    finally:
-        spare.release(made)
 
 
 def free_port() -> int:
@@ -267,7 +250,6 @@ class Job:
         self.own_group = False
         # one worker of one node that is never restarted: no agent needed (module docstring)
         self.direct = nprocs == 1 and rdzv.nnodes == 1 and max_restarts == 0
-        self.from_spare = False  # the direct worker was a spare (`spare_worker`)
         self.said_waiting = ""  # the rendezvous's last "still waiting" line shown
 
     def start(self) -> None:
@@ -306,22 +288,10 @@ class Job:
             kind = "worker"
             command = [sys.executable, "-m", "enn_core.runtime.entry", str(job_path)]
             log_file = self.run_dir / "logs" / "rank-0.log"
-            given = spare.take_spare(env, self.own_group)
-            if given is not None and self.hand_over(given, env, job_path, log_file):
-                return
             env.update(one_worker_env(self.rdzv))
         self.child = children.start(kind, command, env=env, log=log_file, session=self.own_group)
         self.proc = self.child.proc
         self.started = time.time()
-
-    def hand_over(self, given: spare.Spare, env: dict[str, str], job: Path, log: Path) -> bool:
-        """The job to a spare worker (False: it died meanwhile, start a fresh one)."""
-        if not spare.hand_over(given, env, one_worker_env(self.rdzv), job, log):
-            return False
-        self.child, self.proc = given.child, given.proc
-        self.started = time.time()
-        self.from_spare = True
-        return True
 
     def running(self, poll_s: float) -> bool:
         assert self.proc is not None
@@ -392,7 +362,6 @@ class Job:
             record: dict[str, Any] = {"state": "succeeded", "exits": {}, "message": ""}
             if code != 0:
                 record = {"state": "failed", "exits": {"0": code}, "message": f"rank 0 exit {code}"}
-            record["worker"] = "spare" if self.from_spare else "started"  # how it came to run
             write_json(path, record)
             return record
         try:

@@ -74,19 +74,6 @@ def resolve_world_size(requested: int, device: str) -> tuple[int, str]:
     return 1, "runtime.world_size=0 on CPU: 1 worker"
 
 
-def spare_worker(cfg: RunConfig, work_dir: Path) -> contextlib.AbstractContextManager[None]:
-    """While the block runs, a spare of the one worker distributed-train will start (the
-    launcher starts one worker of one node without restarts directly, enn_core.runtime.launch),
-    importing the worker's code on a core the flow leaves idle; nothing for other jobs."""
-    from enn_core.runtime.launch import spare_worker as spare
-
-    rt = cfg.runtime
-    one = rt.nnodes == 1 and rt.max_restarts == 0 and rt.launcher == "enn"
-    if not one or resolve_world_size(rt.world_size, rt.device)[0] != 1:
-        return contextlib.nullcontext()
-    return spare(WORKER_ENTRY.partition(":")[0], work_dir)
-
-
 def run(cfg: RunConfig, ctx: StageContext, *, staged: Path, init: Path) -> TrainSummary:
     """Train on the staged data (`staged`) from the initial checkpoint in `init`."""
     init = init / "init.pt"

@@ -179,10 +179,6 @@ def test_a_prefect_worker_runs_the_training_flow_logging_to_an_mlflow_server(
         assert (root / "params.yaml").read_bytes() == params  # no tracked file written
         assert not (root / "dvc.lock").exists()  # DVC neither skipped nor recorded the run
         assert "train.epochs=12 for this run only (a deployment's run never writes" in said, said
-        # distributed-train's one worker was the spare started with the session, although
-        # MLflow's client set MLFLOW_TRACKING_URI (the server) after it started
-        (exits,) = (root / "work" / "runs").glob("*/distributed-train/launch/exits.json")
-        assert json.loads(exits.read_text())["worker"] == "spare", exits.read_text()
         (tmp_path / "worker.out").write_text(said)  # what the worker's terminal showed
         # issue 39: the flow run's process prints the project's lines, not Prefect's INFO
         # lines about the flow and task runs ("Beginning flow run ...", "Finished in state ...")

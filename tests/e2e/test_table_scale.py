@@ -34,7 +34,6 @@ MIB = 1024  # kB
 SLACK_KB = 40 * MIB
 # the `enn` process runs every stage but training's workers: compared stage by stage; the
 # others (the workers, torchrun, Prefect's temporary API, export's helper) over the whole run
-# (the spare worker warms its imports during stage-data: what it holds then follows the clock)
 PARENT = "enn"
 SETTINGS = [
     "data.chunk_rows=2000",  # staging reads 2,000 rows at a time

@@ -273,7 +273,7 @@ def test_a_model_name_another_user_holds_stops_the_run_before_training(
     with (
         pytest.raises(ConfigError) as e,
         pipeline_session(
-            cfg, tmp_path / "params.yaml", layout, "training", specs=FLOWS["training"], spare=False
+            cfg, tmp_path / "params.yaml", layout, "training", specs=FLOWS["training"]
         ),
     ):
         raise AssertionError("the session opened: the stages would have run")

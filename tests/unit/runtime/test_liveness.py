@@ -7,6 +7,7 @@ picked by their command line."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -76,7 +77,7 @@ def _end(*procs: subprocess.Popen) -> None:
         proc.wait(10)
 
 
-def test_a_silent_peer_stops_the_workers_started_after_the_rendezvous(endpoint):
+def test_a_silent_peer_stops_the_workers_started_after_the_rendezvous(endpoint, tmp_path):
     """The agent's own beat (no `on_silent`): a peer goes silent, and the child this process
     started after the rendezvous (the enn launcher's worker: `-m enn_core.runtime.entry`) is
     killed, while one it had before (a server of its own) lives on; the line is kept for the
@@ -84,7 +85,9 @@ def test_a_silent_peer_stops_the_workers_started_after_the_rendezvous(endpoint):
     server = _child("-c", "import sys; sys.stdin.read()")
     said: list[str] = []
     agent = Liveness(endpoint, KEY, "job-live", 0, 0, 2, str, timeout_s=1.0, every_s=0.1)
-    worker = _child("-m", "enn_core.runtime.entry", "--warm", "json")
+    job = tmp_path / "job.json"  # a worker that sleeps until it is killed
+    job.write_text(json.dumps({"entry": "time:sleep", "args": [60], "run_dir": str(tmp_path)}))
+    worker = _child("-m", "enn_core.runtime.entry", str(job))
     peer = _node(endpoint, 1, said)
     try:
         agent.start()
