@@ -286,13 +286,14 @@ def parameters_on_meta() -> Iterator[None]:
     # under deterministic algorithms torch.empty fills each new tensor (NaN): every weight
     # would be written once, resident, before the hook makes it meta (a whole model's worth of
     # pages after any deterministic run in the process); its values are never read
-    fill, det.fill_uninitialized_memory = det.fill_uninitialized_memory, False
+    fill = det.fill_uninitialized_memory  # type: ignore[attr-defined]
+    det.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     handle = register_module_parameter_registration_hook(meta)
     try:
         yield
     finally:
         handle.remove()
-        det.fill_uninitialized_memory = fill
+        det.fill_uninitialized_memory = fill  # type: ignore[attr-defined]
 
 
 def load_model(path: str | Path, code: ModelCode = BUILTIN) -> tuple[ENN, Checkpoint]:

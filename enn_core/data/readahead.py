@@ -30,16 +30,16 @@ class _End:
 
 
 class ReadAhead(Generic[T]):
-    """Iterate `make()`'s items, each made in a helper thread named `name` while the caller
+    """Iterate `make()`'s items, each made in a helper thread (`enn-read-ahead`) while the caller
     works on the one before."""
 
-    def __init__(self, make: Callable[[], Iterator[T]], name: str, depth: int = 1) -> None:
+    def __init__(self, make: Callable[[], Iterator[T]], depth: int = 1) -> None:
         self._make = make
         self._items: queue.Queue[T | _End] = queue.Queue()
         self._room = threading.Semaphore(depth)  # items the thread may make ahead of the caller
         self._stop = threading.Event()
         self._done = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="enn-read-ahead", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:

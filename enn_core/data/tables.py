@@ -224,7 +224,7 @@ class CsvSource(_TableSource):
 
     def chunks(self) -> Iterator[Chunk]:
         # the next table is parsed (off the GIL) while this chunk is checked, hashed and written
-        tables, start = ReadAhead(self._arrow_tables, "enn-csv-read"), 0
+        tables, start = ReadAhead(self._arrow_tables), 0
         try:
             while True:
                 try:

@@ -29,10 +29,10 @@ def test_items_then_the_error_in_the_generators_order():
 
     got = []
     with pytest.raises(ValueError, match="row 3 is bad"):
-        for item in ReadAhead(gen, "enn-test-read"):
+        for item in ReadAhead(gen):
             got.append(item)
     assert got == [1, 2]
-    assert not _threads("enn-test-read")
+    assert not _threads("enn-read-ahead")
 
 
 def test_the_next_item_is_made_while_the_caller_holds_this_one():
@@ -45,7 +45,7 @@ def test_the_next_item_is_made_while_the_caller_holds_this_one():
             made[i].set()
             yield i
 
-    items = ReadAhead(gen, "enn-test-read", depth=1)
+    items = ReadAhead(gen, depth=1)
     assert next(items) == 0
     # the caller has not asked for item 1: the helper thread makes it meanwhile
     assert made[1].wait(WAIT)
@@ -54,7 +54,7 @@ def test_the_next_item_is_made_while_the_caller_holds_this_one():
     assert next(items) == 1
     assert made[2].wait(WAIT)
     assert list(items) == [2]
-    assert set(makers) == {"enn-test-read"}
+    assert set(makers) == {"enn-read-ahead"}
 
 
 def test_stopping_early_closes_the_generator_and_ends_the_thread():
@@ -66,15 +66,15 @@ def test_stopping_early_closes_the_generator_and_ends_the_thread():
         finally:
             closed.set()
 
-    with ReadAhead(gen, "enn-test-read") as items:
+    with ReadAhead(gen) as items:
         assert next(items) == 0
     assert closed.is_set()
-    assert not _threads("enn-test-read")
+    assert not _threads("enn-read-ahead")
 
 
 def test_a_csv_is_parsed_ahead_in_its_own_thread(tmp_path: Path):
     """Staging a CSV: while the caller holds a chunk, the next is parsed in the thread
-    "enn-csv-read"; the thread is gone once the chunks are read, or the caller stops."""
+    "enn-read-ahead"; the thread is gone once the chunks are read, or the caller stops."""
     header, rows = table_rows(2000)
     path = write_table_csv(tmp_path / "t.csv", rows, header)
     cfg = DataConfig(source="csv", path=str(path), chunk_rows=500, **TABLE_CFG)
@@ -82,11 +82,11 @@ def test_a_csv_is_parsed_ahead_in_its_own_thread(tmp_path: Path):
     chunks = source.chunks()
     first = next(chunks)
     assert first.rows == 500
-    assert _threads("enn-csv-read")
+    assert _threads("enn-read-ahead")
     assert sum(c.rows for c in chunks) == 1500
-    assert not _threads("enn-csv-read")
+    assert not _threads("enn-read-ahead")
     chunks = source.chunks()
     next(chunks)
     chunks.close()  # a caller that stops early (an error in a chunk): the reader stops too
-    assert not _threads("enn-csv-read")
+    assert not _threads("enn-read-ahead")
     source.close()
