@@ -106,6 +106,18 @@ def baseline(init: Path, steps: int) -> dict:
         t0 = time.perf_counter()
         torch.load(Path(tmp) / "state.pt", weights_only=True)
         load_s = time.perf_counter() - t0
+        # DCP of the same state, one process (what each rank's shard costs, without the ranks)
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        dcp.save(state, checkpoint_id=str(Path(tmp) / "dcp"))
+        dcp_save_s = time.perf_counter() - t0
+        os.sync()
+        into = {k: torch.empty_like(v) for k, v in state.items()}
+        t0 = time.perf_counter()
+        dcp.load(into, checkpoint_id=str(Path(tmp) / "dcp"))
+        dcp_load_s = time.perf_counter() - t0
+        del into
     del state
     from enn_core.config.loader import build
     from enn_core.config.model import ModelConfig
@@ -130,6 +142,8 @@ def baseline(init: Path, steps: int) -> dict:
         "state_gb": nbytes / 1e9,
         "torch_save_gbs": nbytes / 1e9 / save_s,
         "torch_load_gbs": nbytes / 1e9 / load_s,
+        "dcp_save_gbs": nbytes / 1e9 / dcp_save_s,
+        "dcp_load_gbs": nbytes / 1e9 / dcp_load_s,
         "loop_step_s": step_s,
         "loop_batch": len(train),
     }
@@ -151,6 +165,13 @@ def first_step(folder: Path, config: Path) -> dict:
         if rec.get("type") == "metric" and name.startswith("telemetry/time/"):
             steps[rec["step"]] = steps.get(rec["step"], 0.0) + rec["value"]
     later = [v for k, v in steps.items() if k > 0]
+    saves = []  # the training's own DCP saves: seconds, and the committed folder's bytes
+    for line in events.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("name") == "checkpoint_saved" and Path(rec["fields"]["path"]).is_dir():
+            done = Path(rec["fields"]["path"])
+            size = sum(f.stat().st_size for f in done.rglob("*") if f.is_file())
+            saves.append(size / 1e9 / rec["fields"]["seconds"])
     rt = yaml.safe_load(config.read_text()).get("runtime") or {}
     budget, why = first_forward_budget(
         float(rt.get("hang_timeout_s", 120.0)),
@@ -162,6 +183,7 @@ def first_step(folder: Path, config: Path) -> dict:
         "later_step_s": sum(later) / len(later) if later else float("nan"),
         "first_step_budget_s": budget,
         "first_step_budget_why": why,
+        "train_dcp_save_gbs": max(saves) if saves else float("nan"),
     }
 
 
@@ -190,7 +212,8 @@ def one(params: int, world: int, args: argparse.Namespace) -> list[dict]:
             print(
                 f"  {size['params'] / 1e6:7.1f}M ws{world} first step {row['first_step_s']:.1f} s "
                 f"(later steps {row['later_step_s']:.1f} s) of its watchdog budget "
-                f"{row['first_step_budget_s']:.0f} s ({row['first_step_budget_why']})",
+                f"{row['first_step_budget_s']:.0f} s ({row['first_step_budget_why']}); "
+                f"its DCP saves {row['train_dcp_save_gbs']:.2f} GB/s (weights and AdamW state)",
                 flush=True,
             )
     init = folder / "outputs" / "prepare-checkpoint" / "init.pt"
@@ -203,6 +226,8 @@ def one(params: int, world: int, args: argparse.Namespace) -> list[dict]:
             print(
                 f"  {size['params'] / 1e6:7.1f}M hand-written: torch.save "
                 f"{res['torch_save_gbs']:.2f} GB/s, torch.load {res['torch_load_gbs']:.2f} GB/s, "
+                f"DCP save {res['dcp_save_gbs']:.2f} GB/s, "
+                f"DCP load {res['dcp_load_gbs']:.2f} GB/s, "
                 f"a step {res['loop_step_s']:.2f} s at batch {res['loop_batch']}, "
                 f"peak {r['parent_mb']:.0f} MiB",
                 flush=True,
