@@ -110,6 +110,11 @@ def _proc_status_kb(*names: str) -> dict[str, int]:
     return out
 
 
+def anon_bytes() -> int:
+    """This process's resident anonymous memory (RssAnon), in bytes; 0 where /proc has none."""
+    return max(0, _proc_status_kb("RssAnon")["RssAnon"]) * 1024
+
+
 def _reset_host_peak() -> bool:
     """Reset VmHWM to the current RSS (writing 5 to /proc/self/clear_refs, Linux >= 4.0)."""
     try:

@@ -18,24 +18,14 @@ not enforced by the kernel: a process can pass it by what it allocates between t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Callable
 
 from enn_core.errors import OutOfMemory
+from enn_core.runtime.memory import anon_bytes
 
-KIB = 1024
 MIB = 2**20
-
-
-def anon_bytes() -> int:
-    """This process's resident anonymous memory (RssAnon), in bytes; 0 where /proc has none."""
-    with contextlib.suppress(OSError), open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * KIB
-    return 0
 
 
 def over_limit(held: int, limit_mb: int) -> OutOfMemory:

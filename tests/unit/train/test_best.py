@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from enn_core.runtime.memory import host_peak
-from tests.fixtures.train import run_local, staged_dir, tiny_cfg
+from tests.fixtures.train import EARLY_STOP, run_local, staged_dir, tiny_cfg
 
 # An ENN of about 25 MB of float32 weights: its weight-sized units stand out of the tiny
 # data's activations and of torch's own allocations
@@ -50,13 +50,7 @@ def test_the_best_epoch_restored_from_its_checkpoint_or_file_bit_identical(stage
     """The best epoch is not the last: without a checkpointer its weights come back from the
     rank's file, with one from the best epoch's checkpoint; the same bytes either way, and the
     epoch-by-epoch record shows the restore loaded them."""
-    cfg = tiny_cfg(
-        "train.epochs=30",
-        "train.lr=0.3",
-        "train.patience=1",
-        "train.clip_norm=0",
-        "train.warmup_steps=0",
-    )
+    cfg = tiny_cfg(*EARLY_STOP)
     plain, rt_plain = run_local(cfg, staged, tmp_path / "plain")
     ckpt, rt_ckpt = run_local(cfg, staged, tmp_path / "ckpt", checkpoints=tmp_path / "dcp")
     assert plain.step_losses == ckpt.step_losses

@@ -15,7 +15,7 @@ from enn_core.model.enn import build_model
 from enn_core.runtime.sampler import GlobalBlockSampler, read_rows
 from enn_core.train.guard import replay_loss
 from enn_core.train.schedule import lr_factor
-from tests.fixtures.train import run_local, tiny_cfg, with_fault
+from tests.fixtures.train import EARLY_STOP, run_local, tiny_cfg, with_fault
 
 
 def params(model: torch.nn.Module) -> torch.Tensor:
@@ -109,13 +109,7 @@ def test_validation_in_real_units_and_best_epoch_restored(staged, tmp_path):
 
 
 def test_early_stopping_stops(staged, tmp_path):
-    cfg = tiny_cfg(
-        "train.epochs=30",
-        "train.lr=0.3",
-        "train.patience=1",
-        "train.clip_norm=0",
-        "train.warmup_steps=0",
-    )
+    cfg = tiny_cfg(*EARLY_STOP)
     result, _ = run_local(cfg, staged, tmp_path)
     assert result.stopped_early and len(result.history) < 30
     assert len(result.history) - 1 - result.best_epoch == 1
