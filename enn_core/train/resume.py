@@ -17,6 +17,7 @@ seeded stream (the sampler's state is a global position, so the batches are the 
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,10 +114,19 @@ def resume(st: TrainState, path: Path | None) -> Position:
     if path is None:
         return Position(0, 0)
     trainer = read_trainer(path)
-    if trainer.get("best_checkpoint") and trainer.get("best_epoch") is not None:
-        # restored from there at the end (train/best.py); the one resumed from may be it
-        st.progress.best_path = path.parent / trainer["best_checkpoint"]
-        st.progress.best_held = trainer["best_checkpoint"] == path.name
+    best = trainer.get("best_checkpoint")
+    if best and trainer.get("best_epoch") is not None:
+        # restored from there at the end (train/best.py); the one resumed from may be it. A
+        # name that is not a checkpoint folder beside this one (`../elsewhere`) is refused:
+        # the file may not choose what the run reads its weights from
+        if not (isinstance(best, str) and re.fullmatch(r"step-\d{8,}", best)):
+            raise UntrustedCheckpointError(
+                f"{path / TRAINER}: best_checkpoint {str(best)[:80]!r} is not a checkpoint "
+                f"of {path.parent} (step-NNNNNNNN); delete {path} (resume falls back to an "
+                "earlier one) or re-train"
+            )
+        st.progress.best_path = path.parent / best
+        st.progress.best_held = best == path.name
     model_sd, optim_sd = get_state_dict(st.holder, st.optimizer)
     safe_dcp.load({"model": model_sd, "optim": optim_sd}, path)  # in place; runs no code
     set_state_dict(st.holder, st.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)

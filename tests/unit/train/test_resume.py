@@ -216,3 +216,23 @@ def test_a_resume_from_a_crafted_byte_item_is_refused_and_runs_nothing(staged, t
     with pytest.raises(UntrustedCheckpointError) as e:
         run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=tmp_path / "ckpt")
     _assert_refused(e, f"{step}: item ", marker)
+
+
+def test_a_best_checkpoint_naming_a_folder_elsewhere_is_refused(staged, tmp_path, reference):
+    """trainer.json's best_checkpoint is where the run's end restores its weights from: a
+    name that leads out of the checkpoint folder (`../victim/step-...`) is refused in one
+    line, and nothing is read from there."""
+    *_, ckpt = reference
+    crafted = tmp_path / "ckpt"
+    crafted.mkdir()
+    for p in committed(ckpt)[:1]:
+        dest = crafted / p.name
+        shutil.copytree(p, dest)
+        trainer = json.loads((dest / TRAINER).read_text())
+        trainer.update(best_checkpoint=f"../victim/{p.name}", best_epoch=0)
+        (dest / TRAINER).write_text(json.dumps(trainer))
+        record = json.loads((dest / COMMITTED).read_text())
+        record["files"] = content_hashes(dest)  # written so: no quarantine
+        (dest / COMMITTED).write_text(json.dumps(record))
+    with pytest.raises(UntrustedCheckpointError, match=r"best_checkpoint '\.\./victim/step-"):
+        run_local(tiny_cfg(*CKPT), staged, tmp_path / "run", checkpoints=crafted)
