@@ -17,8 +17,9 @@ wait for the slowest peer, which is what a rank loses to communication.
 
 What it does not see: under HSDP, the all-reduce across replicas that FSDP2 issues itself
 with `dist.all_reduce` (no hook in 2.13); DDP's bucketed all-reduce (asynchronous, inside
-autograd); and an asynchronous collective's later `wait()` (FSDP2 issues its all-gathers
-synchronously unless `unshard(async_op=True)` is called, which this project never does). On
+autograd). On the CPU the blocks unshard with async_op=True (enn_core.runtime.dist, for
+memory): the timed all-gather waits for its Work inside the clock, so the time counted is the
+same blocking time. On
 CUDA the calls only enqueue work on NCCL streams, so the time is launch time; the GPU verdict
 rests on NVML there (enn_core.telemetry).
 
@@ -110,9 +111,22 @@ class _TimedAllGather(AllGather):
         group: dist.ProcessGroup,
         async_op: bool = False,
     ) -> dist.Work | None:
-        return _timed(
-            self.clock, self.delay_s, self.inner, output_tensor, input_tensor, group, async_op
-        )
+        if not async_op:
+            return _timed(
+                self.clock, self.delay_s, self.inner, output_tensor, input_tensor, group, False
+            )
+        # On the CPU the blocks unshard with async_op=True (enn_core.runtime.dist): wait here,
+        # inside the clock, so the time counted is still the time the rank is blocked; the
+        # Work returned is done, and FSDP2's own wait() on it returns at once.
+        return _timed(self.clock, self.delay_s, self._wait, output_tensor, input_tensor, group)
+
+    def _wait(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup
+    ) -> dist.Work | None:
+        work = self.inner(output_tensor, input_tensor, group, True)
+        if work is not None:
+            work.wait()
+        return work
 
 
 class _TimedReduceScatter(ReduceScatter):
@@ -132,9 +146,17 @@ class _TimedReduceScatter(ReduceScatter):
         op: dist.ReduceOp | dist.ReduceOp.RedOpType,
         async_op: bool = False,
     ) -> dist.Work | None:
-        return _timed(
+        work = _timed(
             self.clock, self.delay_s, self.inner, output_tensor, input_tensor, group, op, async_op
         )
+        if not async_op and input_tensor.device.type == "cpu":
+            # Done: the unit's gradients were reduced into output_tensor. FSDP2 keeps this
+            # input (a whole unit's gradients) until the next unit's reduce-scatter, so that
+            # a CUDA allocator does not reuse it while a stream may still read it; a CPU
+            # collective that returned has read it, and keeping it only raises every
+            # backward's peak by one unit. Free its memory now (the tensor stays, empty).
+            input_tensor.untyped_storage().resize_(0)
+        return work
 
 
 def time_fsdp_collectives(

@@ -335,6 +335,8 @@ def apply_parallelism(
     # still cast their inputs (activations) to param_dtype.
     root_mp = dataclasses.replace(mp, cast_forward_inputs=False)
     fully_shard(model, mesh=env.mesh, mp_policy=root_mp)
+    if env.device.type == "cpu":
+        _one_unit_at_a_time(model)
     if hasattr(model, "predict"):  # predict() calls forward directly: give it the root hooks
         register_fsdp_forward_method(model, "predict")
     record["wrap"] = "hsdp" if hsdp else "fsdp2"
@@ -342,6 +344,28 @@ def apply_parallelism(
     record["mesh"] = "x".join(str(n) for n in cast("DeviceMesh", env.mesh).shape)
     record["param_dtype"] = str(param_dtype or torch.float32).replace("torch.", "")
     return model, record
+
+
+def _one_unit_at_a_time(model: nn.Module) -> None:
+    """On the CPU, a worker holds one FSDP2 unit's gathered weights and gradients at a time.
+
+    FSDP2's defaults overlap communication with compute on CUDA streams, and each overlap
+    keeps a whole unit more alive; a CPU has no streams to overlap, so each only raises the
+    peak (measured on a 99.2M-parameter model of 8 units at world size 2, one step's peak
+    1,130 -> 1,080 MiB):
+    - the forward keeps each unit's all-gather buffer until the next unit's is copied out:
+      with async_op=True it is freed once copied out (torch_private.unshard_without_deferral);
+    - the backward gathers the next unit while this one computes (implicit prefetch): each
+      unit set to prefetch only itself, already gathered, turns it off;
+    - the backward keeps each unit's reduce-scatter input until the next unit's: the timed
+      reduce-scatter (enn_core.runtime.comm_clock) frees it once the collective returned.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    torch_private.unshard_without_deferral(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_modules_to_backward_prefetch([module])
 
 
 def _blocks(model: nn.Module) -> nn.ModuleList:

@@ -1,5 +1,5 @@
-"""The one module that names torch's private members of its c10d rendezvous, elastic agent and
-process groups (issue 53.2): everything else calls the functions here.
+"""The one module that names torch's private members of its c10d rendezvous, elastic agent,
+process groups and FSDP2 (issue 53.2): everything else calls the functions here.
 
 torch is pinned (pyproject.toml, constraints.txt), but none of these is its public API: the
 next version may rename, move or re-sign any of them. `PRIVATE` lists each one with what this
@@ -36,6 +36,7 @@ C10D_BACKEND = "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
 UTILS = "torch.distributed.elastic.rendezvous.utils"
 AGENT = "torch.distributed.elastic.agent.server.api"
 C10D = "torch.distributed.distributed_c10d"
+FSDP2 = "torch.distributed.fsdp._fully_shard._fully_shard"
 # torch's switch for the agent's shared workers' store (read by the handler at each rendezvous)
 NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 ASSIGNED_RANKS = "torchelastic/assigned_ranks/"  # the agent's keys in the rendezvous store
@@ -217,6 +218,17 @@ PRIVATE: tuple[Private, ...] = (
         "a node's local world size (JSON, `local_world_size`), to name its ranks",
         "a silent node's ranks are named 'unknown'",
     ),
+    Private(
+        FSDP2,
+        "FSDPModule",
+        "_set_unshard_async_op",
+        "class",
+        ("self", "async_op"),
+        "on the CPU, FSDP2 frees a unit's all-gather buffer once copied out instead of "
+        "holding it until the next unit's (enn_core.runtime.dist): one unit less at the peak",
+        "AttributeError when a CPU job shards its model; renamed to a no-op: each worker's "
+        "forward holds one unit more again",
+    ),
 )
 
 
@@ -369,3 +381,11 @@ def assigned_ranks(store: Any) -> Callable[[int], str]:
         return str(base) if local == 1 else f"{base}-{base + local - 1}"
 
     return ranks_of
+
+
+def unshard_without_deferral(model: Any) -> None:
+    """FSDP2's pre-forward and pre-backward all-gathers of `model` and its FSDP2 submodules
+    with async_op=True: each unit's all-gather buffer is freed once copied out, not kept
+    until the next unit's (what a CUDA stream's overlap needs, and a CPU's memory pays for).
+    The timed all-gather (enn_core.runtime.comm_clock) waits for the Work it returns."""
+    model._set_unshard_async_op(True)

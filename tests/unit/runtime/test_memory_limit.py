@@ -61,7 +61,7 @@ def test_without_a_limit_it_keeps_each_phases_peak_and_reports_nothing():
         watch.stop()
     peaks = watch.peaks_mib()
     assert list(peaks) == ["load", "wrap", "step"], peaks
-    assert peaks["wrap"] > peaks["load"] + 120, peaks
+    assert peaks["wrap"] > peaks["load"] + 100, peaks  # 128 MiB held in "wrap" alone
     assert not seen
 
 
