@@ -191,7 +191,7 @@ def one(params: int, world: int, args: argparse.Namespace) -> list[dict]:
     width = width_for(params, args.blocks)
     folder = Path(tempfile.mkdtemp(prefix=f"enn-bench-model-{params}-{world}-"))
     config = project(folder, width, args.blocks, args.steps, world, args.set)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_ARENA_MAX": "2"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # malloc as a user meets it (runtime.malloc)
     size = {"params": count(width, args.blocks), "width": width, "world_size": world}
     rows = []
     for stage in STAGES:
