@@ -55,6 +55,13 @@ class RuntimeConfig:
     before it pushes a shared node into swap or the kernel's out-of-memory killer. Sampled
     every 10 ms, not enforced by the kernel (docs/scale-out.md)."""
 
+    malloc_mmap_threshold_mb: int = 4
+    """glibc's mmap threshold in each training worker, MiB: a freed tensor of at least this size
+    goes back to the system instead of leaving a hole in malloc's heap that the next step's
+    peak counts (measured at 99.2M parameters, world size 2: 1,105 against 1,250 MiB a
+    worker). 0 keeps glibc's own threshold, which moves up to 32 MiB: the heap reuses freed
+    memory, about 4% faster a step at that size, at the higher peak (docs/scale-out.md)."""
+
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     """Worker start method for the elastic launch."""
 
@@ -155,6 +162,11 @@ class RuntimeConfig:
             raise ConfigError(
                 f"runtime.worker_memory_limit_mb={self.worker_memory_limit_mb} is negative; "
                 "use MiB per worker (e.g. 4096), or 0 for no limit"
+            )
+        if not 0 <= self.malloc_mmap_threshold_mb <= 32:
+            raise ConfigError(
+                f"runtime.malloc_mmap_threshold_mb={self.malloc_mmap_threshold_mb} is out of "
+                "range; use MiB from 1 to 32 (4), or 0 for glibc's own moving threshold"
             )
         if self.threads_per_worker < 0:
             raise ConfigError("runtime.threads_per_worker must be >= 0 (0 = auto)")

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from enn_core.atomic import write_json
-from enn_core.runtime.malloc import set_worker_malloc
 from enn_core.runtime.parent import die_with_parent, exit_process
 from enn_core.runtime.watchdog import ERRORS, write_error
 
@@ -56,7 +55,6 @@ def read_results(run_dir: Path) -> dict[int, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
-    set_worker_malloc()  # before torch allocates anything (enn_core.runtime.malloc)
     job = json.loads(Path(argv[0]).read_text())
     run_dir, rank = Path(job["run_dir"]), int(os.environ.get("RANK", "0"))
     t0 = time.time()

@@ -62,6 +62,7 @@ from enn_core.runtime.dist import (
 )
 from enn_core.runtime.heartbeat import Heartbeat
 from enn_core.runtime.kernels import apply_attention, choose_attention
+from enn_core.runtime.malloc import set_mmap_threshold
 from enn_core.runtime.memory import release_free_heap
 from enn_core.runtime.memory_limit import AnonWatch, end_process
 from enn_core.runtime.network import choose_interface
@@ -106,6 +107,7 @@ def _log_to_file(run_dir: Path, rank: int, level: str) -> logging.Logger:
 
 def main(job_path: str) -> dict[str, Any]:
     job = WorkerJob.read(job_path)
+    set_mmap_threshold(job.config.runtime.malloc_mmap_threshold_mb)  # before the model loads
     rank = int(os.environ.get("RANK", "0"))
     die_with_parent()  # the launcher's process: torchrun, enn's or an external one
     hb = Heartbeat(
