@@ -60,7 +60,7 @@ class RuntimeConfig:
     goes back to the system instead of leaving a hole in malloc's heap that the next step's
     peak counts (measured at 99.2M parameters, world size 2: 1,105 against 1,250 MiB a
     worker). 0 keeps glibc's own threshold, which moves up to 32 MiB: the heap reuses freed
-    memory, about 4% faster a step at that size, at the higher peak (docs/scale-out.md)."""
+    memory, a step 4-7% faster at that size, at the higher peak (docs/scale-out.md)."""
 
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     """Worker start method for the elastic launch."""

@@ -111,20 +111,22 @@ class _TimedAllGather(AllGather):
         group: dist.ProcessGroup,
         async_op: bool = False,
     ) -> dist.Work | None:
-        if not async_op:
-            return _timed(
-                self.clock, self.delay_s, self.inner, output_tensor, input_tensor, group, False
-            )
-        # On the CPU the blocks unshard with async_op=True (enn_core.runtime.dist): wait here,
-        # inside the clock, so the time counted is still the time the rank is blocked; the
-        # Work returned is done, and FSDP2's own wait() on it returns at once.
-        return _timed(self.clock, self.delay_s, self._wait, output_tensor, input_tensor, group)
+        return _timed(
+            self.clock, self.delay_s, self._gather, output_tensor, input_tensor, group, async_op
+        )
 
-    def _wait(
-        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup
+    def _gather(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool,
     ) -> dist.Work | None:
-        work = self.inner(output_tensor, input_tensor, group, True)
-        if work is not None:
+        work = self.inner(output_tensor, input_tensor, group, async_op)
+        if async_op and work is not None:
+            # On the CPU the blocks unshard with async_op=True (enn_core.runtime.dist): wait
+            # here, inside the clock, so the time counted is still the time the rank is
+            # blocked; FSDP2's own wait() on the finished Work returns at once.
             work.wait()
         return work
 

@@ -1,6 +1,7 @@
 """glibc malloc's mmap threshold in a training worker: freed tensors go back to the system.
 
     set_mmap_threshold(cfg.runtime.malloc_mmap_threshold_mb)  # enn_core.train.worker, first
+    trim_heap()   # free heap pages back now (enn_core.runtime.memory, before measuring)
 
 glibc serves an allocation of at least its mmap threshold with a mapping of its own, which
 `free` unmaps; anything smaller comes from a heap, whose freed middle stays resident. The
@@ -22,18 +23,34 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import sys
+from typing import Any
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def _glibc() -> Any | None:
+    """glibc (by its soname: ctypes.util.find_library would run ldconfig in every worker's
+    start), or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    with contextlib.suppress(OSError):
+        return ctypes.CDLL("libc.so.6")
+    return None
 
 
 def set_mmap_threshold(mb: int) -> bool:
     """Fix glibc's mmap threshold at `mb` MiB for this process (0: leave glibc's moving one);
     True when set, False where there is no glibc or nothing to set."""
-    if mb <= 0 or not sys.platform.startswith("linux"):
-        return False
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, mb << 20))
+    libc = _glibc() if mb > 0 else None
+    with contextlib.suppress(AttributeError):
+        return bool(libc and libc.mallopt(M_MMAP_THRESHOLD, mb << 20))
     return False
+
+
+def trim_heap() -> None:
+    """Hand malloc's free heap memory back to the system (malloc_trim; nothing without glibc)."""
+    libc = _glibc()
+    with contextlib.suppress(AttributeError):
+        if libc:
+            libc.malloc_trim(0)

@@ -17,7 +17,6 @@ released first so reused memory cannot hide the need).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
 import sys
 import threading
@@ -28,6 +27,7 @@ import psutil
 import torch
 
 from enn_core.errors import OutOfMemory, oom_held
+from enn_core.runtime.malloc import trim_heap
 from enn_core.runtime.sampler import Plan
 
 
@@ -130,15 +130,14 @@ def _release_free_heap() -> None:
     RSS to get its memory (otherwise a retained heap hides the need). No gc.collect here: it
     takes ~0.7 s in a big process and tensors are freed by reference counting; callers that
     may hold cyclic garbage collect once before measuring."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim_heap()
 
 
 def release_free_heap() -> None:
     """Hand free malloc memory back to the OS after a phase that freed much (a worker's
     training state before rank 0 gathers the full weights): tensors freed inside malloc's heap
-    (FSDP2's gathers raise its mmap threshold to 32 MB, so shards and moments live there)
+    (under glibc's own mmap threshold, runtime.malloc_mmap_threshold_mb=0, which FSDP2's
+    gathers raise to 32 MB, shards and moments live there)
     stay resident, as RssAnon, until trimmed."""
     _release_free_heap()
 
