@@ -33,6 +33,9 @@ HEARTBEATS = "heartbeats"
 STACKS = "stacks"
 CANCEL_FILE = "CANCEL"
 _DIST_FRAGMENT = f"torch{os.sep}distributed{os.sep}"
+# FSDP2's CPU all-gathers are waited for inside the comm clock (enn_core.runtime.comm_clock's
+# timed all-gather calls work.wait() from its own frame): a rank blocked there is in a collective
+_CLOCK_FILE = f"enn_core{os.sep}runtime{os.sep}comm_clock.py"
 
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
@@ -174,4 +177,8 @@ class Heartbeat:
             return {"frame": "", "in_collective": False}
         code = frame.f_code
         where = f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
-        return {"frame": where, "in_collective": _DIST_FRAGMENT in code.co_filename}
+        name = code.co_filename
+        return {
+            "frame": where,
+            "in_collective": _DIST_FRAGMENT in name or name.endswith(_CLOCK_FILE),
+        }
